@@ -1,0 +1,1 @@
+"""The `omrl` command line: one click group, one small module per verb."""

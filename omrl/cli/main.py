@@ -1,0 +1,51 @@
+"""The `omrl` entry point. Verbs are imported only when run, so `omrl --help` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from omrl import __version__
+
+# verb -> (module:attribute, one-line help). Add a verb here and in its own module under omrl/cli/.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "schema": ("omrl.cli.schema:schema", "Print the trajectory and annotation schemas."),
+    "store": ("omrl.cli.store:store", "Create, append to, check and compact trajectory stores."),
+    "query": ("omrl.cli.query:query", "Run read-only SQL over a store."),
+    "stats": ("omrl.cli.stats:stats", "Summarise a store: counts, rewards, success."),
+    "show": ("omrl.cli.show:show", "Render one trajectory readably."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module_name, attribute = COMMANDS[name][0].split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Help text comes from the table above, so listing verbs imports none of them.
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="omrl")
+def cli() -> None:
+    """omrl: collect, annotate, filter and train on agent trajectories.
+
+    \b
+    The chain:  omrl tasks import -> omrl collect -> omrl annotate
+                -> omrl filter / augment -> omrl train -> omrl eval / report
+    Every step reads and writes a trajectory store (Parquet + DuckDB).
+
+    Example:  omrl stats demo-store
+    """

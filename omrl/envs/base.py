@@ -1,0 +1,105 @@
+"""The environment protocol every omrl environment follows.
+
+One environment instance runs one episode at a time:
+
+    env = SomeEnv(**options)
+    first = env.reset(task)          # Reset: first observation text + the tools offered (OpenAI schemas)
+    result = env.step(action)        # StepResult: observation, reward, done, info
+    env.close()
+
+An action is one tool call (name + parsed arguments) or, for text environments, plain text. The
+agent loop steps once per tool call the model makes. An invalid action never raises: it returns an
+observation saying what was wrong and sets info["invalid_action"] = True. An exception out of
+reset/step means the environment itself failed (stored as status env_error).
+
+Rewards: StepResult.reward is the reward earned by that step; the trajectory reward is the sum.
+The episode's outcome is info["success"] on the final step (when absent: final reward >= 1).
+`expert_action()` returns the next move of a scripted expert (which may read the gold answer);
+it exists to test the plumbing and to make demonstrations.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class Action:
+    """One agent move: a tool call (tool + arguments) or plain text (tool is None)."""
+
+    tool: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    def describe(self) -> str:
+        if self.tool is None:
+            return self.text
+        return f"{self.tool}({json.dumps(self.arguments, ensure_ascii=False)})"
+
+
+@dataclass
+class Reset:
+    """What the agent sees first: the observation text and the tools it may call."""
+
+    observation: str
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    system_prompt: str | None = None
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    """One task as environments receive it (a row of a tasks file)."""
+
+    id: str
+    instruction: str
+    answer: str | None = None
+    env: str | None = None
+    split: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Task:
+        payload = row.get("payload") or {}
+        if isinstance(payload, str):
+            payload = json.loads(payload)
+        return cls(id=str(row["id"]), instruction=row.get("instruction") or "", answer=row.get("answer"),
+                   env=row.get("env"), split=row.get("split"), payload=payload)
+
+    def to_row(self) -> dict[str, Any]:
+        return {"id": self.id, "instruction": self.instruction, "answer": self.answer, "env": self.env,
+                "split": self.split, "payload": json.dumps(self.payload, ensure_ascii=False)}
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str
+
+    def reset(self, task: Task) -> Reset: ...
+
+    def step(self, action: Action) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+def tool_schema(name: str, description: str, properties: dict[str, Any], required: list[str] | None = None
+                ) -> dict[str, Any]:
+    """An OpenAI function-tool schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties,
+                           "required": list(properties) if required is None else required},
+        },
+    }

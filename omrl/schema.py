@@ -1,0 +1,540 @@
+"""The trajectory and annotation formats: the one source of truth for every column omrl stores.
+
+One trajectory row is one attempt by one policy at one task. Free-form payloads are JSON strings
+(never Arrow maps, which Hugging Face `datasets` cannot load); "none" is an empty list, never null.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "truncated", "env_error", "policy_error", "timeout")
+ROLES = ("system", "user", "assistant", "tool")
+ANNOTATION_KINDS = ("score", "label", "rank", "pairwise")
+ANNOTATION_STATUSES = ("ok", "error")
+
+TOOL_CALL_TYPE = pa.struct(
+    [
+        pa.field("id", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("arguments", pa.string()),  # JSON text, exactly as the model wrote it
+    ]
+)
+
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("reasoning", pa.string()),
+        pa.field("tool_calls", pa.list_(TOOL_CALL_TYPE)),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("trainable", pa.bool_()),  # null: decided by role (assistant turns train)
+    ]
+)
+
+TURN_TYPE = pa.struct(
+    [
+        pa.field("index", pa.int32()),
+        pa.field("reward", pa.float64()),
+        pa.field("done", pa.bool_()),
+        pa.field("latency_s", pa.float64()),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("info", pa.string()),  # JSON
+        pa.field("completion_ids", pa.list_(pa.int32())),
+        pa.field("logprobs", pa.list_(pa.float32())),
+    ]
+)
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("run_id", pa.string()),
+        pa.field("round", pa.int32()),
+        pa.field("task_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("sample", pa.int32()),
+        pa.field("env", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("instruction", pa.string()),
+        pa.field("task", pa.string()),  # JSON, gold answers included; never shown to the policy
+        pa.field("tools", pa.string()),  # JSON list of OpenAI function schemas
+        pa.field("messages", pa.list_(MESSAGE_TYPE)),
+        pa.field("turns", pa.list_(TURN_TYPE)),
+        pa.field("reward", pa.float64()),
+        pa.field("success", pa.bool_()),
+        pa.field("status", pa.string()),
+        pa.field("error", pa.string()),
+        pa.field("num_turns", pa.int32()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("duration_s", pa.float64()),
+        pa.field("source", pa.string()),
+        pa.field("parent_id", pa.string()),
+        pa.field("metadata", pa.string()),  # JSON
+        pa.field("created_at", TIMESTAMP),
+    ],
+    metadata={"omrl.schema_version": str(SCHEMA_VERSION), "omrl.table": "trajectories"},
+)
+
+ANNOTATION_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("annotator", pa.string(), nullable=False),
+        pa.field("kind", pa.string()),
+        pa.field("score", pa.float64()),
+        pa.field("label", pa.string()),
+        pa.field("rationale", pa.string()),
+        pa.field("status", pa.string()),  # ok, or error: a failed judge or metric is never a score of 0
+        pa.field("error", pa.string()),
+        pa.field("judge_model", pa.string()),
+        pa.field("rubric", pa.string()),
+        pa.field("prompt_hash", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("cost_usd", pa.float64()),
+        pa.field("run_id", pa.string()),
+        pa.field("metadata", pa.string()),  # JSON
+        pa.field("created_at", TIMESTAMP),
+    ],
+    metadata={"omrl.schema_version": str(SCHEMA_VERSION), "omrl.table": "annotations"},
+)
+
+SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "annotations": ANNOTATION_SCHEMA}
+
+
+class SchemaError(ValueError):
+    """A record that does not fit the schema; the message names the record and the field."""
+
+
+# ---------------------------------------------------------------- record types
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str = "{}"
+    id: str | None = None
+
+
+@dataclass
+class Message:
+    role: str
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    trainable: bool | None = None
+
+
+@dataclass
+class Turn:
+    index: int
+    reward: float | None = None
+    done: bool = False
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    info: str = "{}"
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    id: str
+    task_id: str
+    messages: list[Message] = field(default_factory=list)
+    run_id: str = ""
+    round: int = 0
+    group_id: str | None = None
+    sample: int = 0
+    env: str = ""
+    model: str = ""
+    instruction: str = ""
+    task: str = "{}"
+    tools: str = "[]"
+    turns: list[Turn] = field(default_factory=list)
+    reward: float | None = None
+    success: bool | None = None
+    status: str = "ok"
+    error: str | None = None
+    num_turns: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    duration_s: float | None = None
+    source: str = "collected"
+    parent_id: str | None = None
+    metadata: str = "{}"
+    created_at: datetime | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """The Arrow row of this trajectory, normalised and validated."""
+        return normalize_trajectory(asdict(self))
+
+
+@dataclass
+class Annotation:
+    trajectory_id: str
+    annotator: str
+    kind: str = "score"
+    score: float | None = None
+    label: str | None = None
+    rationale: str | None = None
+    status: str = "ok"
+    error: str | None = None
+    judge_model: str | None = None
+    rubric: str | None = None
+    prompt_hash: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    run_id: str | None = None
+    metadata: str = "{}"
+    created_at: datetime | None = None
+    id: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """The Arrow row of this annotation, normalised and validated."""
+        return normalize_annotation(asdict(self))
+
+
+# ---------------------------------------------------------------- ids
+
+
+def trajectory_id(run_id: str, round: int, task_id: str, sample: int) -> str:
+    """Deterministic id of a collected trajectory: a resumed run cannot write the same episode twice."""
+    key = json.dumps([run_id, int(round), str(task_id), int(sample)])
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def group_id(run_id: str, round: int, task_id: str) -> str:
+    """The GRPO group key: all samples of one task by one run in one round."""
+    key = json.dumps([run_id, int(round), str(task_id)])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def new_id() -> str:
+    """A random id for rows that have no natural key."""
+    import uuid
+
+    return uuid.uuid4().hex[:24]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# ---------------------------------------------------------------- validation and normalisation
+
+
+def _json_text(value: Any, where: str, default: str) -> str:
+    """Free-form payloads are stored as JSON text; dicts and lists are serialised, text must parse."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"{where} must be JSON text: {exc}") from None
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except TypeError as exc:
+        raise SchemaError(f"{where} cannot be serialised to JSON: {exc}") from None
+
+
+def _opt_str(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, bool)):
+        return str(value)
+    raise SchemaError(f"{where} must be a string, got {type(value).__name__}")
+
+
+def _opt_int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not value.is_integer()
+    ):
+        raise SchemaError(f"{where} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _opt_float(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(f"{where} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        return None
+    return value
+
+
+def _opt_bool(value: Any, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise SchemaError(f"{where} must be true or false, got {value!r}")
+
+
+def _timestamp(value: Any, where: str) -> datetime:
+    if value is None:
+        return utcnow()
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise SchemaError(f"{where} must be an ISO-8601 time, got {value!r}") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    raise SchemaError(f"{where} must be a timestamp, got {value!r}")
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise SchemaError(f"{where} must be an object with name and arguments")
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call  # OpenAI nesting
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"{where}.name must be a non-empty string")
+    arguments = fn.get("arguments", "{}")
+    if not isinstance(arguments, str):  # some sources give an object; store its JSON text
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": _opt_str(call.get("id"), f"{where}.id"), "name": name, "arguments": arguments}
+
+
+def _message(msg: Any, where: str) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        raise SchemaError(f"{where} must be an object with a role")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise SchemaError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+    calls = msg.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise SchemaError(f"{where}.tool_calls must be a list")
+    return {
+        "role": role,
+        "content": _opt_str(msg.get("content"), f"{where}.content"),
+        "reasoning": _opt_str(msg.get("reasoning"), f"{where}.reasoning"),
+        "tool_calls": [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
+        "tool_call_id": _opt_str(msg.get("tool_call_id"), f"{where}.tool_call_id"),
+        "name": _opt_str(msg.get("name"), f"{where}.name"),
+        "trainable": _opt_bool(msg.get("trainable"), f"{where}.trainable"),
+    }
+
+
+def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
+    if not isinstance(turn, dict):
+        raise SchemaError(f"{where} must be an object")
+    index = _opt_int(turn.get("index"), f"{where}.index")
+    ids = turn.get("completion_ids") or []
+    logprobs = turn.get("logprobs") or []
+    return {
+        "index": position if index is None else index,
+        "reward": _opt_float(turn.get("reward"), f"{where}.reward"),
+        "done": bool(turn.get("done", False)),
+        "latency_s": _opt_float(turn.get("latency_s"), f"{where}.latency_s"),
+        "prompt_tokens": _opt_int(turn.get("prompt_tokens"), f"{where}.prompt_tokens"),
+        "completion_tokens": _opt_int(turn.get("completion_tokens"), f"{where}.completion_tokens"),
+        "info": _json_text(turn.get("info"), f"{where}.info", "{}"),
+        "completion_ids": [int(t) for t in ids],
+        "logprobs": [float(x) for x in logprobs],
+    }
+
+
+def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
+    """Check one trajectory record and return it in the exact shape of TRAJECTORY_SCHEMA.
+
+    Raises SchemaError naming the trajectory id and the field at fault.
+    """
+    if not isinstance(row, dict):
+        raise SchemaError(f"a trajectory must be an object, got {type(row).__name__}")
+    tid = row.get("id")
+    label = f"trajectory {tid!r}" if tid else "trajectory (no id)"
+    unknown = set(row) - set(TRAJECTORY_SCHEMA.names)
+    if unknown:
+        raise SchemaError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+    if not isinstance(tid, str) or not tid:
+        raise SchemaError(f"{label}: field 'id' must be a non-empty string")
+    task_id = row.get("task_id")
+    if task_id is None or (isinstance(task_id, str) and not task_id):
+        raise SchemaError(f"{label}: field 'task_id' is required")
+    status = row.get("status") or "ok"
+    if status not in STATUSES:
+        raise SchemaError(f"{label}: field 'status' must be one of {', '.join(STATUSES)}, got {status!r}")
+    messages = row.get("messages") or []
+    turns = row.get("turns") or []
+    if not isinstance(messages, list):
+        raise SchemaError(f"{label}: field 'messages' must be a list")
+    if not isinstance(turns, list):
+        raise SchemaError(f"{label}: field 'turns' must be a list")
+    try:
+        tools = _json_text(row.get("tools"), "field 'tools'", "[]")
+        if not isinstance(json.loads(tools), list):
+            raise SchemaError("field 'tools' must be a JSON list of function schemas")
+        out = {
+            "id": tid,
+            "run_id": _opt_str(row.get("run_id"), "field 'run_id'") or "",
+            "round": _opt_int(row.get("round"), "field 'round'") or 0,
+            "task_id": _opt_str(task_id, "field 'task_id'"),
+            "group_id": _opt_str(row.get("group_id"), "field 'group_id'"),
+            "sample": _opt_int(row.get("sample"), "field 'sample'") or 0,
+            "env": _opt_str(row.get("env"), "field 'env'") or "",
+            "model": _opt_str(row.get("model"), "field 'model'") or "",
+            "instruction": _opt_str(row.get("instruction"), "field 'instruction'") or "",
+            "task": _json_text(row.get("task"), "field 'task'", "{}"),
+            "tools": tools,
+            "messages": [_message(m, f"field 'messages[{i}]'") for i, m in enumerate(messages)],
+            "turns": [_turn(t, f"field 'turns[{i}]'", i) for i, t in enumerate(turns)],
+            "reward": _opt_float(row.get("reward"), "field 'reward'"),
+            "success": _opt_bool(row.get("success"), "field 'success'"),
+            "status": status,
+            "error": _opt_str(row.get("error"), "field 'error'"),
+            "num_turns": _opt_int(row.get("num_turns"), "field 'num_turns'"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "field 'prompt_tokens'"),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "field 'completion_tokens'"),
+            "duration_s": _opt_float(row.get("duration_s"), "field 'duration_s'"),
+            "source": _opt_str(row.get("source"), "field 'source'") or "collected",
+            "parent_id": _opt_str(row.get("parent_id"), "field 'parent_id'"),
+            "metadata": _json_text(row.get("metadata"), "field 'metadata'", "{}"),
+            "created_at": _timestamp(row.get("created_at"), "field 'created_at'"),
+        }
+    except SchemaError as exc:
+        raise SchemaError(f"{label}: {exc}") from None
+    if out["num_turns"] is None:
+        out["num_turns"] = sum(1 for m in out["messages"] if m["role"] == "assistant")
+    if out["group_id"] is None:
+        out["group_id"] = group_id(out["run_id"], out["round"], out["task_id"])
+    return out
+
+
+def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
+    """Check one annotation record and return it in the exact shape of ANNOTATION_SCHEMA."""
+    if not isinstance(row, dict):
+        raise SchemaError(f"an annotation must be an object, got {type(row).__name__}")
+    tid = row.get("trajectory_id")
+    label = f"annotation of trajectory {tid!r}"
+    unknown = set(row) - set(ANNOTATION_SCHEMA.names)
+    if unknown:
+        raise SchemaError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+    if not isinstance(tid, str) or not tid:
+        raise SchemaError(f"{label}: field 'trajectory_id' must be a non-empty string")
+    annotator = row.get("annotator")
+    if not isinstance(annotator, str) or not annotator:
+        raise SchemaError(f"{label}: field 'annotator' must be a non-empty string")
+    kind = row.get("kind") or "score"
+    if kind not in ANNOTATION_KINDS:
+        raise SchemaError(f"{label}: field 'kind' must be one of {', '.join(ANNOTATION_KINDS)}")
+    status = row.get("status") or "ok"
+    if status not in ANNOTATION_STATUSES:
+        raise SchemaError(f"{label}: field 'status' must be ok or error, got {status!r}")
+    if status == "error" and not row.get("error"):
+        raise SchemaError(f"{label}: an error annotation needs field 'error' saying what went wrong")
+    try:
+        return {
+            "id": _opt_str(row.get("id"), "field 'id'") or new_id(),
+            "trajectory_id": tid,
+            "annotator": annotator,
+            "kind": kind,
+            "score": _opt_float(row.get("score"), "field 'score'"),
+            "label": _opt_str(row.get("label"), "field 'label'"),
+            "rationale": _opt_str(row.get("rationale"), "field 'rationale'"),
+            "status": status,
+            "error": _opt_str(row.get("error"), "field 'error'"),
+            "judge_model": _opt_str(row.get("judge_model"), "field 'judge_model'"),
+            "rubric": _opt_str(row.get("rubric"), "field 'rubric'"),
+            "prompt_hash": _opt_str(row.get("prompt_hash"), "field 'prompt_hash'"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "field 'prompt_tokens'"),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "field 'completion_tokens'"),
+            "cost_usd": _opt_float(row.get("cost_usd"), "field 'cost_usd'"),
+            "run_id": _opt_str(row.get("run_id"), "field 'run_id'"),
+            "metadata": _json_text(row.get("metadata"), "field 'metadata'", "{}"),
+            "created_at": _timestamp(row.get("created_at"), "field 'created_at'"),
+        }
+    except SchemaError as exc:
+        raise SchemaError(f"{label}: {exc}") from None
+
+
+NORMALIZERS = {"trajectories": normalize_trajectory, "annotations": normalize_annotation}
+
+
+def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Table:
+    """Validate records and build an Arrow table with the explicit schema (never inferred types)."""
+    normalize = NORMALIZERS[table]
+    return pa.Table.from_pylist([normalize(r) for r in rows], schema=SCHEMAS[table])
+
+
+def conform(table: pa.Table, name: str = "trajectories") -> pa.Table:
+    """Cast a table read from an older or foreign file to the current schema; missing columns become null."""
+    schema = SCHEMAS[name]
+    columns = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            columns.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+# ---------------------------------------------------------------- JSON Schema
+
+
+def _json_type(dtype: pa.DataType, nullable: bool) -> dict[str, Any]:
+    if pa.types.is_struct(dtype):
+        out: dict[str, Any] = {
+            "type": "object",
+            "properties": {f.name: _json_type(f.type, f.nullable) for f in dtype},
+            "additionalProperties": False,
+        }
+    elif pa.types.is_list(dtype):
+        out = {"type": "array", "items": _json_type(dtype.value_type, dtype.value_field.nullable)}
+    elif pa.types.is_string(dtype):
+        out = {"type": "string"}
+    elif pa.types.is_boolean(dtype):
+        out = {"type": "boolean"}
+    elif pa.types.is_integer(dtype):
+        out = {"type": "integer", "x-arrow-type": str(dtype)}
+    elif pa.types.is_floating(dtype):
+        out = {"type": "number", "x-arrow-type": str(dtype)}
+    elif pa.types.is_timestamp(dtype):
+        out = {"type": "string", "format": "date-time", "x-arrow-type": str(dtype)}
+    else:  # pragma: no cover - the schemas above use only the types handled here
+        raise TypeError(f"no JSON Schema mapping for {dtype}")
+    if nullable:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def json_schema(name: str = "trajectories") -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one table, generated from its Arrow schema."""
+    schema = SCHEMAS[name]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://omrl.dev/schemas/{name}.v{SCHEMA_VERSION}.json",
+        "title": f"omrl {name} row, schema version {SCHEMA_VERSION}",
+        "type": "object",
+        "properties": {f.name: _json_type(f.type, f.nullable) for f in schema},
+        "required": [f.name for f in schema if not f.nullable],
+        "additionalProperties": False,
+    }
+
+
+SCHEMA_FILES = {"trajectories": "trajectory.schema.json", "annotations": "annotation.schema.json"}

@@ -1,0 +1,313 @@
+"""Store: a folder of Parquet parts that is also a Hugging Face dataset.
+
+    STORE/README.md                       dataset card (configs: trajectories, annotations)
+    STORE/omrl.json                       manifest: schema version, lineage of derived stores
+    STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
+
+Appends are atomic (temporary file, fsync, rename); readers never see a half-written part. A part
+that cannot be read is reported by name and skipped, so one bad file never takes a store down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
+
+TABLES = ("trajectories", "annotations")
+MANIFEST = "omrl.json"
+# Parquet key listing the parts a compacted part replaces: readers skip those if a crash left them behind.
+REPLACES_KEY = b"omrl.replaces"
+ROW_GROUP_ROWS = 16_384
+
+
+class StoreError(RuntimeError):
+    """A store that does not exist or cannot be used; the message says which and why."""
+
+
+class CorruptPartWarning(UserWarning):
+    """A part file that could not be read and was skipped."""
+
+
+@dataclass(frozen=True)
+class PartProblem:
+    path: Path
+    error: str
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def dataset_card(name: str, description: str = "") -> str:
+    """The README.md that makes a store loadable with `datasets.load_dataset(path)`."""
+    return f"""---
+configs:
+- config_name: trajectories
+  default: true
+  data_files:
+  - split: train
+    path: data/trajectories/part-*.parquet
+- config_name: annotations
+  data_files:
+  - split: train
+    path: data/annotations/part-*.parquet
+tags:
+- omrl
+- agent-trajectories
+- reinforcement-learning
+---
+
+# {name}
+
+An [omrl](https://github.com/omrl/omrl) trajectory store (schema version {SCHEMA_VERSION}).
+{description}
+
+- `trajectories`: one row per attempt by one policy at one task, messages in OpenAI chat format.
+- `annotations`: one row per (trajectory, annotator): metric scores and LLM-as-judge verdicts.
+
+```python
+from datasets import load_dataset
+trajectories = load_dataset("path/or/hub-id", "trajectories", split="train")
+```
+
+Query it with SQL: `omrl query STORE "SELECT env, avg(reward) FROM trajectories GROUP BY env"`.
+"""
+
+
+class Store:
+    """A trajectory store at `path`. Use `Store.create` for a new one, `Store(path)` for an existing one."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not (self.path / MANIFEST).is_file():
+            raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
+        self._checked: dict[tuple[str, int, int], str | None] = {}
+
+    # ------------------------------------------------------------ creation and manifest
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], exist_ok: bool = True, description: str = "",
+               lineage: dict[str, Any] | None = None) -> Store:
+        """Create a store folder (or open it when it exists and exist_ok)."""
+        root = Path(path)
+        if (root / MANIFEST).is_file():
+            if not exist_ok:
+                raise StoreError(f"{root} already holds a store")
+            return cls(root)
+        if root.exists() and any(root.iterdir()):
+            raise StoreError(f"{root} exists, is not empty and is not an omrl store")
+        for table in TABLES:
+            (root / "data" / table).mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "format": "omrl-store",
+            "schema_version": SCHEMA_VERSION,
+            "created_at": utcnow().isoformat(),
+            "lineage": [lineage] if lineage else [],
+        }
+        _write_atomic_bytes(root / "README.md", dataset_card(root.name, description).encode())
+        _write_atomic_bytes(root / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+        return cls(root)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return json.loads((self.path / MANIFEST).read_text())
+
+    @contextlib.contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """An exclusive advisory lock shared by all processes using this store."""
+        with open(self.path / f".{name}.lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def update_manifest(self, **changes: Any) -> dict[str, Any]:
+        """Merge keys into omrl.json atomically; `lineage` entries are appended, not replaced."""
+        with self._lock("manifest"):
+            manifest = self.manifest
+            for key, value in changes.items():
+                if key == "lineage":
+                    manifest.setdefault("lineage", []).append(value)
+                else:
+                    manifest[key] = value
+            _write_atomic_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+            return manifest
+
+    # ------------------------------------------------------------ writing
+
+    def table_dir(self, table: str) -> Path:
+        if table not in TABLES:
+            raise StoreError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
+        return self.path / "data" / table
+
+    def append(self, rows: Iterable[dict[str, Any]] | pa.Table, table: str = "trajectories",
+               metadata: dict[bytes, bytes] | None = None) -> Path | None:
+        """Validate and write rows as one new part, atomically. Returns the part path (None if no rows)."""
+        data = conform(rows, table) if isinstance(rows, pa.Table) else to_table(list(rows), table)
+        if data.num_rows == 0:
+            return None
+        return self._write_part(data, table, metadata)
+
+    def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
+        directory = self.table_dir(table)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
+        name = f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+        final = directory / name
+        tmp = directory / f".{name}.tmp"  # hidden and not *.parquet: no reader ever picks it up
+        if metadata:
+            data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
+        with open(tmp, "wb") as f:
+            pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        _fsync_dir(directory)
+        return final
+
+    # ------------------------------------------------------------ reading
+
+    def _all_parts(self, table: str) -> list[Path]:
+        return sorted(self.table_dir(table).glob("part-*.parquet"))
+
+    def _problem(self, path: Path) -> str | None:
+        """Why a part cannot be read (None when it can); cached by name, size and mtime."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return "file vanished"
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._checked:
+            try:
+                pq.ParquetFile(path).metadata  # noqa: B018 - reading the footer is the check
+                self._checked[key] = None
+            except Exception as exc:  # any unreadable footer: truncated, garbage, wrong format
+                self._checked[key] = f"{type(exc).__name__}: {exc}"
+        return self._checked[key]
+
+    def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
+        """Readable parts of a table. Unreadable ones are skipped with a warning; replaced ones silently."""
+        good: list[Path] = []
+        replaced: set[str] = set()
+        for path in self._all_parts(table):
+            problem = self._problem(path)
+            if problem is not None:
+                if warn:
+                    warnings.warn(f"skipping unreadable part {path}: {problem}", CorruptPartWarning, stacklevel=2)
+                continue
+            good.append(path)
+            meta = pq.read_schema(path).metadata or {}
+            if REPLACES_KEY in meta:
+                replaced.update(json.loads(meta[REPLACES_KEY]))
+        return [p for p in good if p.name not in replaced]
+
+    def check(self) -> list[PartProblem]:
+        """Every part file that cannot be read, or whose rows do not fit the schema."""
+        problems = []
+        for table in TABLES:
+            for path in self._all_parts(table):
+                problem = self._problem(path)
+                if problem is None:
+                    try:
+                        pq.read_table(path)  # the footer can be fine while a page is truncated
+                        missing = {"id"} - set(pq.read_schema(path).names)
+                        if missing:
+                            problem = f"missing required column(s): {', '.join(sorted(missing))}"
+                    except Exception as exc:
+                        problem = f"{type(exc).__name__}: {exc}"
+                if problem is not None:
+                    problems.append(PartProblem(path, problem))
+        return problems
+
+    def read(self, table: str = "trajectories", columns: list[str] | None = None) -> pa.Table:
+        """All rows of a table as Arrow, in the current schema (older parts are conformed)."""
+        pieces = []
+        for path in self.parts(table):
+            try:
+                pieces.append(conform(pq.read_table(path), table))
+            except Exception as exc:
+                warnings.warn(f"skipping unreadable part {path}: {exc}", CorruptPartWarning, stacklevel=2)
+        data = pa.concat_tables(pieces) if pieces else SCHEMAS[table].empty_table()
+        return data.select(columns) if columns else data
+
+    def polars(self, table: str = "trajectories"):
+        """All rows of a table as a polars DataFrame."""
+        import polars as pl
+
+        return pl.from_arrow(self.read(table))
+
+    def dataset(self, table: str = "trajectories"):
+        """All rows of a table as a Hugging Face `datasets.Dataset`."""
+        import datasets
+
+        return datasets.Dataset(self.read(table))
+
+    def count(self, table: str = "trajectories") -> int:
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in self.parts(table))
+
+    def ids(self, table: str = "trajectories") -> set[str]:
+        """The ids present in a table (cheap: reads one column)."""
+        out: set[str] = set()
+        for path in self.parts(table):
+            out.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+        return out
+
+    # ------------------------------------------------------------ maintenance
+
+    def compact(self, table: str = "trajectories", min_parts: int = 2) -> Path | None:
+        """Merge all readable parts into one; crash-safe (the new part names the parts it replaces)."""
+        with self._lock(f"compact-{table}"):
+            parts = self.parts(table)
+            if len(parts) < min_parts:
+                return None
+            data = pa.concat_tables([conform(pq.read_table(p), table) for p in parts])
+            replaces = json.dumps(sorted(p.name for p in parts)).encode()
+            new = self._write_part(data, table, {REPLACES_KEY: replaces})
+            for p in parts:
+                p.unlink(missing_ok=True)
+            return new
+
+    def sql(self, query: str) -> pa.Table:
+        """Run read-only SQL over the store's views; returns Arrow."""
+        from omrl.query import run_query
+
+        return run_query(self, query)
+
+    def connect(self):
+        """A DuckDB connection with the store's views (trajectories, messages, ...)."""
+        from omrl.query import connect
+
+        return connect(self)
+
+
+def open_store(path: str | os.PathLike[str], create: bool = False) -> Store:
+    """Open a store, creating it first when `create` is true."""
+    return Store.create(path) if create else Store(path)

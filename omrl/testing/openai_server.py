@@ -1,0 +1,184 @@
+"""A real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions API, for tests and benchmarks.
+
+It plays scripted replies: queue them with `enqueue(...)`, or pass `responder(request) -> reply` to
+compute one per request. A reply is a dict:
+
+    {"content": "text"}                                  an assistant message
+    {"content": None, "tool_calls": [{"name": "f", "arguments": {...}}]}   native tool calls
+    {"status": 429} / {"status": 500}                    an HTTP error (with an OpenAI error body)
+    {"raw": "not json"}                                  a malformed body with status 200
+    {"hang": 30}                                         sleep before answering (client timeouts)
+    {"delay": 0.05, ...}                                 latency before a normal reply
+
+Every request body is kept in `requests`, so tests can count calls and read prompts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Reply = dict[str, Any]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 4096
+
+
+class FakeOpenAIServer:
+    """`with FakeOpenAIServer() as server: OpenAI(base_url=server.base_url, api_key="x")`."""
+
+    def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None,
+                 default: Reply | None = None, model: str = "fake-model"):
+        self.responder = responder
+        self.default = default
+        self.model = model
+        self.queue: collections.deque[Reply] = collections.deque()
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ control
+
+    def enqueue(self, *replies: Reply) -> None:
+        with self._lock:
+            self.queue.extend(replies)
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None, "server not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> FakeOpenAIServer:
+        self._server = _Server(("127.0.0.1", 0), self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ serving
+
+    def _next_reply(self, request: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self.queue:
+                return self.queue.popleft()
+        if self.responder is not None:
+            return self.responder(request)
+        if self.default is not None:
+            return self.default
+        return {"status": 500, "message": "fake server: no reply queued"}
+
+    def completion_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The chat.completion JSON for a scripted reply."""
+        message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
+        calls = reply.get("tool_calls") or []
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.get("id") or f"call_{i}_{len(self.requests)}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": call["arguments"] if isinstance(call.get("arguments"), str)
+                        else json.dumps(call.get("arguments") or {}),
+                    },
+                }
+                for i, call in enumerate(calls)
+            ]
+        prompt_text = json.dumps(request.get("messages", []))
+        completion_text = json.dumps(message)
+        usage = reply.get("usage") or {
+            "prompt_tokens": max(1, len(prompt_text) // 4),
+            "completion_tokens": max(1, len(completion_text) // 4),
+        }
+        usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+        return {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.get("model") or self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "finish_reason": reply.get("finish_reason") or ("tool_calls" if calls else "stop"),
+                "logprobs": None,
+            }],
+            "usage": usage,
+        }
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    body = {"object": "list", "data": [{"id": server.model, "object": "model"}]}
+                    self._send(200, json.dumps(body).encode())
+                else:
+                    self._send(404, b'{"error": {"message": "not found"}}')
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    request = json.loads(self.rfile.read(length) or b"{}")
+                except json.JSONDecodeError:
+                    self._send(400, b'{"error": {"message": "request is not JSON"}}')
+                    return
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, b'{"error": {"message": "only /v1/chat/completions is served"}}')
+                    return
+                reply = server._next_reply(request)
+                if reply.get("hang"):
+                    time.sleep(float(reply["hang"]))
+                if reply.get("delay"):
+                    time.sleep(float(reply["delay"]))
+                if "status" in reply:
+                    error = {"error": {"message": reply.get("message", "scripted error"),
+                                       "type": "fake_error", "code": reply["status"]}}
+                    self._send(int(reply["status"]), json.dumps(error).encode())
+                elif "raw" in reply:
+                    self._send(200, str(reply["raw"]).encode())
+                else:
+                    self._send(200, json.dumps(server.completion_body(request, reply)).encode())
+
+        return Handler
