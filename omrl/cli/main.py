@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("omrl.cli.query:query", "Run read-only SQL over a store."),
     "stats": ("omrl.cli.stats:stats", "Summarise a store: counts, rewards, success."),
     "show": ("omrl.cli.show:show", "Render one trajectory readably."),
+    "models": ("omrl.cli.models:models", "Build tiny offline models for tests and demos."),
 }
 
 
