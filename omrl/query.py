@@ -20,7 +20,8 @@ class QueryError(ValueError):
     """A query that is refused or fails; the message is meant for the user."""
 
 
-def _quote(text: str) -> str:
+def quote_literal(text: str) -> str:
+    """A SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -35,7 +36,7 @@ def _table_source(con: duckdb.DuckDBPyConnection, store: Store, table: str) -> s
     if not parts:
         con.register(f"_empty_{table}", schema.empty_table())
         return f"SELECT * FROM _empty_{table}"
-    files = "[" + ", ".join(_quote(str(p)) for p in parts) + "]"
+    files = "[" + ", ".join(quote_literal(str(p)) for p in parts) + "]"
     scan = f"read_parquet({files}, union_by_name=true)"
     present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()}
     columns = []
@@ -100,7 +101,7 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     annotators = [r[0] for r in con.execute(
         "SELECT DISTINCT annotator FROM latest_annotations WHERE status = 'ok' ORDER BY 1").fetchall()]
     pivot = "".join(
-        f", max(score) FILTER (WHERE annotator = {_quote(a)}) AS {_ident(a)}" for a in annotators
+        f", max(score) FILTER (WHERE annotator = {quote_literal(a)}) AS {_ident(a)}" for a in annotators
     )
     con.execute(
         f"""

@@ -250,12 +250,12 @@ def _json_text(value: Any, where: str, default: str) -> str:
         try:
             json.loads(value)
         except json.JSONDecodeError as exc:
-            raise SchemaError(f"{where} must be JSON text: {exc}") from None
+            raise SchemaError(f"field '{where}' must be JSON text: {exc}") from None
         return value
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
     except TypeError as exc:
-        raise SchemaError(f"{where} cannot be serialised to JSON: {exc}") from None
+        raise SchemaError(f"field '{where}' cannot be serialised to JSON: {exc}") from None
 
 
 def _opt_str(value: Any, where: str) -> str | None:
@@ -263,7 +263,7 @@ def _opt_str(value: Any, where: str) -> str | None:
         return value
     if isinstance(value, (int, float, bool)):
         return str(value)
-    raise SchemaError(f"{where} must be a string, got {type(value).__name__}")
+    raise SchemaError(f"field '{where}' must be a string, got {type(value).__name__}")
 
 
 def _opt_int(value: Any, where: str) -> int | None:
@@ -272,7 +272,7 @@ def _opt_int(value: Any, where: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
         isinstance(value, float) and not value.is_integer()
     ):
-        raise SchemaError(f"{where} must be an integer, got {value!r}")
+        raise SchemaError(f"field '{where}' must be an integer, got {value!r}")
     return int(value)
 
 
@@ -280,7 +280,7 @@ def _opt_float(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"{where} must be a number, got {value!r}")
+        raise SchemaError(f"field '{where}' must be a number, got {value!r}")
     value = float(value)
     if math.isnan(value):
         return None
@@ -290,7 +290,7 @@ def _opt_float(value: Any, where: str) -> float | None:
 def _opt_bool(value: Any, where: str) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    raise SchemaError(f"{where} must be true or false, got {value!r}")
+    raise SchemaError(f"field '{where}' must be true or false, got {value!r}")
 
 
 def _timestamp(value: Any, where: str) -> datetime:
@@ -302,18 +302,18 @@ def _timestamp(value: Any, where: str) -> datetime:
         try:
             parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise SchemaError(f"{where} must be an ISO-8601 time, got {value!r}") from None
+            raise SchemaError(f"field '{where}' must be an ISO-8601 time, got {value!r}") from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-    raise SchemaError(f"{where} must be a timestamp, got {value!r}")
+    raise SchemaError(f"field '{where}' must be a timestamp, got {value!r}")
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(call, dict):
-        raise SchemaError(f"{where} must be an object with name and arguments")
+        raise SchemaError(f"field '{where}' must be an object with name and arguments")
     fn = call.get("function") if isinstance(call.get("function"), dict) else call  # OpenAI nesting
     name = fn.get("name")
     if not isinstance(name, str) or not name:
-        raise SchemaError(f"{where}.name must be a non-empty string")
+        raise SchemaError(f"field '{where}.name' must be a non-empty string")
     arguments = fn.get("arguments", "{}")
     if not isinstance(arguments, str):  # some sources give an object; store its JSON text
         arguments = json.dumps(arguments, ensure_ascii=False)
@@ -322,13 +322,13 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
 
 def _message(msg: Any, where: str) -> dict[str, Any]:
     if not isinstance(msg, dict):
-        raise SchemaError(f"{where} must be an object with a role")
+        raise SchemaError(f"field '{where}' must be an object with a role")
     role = msg.get("role")
     if role not in ROLES:
-        raise SchemaError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+        raise SchemaError(f"field '{where}.role' must be one of {', '.join(ROLES)}, got {role!r}")
     calls = msg.get("tool_calls") or []
     if not isinstance(calls, list):
-        raise SchemaError(f"{where}.tool_calls must be a list")
+        raise SchemaError(f"field '{where}.tool_calls' must be a list")
     return {
         "role": role,
         "content": _opt_str(msg.get("content"), f"{where}.content"),
@@ -342,7 +342,7 @@ def _message(msg: Any, where: str) -> dict[str, Any]:
 
 def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
     if not isinstance(turn, dict):
-        raise SchemaError(f"{where} must be an object")
+        raise SchemaError(f"field '{where}' must be an object")
     index = _opt_int(turn.get("index"), f"{where}.index")
     ids = turn.get("completion_ids") or []
     logprobs = turn.get("logprobs") or []
@@ -386,35 +386,35 @@ def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(turns, list):
         raise SchemaError(f"{label}: field 'turns' must be a list")
     try:
-        tools = _json_text(row.get("tools"), "field 'tools'", "[]")
+        tools = _json_text(row.get("tools"), "tools", "[]")
         if not isinstance(json.loads(tools), list):
             raise SchemaError("field 'tools' must be a JSON list of function schemas")
         out = {
             "id": tid,
-            "run_id": _opt_str(row.get("run_id"), "field 'run_id'") or "",
-            "round": _opt_int(row.get("round"), "field 'round'") or 0,
-            "task_id": _opt_str(task_id, "field 'task_id'"),
-            "group_id": _opt_str(row.get("group_id"), "field 'group_id'"),
-            "sample": _opt_int(row.get("sample"), "field 'sample'") or 0,
-            "env": _opt_str(row.get("env"), "field 'env'") or "",
-            "model": _opt_str(row.get("model"), "field 'model'") or "",
-            "instruction": _opt_str(row.get("instruction"), "field 'instruction'") or "",
-            "task": _json_text(row.get("task"), "field 'task'", "{}"),
+            "run_id": _opt_str(row.get("run_id"), "run_id") or "",
+            "round": _opt_int(row.get("round"), "round") or 0,
+            "task_id": _opt_str(task_id, "task_id"),
+            "group_id": _opt_str(row.get("group_id"), "group_id"),
+            "sample": _opt_int(row.get("sample"), "sample") or 0,
+            "env": _opt_str(row.get("env"), "env") or "",
+            "model": _opt_str(row.get("model"), "model") or "",
+            "instruction": _opt_str(row.get("instruction"), "instruction") or "",
+            "task": _json_text(row.get("task"), "task", "{}"),
             "tools": tools,
-            "messages": [_message(m, f"field 'messages[{i}]'") for i, m in enumerate(messages)],
-            "turns": [_turn(t, f"field 'turns[{i}]'", i) for i, t in enumerate(turns)],
-            "reward": _opt_float(row.get("reward"), "field 'reward'"),
-            "success": _opt_bool(row.get("success"), "field 'success'"),
+            "messages": [_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
+            "turns": [_turn(t, f"turns[{i}]", i) for i, t in enumerate(turns)],
+            "reward": _opt_float(row.get("reward"), "reward"),
+            "success": _opt_bool(row.get("success"), "success"),
             "status": status,
-            "error": _opt_str(row.get("error"), "field 'error'"),
-            "num_turns": _opt_int(row.get("num_turns"), "field 'num_turns'"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "field 'prompt_tokens'"),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "field 'completion_tokens'"),
-            "duration_s": _opt_float(row.get("duration_s"), "field 'duration_s'"),
-            "source": _opt_str(row.get("source"), "field 'source'") or "collected",
-            "parent_id": _opt_str(row.get("parent_id"), "field 'parent_id'"),
-            "metadata": _json_text(row.get("metadata"), "field 'metadata'", "{}"),
-            "created_at": _timestamp(row.get("created_at"), "field 'created_at'"),
+            "error": _opt_str(row.get("error"), "error"),
+            "num_turns": _opt_int(row.get("num_turns"), "num_turns"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens"),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens"),
+            "duration_s": _opt_float(row.get("duration_s"), "duration_s"),
+            "source": _opt_str(row.get("source"), "source") or "collected",
+            "parent_id": _opt_str(row.get("parent_id"), "parent_id"),
+            "metadata": _json_text(row.get("metadata"), "metadata", "{}"),
+            "created_at": _timestamp(row.get("created_at"), "created_at"),
         }
     except SchemaError as exc:
         raise SchemaError(f"{label}: {exc}") from None
@@ -449,24 +449,24 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
         raise SchemaError(f"{label}: an error annotation needs field 'error' saying what went wrong")
     try:
         return {
-            "id": _opt_str(row.get("id"), "field 'id'") or new_id(),
+            "id": _opt_str(row.get("id"), "id") or new_id(),
             "trajectory_id": tid,
             "annotator": annotator,
             "kind": kind,
-            "score": _opt_float(row.get("score"), "field 'score'"),
-            "label": _opt_str(row.get("label"), "field 'label'"),
-            "rationale": _opt_str(row.get("rationale"), "field 'rationale'"),
+            "score": _opt_float(row.get("score"), "score"),
+            "label": _opt_str(row.get("label"), "label"),
+            "rationale": _opt_str(row.get("rationale"), "rationale"),
             "status": status,
-            "error": _opt_str(row.get("error"), "field 'error'"),
-            "judge_model": _opt_str(row.get("judge_model"), "field 'judge_model'"),
-            "rubric": _opt_str(row.get("rubric"), "field 'rubric'"),
-            "prompt_hash": _opt_str(row.get("prompt_hash"), "field 'prompt_hash'"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "field 'prompt_tokens'"),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "field 'completion_tokens'"),
-            "cost_usd": _opt_float(row.get("cost_usd"), "field 'cost_usd'"),
-            "run_id": _opt_str(row.get("run_id"), "field 'run_id'"),
-            "metadata": _json_text(row.get("metadata"), "field 'metadata'", "{}"),
-            "created_at": _timestamp(row.get("created_at"), "field 'created_at'"),
+            "error": _opt_str(row.get("error"), "error"),
+            "judge_model": _opt_str(row.get("judge_model"), "judge_model"),
+            "rubric": _opt_str(row.get("rubric"), "rubric"),
+            "prompt_hash": _opt_str(row.get("prompt_hash"), "prompt_hash"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens"),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens"),
+            "cost_usd": _opt_float(row.get("cost_usd"), "cost_usd"),
+            "run_id": _opt_str(row.get("run_id"), "run_id"),
+            "metadata": _json_text(row.get("metadata"), "metadata", "{}"),
+            "created_at": _timestamp(row.get("created_at"), "created_at"),
         }
     except SchemaError as exc:
         raise SchemaError(f"{label}: {exc}") from None

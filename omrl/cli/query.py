@@ -1,0 +1,74 @@
+"""`omrl query`: read-only SQL over a store."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import click
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from omrl.cli.common import arrow_to_rich, console, open_store, user_errors
+
+
+def _json_default(value):
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+@click.command()
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
+              show_default=True, help="Output format; json writes one object per line.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write to this file instead of stdout.")
+@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
+@user_errors
+def query(store: str, sql: str, fmt: str, out: str | None, max_rows: int) -> None:
+    """Run read-only SQL over a store (SQL "-" reads it from stdin).
+
+    Views: trajectories, messages, turns, tool_calls, annotations, latest_annotations, scores, groups.
+
+    Example:  omrl query demo-store "SELECT env, avg(reward) FROM trajectories GROUP BY env"
+    """
+    if sql == "-":
+        sql = sys.stdin.read()
+    result = open_store(store).sql(sql)
+    if fmt == "parquet":
+        if not out:
+            raise click.UsageError("--format parquet needs --out FILE")
+        pq.write_table(result, out, compression="zstd")
+        click.echo(f"wrote {result.num_rows} rows to {out}", err=True)
+        return
+    if fmt == "table" and not out:
+        console.print(arrow_to_rich(result, max_rows=max_rows))
+        return
+    text = _render(result, "csv" if fmt == "table" else fmt)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+        click.echo(f"wrote {result.num_rows} rows to {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _render(result: pa.Table, fmt: str) -> str:
+    if fmt == "csv":
+        buffer = io.BytesIO()
+        pacsv.write_csv(_flatten_nested(result), buffer)
+        return buffer.getvalue().decode()
+    lines = [json.dumps(row, default=_json_default, ensure_ascii=False) for row in result.to_pylist()]
+    return "".join(line + "\n" for line in lines)
+
+
+def _flatten_nested(table: pa.Table) -> pa.Table:
+    """CSV cannot hold lists or structs: write those cells as JSON text."""
+    columns = []
+    for column in table.columns:
+        if pa.types.is_nested(column.type):
+            column = pa.array([None if v is None else json.dumps(v, default=_json_default)
+                               for v in column.to_pylist()], pa.string())
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=table.column_names)

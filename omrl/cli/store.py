@@ -1,0 +1,82 @@
+"""`omrl store`: create, append to, check and compact stores."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from omrl.cli.common import console, open_store, user_errors
+from omrl.files import append_file
+from omrl.store import TABLES, Store
+
+
+@click.group()
+def store() -> None:
+    """Create, append to, check and compact trajectory stores.
+
+    Example:  omrl store init my-store && omrl store append my-store datasets/samples/math_demo.jsonl
+    """
+
+
+@store.command("init")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--description", default="", help="A sentence for the dataset card.")
+@user_errors
+def init(path: str, description: str) -> None:
+    """Create an empty store (a folder that is also a Hugging Face dataset).
+
+    Example:  omrl store init my-store
+    """
+    Store.create(path, description=description)
+    console.print(f"store ready at {path}")
+
+
+@store.command("append")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--table", type=click.Choice(TABLES), default="trajectories", show_default=True)
+@click.option("--create/--no-create", default=True, show_default=True, help="Create the store if missing.")
+@user_errors
+def append(path: str, files: tuple[str, ...], table: str, create: bool) -> None:
+    """Validate omrl-format records (.jsonl/.json/.parquet) and append them to a store.
+
+    Example:  omrl store append my-store datasets/samples/math_demo.jsonl
+    """
+    target = Store.create(path) if create else Store(path)
+    for file in files:
+        n = append_file(target, file, table=table)
+        console.print(f"appended {n} {table} rows from {file}")
+
+
+@store.command("check")
+@click.argument("path", type=click.Path(file_okay=False))
+@user_errors
+def check(path: str) -> None:
+    """List part files that cannot be read; exit status 1 when any is found.
+
+    Example:  omrl store check my-store
+    """
+    problems = open_store(path).check()
+    if not problems:
+        console.print("all parts readable")
+        return
+    for problem in problems:
+        console.print(f"[red]bad part[/red] {problem.path}: {problem.error}", highlight=False)
+    sys.exit(1)
+
+
+@store.command("compact")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--table", type=click.Choice(TABLES), multiple=True, help="Only these tables (default: all).")
+@user_errors
+def compact(path: str, table: tuple[str, ...]) -> None:
+    """Merge many small part files into one per table (readers see the same rows).
+
+    Example:  omrl store compact my-store
+    """
+    target = open_store(path)
+    for name in table or TABLES:
+        before = len(target.parts(name))
+        new = target.compact(name)
+        console.print(f"{name}: {before} parts -> {1 if new else before}")

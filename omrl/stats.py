@@ -1,0 +1,40 @@
+"""Summary statistics of a store, as Arrow tables computed with SQL."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from omrl.store import Store
+
+OVERVIEW_SQL = """
+SELECT count(*) AS trajectories, count(DISTINCT task_id) AS tasks, count(DISTINCT group_id) AS groups,
+       count(DISTINCT run_id) AS runs, round(avg(reward), 4) AS mean_reward,
+       round(avg(CASE WHEN success THEN 1.0 WHEN success = false THEN 0.0 END), 4) AS success_rate,
+       round(avg(num_turns), 2) AS mean_turns, sum(prompt_tokens + completion_tokens) AS tokens
+FROM trajectories
+"""
+
+BREAKDOWN_SQL = """
+SELECT {key}, count(*) AS n, round(avg(reward), 4) AS mean_reward,
+       round(avg(CASE WHEN success THEN 1.0 WHEN success = false THEN 0.0 END), 4) AS success_rate,
+       round(avg(num_turns), 2) AS mean_turns
+FROM trajectories GROUP BY {key} ORDER BY {key}
+"""
+
+ANNOTATION_SQL = """
+SELECT annotator, count(*) AS n, count(*) FILTER (WHERE status = 'error') AS errors,
+       round(avg(score) FILTER (WHERE status = 'ok'), 4) AS mean_score
+FROM latest_annotations GROUP BY annotator ORDER BY annotator
+"""
+
+
+def store_stats(store: Store) -> dict[str, pa.Table]:
+    """Named summary tables: overview, by env, by status, by round, by source, annotations."""
+    con = store.connect()
+    tables = {"overview": con.sql(OVERVIEW_SQL).to_arrow_table()}
+    for key in ("env", "status", "round", "source"):
+        tables[f"by {key}"] = con.sql(BREAKDOWN_SQL.format(key=key)).to_arrow_table()
+    annotations = con.sql(ANNOTATION_SQL).to_arrow_table()
+    if annotations.num_rows:
+        tables["annotations"] = annotations
+    return tables

@@ -1,0 +1,147 @@
+"""The command line: help everywhere, and the foundation verbs run through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from conftest import make_trajectory
+
+from omrl.cli.main import COMMANDS, cli
+
+
+def _all_commands():
+    """(path, command) for every command and subcommand reachable from `omrl`."""
+    ctx = click.Context(cli)
+    out = []
+
+    def walk(group, path):
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            out.append((path + [name], command))
+            if isinstance(command, click.Group):
+                walk(command, path + [name])
+
+    walk(cli, [])
+    return out
+
+
+def test_every_command_has_help_and_an_example():
+    runner = CliRunner()
+    commands = _all_commands()
+    assert {path[0] for path, _ in commands} == set(COMMANDS)
+    for path, command in commands:
+        result = runner.invoke(cli, path + ["--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert command.help and command.help.strip(), f"omrl {' '.join(path)} has no help"
+        assert "Example" in command.help, f"omrl {' '.join(path)} has no example in its help"
+
+
+def test_help_is_fast_and_imports_no_training_stack():
+    code = "import sys; from omrl.cli.main import cli; sys.argv=['omrl','--help']\n" \
+           "try:\n    cli()\nexcept SystemExit:\n    pass\n" \
+           "heavy = [m for m in ('torch', 'transformers', 'trl', 'datasets') if m in sys.modules]\n" \
+           "print('HEAVY', heavy)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out
+
+
+def test_schema_json_prints_both_schemas():
+    result = CliRunner().invoke(cli, ["schema", "--json"])
+    assert result.exit_code == 0
+    schemas = json.loads(result.output)
+    assert set(schemas) == {"trajectories", "annotations"}
+    assert "messages" in schemas["trajectories"]["properties"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_query_formats(store, fmt):
+    result = CliRunner().invoke(cli, ["query", str(store.path), "SELECT task_id, reward FROM trajectories "
+                                      "ORDER BY id LIMIT 2", "--format", fmt])
+    assert result.exit_code == 0, result.output
+    if fmt == "json":
+        assert [json.loads(line) for line in result.output.splitlines()] == [
+            {"task_id": "task-0", "reward": 1.0}, {"task_id": "task-0", "reward": 0.0}]
+    else:
+        assert result.output.splitlines() == ['"task_id","reward"', '"task-0",1', '"task-0",0']
+
+
+def test_query_csv_writes_nested_values_as_json(store, tmp_path):
+    out = tmp_path / "q.csv"
+    result = CliRunner().invoke(cli, ["query", str(store.path), "SELECT turns FROM trajectories LIMIT 1",
+                                      "--format", "csv", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert '""index"": 0' in out.read_text()
+
+
+def test_query_parquet_and_stdin(store, tmp_path):
+    out = tmp_path / "q.parquet"
+    result = CliRunner().invoke(cli, ["query", str(store.path), "-", "--format", "parquet", "--out", str(out)],
+                                input="SELECT id FROM trajectories")
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(out).num_rows == 6
+
+
+def test_query_table_format(store):
+    result = CliRunner().invoke(cli, ["query", str(store.path), "SELECT count(*) AS n FROM groups"])
+    assert result.exit_code == 0 and "3" in result.output
+
+
+@pytest.mark.parametrize("sql", ["DELETE FROM trajectories", "COPY trajectories TO 'x.csv'",
+                                 "ATTACH 'x.db'", "INSTALL httpfs"])
+def test_query_refuses_writes(store, sql):
+    result = CliRunner().invoke(cli, ["query", str(store.path), sql])
+    assert result.exit_code != 0
+    assert "read-only" in result.output
+
+
+def test_stats(store):
+    result = CliRunner().invoke(cli, ["stats", str(store.path), "--json"])
+    assert result.exit_code == 0, result.output
+    tables = json.loads(result.output)
+    assert tables["overview"][0]["trajectories"] == 6
+    assert tables["overview"][0]["success_rate"] == 0.5
+    assert tables["by env"] == [{"env": "math", "n": 6, "mean_reward": 0.5, "success_rate": 0.5, "mean_turns": 2.0}]
+    pretty = CliRunner().invoke(cli, ["stats", str(store.path)])
+    assert pretty.exit_code == 0 and "by status" in pretty.output
+
+
+def test_show_renders_roles_tool_calls_and_rewards(store):
+    result = CliRunner().invoke(cli, ["show", str(store.path), "traj-2"], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    for expected in ("assistant", "tool calculator", "calculator", "2+1", "reward 1", "task-1"):
+        assert expected in result.output
+    missing = CliRunner().invoke(cli, ["show", str(store.path), "nope"])
+    assert missing.exit_code != 0 and "no trajectory" in missing.output
+
+
+def test_store_append_check_compact(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(json.dumps(make_trajectory(i).to_row(), default=str) for i in range(3)) + "\n")
+    runner = CliRunner()
+    target = str(tmp_path / "s")
+    assert runner.invoke(cli, ["store", "append", target, str(source)]).exit_code == 0
+    assert runner.invoke(cli, ["store", "append", target, str(source)]).exit_code == 0
+    result = runner.invoke(cli, ["store", "compact", target])
+    assert result.exit_code == 0 and "2 parts -> 1" in result.output
+    assert runner.invoke(cli, ["store", "check", target]).exit_code == 0
+    (tmp_path / "s" / "data" / "trajectories" / "part-broken.parquet").write_bytes(b"PAR1 nonsense")
+    result = runner.invoke(cli, ["store", "check", target])
+    assert result.exit_code == 1 and "part-broken.parquet" in result.output
+
+
+def test_store_append_names_the_bad_line(tmp_path):
+    source = tmp_path / "in.jsonl"
+    good = json.dumps(make_trajectory(0).to_row(), default=str)
+    source.write_text(good + "\n" + json.dumps({"id": "x", "task_id": "t", "success": "yes"}) + "\n")
+    result = CliRunner().invoke(cli, ["store", "append", str(tmp_path / "s"), str(source)])
+    assert result.exit_code != 0
+    assert "in.jsonl line 2" in result.output and "field 'success'" in result.output
+    from omrl.store import Store
+
+    assert Store(tmp_path / "s").count() == 0  # validated before anything was written

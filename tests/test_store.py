@@ -1,0 +1,163 @@
+"""The store: layout, atomic appends, corrupt parts, compaction, old schemas, concurrency, HF loading."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import make_trajectory
+
+from omrl.schema import normalize_trajectory
+from omrl.store import CorruptPartWarning, Store, StoreError
+
+
+def test_layout_is_a_dataset_folder(tmp_path):
+    store = Store.create(tmp_path / "s")
+    assert (store.path / "omrl.json").is_file()
+    assert (store.path / "data" / "trajectories").is_dir()
+    assert (store.path / "data" / "annotations").is_dir()
+    card = (store.path / "README.md").read_text()
+    assert "config_name: trajectories" in card and "data/trajectories/part-*.parquet" in card
+    assert store.manifest["schema_version"] == 1
+
+
+def test_opening_a_missing_store_says_how_to_create_one(tmp_path):
+    with pytest.raises(StoreError, match="not an omrl store"):
+        Store(tmp_path / "nope")
+
+
+def test_create_refuses_a_foreign_non_empty_folder(tmp_path):
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "x.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not empty"):
+        Store.create(tmp_path / "f")
+
+
+def test_append_writes_one_part_and_no_temp_files(store):
+    files = list((store.path / "data" / "trajectories").iterdir())
+    assert [f.suffix for f in files] == [".parquet"]
+    assert store.count() == 6
+
+
+def test_append_rejects_invalid_rows_and_writes_nothing(store):
+    before = store.parts()
+    with pytest.raises(Exception, match="field 'reward'"):
+        store.append([make_trajectory(10).to_row(), {"id": "bad", "task_id": "t", "reward": "x"}])
+    assert store.parts() == before
+
+
+def test_corrupt_part_is_skipped_with_warning_and_reported_by_check(store):
+    bad = store.path / "data" / "trajectories" / "part-99999999T000000000000-1-deadbeef.parquet"
+    good = store.parts()[0].read_bytes()
+    bad.write_bytes(good[: len(good) // 2])  # a truncated write from a crashed tool
+    with pytest.warns(CorruptPartWarning, match=bad.name):
+        assert store.read().num_rows == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptPartWarning)
+        assert store.sql("SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 6}]
+        assert store.sql("SELECT count(*) AS n FROM messages").to_pylist() == [{"n": 36}]
+    problems = store.check()
+    assert [p.path.name for p in problems] == [bad.name]
+
+
+def test_check_finds_parts_whose_pages_are_damaged(store):
+    path = store.parts()[0]
+    data = bytearray(path.read_bytes())
+    data[8:200] = b"\x00" * 192  # footer intact, first data pages destroyed
+    path.write_bytes(bytes(data))
+    assert [p.path for p in store.check()] == [path]
+
+
+def test_compaction_keeps_rows_and_survives_a_crash_before_cleanup(tmp_path):
+    store = Store.create(tmp_path / "s")
+    for i in range(5):
+        store.append([make_trajectory(i).to_row()])
+    ids = sorted(store.ids())
+    old_parts = store.parts()
+    # Simulate a crash after the compacted part was renamed in but before the old parts were removed.
+    saved = {p: p.read_bytes() for p in old_parts}
+    new = store.compact()
+    for path, data in saved.items():
+        path.write_bytes(data)
+    assert len(store._all_parts("trajectories")) == 6
+    assert store.parts() == [new]
+    assert sorted(store.read().column("id").to_pylist()) == ids
+    assert store.sql("SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 5}]
+
+
+def test_older_schema_parts_stay_readable(store):
+    old_turn = pa.struct([("index", pa.int32()), ("reward", pa.float64()), ("done", pa.bool_())])
+    old = pa.table({
+        "id": ["old-1"], "task_id": ["task-0"], "reward": [0.5],
+        "turns": pa.array([[{"index": 0, "reward": 0.5, "done": True}]], pa.list_(old_turn)),
+    })
+    pq.write_table(old, store.path / "data" / "trajectories" / "part-00000000T000000000000-0-0ld.parquet")
+    rows = {r["id"]: r for r in store.read().to_pylist()}
+    assert rows["old-1"]["reward"] == 0.5 and rows["old-1"]["metadata"] is None
+    assert rows["old-1"]["turns"][0]["logprobs"] is None
+    result = store.sql("SELECT id, env, turns[1].done AS done FROM trajectories WHERE id = 'old-1'").to_pylist()
+    assert result == [{"id": "old-1", "env": None, "done": True}]
+
+
+def test_a_store_of_only_old_parts_still_has_every_column(tmp_path):
+    store = Store.create(tmp_path / "s")
+    pq.write_table(pa.table({"id": ["a"], "task_id": ["t"]}), store.path / "data" / "trajectories" / "part-0.parquet")
+    assert store.sql("SELECT id, metadata, messages FROM trajectories").to_pylist() == [
+        {"id": "a", "metadata": None, "messages": None}]
+
+
+APPENDER = textwrap.dedent(
+    """
+    import sys
+    from omrl.store import Store
+    store = Store(sys.argv[1])
+    tag = sys.argv[2]
+    for batch in range(20):
+        store.append([{"id": f"{tag}-{batch}-{i}", "task_id": f"t{i}"} for i in range(50)])
+    """
+)
+
+
+def test_two_processes_appending_lose_nothing(tmp_path):
+    store = Store.create(tmp_path / "s")
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(store.path), tag]) for tag in ("a", "b")]
+    compactions = 0
+    while any(p.poll() is None for p in procs):  # compact while the writers are busy
+        if store.compact(min_parts=3):
+            compactions += 1
+    assert [p.wait() for p in procs] == [0, 0]
+    assert store.count() == 2000
+    assert len(store.ids()) == 2000
+    assert store.sql("SELECT count(DISTINCT id) AS n FROM trajectories").to_pylist() == [{"n": 2000}]
+    assert store.check() == []
+
+
+def test_load_dataset_reads_the_store_offline(store, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    ds = datasets.load_dataset(str(store.path), "trajectories", split="train")
+    assert len(ds) == 6
+    assert sorted(ds["id"]) == sorted(store.ids())
+    assert ds[0]["messages"][2]["tool_calls"][0]["name"] == "calculator"
+
+
+def test_update_manifest_appends_lineage(store):
+    store.update_manifest(lineage={"source": "a"})
+    store.update_manifest(lineage={"source": "b"}, note="x")
+    manifest = store.manifest
+    assert [entry["source"] for entry in manifest["lineage"]] == ["a", "b"]
+    assert manifest["note"] == "x"
+
+
+def test_appending_an_arrow_table_conforms_it(tmp_path):
+    store = Store.create(tmp_path / "s")
+    row = normalize_trajectory(make_trajectory(1).to_row())
+    table = pa.Table.from_pylist([row]).drop_columns(["metadata"])
+    store.append(table)
+    assert store.read().to_pylist()[0]["messages"] == row["messages"]
