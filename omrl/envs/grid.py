@@ -1,0 +1,188 @@
+"""Grid navigation: the environment of the learning demo (small, multi-turn, room for RL to beat imitation).
+
+The agent stands on a cell of a SIZE x SIZE grid (x to the right, y downwards, 1-based) and must reach
+the goal. Each observation says where it is, where the goal is, and how far the goal lies in each
+direction ("at 3 7 goal 3 3, goal is 4 up"), so the right move is easy to read even for a tiny model.
+Actions: one of up/down/left/right, as plain text (default) or as the tool call `move(direction)`
+(`action_format="tool"`). The step budget is the Manhattan distance + 2, so one detour is allowed.
+
+Reward (paid on the last step): 1.0 for reaching the goal in the fewest steps, 0.25 less per wasted
+step (a detour costs 2 steps, a bump into the border 1), 0 when the budget runs out. An efficient
+strategy therefore earns more than a merely valid one. The scripted expert moves towards the goal but
+takes a random move `noise` of the time (30% by default): its demonstrations are imperfect on purpose,
+so reinforcement learning has room to improve on imitation.
+
+Tasks come from `grid_tasks(n, seed, split)`: deterministic, and the train and eval splits never
+share a (start, goal) pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from typing import Any
+
+from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
+
+DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+SYSTEM_PROMPT = "Reach the goal. Answer with one move: up, down, left or right."
+MOVE_TOOL = tool_schema(
+    "move", "Move one step on the grid.",
+    {"direction": {"type": "string", "enum": list(DIRECTIONS), "description": "up, down, left or right"}},
+)
+_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
+
+
+def describe(pos: tuple[int, int], goal: tuple[int, int]) -> str:
+    """The observation text: coordinates plus the goal's offset in words ("goal is 2 left, 3 up")."""
+    dx, dy = goal[0] - pos[0], goal[1] - pos[1]
+    parts = []
+    if dx:
+        parts.append(f"{abs(dx)} {'right' if dx > 0 else 'left'}")
+    if dy:
+        parts.append(f"{abs(dy)} {'down' if dy > 0 else 'up'}")
+    return f"at {pos[0]} {pos[1]} goal {goal[0]} {goal[1]}, goal is {', '.join(parts) or 'here'}"
+
+
+def best_moves(pos: tuple[int, int], goal: tuple[int, int]) -> list[str]:
+    """The moves that bring `pos` one step closer to `goal`."""
+    moves = []
+    if goal[0] != pos[0]:
+        moves.append("right" if goal[0] > pos[0] else "left")
+    if goal[1] != pos[1]:
+        moves.append("down" if goal[1] > pos[1] else "up")
+    return moves
+
+
+def _split_of(start: tuple[int, int], goal: tuple[int, int]) -> str:
+    # A hash of the pair, not the draw order, decides the split: held-out pairs are never trained on.
+    digest = hashlib.sha256(f"{start}{goal}".encode()).digest()
+    return "eval" if digest[0] % 5 == 0 else "train"
+
+
+def grid_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7, min_distance: int = 2
+               ) -> list[Task]:
+    """`n` distinct grid tasks of one split ("train" or "eval"), the same for the same arguments."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    pairs = [((sx, sy), (gx, gy))
+             for sx in range(1, size + 1) for sy in range(1, size + 1)
+             for gx in range(1, size + 1) for gy in range(1, size + 1)
+             if abs(sx - gx) + abs(sy - gy) >= min_distance]
+    pairs = [p for p in pairs if _split_of(*p) == split]
+    if n > len(pairs):
+        raise ValueError(f"only {len(pairs)} distinct {split} tasks exist on a {size}x{size} grid, asked for {n}")
+    random.Random(f"{seed}-{split}").shuffle(pairs)
+    tasks = []
+    for start, goal in pairs[:n]:
+        task_id = f"grid-{size}-{start[0]}{start[1]}-{goal[0]}{goal[1]}"
+        tasks.append(Task(id=task_id, instruction=f"Reach the goal on a {size}x{size} grid.", env="grid",
+                          split=split, answer=" ".join(best_moves(start, goal)),
+                          payload={"size": size, "start": list(start), "goal": list(goal)}))
+    return tasks
+
+
+class GridEnv:
+    """Grid navigation on a small board; see the module docstring for observations, actions and rewards."""
+
+    name = "grid"
+
+    def __init__(self, action_format: str = "text", noise: float = 0.3, seed: int | None = None) -> None:
+        if action_format not in ("text", "tool"):
+            raise ValueError(f"action_format must be 'text' or 'tool', got {action_format!r}")
+        self.action_format = action_format
+        self.noise = noise
+        self.seed = seed
+        self._resets = 0
+        self._rng = random.Random(seed)
+        self.pos = self.goal = (0, 0)
+        self.size = 0
+        self.steps = self.budget = self.distance = self.invalid = 0
+        self.done = True
+
+    def reset(self, task: Task) -> Reset:
+        payload = task.payload
+        try:
+            self.size = int(payload.get("size", 7))
+            self.pos = (int(payload["start"][0]), int(payload["start"][1]))
+            self.goal = (int(payload["goal"][0]), int(payload["goal"][1]))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ValueError(f"grid task {task.id}: payload needs size, start [x, y] and goal [x, y] ({exc})"
+                             ) from None
+        self.distance = abs(self.pos[0] - self.goal[0]) + abs(self.pos[1] - self.goal[1])
+        self.budget = self.distance + 2
+        self.steps = self.invalid = 0
+        self.done = False
+        # With a seed, the expert's noise depends on (seed, task, reset count) only: reproducible in any order.
+        self._resets += 1
+        if self.seed is not None:
+            self._rng = random.Random(f"{self.seed}-{task.id}-{self._resets}")
+        tools = [MOVE_TOOL] if self.action_format == "tool" else []
+        prompt = SYSTEM_PROMPT if self.action_format == "text" else "Reach the goal. Call move once per step."
+        return Reset(observation=f"{describe(self.pos, self.goal)}, {self.budget} steps left",
+                     tools=tools, system_prompt=prompt)
+
+    def _direction(self, action: Action) -> str | None:
+        if action.tool is not None:
+            if action.tool != "move":
+                return None
+            value = str(action.arguments.get("direction", "")).strip().lower()
+            return value if value in DIRECTIONS else None
+        words = _WORD.findall(action.text or "")
+        return words[0].lower() if len(words) == 1 else None
+
+    def step(self, action: Action) -> StepResult:
+        if self.done:
+            return StepResult("the episode is over", 0.0, True, {"invalid_action": True, "success": False})
+        self.steps += 1
+        direction = self._direction(action)
+        info: dict[str, Any] = {}
+        if direction is None:
+            self.invalid += 1
+            info["invalid_action"] = True
+            what = "invalid action: answer with exactly one of up, down, left, right"
+        else:
+            dx, dy = DIRECTIONS[direction]
+            x, y = self.pos[0] + dx, self.pos[1] + dy
+            if 1 <= x <= self.size and 1 <= y <= self.size:
+                self.pos = (x, y)
+                what = f"moved {direction}"
+            else:
+                self.invalid += 1
+                info["invalid_action"] = True
+                what = f"blocked: {direction} leaves the grid"
+        reached = self.pos == self.goal
+        left = self.budget - self.steps
+        if reached or left <= 0:
+            self.done = True
+            wasted = self.steps - self.distance
+            reward = max(0.0, 1.0 - 0.25 * wasted) if reached else 0.0
+            info.update(success=reached, steps=self.steps, distance=self.distance, invalid=self.invalid)
+            end = "reached the goal" if reached else "out of steps"
+            return StepResult(f"{what}, {end}", reward, True, info)
+        return StepResult(f"{what}, {describe(self.pos, self.goal)}, {left} steps left", 0.0, False, info)
+
+    def expert_action(self) -> Action:
+        """A move towards the goal, or a random one `noise` of the time (imperfect demonstrations)."""
+        if self._rng.random() < self.noise:
+            direction = self._rng.choice(list(DIRECTIONS))
+        else:
+            direction = self._rng.choice(best_moves(self.pos, self.goal) or list(DIRECTIONS))
+        if self.action_format == "tool":
+            return Action(tool="move", arguments={"direction": direction})
+        return Action(text=direction)
+
+    def close(self) -> None:
+        self.done = True
+
+
+def write_shipped_tasks(out_dir: str = "datasets/tasks", n_train: int = 1000, n_eval: int = 200, seed: int = 0
+                        ) -> list[str]:
+    """Regenerate the shipped task files grid_train.jsonl and grid_eval.jsonl (deterministic)."""
+    from omrl.tasks import write_tasks
+
+    paths = []
+    for split, n in (("train", n_train), ("eval", n_eval)):
+        paths.append(str(write_tasks(grid_tasks(n, seed, split), f"{out_dir}/grid_{split}.jsonl")))
+    return paths

@@ -1,0 +1,214 @@
+"""`hf:PATH`: an in-process transformers model as a policy, batched across the episodes in flight.
+
+Concurrent `act()` calls are gathered into one left-padded `generate` call. Generation is token-native:
+each episode keeps its token trace in `context.scratch["hf"]` (see `token_trace`): the first prompt's
+ids, then every turn's sampled ids verbatim and, between turns, only the tokens of the NEW messages
+(the delta of the chat-template rendering). What GRPO trains on is therefore exactly what was sampled,
+never a re-tokenisation of decoded text. Each reply carries its completion ids and their logprobs
+(log-softmax of logits / temperature, as TRL computes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply
+from omrl.policies.parsing import parse_tool_calls, split_reasoning
+
+SCRATCH_KEY = "hf"
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    temperature: float
+    max_new_tokens: int
+    future: asyncio.Future
+    result: tuple[list[int], list[float], bool] | None = field(default=None)
+
+
+def token_trace(context: EpisodeContext | dict[str, Any]) -> dict[str, list] | None:
+    """The episode's token trace: prompt_ids, completion_ids (model and env tokens), env_mask
+    (1 = sampled by the model, 0 = environment/template tokens) and logprobs (0.0 on env tokens)."""
+    scratch = context if isinstance(context, dict) else context.scratch
+    state = scratch.get(SCRATCH_KEY)
+    if state is None:
+        return None
+    return {key: list(state[key]) for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")}
+
+
+class HFPolicy:
+    """A transformers causal LM (a path or a loaded model + tokenizer) acting in many episodes at once."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, max_new_tokens: int = 64,
+                 temperature: float | None = None, device: str | None = None, batch_window: float = 0.002,
+                 max_batch: int = 256, name: str | None = None) -> None:
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            name = name or model
+            try:
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+                model = AutoModelForCausalLM.from_pretrained(model)
+            except OSError as exc:
+                raise PolicyError(f"cannot load model {model!r}: {exc}") from None
+        if tokenizer is None:
+            raise ValueError("HFPolicy needs a tokenizer when given a loaded model")
+        if device is not None:
+            model = model.to(device)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model, "name_or_path", None) or "hf"
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature  # None: use the episode's temperature
+        self.batch_window = batch_window
+        self.max_batch = max_batch
+        self.eos_text = tokenizer.eos_token
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.batches: list[int] = []  # size of every generate call, for tests and benchmarks
+        self._pending: list[_Request] = []
+        self._runner: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ the Policy protocol
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                  context: EpisodeContext) -> PolicyReply:
+        ids = self._extend_trace(messages, tools, context)
+        temperature = self.temperature if self.temperature is not None else context.temperature
+        max_new = context.max_tokens or self.max_new_tokens
+        loop = asyncio.get_running_loop()
+        request = _Request(ids, float(temperature or 0.0), int(max_new), loop.create_future())
+        self._pending.append(request)
+        if self._runner is None or self._runner.done() or self._runner.get_loop() is not loop:
+            self._runner = loop.create_task(self._run_batches())
+        new_ids, logprobs, ended = await request.future
+
+        state = context.scratch[SCRATCH_KEY]
+        state["completion_ids"].extend(new_ids)
+        state["env_mask"].extend([1] * len(new_ids))
+        state["logprobs"].extend(logprobs)
+        state["ended"] = ended
+        state["n_messages"] = len(messages)
+
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        content, reasoning = split_reasoning(text)
+        calls: list[dict[str, Any]] = []
+        if tools:  # a text environment gets the text as is, even if it looks like a ReAct action
+            content, calls = parse_tool_calls(content, tools)
+        return PolicyReply(content=content, tool_calls=calls, reasoning=reasoning, raw_text=text,
+                           finish_reason="stop" if ended else "length", prompt_tokens=len(ids),
+                           completion_tokens=len(new_ids), completion_ids=new_ids, logprobs=logprobs)
+
+    # ------------------------------------------------------------ token-native multi-turn
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _extend_trace(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                      context: EpisodeContext) -> list[int]:
+        """Bring the episode's token trace up to `messages`; return the ids to generate from."""
+        state = context.scratch.get(SCRATCH_KEY)
+        if state is None:
+            prompt = self._encode(self._render(messages, tools, True))
+            context.scratch[SCRATCH_KEY] = {"prompt_ids": prompt, "completion_ids": [], "env_mask": [],
+                                            "logprobs": [], "n_messages": len(messages), "ended": True}
+            return list(prompt)
+        seen = state["n_messages"]  # messages[seen] is the reply this policy produced last turn
+        if len(messages) <= seen + 1:
+            raise PolicyError("HFPolicy: the conversation did not grow since the last turn")
+        full = self._render(messages, tools, True)
+        prefix = self._render(messages[: seen + 1], tools, False)
+        end = prefix.rfind(self.eos_text)
+        if not full.startswith(prefix) or end < 0:
+            raise PolicyError("HFPolicy: the chat template does not render earlier turns stably; "
+                              "token-native multi-turn needs a prefix-stable template")
+        # The sampled reply stops at its end-of-turn token; everything after it (the template's
+        # newline, the new observation, the next generation prompt) enters as environment tokens.
+        delta = self._encode(full[end + len(self.eos_text):])
+        if not state["ended"]:  # the reply was cut at max_new_tokens: close the turn for the model
+            delta = [self.eos_id, *delta]
+        state["completion_ids"].extend(delta)
+        state["env_mask"].extend([0] * len(delta))
+        state["logprobs"].extend([0.0] * len(delta))
+        return state["prompt_ids"] + state["completion_ids"]
+
+    # ------------------------------------------------------------ batching
+
+    async def _run_batches(self) -> None:
+        """Drain the queue: wait until no more requests arrive, then generate them in one batch."""
+        while self._pending:
+            while True:  # let the other episodes of this step reach act() before generating
+                count = len(self._pending)
+                await asyncio.sleep(self.batch_window)
+                if len(self._pending) == count or len(self._pending) >= self.max_batch:
+                    break
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+            try:
+                results = await asyncio.to_thread(self.generate_batch, [(r.ids, r.temperature, r.max_new_tokens)
+                                                                        for r in batch])
+            except Exception as exc:  # every waiting episode learns why, as a policy error
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(PolicyError(f"generation failed: {exc}"))
+                continue
+            for request, result in zip(batch, results, strict=True):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    def generate_batch(self, prompts: list[tuple[list[int], float, int]]
+                       ) -> list[tuple[list[int], list[float], bool]]:
+        """Generate for many prompts (ids, temperature, max_new_tokens): (new ids, logprobs, ended) each."""
+        groups: dict[tuple[float, int], list[int]] = {}
+        for index, (_, temperature, max_new) in enumerate(prompts):
+            groups.setdefault((temperature, max_new), []).append(index)
+        results: list[Any] = [None] * len(prompts)
+        for (temperature, max_new), indices in groups.items():
+            outputs = self._generate([prompts[i][0] for i in indices], temperature, max_new)
+            for i, output in zip(indices, outputs, strict=True):
+                results[i] = output
+        return results
+
+    def _generate(self, batch: list[list[int]], temperature: float, max_new: int
+                  ) -> list[tuple[list[int], list[float], bool]]:
+        import torch
+
+        self.batches.append(len(batch))
+        device = next(self.model.parameters()).device
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):  # left padding: every prompt ends where generation starts
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        sample = temperature > 0
+        kwargs: dict[str, Any] = {"do_sample": sample, "top_k": 0, "top_p": 1.0}
+        if sample:
+            kwargs["temperature"] = temperature
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_new,
+                    return_dict_in_generate=True, output_logits=True, pad_token_id=self.pad_id,
+                    eos_token_id=self.eos_id, **kwargs)
+        finally:
+            self.model.train(was_training)
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (batch, new tokens, vocab), unprocessed
+        scale = temperature if sample else 1.0
+        logps = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row in range(len(batch)):
+            ids = new[row].tolist()
+            ended = self.eos_id in ids
+            length = ids.index(self.eos_id) + 1 if ended else len(ids)
+            results.append((ids[:length], logps[row, :length].tolist(), ended))
+        return results
