@@ -1,0 +1,247 @@
+"""`sql`: DBBench-style questions over a table loaded into a fresh in-memory SQLite database per episode."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+from collections import Counter
+from typing import Any
+
+from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
+from omrl.envs.expression import parse_number
+from omrl.envs.toolenv import ToolEnv
+
+MAX_ROWS = 50          # rows shown per query result
+MAX_CELL = 120         # characters shown per cell
+SYSTEM_PROMPT = ("You answer questions about a database table using SQL. Run queries with execute_sql; when a "
+                 "question asks for values, call answer with them (a JSON list for several values). When the "
+                 "task asks you to change the table, make the change with execute_sql and then call answer "
+                 "with 'done'.")
+
+TOOLS = [
+    tool_schema("execute_sql", "Run one SQL statement on the database (SQLite dialect) and see its result.",
+                {"query": {"type": "string", "description": "one SQL statement"}}),
+    tool_schema("answer", "Give the final answer and end the episode: the value, or a JSON list of values; "
+                "'done' after modifying the table.", {"value": {"type": "string"}}),
+]
+_TYPES = {"INT": "INTEGER", "INTEGER": "INTEGER", "REAL": "REAL", "FLOAT": "REAL", "DOUBLE": "REAL", "TEXT": "TEXT"}
+
+
+class SqlEnv(ToolEnv):
+    """DBBench-style SQL tasks: execute_sql(query) and answer(value) over an in-memory SQLite per episode."""
+
+    name = "sql"
+    tools = TOOLS
+
+    def __init__(self, max_rows: int = MAX_ROWS, timeout_s: float = 5.0) -> None:
+        super().__init__()
+        self.max_rows = max_rows
+        self.timeout_s = timeout_s
+        self.db: sqlite3.Connection | None = None
+        self.task: Task | None = None
+
+    # ---------------------------------------------------------------- episode
+
+    def reset(self, task: Task) -> Reset:
+        self.close()
+        super().__init__()
+        table = task.payload.get("table")
+        if not isinstance(table, dict):
+            raise ValueError(f"sql task {task.id!r} has no table in its payload")
+        self.task = task
+        self.table_name = str(table["table_name"])
+        self.kind = task.payload.get("kind") or "query"
+        self.gold = gold_label(task)
+        self.db = load_table(table)
+        self.queries = 0
+        return Reset(observation=task.instruction, tools=list(TOOLS), system_prompt=SYSTEM_PROMPT)
+
+    def close(self) -> None:
+        super().close()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    # ---------------------------------------------------------------- tools
+
+    def text_action(self, text: str) -> Action:
+        # AgentBench's own text format: a ```sql block to run, or "Final Answer: [...]".
+        code = re.search(r"```(?:sql)?\s*(.+?)```", text or "", re.DOTALL)
+        final = re.search(r"Final Answer:\s*(.+)", text or "", re.DOTALL)
+        if final:
+            return Action(tool="answer", arguments={"value": final.group(1).strip()})
+        if code:
+            return Action(tool="execute_sql", arguments={"query": code.group(1).strip()})
+        return super().text_action(text)
+
+    def tool_execute_sql(self, query: str) -> StepResult:
+        self.queries += 1
+        observation = run_query(self.db, str(query), self.max_rows, self.timeout_s)
+        # An SQL error is a legal move with an error result (as in AgentBench), not an invalid action.
+        return StepResult(observation=observation, info={"tool": "execute_sql",
+                                                         "sql_error": observation.startswith("Error:")})
+
+    def tool_answer(self, value: Any) -> StepResult:
+        self.done = True
+        if self.kind == "mutation":
+            expected = expected_table(self.task)
+            correct = table_rows(self.db, self.table_name) == expected
+        else:
+            correct = answers_match(value, self.gold)
+        return StepResult(observation="Correct." if correct else "Incorrect.", reward=1.0 if correct else 0.0,
+                          done=True, info={"success": correct})
+
+    # ---------------------------------------------------------------- scripted policies
+
+    def expert_action(self) -> Action:
+        """Look at the table, make the gold change (mutations), then answer the gold label."""
+        if self.queries == 0:
+            return Action(tool="execute_sql", arguments={"query": f"SELECT * FROM {quote(self.table_name)} LIMIT 3"})
+        if self.kind == "mutation" and self.queries == 1:
+            return Action(tool="execute_sql", arguments={"query": self.gold[0]})
+        if self.kind == "mutation":
+            return Action(tool="answer", arguments={"value": "done"})
+        value = self.gold[0] if len(self.gold) == 1 else json.dumps(self.gold, ensure_ascii=False)
+        return Action(tool="answer", arguments={"value": value})
+
+    def random_action(self, rng: random.Random) -> Action:
+        if rng.random() < 0.7:
+            return Action(tool="execute_sql", arguments={"query": f"SELECT * FROM {quote(self.table_name)} "
+                                                                  f"LIMIT {rng.randint(1, 5)}"})
+        return Action(tool="answer", arguments={"value": str(rng.randint(0, 10))})
+
+
+# -------------------------------------------------------------------- database helpers
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def load_table(table: dict[str, Any]) -> sqlite3.Connection:
+    """A new in-memory database holding one DBBench table (table_name, table_info{columns, rows})."""
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    info = table["table_info"]
+    columns = [c["name"] if isinstance(c, dict) else str(c) for c in info["columns"]]
+    types = [_TYPES.get(str(c.get("type", "TEXT")).upper(), "TEXT") if isinstance(c, dict) else "TEXT"
+             for c in info["columns"]]
+    ddl = ", ".join(f"{quote(name)} {kind}" for name, kind in zip(columns, types, strict=True))
+    db.execute(f"CREATE TABLE {quote(table['table_name'])} ({ddl})")
+    marks = ", ".join("?" for _ in columns)
+    db.executemany(f"INSERT INTO {quote(table['table_name'])} VALUES ({marks})",
+                   [list(row)[: len(columns)] + [None] * (len(columns) - len(row)) for row in info["rows"]])
+    db.commit()
+    return db
+
+
+def run_query(db: sqlite3.Connection, query: str, max_rows: int = MAX_ROWS, timeout_s: float = 5.0) -> str:
+    """Run one statement; the result (or the error) as text. Long queries are interrupted after timeout_s."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    db.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
+    try:
+        cursor = db.execute(query)
+        if cursor.description is None:
+            db.commit()
+            return f"OK. {cursor.rowcount} row(s) affected."
+        header = [d[0] for d in cursor.description]
+        rows = cursor.fetchmany(max_rows + 1)
+    except sqlite3.Warning as exc:  # e.g. two statements at once
+        return f"Error: {exc}"
+    except sqlite3.Error as exc:
+        if "interrupted" in str(exc):
+            return f"Error: query took longer than {timeout_s} s and was stopped"
+        return f"Error: {exc}"
+    finally:
+        db.set_progress_handler(None, 0)
+    return format_rows(header, rows, max_rows)
+
+
+def format_rows(header: list[str], rows: list[tuple], max_rows: int) -> str:
+    shown = rows[:max_rows]
+    lines = [" | ".join(header)]
+    lines += [" | ".join(_cell(v) for v in row) for row in shown]
+    if not shown:
+        lines.append("(no rows)")
+    if len(rows) > max_rows:
+        lines.append(f"... more rows not shown (limit {max_rows})")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    text = "NULL" if value is None else str(value)
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def table_rows(db: sqlite3.Connection, table_name: str) -> Counter:
+    """The table's contents as a multiset of normalized rows (order-insensitive)."""
+    rows = db.execute(f"SELECT * FROM {quote(table_name)}").fetchall()
+    return Counter(tuple(_normal(v) for v in row) for row in rows)
+
+
+def expected_table(task: Task) -> Counter:
+    """The table after applying the gold statement(s) to a fresh copy: what a mutation task must produce."""
+    db = load_table(task.payload["table"])
+    try:
+        for statement in gold_label(task):
+            db.execute(statement)
+        return table_rows(db, task.payload["table"]["table_name"])
+    finally:
+        db.close()
+
+
+def gold_label(task: Task) -> list[str]:
+    label = task.payload.get("label")
+    if label is None and task.answer is not None:
+        try:
+            label = json.loads(task.answer)
+        except json.JSONDecodeError:
+            label = [task.answer]
+    if label is None:
+        raise ValueError(f"sql task {task.id!r} has no gold label")
+    return [str(v) for v in (label if isinstance(label, list) else [label])]
+
+
+# -------------------------------------------------------------------- answer matching
+
+_NONE = {"", "none", "null", "nan", "[]", "no result", "n/a"}
+
+
+def _normal(value: Any) -> str:
+    text = "" if value is None else str(value).strip().strip("'\"").strip()
+    number = parse_number(text) if re.fullmatch(r"[-$\d.,%\s]+", text or "x") else None
+    if number is not None:
+        return repr(round(number, 6))
+    return text.lower()
+
+
+def answer_values(value: Any) -> list[str]:
+    """An agent's answer as a list: a JSON list, a Python-looking list, or one value."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    text = str(value).strip()
+    if text.startswith("["):
+        try:
+            parsed = json.loads(text)
+            if isinstance(parsed, list):
+                return [str(v) for v in parsed]
+        except json.JSONDecodeError:
+            import ast
+
+            try:
+                parsed = ast.literal_eval(text)
+                if isinstance(parsed, (list, tuple)):
+                    return [str(v) for v in parsed]
+            except (ValueError, SyntaxError):
+                pass
+    return [text]
+
+
+def answers_match(value: Any, gold: list[str]) -> bool:
+    """Order-insensitive match of normalized values; numbers compare numerically; 'none' matches empty."""
+    answer = [v for v in (_normal(x) for x in answer_values(value)) if v not in _NONE]
+    expected = [v for v in (_normal(x) for x in gold) if v not in _NONE]
+    return Counter(answer) == Counter(expected)
