@@ -1,0 +1,1 @@
+"""Annotation: automatic metrics, LLM-as-judge and reward combination (see runner.annotate)."""

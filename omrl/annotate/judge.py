@@ -1,0 +1,443 @@
+"""LLM-as-judge through the `openai` client against any OpenAI-compatible endpoint.
+
+Modes:
+  pointwise  one call per trajectory; the rubric's scale; annotator "judge:<rubric>".
+  pairwise   every pair of trajectories of the same task, asked in both orders (A/B and B/A) to cancel
+             position bias; a pair's score for x is the mean of its two outcomes (win 1, tie 0.5, loss 0);
+             a trajectory's score is its mean over its pairs (a win rate in [0, 1]);
+             annotator "judge:<rubric>:pairwise". A trajectory alone in its task is skipped (counted).
+  group      all samples of one group_id in one call, scored relative to each other (as ART's RULER);
+             annotator "judge:<rubric>:group"; tokens and cost are split evenly over the group.
+
+Replies must be JSON (```json fences tolerated). An unparseable or out-of-range reply is re-asked
+(`max_invalid` times, telling the judge what was wrong), then stored as an error annotation. 429, 5xx,
+timeouts and connection errors are retried with exponential backoff (`max_retries`). Valid replies are
+cached by prompt hash (cache.py), so a second run makes no calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omrl.annotate.cache import JudgeCache, prompt_hash
+from omrl.annotate.render import render_trajectory
+from omrl.annotate.rubric import Rubric
+
+MODES = ("pointwise", "pairwise", "group")
+
+
+@dataclass
+class JudgeConfig:
+    rubric: Rubric
+    model: str
+    base_url: str
+    api_key: str = "EMPTY"
+    mode: str = "pointwise"
+    concurrency: int = 16  # requests in flight at once
+    max_retries: int = 4  # transport retries per call (429, 5xx, timeouts, malformed bodies)
+    max_invalid: int = 2  # re-asks after an unparseable or out-of-range reply
+    timeout_s: float = 60.0
+    backoff_s: float = 0.5  # first retry waits about this long, doubling each time
+    temperature: float = 0.0
+    max_chars: int = 12000  # judge rendering budget per trajectory (see render.py)
+    keep_last: int = 6
+    price_prompt: float | None = None  # USD per million prompt tokens
+    price_completion: float | None = None  # USD per million completion tokens
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"judge mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.concurrency < 1:
+            raise ValueError("judge concurrency must be at least 1")
+
+    @property
+    def annotator(self) -> str:
+        return self.rubric.annotator if self.mode == "pointwise" else f"{self.rubric.annotator}:{self.mode}"
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        if self.price_prompt is None and self.price_completion is None:
+            return None
+        return (prompt_tokens * (self.price_prompt or 0.0) + completion_tokens * (self.price_completion or 0.0)) / 1e6
+
+
+@dataclass
+class JudgeStats:
+    calls: int = 0  # HTTP requests sent, retries included
+    cache_hits: int = 0
+    prompt_tokens: int = 0  # of live calls only
+    completion_tokens: int = 0
+    transport_retries: int = 0
+    invalid_replies: int = 0
+    skipped: int = 0
+
+
+class JudgeError(RuntimeError):
+    """A judge request that failed for good; the message says why."""
+
+
+@dataclass
+class Answer:
+    """A validated judge reply (or the reason there is none)."""
+
+    value: Any = None
+    error: str | None = None
+    prompt_hash: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False
+    attempts: int = 0
+
+
+# ---------------------------------------------------------------- reply parsing
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+def parse_json_reply(text: str | None) -> dict[str, Any]:
+    """The JSON object in a reply: bare, inside ```json fences, or the outermost {...} in prose."""
+    text = (text or "").strip()
+    candidates = [text] + _FENCE.findall(text)
+    if "{" in text and "}" in text:
+        candidates.append(text[text.index("{"): text.rindex("}") + 1])
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate.strip())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise ValueError("the reply is not a JSON object")
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+
+
+def validate_pointwise(rubric: Rubric) -> Callable[[str], dict[str, Any]]:
+    def check(text: str) -> dict[str, Any]:
+        data = parse_json_reply(text)
+        if "score" not in data:
+            raise ValueError('the JSON has no "score"')
+        score = _number(data["score"], "score")
+        if not rubric.in_range(score):
+            raise ValueError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
+        return {"score": score, "rationale": str(data.get("rationale") or "")}
+    return check
+
+
+def validate_pairwise(text: str) -> dict[str, Any]:
+    data = parse_json_reply(text)
+    pref = str(data.get("preference", "")).strip().upper()
+    if pref not in ("A", "B", "TIE"):
+        raise ValueError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
+    return {"preference": pref, "rationale": str(data.get("rationale") or "")}
+
+
+def validate_group(rubric: Rubric, n: int) -> Callable[[str], dict[int, dict[str, Any]]]:
+    def check(text: str) -> dict[int, dict[str, Any]]:
+        data = parse_json_reply(text)
+        items = data.get("scores")
+        if not isinstance(items, list):
+            raise ValueError('the JSON has no "scores" list')
+        out: dict[int, dict[str, Any]] = {}
+        for item in items:
+            if not isinstance(item, dict) or "id" not in item or "score" not in item:
+                raise ValueError('each entry of "scores" needs "id" and "score"')
+            idx = int(_number(item["id"], "id"))
+            score = _number(item["score"], f"score of trajectory {idx}")
+            if not rubric.in_range(score):
+                raise ValueError(f"score {score:g} of trajectory {idx} is outside the scale "
+                                 f"{rubric.scale_min:g}..{rubric.scale_max:g}")
+            out[idx] = {"score": score, "rationale": str(item.get("rationale") or "")}
+        if sorted(out) != list(range(1, n + 1)):
+            raise ValueError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
+        return out
+    return check
+
+
+# ---------------------------------------------------------------- prompts
+
+_POINTWISE_FORMAT = ('Reply with JSON only: {{"score": <number from {lo:g} to {hi:g}>, '
+                     '"rationale": "<one or two sentences>"}}')
+
+
+def pointwise_messages(rubric: Rubric, rendering: str) -> list[dict[str, Any]]:
+    system = ("You are a strict judge of AI agent trajectories.\n" + rubric.describe() + "\n"
+              + _POINTWISE_FORMAT.format(lo=rubric.scale_min, hi=rubric.scale_max))
+    messages = [{"role": "system", "content": system}]
+    for ex in rubric.examples:
+        messages.append({"role": "user", "content": f"Trajectory:\n{ex.trajectory}"})
+        messages.append({"role": "assistant", "content": json.dumps({"score": ex.score, "rationale": ex.rationale})})
+    messages.append({"role": "user", "content": f"Trajectory:\n{rendering}"})
+    return messages
+
+
+def pairwise_messages(rubric: Rubric, first: str, second: str) -> list[dict[str, Any]]:
+    system = ("You compare two AI agent trajectories that attempt the same task.\n" + rubric.describe() + "\n"
+              'Reply with JSON only: {"preference": "A" | "B" | "tie", "rationale": "<one or two sentences>"}')
+    user = f"TRAJECTORY A:\n{first}\n\nTRAJECTORY B:\n{second}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def group_messages(rubric: Rubric, renderings: list[str]) -> list[dict[str, Any]]:
+    n = len(renderings)
+    system = (f"You compare {n} AI agent trajectories that attempt the same task, scoring each relative to "
+              "the others (better trajectories get higher scores).\n" + rubric.describe() + "\n"
+              'Reply with JSON only: {"scores": [{"id": <1..' + str(n) + '>, "score": <number>, '
+              '"rationale": "<short>"}, ...]} with one entry per trajectory.')
+    user = "\n\n".join(f"=== TRAJECTORY {i} ===\n{r}" for i, r in enumerate(renderings, 1))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------- the client
+
+
+class Judge:
+    """Sends judge requests with bounded concurrency, retries and a reply cache."""
+
+    def __init__(self, config: JudgeConfig, cache: JudgeCache | None = None):
+        from openai import AsyncOpenAI
+
+        self.config = config
+        self.cache = cache or JudgeCache(None)
+        self.stats = JudgeStats()
+        self.client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key,
+                                  max_retries=0, timeout=config.timeout_s)  # we retry ourselves
+        self._sem = asyncio.Semaphore(config.concurrency)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def _complete(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
+        """One chat completion with transport retries; raises JudgeError when they run out."""
+        import openai
+
+        retryable = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
+                     openai.APIConnectionError, ValueError, AttributeError, TypeError)  # last 3: malformed body
+        last: Exception | None = None
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self.stats.transport_retries += 1
+                await asyncio.sleep(self.config.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random()))
+            try:
+                async with self._sem:  # held only while a request is in flight, not while backing off
+                    self.stats.calls += 1
+                    resp = await self.client.chat.completions.create(
+                        model=self.config.model, messages=messages, temperature=self.config.temperature)
+                content = resp.choices[0].message.content or ""
+                usage = resp.usage
+                pt = int(usage.prompt_tokens) if usage else 0
+                ct = int(usage.completion_tokens) if usage else 0
+                self.stats.prompt_tokens += pt
+                self.stats.completion_tokens += ct
+                return content, pt, ct
+            except openai.APIStatusError as exc:
+                if exc.status_code == 429 or exc.status_code >= 500:
+                    last = exc
+                    continue
+                raise JudgeError(f"judge endpoint refused the request: HTTP {exc.status_code}: {exc.message}") from None
+            except retryable as exc:
+                last = exc
+        raise JudgeError(f"judge call failed after {self.config.max_retries + 1} attempts: "
+                         f"{type(last).__name__}: {last}")
+
+    async def ask(self, messages: list[dict[str, Any]], validate: Callable[[str], Any]) -> Answer:
+        """A validated reply for a prompt: from the cache, or asked (re-asked while invalid)."""
+        key = prompt_hash(self.config.model, messages, self.config.temperature)
+        hit = self.cache.get(key)
+        if hit is not None:
+            try:
+                value = validate(hit["content"])
+                self.stats.cache_hits += 1
+                return Answer(value, None, key, hit.get("prompt_tokens", 0), hit.get("completion_tokens", 0),
+                              cached=True)
+            except ValueError:
+                pass  # a cache written under other validation rules: ask again
+        answer = Answer(prompt_hash=key)
+        convo = list(messages)
+        for _ in range(self.config.max_invalid + 1):
+            answer.attempts += 1
+            try:
+                content, pt, ct = await self._complete(convo)
+            except JudgeError as exc:
+                answer.error = str(exc)
+                return answer
+            answer.prompt_tokens += pt
+            answer.completion_tokens += ct
+            try:
+                answer.value = validate(content)
+            except ValueError as exc:
+                self.stats.invalid_replies += 1
+                answer.error = f"invalid judge reply after {answer.attempts} attempt(s): {exc}: {content[:200]!r}"
+                convo = [*messages, {"role": "assistant", "content": content},
+                         {"role": "user", "content": f"That reply was invalid: {exc}. Reply again with the JSON only."}]
+                continue
+            answer.error = None
+            self.cache.put(key, content, answer.prompt_tokens, answer.completion_tokens, self.config.model)
+            return answer
+        return answer
+
+
+# ---------------------------------------------------------------- modes
+
+
+def _row(config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> dict[str, Any]:
+    """An annotation row for one trajectory; an error when `fields` has no score."""
+    row = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
+           "rubric": config.rubric.name, "run_id": run_id, "kind": "pairwise" if config.mode == "pairwise" else "score"}
+    if answer is not None:
+        row.update(prompt_hash=answer.prompt_hash, prompt_tokens=answer.prompt_tokens,
+                   completion_tokens=answer.completion_tokens,
+                   cost_usd=config.cost(answer.prompt_tokens, answer.completion_tokens))
+    row.update(fields)
+    row["status"] = "error" if row.get("error") else "ok"
+    return row
+
+
+def _render(config: JudgeConfig, row: dict[str, Any], budget: int | None = None) -> str:
+    return render_trajectory(row, max_chars=budget or config.max_chars, keep_last=config.keep_last)
+
+
+async def judge_pointwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                          progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
+    """One annotation per trajectory."""
+    cfg = judge.config
+    check = validate_pointwise(cfg.rubric)
+
+    async def one(row: dict[str, Any]) -> dict[str, Any]:
+        answer = await judge.ask(pointwise_messages(cfg.rubric, _render(cfg, row)), check)
+        progress(1)
+        meta = {"mode": "pointwise", "cached": answer.cached, "attempts": answer.attempts}
+        if answer.error:
+            return _row(cfg, row["id"], run_id, answer, error=answer.error, metadata=meta)
+        return _row(cfg, row["id"], run_id, answer, score=answer.value["score"],
+                    rationale=answer.value["rationale"], metadata=meta)
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
+def _pair_outcome(preference: str, x_is: str) -> float:
+    if preference == "TIE":
+        return 0.5
+    return 1.0 if preference == x_is else 0.0
+
+
+async def judge_pairwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                         progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
+    """All pairs within a task, both orders; one win-rate annotation per trajectory with a pair."""
+    cfg = judge.config
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_task[row["task_id"]].append(row)
+    renders = {r["id"]: _render(cfg, r) for r in rows}
+    pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
+    singles = [g[0] for g in by_task.values() if len(g) == 1]
+    judge.stats.skipped += len(singles)
+    progress(len(singles))
+
+    async def both_orders(a: dict[str, Any], b: dict[str, Any]) -> tuple[Answer, Answer]:
+        ab, ba = await asyncio.gather(
+            judge.ask(pairwise_messages(cfg.rubric, renders[a["id"]], renders[b["id"]]), validate_pairwise),
+            judge.ask(pairwise_messages(cfg.rubric, renders[b["id"]], renders[a["id"]]), validate_pairwise))
+        return ab, ba
+
+    results = await asyncio.gather(*(both_orders(a, b) for a, b in pairs))
+    per: dict[str, dict[str, Any]] = defaultdict(lambda: {"outcomes": [], "errors": [], "hashes": [],
+                                                          "pt": 0, "ct": 0, "inconsistent": 0, "cached": 0})
+    for (a, b), (ab, ba) in zip(pairs, results, strict=True):
+        for tid in (a["id"], b["id"]):
+            acc = per[tid]
+            for ans in (ab, ba):  # each call serves two trajectories: charge half to each
+                acc["pt"] += ans.prompt_tokens / 2
+                acc["ct"] += ans.completion_tokens / 2
+                acc["hashes"].append(ans.prompt_hash)
+                acc["cached"] += ans.cached
+        if ab.error or ba.error:
+            for tid in (a["id"], b["id"]):
+                per[tid]["errors"].append(ab.error or ba.error)
+            continue
+        x_first = _pair_outcome(ab.value["preference"], "A")
+        x_second = _pair_outcome(ba.value["preference"], "B")
+        if x_first != x_second:
+            per[a["id"]]["inconsistent"] += 1
+            per[b["id"]]["inconsistent"] += 1
+        x = (x_first + x_second) / 2
+        per[a["id"]]["outcomes"].append(x)
+        per[b["id"]]["outcomes"].append(1.0 - x)
+
+    out = []
+    for tid, acc in per.items():
+        answer = Answer(prompt_hash=prompt_hash(cfg.model, [{"pairs": sorted(acc["hashes"])}], cfg.temperature),
+                        prompt_tokens=round(acc["pt"]), completion_tokens=round(acc["ct"]))
+        meta = {"mode": "pairwise", "pairs": len(acc["outcomes"]), "failed_pairs": len(acc["errors"]),
+                "position_inconsistent": acc["inconsistent"], "cached_calls": acc["cached"]}
+        progress(1)
+        if not acc["outcomes"]:
+            out.append(_row(cfg, tid, run_id, answer, error=f"every pair failed: {acc['errors'][0]}", metadata=meta))
+            continue
+        win_rate = sum(acc["outcomes"]) / len(acc["outcomes"])
+        out.append(_row(cfg, tid, run_id, answer, score=win_rate, label=None,
+                        rationale=f"win rate {win_rate:.3f} over {len(acc['outcomes'])} pair(s), both orders",
+                        metadata=meta))
+    return out
+
+
+async def judge_group(judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                      progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
+    """One call per group_id; relative scores per sample."""
+    cfg = judge.config
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[row["group_id"]].append(row)
+
+    async def one(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
+        n = len(members)
+        budget = max(1500, cfg.max_chars // n)  # the whole group shares one prompt
+        answer = await judge.ask(group_messages(cfg.rubric, [_render(cfg, r, budget) for r in members]),
+                                 validate_group(cfg.rubric, n))
+        progress(n)
+        share = Answer(prompt_hash=answer.prompt_hash, prompt_tokens=round(answer.prompt_tokens / n),
+                       completion_tokens=round(answer.completion_tokens / n))
+        out = []
+        for i, row in enumerate(members, 1):
+            meta = {"mode": "group", "group_size": n, "position": i, "cached": answer.cached,
+                    "attempts": answer.attempts}
+            if answer.error:
+                out.append(_row(cfg, row["id"], run_id, share, error=answer.error, metadata=meta))
+            else:
+                v = answer.value[i]
+                out.append(_row(cfg, row["id"], run_id, share, score=v["score"], rationale=v["rationale"],
+                                metadata=meta))
+        return out
+
+    results = await asyncio.gather(*(one(m) for m in groups.values()))
+    return [r for rs in results for r in rs]
+
+
+JUDGE_MODES = {"pointwise": judge_pointwise, "pairwise": judge_pairwise, "group": judge_group}
+
+
+async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str, cache: JudgeCache | None = None,
+                    progress: Callable[[int], None] = lambda n: None) -> tuple[list[dict[str, Any]], JudgeStats]:
+    """Judge trajectory rows in the configured mode; returns annotation rows and call statistics."""
+    judge = Judge(config, cache)
+    try:
+        rows_out = await JUDGE_MODES[config.mode](judge, rows, run_id, progress)
+    finally:
+        await judge.close()
+    return rows_out, judge.stats
+

@@ -1,0 +1,125 @@
+"""`annotate`: run metrics, a judge and a reward recipe over a store's trajectories; append annotations.
+
+Annotations are appended (history kept); the `scores` view shows the latest ok score per annotator.
+Judge replies are cached in STORE/cache/judge/ so a re-run costs no calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from omrl.annotate.cache import JudgeCache
+from omrl.annotate.judge import JudgeConfig, JudgeStats, run_judge
+from omrl.annotate.metrics import NamedMetric, annotate_row, load_metric
+from omrl.annotate.reward import RewardRecipe, combined_reward, load_recipe, reward_annotations
+from omrl.schema import new_id
+from omrl.store import Store
+
+WRITE_BATCH = 2000  # annotation rows per appended part: bounded memory, few parts
+
+
+@dataclass
+class AnnotateSummary:
+    run_id: str
+    trajectories: int = 0
+    written: Counter = field(default_factory=Counter)  # annotator -> rows written
+    errors: Counter = field(default_factory=Counter)  # annotator -> error rows
+    skipped: Counter = field(default_factory=Counter)  # annotator -> not applicable
+    judge: JudgeStats | None = None
+    reward_missing: int = 0
+
+    def table(self) -> list[dict[str, Any]]:
+        """One summary row per annotator."""
+        names = sorted(set(self.written) | set(self.skipped))
+        return [{"annotator": n, "written": self.written[n], "errors": self.errors[n],
+                 "skipped": self.skipped[n]} for n in names]
+
+
+def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
+    """Trajectory rows (as dicts), optionally those matching a SQL WHERE clause over `trajectories`."""
+    data = store.read("trajectories")
+    if where:
+        ids = store.sql(f"SELECT id FROM trajectories WHERE {where}").column("id")
+        data = data.filter(pc.is_in(data.column("id"), value_set=ids))
+    return data.to_pylist()
+
+
+class _Writer:
+    """Buffers annotation rows and appends them in batches, counting per annotator."""
+
+    def __init__(self, store: Store, summary: AnnotateSummary):
+        self.store, self.summary, self.buffer = store, summary, []
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self.summary.written[r["annotator"]] += 1
+            if r.get("status") == "error":
+                self.summary.errors[r["annotator"]] += 1
+        self.buffer.extend(rows)
+        if len(self.buffer) >= WRITE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.store.append(self.buffer, table="annotations")
+            self.buffer = []
+
+
+def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: JudgeConfig | None = None,
+             where: str | None = None, reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
+             progress: Callable[[str, int, int], None] | None = None) -> AnnotateSummary:
+    """Annotate the selected trajectories: metrics, then the judge, then the reward recipe (in that order,
+    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes."""
+    store = store if isinstance(store, Store) else Store(store)
+    loaded = [m if isinstance(m, NamedMetric) else load_metric(m) for m in metrics]
+    recipe = load_recipe(reward_recipe) if reward_recipe is not None else None
+    summary = AnnotateSummary(run_id=run_id or f"annotate-{new_id()[:12]}")
+    rows = select_rows(store, where)
+    summary.trajectories = len(rows)
+    report = progress or (lambda stage, done, total: None)
+    writer = _Writer(store, summary)
+
+    if loaded:
+        for i, row in enumerate(rows, 1):
+            out, _ = annotate_row(row, loaded, summary.run_id)
+            present = {r["annotator"] for r in out}
+            for m in loaded:
+                if m.name not in present:
+                    summary.skipped[m.name] += 1
+            writer.add(out)
+            report("metrics", i, len(rows))
+        writer.flush()
+
+    if judge is not None and rows:
+        done = 0
+
+        def tick(n: int) -> None:
+            nonlocal done
+            done += n
+            report("judge", done, len(rows))
+
+        cache = JudgeCache(store.path / "cache" / "judge")
+        out, stats = asyncio.run(run_judge(judge, rows, summary.run_id, cache, tick))
+        summary.judge = stats
+        summary.skipped[judge.annotator] += stats.skipped
+        writer.add(out)
+        writer.flush()
+
+    if recipe is not None:
+        table = combined_reward(store, recipe)
+        if where:
+            table = table.filter(pc.is_in(table.column("trajectory_id"),
+                                                  value_set=pa.array([r["id"] for r in rows], pa.string())))
+        out = reward_annotations(table, recipe, summary.run_id)
+        summary.reward_missing = sum(1 for r in out if r["status"] == "error")
+        writer.add(out)
+        writer.flush()
+        report("reward", len(out), len(out))
+    return summary

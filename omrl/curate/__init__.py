@@ -1,0 +1,1 @@
+"""Curation: filters, deduplication, rejection sampling, splits and augmentation of trajectory stores."""
