@@ -1,0 +1,119 @@
+"""`omrl collect`: play tasks x samples episodes with a policy and append them to a store (resumable)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from omrl.cli.common import console, user_errors
+
+
+def env_options(values: tuple[str, ...]) -> dict[str, Any]:
+    """KEY=VALUE pairs; values are read as JSON when they parse (numbers, true/false), else as text."""
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env-option")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags collect and eval share."""
+    options = [
+        click.option("--env", "env_spec", required=True,
+                     help="Environment name (see `omrl envs`) or package.module:ClassName."),
+        click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True, dir_okay=True),
+                     help="Tasks file (from `omrl tasks import`)."),
+        click.option("--policy", "policy_spec", required=True,
+                     help="openai:MODEL, hf:PATH, scripted or random."),
+        click.option("--concurrency", "-c", default=8, show_default=True, help="Episodes in flight at once."),
+        click.option("--max-turns", default=20, show_default=True, help="Assistant turns before truncation."),
+        click.option("--round", "round_", default=0, show_default=True, help="Iteration round (iterative training)."),
+        click.option("--run", "run_id", default=None,
+                     help="Run name; default derived from env, tasks file and policy, so re-runs resume."),
+        click.option("--temperature", default=1.0, show_default=True, help="Sampling temperature."),
+        click.option("--seed", default=0, show_default=True, help="Base seed; each episode derives its own."),
+        click.option("--max-tokens", default=None, type=int, help="Completion token limit per turn."),
+        click.option("--base-url", default=None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)."),
+        click.option("--limit", default=None, type=int, help="Use only the first N tasks."),
+        click.option("--split", default=None, help="Use only tasks of this split."),
+        click.option("--env-option", "env_option", multiple=True, metavar="KEY=VALUE",
+                     help="Option passed to the environment constructor (repeatable)."),
+        click.option("--model-call-timeout", default=120.0, show_default=True,
+                     help="Seconds per model request (each retry has its own)."),
+        click.option("--turn-timeout", default=None, type=float, help="Seconds per turn (model + env steps)."),
+        click.option("--episode-timeout", default=None, type=float, help="Seconds per episode."),
+        click.option("--batch-size", default=64, show_default=True, help="Episodes per store append."),
+        click.option("--progress/--no-progress", default=True, help="Show the progress bar."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
+            limit: int | None, split: str | None):
+    """Tasks and policy from the CLI flags."""
+    from omrl.policies import make_policy
+    from omrl.tasks import load_tasks
+
+    tasks = load_tasks(tasks_path, split=split)
+    if limit is not None:
+        tasks = tasks[:limit]
+    if not tasks:
+        raise click.ClickException(f"no tasks in {tasks_path}" + (f" for split {split!r}" if split else ""))
+    options: dict[str, Any] = {}
+    if policy_spec.startswith("openai:"):
+        options = {"base_url": base_url, "max_connections": max(concurrency, 16)}
+    elif base_url:
+        raise click.BadParameter("--base-url only applies to openai:MODEL policies", param_hint="--base-url")
+    return tasks, make_policy(policy_spec, **options)
+
+
+def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "concurrency": args["concurrency"], "max_turns": args["max_turns"], "round": args["round_"],
+        "temperature": args["temperature"], "seed": args["seed"], "max_tokens": args["max_tokens"],
+        "env_options": env_options(args["env_option"]), "model_call_timeout": args["model_call_timeout"],
+        "turn_timeout": args["turn_timeout"], "episode_timeout": args["episode_timeout"],
+        "batch_size": args["batch_size"], "progress": args["progress"],
+    }
+
+
+@click.command()
+@rollout_options
+@click.option("--store", "store_path", required=True, type=click.Path(), help="Store to append to (created if missing).")
+@click.option("--samples", "-n", default=1, show_default=True, help="Samples per task (the GRPO group size).")
+@user_errors
+def collect(store_path: str, samples: int, **args: Any) -> None:
+    """Play tasks x samples episodes with a policy and append them to a store; re-running resumes.
+
+    Example:  omrl collect --env math --tasks tasks.parquet --policy openai:qwen --store runs -n 4 -c 32
+    """
+    from omrl.rollout import collect as run_collect
+    from omrl.rollout import default_run_name
+    from omrl.store import Store
+
+    tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
+                            args["concurrency"], args["limit"], args["split"])
+    run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
+    store = Store.create(store_path)
+    result = asyncio.run(run_collect(args["env_spec"], tasks, policy, store, samples=samples, run_id=run_id,
+                                     **rollout_kwargs(args)))
+    statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
+    rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"
+    console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "
+                  f"{result.skipped} already stored, {result.written} written to {store_path}; "
+                  f"success {rate}; {statuses}", highlight=False)
+    if result.errors:
+        console.print(f"[yellow]{result.errors} episode(s) failed; see: omrl query {store_path} "
+                      f"\"SELECT status, error FROM trajectories WHERE status NOT IN ('ok', 'truncated')\"[/yellow]")

@@ -1,0 +1,200 @@
+"""`openai:MODEL`: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, OpenAI) via `openai.AsyncOpenAI`.
+
+Retries are ours, not the client's (its max_retries is 0), so every attempt is counted in `stats` and
+the schedule is testable: exponential backoff with full jitter for 429, 5xx, connection errors,
+timeouts and malformed response bodies; other HTTP errors (400, 401, 404) fail at once. A call that
+still fails raises PolicyError (PolicyTimeout when the last failure was a timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections import Counter
+from typing import Any
+
+from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
+from omrl.policies.parsing import parse_tool_calls, split_reasoning
+
+# Keys of our message dicts the chat API understands; anything else (reasoning, trainable) is dropped.
+_API_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+def api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the chat-completions API expects them (nested function tool calls, no extra keys)."""
+    out = []
+    for msg in messages:
+        item = {k: msg[k] for k in _API_KEYS if msg.get(k) is not None}
+        if item["role"] != "tool":
+            item.pop("name", None)
+        calls = msg.get("tool_calls") or []
+        if calls:
+            item["tool_calls"] = [
+                c if "function" in c else
+                {"id": c.get("id"), "type": "function",
+                 "function": {"name": c["name"], "arguments": c.get("arguments") or "{}"}}
+                for c in calls
+            ]
+        else:
+            item.pop("tool_calls", None)
+        if item["role"] == "assistant" and "content" not in item:
+            item["content"] = None if calls else ""
+        out.append(item)
+    return out
+
+
+class OpenAIPolicy:
+    """A chat model behind an OpenAI-compatible HTTP endpoint."""
+
+    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
+                 timeout: float = 120.0, retries: int = 4, backoff: float = 1.0, max_backoff: float = 30.0,
+                 max_tokens: int | None = None, max_connections: int = 256, logprobs: bool = False,
+                 native_tools: bool = True, extra_body: dict[str, Any] | None = None):
+        if not model:
+            raise ValueError("openai policy needs a model name: openai:MODEL")
+        self.model = model
+        self.name = model
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        # Local servers (vLLM, llama.cpp) accept any key; the client refuses to start without one.
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_tokens = max_tokens
+        self.max_connections = max_connections
+        self.logprobs = logprobs
+        self.native_tools = native_tools  # False: tools are described to the model but not sent as `tools`
+        self.extra_body = extra_body
+        self.stats: Counter[str] = Counter()  # requests, retries, errors by kind
+        self._clients: dict[int, Any] = {}  # one client per event loop: httpx pools cannot cross loops
+
+    def _client(self):
+        import openai
+
+        loop = asyncio.get_running_loop()
+        key = id(loop)
+        client = self._clients.get(key)
+        if client is None:
+            limits = _limits(self.max_connections)
+            http_client = openai.DefaultAsyncHttpxClient(limits=limits) if limits is not None else None
+            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
+                                        timeout=self.timeout, http_client=http_client)
+            self._clients = {key: client}  # a finished loop's client is dropped with its pool
+        return client
+
+    def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 context: EpisodeContext) -> dict[str, Any]:
+        request: dict[str, Any] = {"model": self.model, "messages": api_messages(messages),
+                                   "temperature": context.temperature}
+        if tools and self.native_tools:
+            request["tools"] = tools
+        max_tokens = context.max_tokens or self.max_tokens
+        if max_tokens:
+            request["max_tokens"] = max_tokens
+        if context.seed is not None:
+            request["seed"] = context.seed
+        if self.logprobs:
+            request["logprobs"] = True
+        if self.extra_body:
+            request["extra_body"] = self.extra_body
+        return request
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                  context: EpisodeContext) -> PolicyReply:
+        import openai
+
+        request = self._request(messages, tools, context)
+        timeout = getattr(context, "model_call_timeout", None) or self.timeout
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.stats["retries"] += 1
+                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(random.uniform(0, delay))  # full jitter: retries of many episodes spread out
+            self.stats["requests"] += 1
+            try:
+                response = await self._client().chat.completions.create(**request, timeout=timeout)
+                return self._reply(response, tools)
+            except openai.APITimeoutError as exc:
+                kind, last = "timeout", exc
+            except openai.APIConnectionError as exc:
+                kind, last = "connection", exc
+            except openai.APIStatusError as exc:
+                if exc.status_code != 429 and exc.status_code < 500:
+                    self.stats["http_error"] += 1
+                    raise PolicyError(f"{self.model}: HTTP {exc.status_code}: {_message(exc)}") from exc
+                kind, last = f"http_{exc.status_code}", exc
+            except (ValueError, openai.APIResponseValidationError, _MalformedReply) as exc:
+                kind, last = "malformed", exc  # the body was not a chat completion (JSON errors are ValueErrors)
+            self.stats[kind] += 1
+        tries = self.retries + 1
+        if isinstance(last, openai.APITimeoutError):
+            raise PolicyTimeout(f"{self.model}: no reply within {timeout}s ({tries} attempts)")
+        detail = f"HTTP {last.status_code}: {_message(last)}" if isinstance(last, openai.APIStatusError) else (
+            f"{type(last).__name__}: {last}")
+        raise PolicyError(f"{self.model}: failed after {tries} attempts: {detail}")
+
+    def _reply(self, response: Any, tools: list[dict[str, Any]]) -> PolicyReply:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise _MalformedReply(f"response has no choices: {str(response)[:200]}")
+        choice = choices[0]
+        message = choice.message
+        text = message.content
+        # vLLM and SGLang put separated reasoning in `reasoning_content` (newer: `reasoning`).
+        extra = getattr(message, "model_extra", None) or {}
+        reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+        content, think = split_reasoning(text)
+        reasoning = reasoning or think
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
+            for c in (message.tool_calls or []) if getattr(c, "function", None) is not None
+        ]
+        if not calls:
+            content, calls = parse_tool_calls(content, tools)
+        usage = getattr(response, "usage", None)
+        logprobs: list[float] = []
+        if choice.logprobs is not None and choice.logprobs.content:
+            logprobs = [t.logprob for t in choice.logprobs.content]
+        return PolicyReply(
+            content=content, tool_calls=calls, reasoning=reasoning, raw_text=text,
+            finish_reason=choice.finish_reason,
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+            logprobs=logprobs,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop."""
+        client = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if client is not None:
+            await client.close()
+
+
+class _MalformedReply(ValueError):
+    pass
+
+
+def _message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        return json.dumps(body)[:300]
+    return str(getattr(exc, "message", exc))[:300]
+
+
+def _limits(max_connections: int):
+    """Connection-pool limits so that `concurrency` requests can be in flight at once."""
+    try:
+        import httpx2 as httpx  # the openai client of this environment is built on httpx2
+    except ImportError:  # pragma: no cover - older openai releases use httpx
+        try:
+            import httpx
+        except ImportError:
+            return None
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)

@@ -1,0 +1,329 @@
+"""The rollout engine: tasks x samples episodes played concurrently, written to a store as they finish.
+
+    result = asyncio.run(collect("math", tasks, policy, store, samples=4, concurrency=32))
+
+- `concurrency` workers each take the next (task, sample) and play it in a fresh environment
+  instance (made per episode, closed after), so a slow episode never holds up the others.
+- Finished rows are appended in batches (every `batch_size` episodes or `flush_seconds`, and at the
+  end); each append is one atomic part, so a killed run loses at most the episodes in flight and the
+  unflushed batch.
+- Resume: ids are deterministic in (run, round, task, sample) and those already in the store are
+  skipped, so re-running the same command continues where it stopped and never duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omrl.agent import Episode, run_episode
+from omrl.schema import trajectory_id
+from omrl.store import Store
+
+EnvFactory = Callable[[], Any]
+
+
+@dataclass
+class CollectResult:
+    """What a collection run did. Rates count only the episodes played in this call."""
+
+    run_id: str
+    round: int
+    total: int  # tasks x samples asked for
+    skipped: int  # already in the store (resume)
+    played: int = 0
+    written: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    successes: int = 0
+    reward_sum: float = 0.0
+    scored: int = 0
+    completion_tokens: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def errors(self) -> int:
+        return sum(n for s, n in self.statuses.items() if s not in ("ok", "truncated"))
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.successes / self.played if self.played else None
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.scored if self.scored else None
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.played / self.duration_s if self.duration_s else 0.0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.played += 1
+        self.statuses[row["status"]] += 1
+        self.successes += bool(row["success"])
+        if row["reward"] is not None:
+            self.reward_sum += row["reward"]
+            self.scored += 1
+        self.completion_tokens += row["completion_tokens"] or 0
+
+
+def default_run_name(env: str, tasks_path: str | Path | None, policy: str, prefix: str = "") -> str:
+    """A readable run name that is the same for the same env, tasks file and policy (so re-runs resume).
+
+    The round is not part of it: trajectory ids include the round already, so each round resumes on its own.
+    """
+    source = str(Path(tasks_path).resolve()) if tasks_path else ""
+    digest = hashlib.sha256(f"{env}\n{source}\n{policy}".encode()).hexdigest()[:8]
+    stem = Path(tasks_path).stem if tasks_path else "tasks"
+    policy_short = policy.rstrip("/").split("/")[-1]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{env}-{stem}-{policy_short}").strip("-")[:80]
+    return f"{prefix}{slug}-{digest}"
+
+
+def env_factory(env_spec: str | EnvFactory, env_options: dict[str, Any] | None = None) -> EnvFactory:
+    """A callable making a fresh environment: `env_spec` itself when callable, else `make_env(spec, **options)`."""
+    if callable(env_spec):
+        return env_spec
+    from omrl.envs import make_env
+
+    options = dict(env_options or {})
+    return lambda: make_env(env_spec, **options)
+
+
+def episode_seed(seed: int | None, task_id: str, sample: int) -> int | None:
+    """A per-episode seed that depends only on (seed, task, sample): resumed runs draw the same."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}\n{task_id}\n{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+class _Writer:
+    """Buffers finished rows and appends them to the store in batches (one atomic part each)."""
+
+    def __init__(self, store: Store, batch_size: int, flush_seconds: float):
+        self.store, self.batch_size, self.flush_seconds = store, max(1, batch_size), flush_seconds
+        self.pending: list[dict[str, Any]] = []
+        self.written = 0
+        self.last_flush = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def add(self, row: dict[str, Any]) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= self.batch_size or time.monotonic() - self.last_flush >= self.flush_seconds:
+            await self.flush()
+
+    async def flush(self) -> None:
+        async with self._lock:  # one append at a time keeps parts in finishing order
+            rows, self.pending = self.pending, []
+            self.last_flush = time.monotonic()
+            if rows:
+                await asyncio.to_thread(self.store.append, rows)
+                self.written += len(rows)
+
+    async def every(self, seconds: float) -> None:
+        """Flush on a timer too, so a lull between finishing episodes does not leave rows unwritten."""
+        while True:
+            await asyncio.sleep(seconds)
+            if self.pending and time.monotonic() - self.last_flush >= seconds:
+                await self.flush()
+
+
+class _Progress:
+    """A rich progress bar: episodes done/total, success so far, episodes/s, tokens/s, errors."""
+
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.enabled = enabled and total > 0
+        self.started = time.monotonic()
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                                console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task(label, total=total, stats="")
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+    def update(self, result: CollectResult) -> None:
+        if not self.enabled:
+            return
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        stats = (f"success {result.success_rate or 0:.0%}  {result.played / elapsed:.1f} ep/s  "
+                 f"{result.completion_tokens / elapsed:.0f} tok/s  errors {result.errors}")
+        self.bar.update(self.task, completed=result.played, stats=stats)
+
+
+async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any, store: Store, *,
+                  samples: int = 1, concurrency: int = 8, max_turns: int = 10, round: int = 0,
+                  run_id: str | None = None, temperature: float = 1.0, seed: int | None = 0,
+                  batch_size: int = 64, flush_seconds: float = 10.0, progress: bool = True,
+                  env_options: dict[str, Any] | None = None, max_tokens: int | None = None,
+                  model_call_timeout: float | None = None, turn_timeout: float | None = None,
+                  episode_timeout: float | None = None, source: str = "collected",
+                  on_episode: Callable[[Episode], None] | None = None) -> CollectResult:
+    """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish."""
+    if samples < 1 or concurrency < 1 or max_turns < 1:
+        raise ValueError("samples, concurrency and max_turns must be at least 1")
+    tasks = list(tasks)
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"duplicate task ids: {', '.join(dupes[:5])}")
+    make = env_factory(env_spec, env_options)
+    if run_id is None:
+        env_name = env_spec if isinstance(env_spec, str) else getattr(env_spec, "__name__", "env")
+        run_id = default_run_name(env_name, None, getattr(policy, "name", "policy"))
+    done_ids = await asyncio.to_thread(store.ids)
+    jobs = [(task, s) for task in tasks for s in range(samples)
+            if trajectory_id(run_id, round, task.id, s) not in done_ids]
+    result = CollectResult(run_id=run_id, round=round, total=len(tasks) * samples,
+                           skipped=len(tasks) * samples - len(jobs))
+    if not jobs:
+        return result
+
+    # A bad env spec or option should stop the run here, not become one env_error row per episode.
+    probe = await asyncio.to_thread(make)
+    await asyncio.to_thread(probe.close)
+
+    writer = _Writer(store, batch_size, flush_seconds)
+    queue: Iterator[tuple[Any, int]] = iter(jobs)
+    started = time.monotonic()
+
+    async def play(task: Any, sample: int) -> Episode:
+        env = None
+        try:
+            env = await asyncio.to_thread(make)
+        except Exception as exc:
+            env = _BrokenEnv(f"creating the environment failed: {type(exc).__name__}: {exc}")
+        try:
+            return await run_episode(
+                env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=max_turns,
+                temperature=temperature, seed=episode_seed(seed, task.id, sample), max_tokens=max_tokens,
+                model_call_timeout=model_call_timeout, turn_timeout=turn_timeout,
+                episode_timeout=episode_timeout, source=source)
+        finally:
+            try:
+                await asyncio.to_thread(env.close)
+            except Exception as exc:  # the row is already complete; a failing close is only reported
+                import warnings
+
+                warnings.warn(f"env.close failed for task {task.id!r}: {exc}", stacklevel=1)
+
+    async def worker(bar: _Progress) -> None:
+        for task, sample in queue:  # a shared iterator: each job is taken by exactly one worker
+            episode = await play(task, sample)
+            result.add(episode.row)
+            if on_episode is not None:
+                on_episode(episode)
+            await writer.add(episode.row)
+            bar.update(result)
+
+    with _Progress(len(jobs), f"collect {run_id}", progress) as bar:
+        ticker = asyncio.create_task(writer.every(flush_seconds))
+        workers = [asyncio.create_task(worker(bar)) for _ in range(min(concurrency, len(jobs)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            # Also on failure, cancellation or Ctrl-C: stop the other workers, then write what finished.
+            for task in [*workers, ticker]:
+                task.cancel()
+            await asyncio.gather(*workers, ticker, return_exceptions=True)
+            await asyncio.shield(writer.flush())
+            result.written = writer.written
+            result.duration_s = time.monotonic() - started
+    return result
+
+
+class _BrokenEnv:
+    """Stands in for an environment that could not be created, so the episode is stored as env_error."""
+
+    name = "unavailable"
+
+    def __init__(self, error: str):
+        self.error = error
+
+    def reset(self, task: Any):
+        raise RuntimeError(self.error)
+
+    def step(self, action: Any):  # pragma: no cover - reset always fails first
+        raise RuntimeError(self.error)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task with n samples of which c succeeded (Chen et al., 2021)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per task, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_metrics(rows: list[dict[str, Any]], ks: Iterable[int] = (1,)) -> dict[str, dict[str, Any]]:
+    """Per env: episodes, tasks, success rate (errors count as unsolved), mean reward (scored rows), pass@k, errors."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_env.setdefault(row["env"], []).append(row)
+    out = {}
+    for env, env_rows in sorted(by_env.items()):
+        per_task: dict[str, list[bool]] = {}
+        for row in env_rows:
+            per_task.setdefault(row["task_id"], []).append(bool(row["success"]))
+        rewards = [r["reward"] for r in env_rows if r["reward"] is not None]
+        metrics: dict[str, Any] = {
+            "episodes": len(env_rows), "tasks": len(per_task),
+            "success_rate": sum(bool(r["success"]) for r in env_rows) / len(env_rows),
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "errors": sum(r["status"] not in ("ok", "truncated") for r in env_rows),
+            "truncated": sum(r["status"] == "truncated" for r in env_rows),
+        }
+        n_min = min(len(v) for v in per_task.values())
+        for k in ks:
+            if k <= n_min:
+                metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in per_task.values()) / len(per_task)
+        out[env] = metrics
+    return out
+
+
+@dataclass
+class EvalResult:
+    collect: CollectResult
+    metrics: dict[str, dict[str, Any]]
+
+
+async def evaluate(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any, store: Store, *,
+                   samples: int = 1, run_id: str | None = None, round: int = 0, **options: Any) -> EvalResult:
+    """Collect with source "eval", then success rate, mean reward and pass@k over this run's rows."""
+    tasks = list(tasks)
+    if run_id is None:
+        env_name = env_spec if isinstance(env_spec, str) else getattr(env_spec, "__name__", "env")
+        run_id = default_run_name(env_name, None, getattr(policy, "name", "policy"), prefix="eval-")
+    result = await collect(env_spec, tasks, policy, store, samples=samples, run_id=run_id, round=round,
+                           source="eval", **options)
+    wanted = {trajectory_id(run_id, round, t.id, s) for t in tasks for s in range(samples)}
+    table = await asyncio.to_thread(store.read, "trajectories",
+                                    ["id", "env", "task_id", "status", "reward", "success"])
+    rows = [r for r in table.to_pylist() if r["id"] in wanted]
+    ks = sorted({1, samples} | {k for k in (2, 4, 8, 16) if k < samples})
+    return EvalResult(collect=result, metrics=eval_metrics(rows, ks))
