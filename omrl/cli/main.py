@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "query": ("omrl.cli.query:query", "Run read-only SQL over a store."),
     "stats": ("omrl.cli.stats:stats", "Summarise a store: counts, rewards, success."),
     "show": ("omrl.cli.show:show", "Render one trajectory readably."),
+    "collect": ("omrl.cli.collect:collect", "Play tasks x samples episodes with a policy into a store (resumable)."),
+    "eval": ("omrl.cli.eval:eval_", "Evaluate a policy: success rate, mean reward, pass@k."),
     "models": ("omrl.cli.models:models", "Build tiny offline models for tests and demos."),
 }
 

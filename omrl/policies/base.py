@@ -49,6 +49,7 @@ class EpisodeContext:
     temperature: float = 1.0
     seed: int | None = None
     max_tokens: int | None = None
+    model_call_timeout: float | None = None  # seconds per model request (each retry gets its own)
     scratch: dict[str, Any] = field(default_factory=dict)
 
 
