@@ -1,0 +1,12 @@
+"""Flattening nested lists."""
+
+
+def flatten(items):
+    """All non-list values of arbitrarily nested lists, in order."""
+    out = []
+    for item in items:
+        if isinstance(item, list):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
