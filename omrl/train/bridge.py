@@ -1,0 +1,292 @@
+"""The bridge from a store to TRL: trajectories -> chat examples -> tokenized, masked, length-grouped batches.
+
+- `load_rows(store, where)`: the trajectories to train on (SQL filter, broken episodes skipped and counted).
+- `chat_dataset(rows)`: conversational `messages` + `tools` (TRL's own format, for `assistant_only_loss`).
+- `sft_examples(rows, tokenizer, ...)`: pre-tokenized `input_ids` + `assistant_masks` honouring per-message
+  `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped.
+- `length_grouped_order(lengths, batch_size)`: an order whose consecutive batches have similar lengths, so
+  padding stays small; `padding_fraction` measures it.
+- `rl_rewards(store, rows)`: the reward RL trains on (combined reward when annotated, env reward otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask, to_chat_message
+
+BROKEN_STATUSES = ("env_error", "policy_error")
+
+
+@dataclass
+class BridgeReport:
+    """What the bridge did with the store's trajectories; every dropped row is counted with its reason."""
+
+    trajectories: int = 0
+    examples: int = 0
+    split_trajectories: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    dropped_turns: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    padding_fraction: float | None = None
+    mask_source: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())) or "none"
+        pad = "n/a" if self.padding_fraction is None else f"{self.padding_fraction:.3f}"
+        return (f"{self.trajectories} trajectories -> {self.examples} examples "
+                f"({self.split_trajectories} split, dropped {dropped}, {self.dropped_turns} turns too long); "
+                f"{self.tokens} tokens, {self.trained_tokens} trained; padding {pad}")
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
+              report: BridgeReport | None = None) -> list[dict[str, Any]]:
+    """Trajectory rows of `store` (a Store or path) matching the SQL `where`, ordered by id for determinism."""
+    from omrl.store import Store
+
+    store = store if isinstance(store, Store) else Store(store)
+    query = "SELECT * FROM trajectories" + (f" WHERE {where}" if where else "") + " ORDER BY id"
+    rows = store.sql(query).to_pylist()
+    kept = []
+    for row in rows:
+        if skip_broken and row.get("status") in BROKEN_STATUSES:
+            if report is not None:
+                report.drop(f"status {row['status']}")
+            continue
+        kept.append(row)
+    if report is not None:
+        report.trajectories += len(rows)
+    return kept
+
+
+def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's tool schemas as objects (the store keeps them as JSON text)."""
+    tools = row.get("tools") or "[]"
+    try:
+        parsed = json.loads(tools) if isinstance(tools, str) else tools
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"trajectory {row.get('id')!r}: field 'tools' is not valid JSON ({exc})") from None
+    if not isinstance(parsed, list):
+        raise ValueError(f"trajectory {row.get('id')!r}: field 'tools' must be a JSON list")
+    return parsed
+
+
+def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
+    """(chat messages, tools, trainable flag per message) of one trajectory row."""
+    stored = row.get("messages") or []
+    if not stored:
+        raise ValueError(f"trajectory {row.get('id')!r}: no messages")
+    return [to_chat_message(m) for m in stored], parse_tools(row), [is_trainable(m) for m in stored]
+
+
+def chat_dataset(rows: Sequence[dict[str, Any]]):
+    """A `datasets.Dataset` of conversational `messages` + `tools` (JSON text), TRL's SFT format.
+
+    Tool-call arguments are stored as JSON values so rows with different argument shapes do not get each
+    other's keys filled in with nulls (which the chat template would then render).
+    """
+    from datasets import Dataset, Features, Json, List, Value
+
+    call = {"type": Value("string"), "id": Value("string"),
+            "function": {"name": Value("string"), "arguments": Json()}}
+    message = {"role": Value("string"), "content": Value("string"), "tool_calls": List(call),
+               "tool_call_id": Value("string"), "name": Value("string"), "reasoning_content": Value("string")}
+    features = Features({"id": Value("string"), "messages": List(message), "tools": Value("string")})
+    records = []
+    for row in rows:
+        messages, tools, _ = chat_example(row)
+        records.append({"id": row["id"], "messages": messages, "tools": json.dumps(tools)})
+    return Dataset.from_list(records, features=features)
+
+
+# ------------------------------------------------------------------------------------- tokenization
+
+
+def _mask(tokenizer, messages, tools, trainable, mask_source: str, report: BridgeReport):
+    """input_ids and loss mask, from the template's generation markers when they can express the flags."""
+    assistant_all = all(t == (m["role"] == "assistant") for m, t in zip(messages, trainable, strict=True))
+    if mask_source in ("auto", "template") and assistant_all:
+        try:
+            ids, mask = template_mask(tokenizer, messages, tools)
+            report.mask_source["template"] = report.mask_source.get("template", 0) + 1
+            return ids, mask
+        except MaskError:
+            if mask_source == "template":
+                raise
+    elif mask_source == "template":
+        raise MaskError("mask_source 'template' cannot honour untrainable assistant turns; use 'auto'")
+    report.mask_source["incremental"] = report.mask_source.get("incremental", 0) + 1
+    return incremental_mask(tokenizer, messages, tools, trainable)
+
+
+def _segments(messages: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int]]]:
+    """End of the head (messages before the first assistant turn) and the [start, end) of each turn."""
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not starts:
+        return len(messages), []
+    bounds = starts + [len(messages)]
+    return starts[0], [(bounds[k], bounds[k + 1]) for k in range(len(starts))]
+
+
+def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int | None = 2048,
+                 overflow: str = "split", mask_source: str = "auto",
+                 report: BridgeReport | None = None) -> tuple[list[dict[str, Any]], BridgeReport]:
+    """Tokenized SFT examples {id, input_ids, assistant_masks} with loss only on trainable assistant tokens.
+
+    overflow="split": a trajectory longer than `max_length` becomes several examples, each the head
+    (system/user messages before the first assistant turn) followed by consecutive whole turns; a single
+    turn that cannot fit is dropped and counted. overflow="drop": the trajectory is dropped and counted.
+    """
+    if overflow not in ("split", "drop"):
+        raise ValueError(f"overflow must be 'split' or 'drop', not {overflow!r}")
+    report = report or BridgeReport()
+    examples: list[dict[str, Any]] = []
+
+    def add(row_id: str, part: int, ids: list[int], mask: list[int]) -> None:
+        if not any(mask):
+            report.drop("no trainable tokens")
+            return
+        examples.append({"id": f"{row_id}#{part}" if part else row_id, "input_ids": ids, "assistant_masks": mask})
+        report.tokens += len(ids)
+        report.trained_tokens += sum(mask)
+
+    for row in rows:
+        messages, tools, trainable = chat_example(row)
+        if not any(trainable):
+            report.drop("no trainable messages")
+            continue
+        ids, mask = _mask(tokenizer, messages, tools, trainable, mask_source, report)
+        if max_length is None or len(ids) <= max_length:
+            add(row["id"], 0, ids, mask)
+            continue
+        if overflow == "drop":
+            report.drop("too long")
+            continue
+        report.split_trajectories += 1
+        for part, (ids, mask) in enumerate(_split(tokenizer, messages, tools, trainable, max_length,
+                                                  mask_source, report)):
+            add(row["id"], part + 1, ids, mask)
+    report.examples = len(examples)
+    return examples, report
+
+
+def _split(tokenizer, messages, tools, trainable, max_length, mask_source, report):
+    """Greedy chunks of whole turns after the repeated head, each at most `max_length` tokens."""
+    head_end, turns = _segments(messages)
+    head = list(range(head_end))
+    chunk: list[tuple[int, int]] = []
+    best = None
+
+    def encode(turn_list):
+        idx = head + [i for a, b in turn_list for i in range(a, b)]
+        return _mask(tokenizer, [messages[i] for i in idx], tools, [trainable[i] for i in idx], mask_source, report)
+
+    for turn in turns:
+        candidate = encode(chunk + [turn])
+        if len(candidate[0]) <= max_length:
+            chunk, best = chunk + [turn], candidate
+            continue
+        if chunk:
+            yield best
+        alone = encode([turn])
+        if len(alone[0]) <= max_length:
+            chunk, best = [turn], alone
+        else:
+            report.dropped_turns += 1
+            chunk, best = [], None
+    if chunk:
+        yield best
+
+
+# ---------------------------------------------------------------------------------------- batching
+
+
+def length_grouped_order(lengths: Sequence[int], batch_size: int, *, seed: int = 0, epochs: int = 1) -> list[int]:
+    """Example order for sequential sampling: batches of similar lengths, batch order shuffled per epoch.
+
+    Sorting by length makes each run of `batch_size` consecutive examples nearly equal in length, so the
+    collator pads little; shuffling whole batches keeps the gradient stream from going short-to-long.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(epochs):
+        indices = list(range(len(lengths)))
+        rng.shuffle(indices)  # random tie-break among equal lengths
+        indices.sort(key=lambda i: lengths[i])
+        batches = [indices[k:k + batch_size] for k in range(0, len(indices), batch_size)]
+        rng.shuffle(batches)
+        order.extend(i for batch in batches for i in batch)
+    return order
+
+
+def padding_fraction(lengths: Sequence[int], batch_size: int) -> float:
+    """Share of pad tokens when `lengths`, in this order, are cut into batches padded to their longest."""
+    padded = real = 0
+    for k in range(0, len(lengths), batch_size):
+        batch = lengths[k:k + batch_size]
+        padded += max(batch) * len(batch)
+        real += sum(batch)
+    return 0.0 if padded == 0 else 1 - real / padded
+
+
+def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int | None = 2048,
+                overflow: str = "split", batch_size: int = 8, epochs: int = 1, seed: int = 0,
+                mask_source: str = "auto", world_size: int = 1):
+    """(datasets.Dataset ordered for sequential sampling, BridgeReport) ready for TRL's SFTTrainer.
+
+    The dataset repeats the examples `epochs` times in length-grouped batches of `batch_size` per device;
+    train it for one epoch with `train_sampling_strategy="sequential"`.
+    """
+    from datasets import Dataset
+
+    report = BridgeReport()
+    rows = load_rows(store, where, report=report)
+    examples, report = sft_examples(rows, tokenizer, max_length=max_length, overflow=overflow,
+                                    mask_source=mask_source, report=report)
+    if not examples:
+        raise ValueError(f"no trainable examples in the store ({report.summary()})")
+    lengths = [len(e["input_ids"]) for e in examples]
+    # Under data parallelism each process takes every world_size-th batch, so group by the global batch.
+    order = length_grouped_order(lengths, batch_size * world_size, seed=seed, epochs=epochs)
+    report.padding_fraction = padding_fraction([lengths[i] for i in order], batch_size)
+    return Dataset.from_list([examples[i] for i in order]), report
+
+
+# ------------------------------------------------------------------------------------------- rewards
+
+
+def rl_rewards(store, rows: Sequence[dict[str, Any]], reward: str | None = None) -> list[float | None]:
+    """The reward RL trains on for each row: the named combined reward when given, the env reward otherwise.
+
+    `reward` names an annotation (e.g. "reward" written by `omrl annotate --reward ...`): its latest ok score
+    is used; a row without one gets None (the caller drops it: a missing score is never a zero).
+    """
+    if not reward or reward == "env":
+        return [row.get("reward") for row in rows]
+    from omrl.store import Store
+
+    store = store if isinstance(store, Store) else Store(store)
+    from omrl.query import quote_literal
+
+    table = store.sql(
+        "SELECT trajectory_id, score FROM latest_annotations "
+        f"WHERE annotator = {quote_literal(reward)} AND status = 'ok'"
+    ).to_pylist()
+    scores = {r["trajectory_id"]: r["score"] for r in table}
+    return [scores.get(row["id"]) for row in rows]
