@@ -1,0 +1,179 @@
+"""Policies: text tool-call parsing, the openai backend (real client, local fake server), make_policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from omrl.envs.base import Task, tool_schema
+from omrl.policies import EpisodeContext, PolicyError, PolicyTimeout, make_policy
+from omrl.policies.openai_policy import OpenAIPolicy, api_messages
+from omrl.policies.parsing import parse_tool_calls, split_reasoning
+from omrl.testing.openai_server import FakeOpenAIServer
+
+TOOLS = [tool_schema("search", "Search.", {"query": {"type": "string"}}),
+         tool_schema("calculator", "Calc.", {"expression": {"type": "string"}})]
+MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_parse_hermes_tool_calls_keeps_surrounding_text():
+    text = ('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n'
+            '</tool_call>\n<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}</tool_call>')
+    rest, calls = parse_tool_calls(text, TOOLS)
+    assert rest == "Let me compute."
+    assert [c["name"] for c in calls] == ["calculator", "search"]
+    assert json.loads(calls[0]["arguments"]) == {"expression": "2+3"}
+    assert json.loads(calls[1]["arguments"]) == {"query": "x"}
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+def test_parse_hermes_broken_json_keeps_the_call_for_an_error_observation():
+    rest, calls = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>')
+    assert calls[0]["name"] == "calculator"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(calls[0]["arguments"])
+
+
+def test_parse_react_bracket_maps_to_first_parameter():
+    rest, calls = parse_tool_calls("Thought: look it up\nAction: search[red shoes]", TOOLS)
+    assert rest == "Thought: look it up"
+    assert calls[0]["name"] == "search" and json.loads(calls[0]["arguments"]) == {"query": "red shoes"}
+    _, calls = parse_tool_calls("Action: click[Buy Now]")  # no schemas: a generic parameter
+    assert json.loads(calls[0]["arguments"]) == {"input": "Buy Now"}
+
+
+def test_parse_react_action_input():
+    text = 'Thought: add\nAction: calculator\nAction Input: {"expression": "1+1"}\nObservation: 2'
+    rest, calls = parse_tool_calls(text, TOOLS)
+    assert calls[0]["name"] == "calculator" and json.loads(calls[0]["arguments"]) == {"expression": "1+1"}
+    _, calls = parse_tool_calls("Action: search\nAction Input: blue hat", TOOLS)
+    assert json.loads(calls[0]["arguments"]) == {"query": "blue hat"}
+    _, calls = parse_tool_calls("Action: finish", TOOLS)
+    assert calls[0]["name"] == "finish" and calls[0]["arguments"] == "{}"
+
+
+def test_parse_plain_text_and_reasoning():
+    assert parse_tool_calls("just talking", TOOLS) == ("just talking", [])
+    assert split_reasoning("<think>hmm</think>The answer is 4") == ("The answer is 4", "hmm")
+    assert split_reasoning("no thinking") == ("no thinking", None)
+
+
+def test_api_messages_nest_tool_calls_and_drop_extra_keys():
+    out = api_messages([{"role": "assistant", "content": None, "reasoning": "r",
+                         "tool_calls": [{"id": "c", "name": "f", "arguments": "{}"}]},
+                        {"role": "tool", "tool_call_id": "c", "name": "f", "content": "ok", "trainable": None}])
+    assert out[0] == {"role": "assistant", "content": None,
+                      "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert out[1] == {"role": "tool", "tool_call_id": "c", "name": "f", "content": "ok"}
+
+
+# ---------------------------------------------------------------- openai backend
+
+
+def ctx(**kw) -> EpisodeContext:
+    return EpisodeContext(env=None, task=Task(id="t", instruction="i"), **kw)
+
+
+def act(policy, context=None, tools=TOOLS):
+    return asyncio.run(policy.act(MESSAGES, tools, context or ctx()))
+
+
+def fast_policy(server, **kw) -> OpenAIPolicy:
+    kw.setdefault("retries", 2)
+    return OpenAIPolicy("m", base_url=server.base_url, api_key="k", backoff=0.01, **kw)
+
+
+def test_openai_native_tool_calls_and_request():
+    with FakeOpenAIServer() as server:
+        server.enqueue({"content": None, "tool_calls": [{"id": "c9", "name": "search", "arguments": {"query": "q"}}],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 5}})
+        reply = act(fast_policy(server), ctx(temperature=0.3, seed=5, max_tokens=40))
+        request = server.requests[0]
+    assert reply.tool_calls == [{"id": "c9", "name": "search", "arguments": '{"query": "q"}'}]
+    assert reply.prompt_tokens == 11 and reply.completion_tokens == 5 and reply.finish_reason == "tool_calls"
+    assert request["temperature"] == 0.3 and request["seed"] == 5 and request["max_tokens"] == 40
+    assert request["tools"][0]["function"]["name"] == "search" and request["messages"] == MESSAGES
+
+
+def test_openai_text_tool_calls_are_parsed_and_raw_text_kept():
+    text = '<think>plan</think>ok <tool_call>{"name": "calculator", "arguments": {"expression": "3*3"}}</tool_call>'
+    with FakeOpenAIServer() as server:
+        server.enqueue({"content": text})
+        reply = act(fast_policy(server))
+    assert reply.raw_text == text and reply.reasoning == "plan" and reply.content == "ok"
+    assert reply.tool_calls[0]["name"] == "calculator"
+
+
+@pytest.mark.parametrize("failure", [{"status": 429}, {"status": 500}, {"raw": "not json"}, {"raw": "{}"}])
+def test_openai_retries_transient_failures_then_succeeds(failure):
+    with FakeOpenAIServer() as server:
+        server.enqueue(failure, failure, {"content": "fine"})
+        policy = fast_policy(server)
+        reply = act(policy)
+        assert server.calls == 3
+    assert reply.content == "fine" and policy.stats["retries"] == 2 and policy.stats["requests"] == 3
+
+
+def test_openai_gives_up_with_policy_error_after_retries():
+    with FakeOpenAIServer(default={"status": 503, "message": "overloaded"}) as server:
+        policy = fast_policy(server, retries=3)
+        with pytest.raises(PolicyError, match="4 attempts.*503.*overloaded"):
+            act(policy)
+        assert server.calls == 4
+    with FakeOpenAIServer(default={"raw": "<html>oops"}) as server:
+        with pytest.raises(PolicyError, match="3 attempts"):
+            act(fast_policy(server))
+        assert server.calls == 3
+
+
+def test_openai_client_errors_are_not_retried():
+    with FakeOpenAIServer(default={"status": 400, "message": "bad tools"}) as server:
+        with pytest.raises(PolicyError, match="HTTP 400: bad tools"):
+            act(fast_policy(server))
+        assert server.calls == 1
+
+
+def test_openai_hanging_server_times_out_per_call():
+    with FakeOpenAIServer(default={"hang": 2}) as server:
+        policy = fast_policy(server, retries=1)
+        with pytest.raises(PolicyTimeout, match="0.3s"):
+            act(policy, ctx(model_call_timeout=0.3))
+        assert server.calls == 2 and policy.stats["timeout"] == 2
+
+
+def test_openai_connection_refused_is_retried_then_fails():
+    with FakeOpenAIServer() as server:
+        url = server.base_url
+    policy = OpenAIPolicy("m", base_url=url, retries=2, backoff=0.01)
+    with pytest.raises(PolicyError, match="3 attempts.*Connection"):
+        act(policy)
+    assert policy.stats["connection"] == 3
+
+
+def test_openai_policy_works_across_event_loops(monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    with FakeOpenAIServer(default={"content": "hi"}) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        policy = make_policy("openai:m", retries=0)
+        assert policy.base_url == server.base_url and policy.api_key
+        assert act(policy).content == "hi" and act(policy).content == "hi"  # two asyncio.run loops
+
+
+# ---------------------------------------------------------------- make_policy
+
+
+def test_make_policy_specs():
+    assert make_policy("scripted").name == "scripted"
+    assert make_policy("random", seed=3).seed == 3
+    assert make_policy("openai:qwen", base_url="http://x/v1", max_connections=512).max_connections == 512
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("bogus")
+    with pytest.raises(ValueError, match="needs a model"):
+        make_policy("openai:")
+    with pytest.raises(ValueError, match="takes no option"):
+        make_policy("scripted", base_url="http://x")
