@@ -1,0 +1,77 @@
+"""`omrl annotate`: metrics, LLM-as-judge and the combined reward, appended to a store's annotations."""
+
+from __future__ import annotations
+
+import click
+
+from omrl.cli.common import console, user_errors
+
+
+@click.command()
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.option("--metric", "metrics", multiple=True,
+              help="Metric name (env_reward, success, format_valid, exact_match, numeric_match, normalized_match, "
+                   "num_turns, num_tokens, repetition, truncated, tool_error_rate), module:function or file.py:function.")
+@click.option("--judge", "rubric", type=click.Path(exists=True, dir_okay=False), help="Judge rubric YAML.")
+@click.option("--judge-model", help="Model name sent to the judge endpoint.")
+@click.option("--base-url", help="OpenAI-compatible endpoint of the judge, e.g. http://localhost:8000/v1.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default="EMPTY", show_default=False,
+              help="API key for the judge endpoint (default: $OPENAI_API_KEY).")
+@click.option("--mode", type=click.Choice(["pointwise", "pairwise", "group"]), default="pointwise", show_default=True)
+@click.option("--where", help="SQL condition over `trajectories` selecting what to annotate.")
+@click.option("--concurrency", type=int, default=16, show_default=True, help="Judge requests in flight at once.")
+@click.option("--max-chars", type=int, default=12000, show_default=True,
+              help="Judge rendering budget per trajectory (long ones keep the task, last turns and outcome).")
+@click.option("--price-prompt", type=float, help="USD per million prompt tokens (for cost_usd).")
+@click.option("--price-completion", type=float, help="USD per million completion tokens (for cost_usd).")
+@click.option("--reward-recipe", type=click.Path(exists=True, dir_okay=False),
+              help="Reward recipe YAML: writes the combined reward as an annotator (after metrics and judge).")
+@user_errors
+def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where, concurrency, max_chars,
+             price_prompt, price_completion, reward_recipe):
+    """Score trajectories with metrics, an LLM judge and a reward recipe.
+
+    Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from omrl.annotate.judge import JudgeConfig
+    from omrl.annotate.rubric import load_rubric
+    from omrl.annotate.runner import annotate as run
+
+    if not (metrics or rubric or reward_recipe):
+        raise click.UsageError("nothing to do: give --metric, --judge or --reward-recipe")
+    judge = None
+    if rubric:
+        if not (judge_model and base_url):
+            raise click.UsageError("--judge needs --judge-model and --base-url")
+        judge = JudgeConfig(rubric=load_rubric(rubric), model=judge_model, base_url=base_url, api_key=api_key,
+                            mode=mode, concurrency=concurrency, max_chars=max_chars,
+                            price_prompt=price_prompt, price_completion=price_completion)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        summary = run(store, metrics=list(metrics), judge=judge, where=where, reward_recipe=reward_recipe,
+                      progress=progress)
+
+    table = Table(title=f"annotate {store} ({summary.trajectories} trajectories, run {summary.run_id})")
+    for col in ("annotator", "written", "errors", "skipped"):
+        table.add_column(col, justify="left" if col == "annotator" else "right")
+    for row in summary.table():
+        table.add_row(row["annotator"], str(row["written"]), str(row["errors"]), str(row["skipped"]))
+    console.print(table)
+    if summary.judge is not None:
+        s = summary.judge
+        console.print(f"judge: {s.calls} calls, {s.cache_hits} cache hits, {s.transport_retries} retries, "
+                      f"{s.invalid_replies} invalid replies, tokens {s.prompt_tokens} prompt + "
+                      f"{s.completion_tokens} completion")
+    if reward_recipe:
+        console.print(f"reward: {summary.reward_missing} trajectories with a missing component (NULL reward)")
