@@ -423,3 +423,25 @@ def summarize(tasks: list[Task]) -> dict[str, Any]:
 def shipped_datasets_dir() -> Path:
     """The project's datasets/ folder (task files and code-repair projects shipped with omrl)."""
     return Path(__file__).resolve().parents[1] / "datasets"
+
+
+def generate_tasks(kind: str, n: int = 50, seed: int = 0, split: str = "train") -> list[Task]:
+    """Synthetic tasks: "math" (arithmetic), "shop" (shopping goals) or "code" (the shipped repair projects,
+    files embedded so the result is self-contained)."""
+    if kind == "math":
+        from omrl.envs.math import generate_tasks as generate_math
+
+        return generate_math(n, seed=seed, split=split)
+    if kind == "shop":
+        from omrl.envs.shop import generate_tasks as generate_shop
+
+        return generate_shop(n, seed=seed, split=split)
+    if kind == "code":
+        from omrl.envs.code import project_files
+
+        tasks = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
+        for task in tasks:
+            task.payload["files"] = project_files(task)
+            task.split = split
+        return tasks
+    raise TaskError(f"cannot generate {kind!r} tasks; choose math, shop or code")

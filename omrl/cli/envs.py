@@ -1,0 +1,63 @@
+"""`omrl envs`: list the environments; serve one over the AgentGym HTTP protocol."""
+
+from __future__ import annotations
+
+import click
+
+from omrl.cli.common import console, user_errors
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def envs(ctx: click.Context) -> None:
+    """List the built-in environments with one-line descriptions.
+
+    Example:  omrl envs
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_)
+
+
+@envs.command("list")
+def list_() -> None:
+    """List the built-in environments (also usable: --env package.module:ClassName).
+
+    Example:  omrl envs list
+    """
+    from rich.table import Table
+
+    from omrl.envs import ENVIRONMENTS, describe
+
+    table = Table(title="environments")
+    table.add_column("name")
+    table.add_column("class")
+    table.add_column("description", overflow="fold")
+    for name in sorted(ENVIRONMENTS):
+        table.add_row(name, ENVIRONMENTS[name], describe(name))
+    console.print(table)
+
+
+@envs.command()
+@click.argument("env")
+@click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True), help="Tasks file (data_idx indexes it).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+@user_errors
+def serve(env: str, tasks_path: str, host: str, port: int) -> None:
+    """Serve ENV over the AgentGym HTTP protocol (create/reset/step/observation/close) until Ctrl-C.
+
+    Example:  omrl envs serve math --tasks datasets/tasks/math_arith.jsonl --port 8000
+    """
+    import time
+
+    from omrl.envs.http_server import start_server
+    from omrl.tasks import load_tasks
+
+    httpd, url = start_server(env, load_tasks(tasks_path), host=host, port=port)
+    console.print(f"serving {env} at {url} (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        httpd.shutdown()
+        httpd.server_close()

@@ -1,0 +1,88 @@
+"""`omrl tasks`: import task datasets into a tasks file, show them, generate synthetic ones."""
+
+from __future__ import annotations
+
+import click
+import pyarrow as pa
+
+from omrl.cli.common import arrow_to_rich, console, user_errors
+
+
+@click.group()
+def tasks() -> None:
+    """Import, inspect and generate task datasets (the input of `omrl collect`).
+
+    Example:  omrl tasks import gsm8k_test.jsonl --out gsm8k.parquet
+    """
+
+
+@tasks.command("import")
+@click.argument("src")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Tasks file to write (.parquet or .jsonl).")
+@click.option("--id", "id_", help="Column holding task ids (default: id-like column, else generated from the row index).")
+@click.option("--instruction", help="Column holding the instruction shown to the agent.")
+@click.option("--answer", help="Column holding the gold answer.")
+@click.option("--env", help="Environment name for every task (default: the format's, or an `env` column).")
+@click.option("--split", help="Split name for every task (default: a `split` column, else train).")
+@click.option("--format", "fmt", type=click.Choice(["auto", "plain", "gsm8k", "dbbench", "swebench"]),
+              default=None, help="Source format; auto detects GSM8K, AgentBench DBBench and SWE-bench files.")
+@click.option("--mapping", type=click.Path(exists=True, dir_okay=False),
+              help="YAML file with keys id, instruction, answer, env, split, format (flags override it).")
+@user_errors
+def import_(src: str, out: str, id_: str | None, instruction: str | None, answer: str | None, env: str | None,
+            split: str | None, fmt: str | None, mapping: str | None) -> None:
+    """Import SRC (JSONL, JSON, CSV, Parquet, a saved `datasets` folder or a Hub name) into a tasks file.
+
+    Example:  omrl tasks import agentbench_dbbench_dev.jsonl --out sql.parquet
+    """
+    from omrl.tasks import Mapping, import_tasks
+
+    flags = {"id": id_, "instruction": instruction, "answer": answer, "env": env, "split": split, "format": fmt}
+    base = Mapping.from_yaml(mapping, **flags) if mapping else Mapping()
+    with console.status(f"importing {src}"):
+        table = import_tasks(src, out, mapping=base, **({} if mapping else flags))
+    console.print(f"wrote {table.num_rows} tasks to {out}")
+    _print_summary(table)
+
+
+@tasks.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--examples", default=3, show_default=True, help="How many example tasks to print.")
+@user_errors
+def show(path: str, examples: int) -> None:
+    """Summarise a tasks file: counts per env and split, and a few examples.
+
+    Example:  omrl tasks show datasets/tasks/code.jsonl
+    """
+    from omrl.tasks import load_tasks, tasks_table
+
+    table = tasks_table([t.to_row() for t in load_tasks(path)])
+    console.print(f"{path}: {table.num_rows} tasks")
+    _print_summary(table, examples)
+
+
+@tasks.command()
+@click.argument("kind", type=click.Choice(["math", "shop", "code"]))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Tasks file to write (.parquet or .jsonl).")
+@click.option("--n", default=50, show_default=True, help="Number of tasks (code: all shipped projects).")
+@click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same tasks).")
+@click.option("--split", default="train", show_default=True, help="Split name.")
+@user_errors
+def generate(kind: str, out: str, n: int, seed: int, split: str) -> None:
+    """Generate tasks: arithmetic (math), shopping goals (shop) or the shipped code-repair projects (code).
+
+    Example:  omrl tasks generate math --n 200 --seed 1 --out math.parquet
+    """
+    from omrl.tasks import generate_tasks, write_tasks
+
+    generated = generate_tasks(kind, n=n, seed=seed, split=split)
+    write_tasks(generated, out)
+    console.print(f"wrote {len(generated)} {kind} tasks to {out}")
+
+
+def _print_summary(table: pa.Table, examples: int = 3) -> None:
+    counts = table.group_by(["env", "split"]).aggregate([("id", "count")]).rename_columns(["env", "split", "tasks"])
+    console.print(arrow_to_rich(counts.sort_by([("env", "ascending"), ("split", "ascending")]), title="tasks"))
+    if examples:
+        sample = table.select(["id", "instruction", "answer"]).slice(0, examples)
+        console.print(arrow_to_rich(sample, title="examples", max_width=80))
