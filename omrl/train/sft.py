@@ -1,0 +1,186 @@
+"""Supervised fine-tuning on stored trajectories with TRL's SFTTrainer.
+
+    result = train_sft(SFTRecipe(model="runs/tiny", store="runs/demos", output_dir="runs/sft"))
+
+The bridge pre-tokenizes the store (loss only on trainable assistant turns, long trajectories split at turn
+boundaries) and orders it in length-grouped batches that the trainer reads sequentially. `batching: trl`
+instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches
+(only when every assistant turn is trainable: TRL's masks cannot leave one out).
+Runs unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed; see docs/training.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class LoraSettings:
+    enabled: bool = field(default=False, metadata={"help": "train LoRA adapters (peft) instead of all weights"})
+    r: int = field(default=16, metadata={"help": "adapter rank"})
+    alpha: int = field(default=32, metadata={"help": "adapter scaling (alpha / r)"})
+    dropout: float = field(default=0.05, metadata={"help": "dropout on the adapter input"})
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"],
+                                      metadata={"help": "module names to adapt; 'all-linear' = every linear layer"})
+    merge: bool = field(default=True, metadata={"help": "merge adapters into the weights when saving"})
+
+
+@dataclass
+class SFTRecipe:
+    """Settings of one SFT run."""
+
+    model: str = field(metadata={"help": "starting checkpoint folder (model + tokenizer)"})
+    store: str = field(metadata={"help": "store whose trajectories are trained on"})
+    output_dir: str = field(metadata={"help": "where the trained checkpoint is saved"})
+    where: str | None = field(default=None, metadata={"help": "SQL condition selecting trajectories"})
+    max_length: int = field(default=1024, metadata={"help": "context length in tokens"})
+    overflow: str = field(default="split", metadata={"help": "longer trajectories: split (at turns) or drop"})
+    batch_size: int = field(default=8, metadata={"help": "examples per device per step"})
+    grad_accum: int = field(default=1, metadata={"help": "gradient accumulation steps"})
+    epochs: int = field(default=1, metadata={"help": "passes over the data"})
+    max_steps: int = field(default=-1, metadata={"help": "stop after N optimizer steps (-1: run all epochs)"})
+    learning_rate: float = field(default=5e-4, metadata={"help": "peak learning rate"})
+    lr_scheduler_type: str = field(default="linear", metadata={"help": "transformers scheduler name"})
+    warmup_steps: int = field(default=0, metadata={"help": "linear warmup steps"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    seed: int = field(default=0, metadata={"help": "seeds weights order and batches"})
+    batching: str = field(default="bridge", metadata={"help": "bridge (length-grouped, pre-tokenized) or trl"})
+    mask_source: str = field(default="auto", metadata={"help": "auto, template or incremental loss masks"})
+    logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
+    use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
+    bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default: on GPUs that have it"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory"})
+    lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "LoRA adapters"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+
+    def __post_init__(self) -> None:
+        if self.batching not in ("bridge", "trl"):
+            raise ValueError(f"batching must be 'bridge' or 'trl', not {self.batching!r}")
+        if self.overflow not in ("split", "drop"):
+            raise ValueError(f"overflow must be 'split' or 'drop', not {self.overflow!r}")
+
+
+@dataclass
+class SFTResult:
+    checkpoint: Path
+    report: dict[str, Any]
+    losses: list[float]
+    train_tokens: int
+    duration_s: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _devices(recipe: SFTRecipe) -> tuple[bool, bool]:
+    import torch
+
+    use_cpu = recipe.use_cpu if recipe.use_cpu is not None else not torch.cuda.is_available()
+    bf16 = recipe.bf16 if recipe.bf16 is not None else (not use_cpu and torch.cuda.is_bf16_supported())
+    return use_cpu, bf16
+
+
+def trl_config(recipe: SFTRecipe, **extra: Any):
+    """TRL's SFTConfig for the recipe (CPU: use_cpu, no bf16; never reports to outside services)."""
+    from trl import SFTConfig
+
+    use_cpu, bf16 = _devices(recipe)
+    bridge = recipe.batching == "bridge"
+    return SFTConfig(
+        output_dir=recipe.output_dir,
+        per_device_train_batch_size=recipe.batch_size,
+        gradient_accumulation_steps=recipe.grad_accum,
+        # The bridge repeats the data once per epoch in its own shuffled, length-grouped order.
+        num_train_epochs=1 if bridge else recipe.epochs,
+        train_sampling_strategy="sequential" if bridge else "random",
+        max_steps=recipe.max_steps,
+        learning_rate=recipe.learning_rate,
+        lr_scheduler_type=recipe.lr_scheduler_type,
+        warmup_steps=recipe.warmup_steps,
+        weight_decay=recipe.weight_decay,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        max_length=recipe.max_length,
+        assistant_only_loss=not bridge,
+        logging_steps=recipe.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        bf16=bf16,
+        disable_tqdm=recipe.quiet,
+        log_level="warning" if recipe.quiet else "passive",
+        dataset_num_proc=None,
+        **({"gradient_checkpointing": True} if recipe.gradient_checkpointing else {}),
+        **extra,
+    )
+
+
+def build_dataset(recipe: SFTRecipe, tokenizer):
+    """(train dataset, bridge report) as the recipe's batching mode wants it."""
+    from omrl.train.bridge import BridgeReport, chat_dataset, load_rows, sft_dataset
+
+    if recipe.batching == "bridge":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return sft_dataset(recipe.store, tokenizer, where=recipe.where, max_length=recipe.max_length,
+                           overflow=recipe.overflow, batch_size=recipe.batch_size, epochs=recipe.epochs,
+                           seed=recipe.seed, mask_source=recipe.mask_source, world_size=world)
+    report = BridgeReport()
+    rows = load_rows(recipe.store, recipe.where, report=report)
+    for row in rows:
+        for message in row.get("messages") or []:
+            if message["role"] == "assistant" and message.get("trainable") is False:
+                raise ValueError(f"trajectory {row['id']!r} has an untrainable assistant turn; TRL's "
+                                 "assistant_only_loss would train it: use batching: bridge")
+    if not rows:
+        raise ValueError(f"no trajectories to train on ({report.summary()})")
+    report.examples = len(rows)
+    return chat_dataset(rows).remove_columns(["id"]), report
+
+
+def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
+    """Run SFT as the recipe says; save model + tokenizer (+ omrl_sft.json) to output_dir."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    from omrl.recipes import from_dict, to_dict
+
+    if isinstance(recipe, dict):
+        recipe = from_dict(SFTRecipe, recipe)
+    started = time.monotonic()
+    torch.manual_seed(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
+    model = AutoModelForCausalLM.from_pretrained(recipe.model)
+    dataset, report = build_dataset(recipe, tokenizer)
+    peft_config = None
+    if recipe.lora.enabled:
+        from peft import LoraConfig
+
+        targets = recipe.lora.target_modules
+        peft_config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+                                 target_modules=targets[0] if targets == ["all-linear"] else targets,
+                                 task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft_config)
+    output = trainer.train()
+    out = Path(recipe.output_dir)
+    trained = trainer.model
+    if recipe.lora.enabled and recipe.lora.merge:
+        trained = trained.merge_and_unload()
+    if trainer.is_world_process_zero():
+        out.mkdir(parents=True, exist_ok=True)
+        trained.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    tokens = sum(len(ids) for ids in dataset["input_ids"]) if "input_ids" in dataset.column_names else None
+    result = SFTResult(checkpoint=out, report=report.to_dict(), losses=losses, train_tokens=tokens or 0,
+                       duration_s=time.monotonic() - started, metrics=dict(output.metrics))
+    if trainer.is_world_process_zero():
+        record = {"recipe": to_dict(recipe), "bridge": result.report, "losses": losses,
+                  "train_tokens": result.train_tokens, "duration_s": result.duration_s, "metrics": result.metrics}
+        (out / "omrl_sft.json").write_text(json.dumps(record, indent=1, default=str))
+    return result
