@@ -30,7 +30,11 @@ TABLES = ("trajectories", "annotations")
 MANIFEST = "omrl.json"
 # Parquet key listing the parts a compacted part replaces: readers skip those if a crash left them behind.
 REPLACES_KEY = b"omrl.replaces"
-ROW_GROUP_ROWS = 16_384
+# Row groups of about this many uncompressed bytes: DuckDB scans row groups in parallel, and a
+# trajectory can be 20 KB or more, so a fixed row count would make groups of hundreds of megabytes.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+MAX_ROW_GROUP_ROWS = 16_384
+ZSTD_LEVEL = 3  # as fast to write as level 1 here, about 10% smaller
 
 
 class StoreError(RuntimeError):
@@ -99,6 +103,11 @@ trajectories = load_dataset("path/or/hub-id", "trajectories", split="train")
 
 Query it with SQL: `omrl query STORE "SELECT env, avg(reward) FROM trajectories GROUP BY env"`.
 """
+
+
+def _row_group_rows(data: pa.Table) -> int:
+    per_row = max(1, data.nbytes // max(1, data.num_rows))
+    return max(64, min(MAX_ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
 
 
 class Store:
@@ -186,7 +195,8 @@ class Store:
         if metadata:
             data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
         with open(tmp, "wb") as f:
-            pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+            pq.write_table(data, f, compression="zstd", compression_level=ZSTD_LEVEL,
+                           row_group_size=_row_group_rows(data))
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
