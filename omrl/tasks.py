@@ -125,11 +125,11 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         raise TaskError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
-        if all(isinstance(v, list) for v in data.values()) and len({len(v) for v in data.values()}) == 1:
+        if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
+            data = lists[0]  # {"data": [...]} and similar wrappers
+        elif all(isinstance(v, list) for v in data.values()) and len({len(v) for v in data.values()}) == 1:
             keys = list(data)
             return [dict(zip(keys, values, strict=True)) for values in zip(*data.values(), strict=True)]  # column-oriented
-        if len(lists) == 1:
-            data = lists[0]  # {"data": [...]} and similar wrappers
     if not isinstance(data, list):
         raise TaskError(f"{path}: expected a list of objects")
     for number, row in enumerate(data, 1):

@@ -117,3 +117,17 @@ def action_to_text(action: Action) -> str:
     if len(values) <= 1:
         return f"{action.tool}[{values[0] if values else ''}]"
     return json.dumps({"name": action.tool, "arguments": action.arguments}, ensure_ascii=False)
+
+
+def play_episode(env: Any, task: Any, max_steps: int = 50, rng: Any = None) -> tuple[float, StepResult, int]:
+    """Play one episode with the env's scripted expert (or its random_action when rng is given), without a
+    model: (total reward, last step, steps). For tests and quick checks; collection uses the agent loop."""
+    env.reset(task)
+    total, result = 0.0, None
+    for steps in range(1, max_steps + 1):
+        action = env.random_action(rng) if rng is not None else env.expert_action()
+        result = env.step(action)
+        total += result.reward
+        if result.done:
+            return total, result, steps
+    return total, result, max_steps

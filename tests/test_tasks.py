@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from omrl.cli.main import cli
+from omrl.tasks import TASK_SCHEMA, Mapping, TaskError, extract_gsm8k_answer, import_tasks, load_tasks
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+needs_real = pytest.mark.skipif(not REAL.exists(), reason="shared real data absent")
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [{"question": "What is 2+2?", "solution": "4", "topic": "add"},
+        {"question": "What is 3*3?", "solution": "9", "topic": "mul"}]
+
+
+@needs_real
+def test_cli_imports_gsm8k_with_numeric_answers(tmp_path):
+    out = tmp_path / "gsm8k.parquet"
+    result = CliRunner().invoke(cli, ["tasks", "import", str(REAL / "gsm8k_test.jsonl"), "--out", str(out),
+                                      "--split", "test"])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    assert table.schema.equals(TASK_SCHEMA) and table.num_rows == 1319
+    rows = table.to_pylist()
+    assert all(float(r["answer"]) == float(r["answer"]) for r in rows)  # every answer parses as a number
+    assert rows[0]["answer"] == "18" and rows[0]["env"] == "math" and rows[0]["split"] == "test"
+    assert "#### 18" in json.loads(rows[0]["payload"])["solution"]
+    assert len({r["id"] for r in rows}) == 1319 and rows[5]["id"] == "gsm8k-5"
+    shown = CliRunner().invoke(cli, ["tasks", "show", str(out)])
+    assert shown.exit_code == 0 and "1319" in shown.output and "math" in shown.output
+
+
+@needs_real
+def test_cli_imports_dbbench_as_sql_tasks(tmp_path):
+    out = tmp_path / "db.parquet"
+    result = CliRunner().invoke(cli, ["tasks", "import", str(REAL / "agentbench_dbbench_dev.jsonl"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    tasks = load_tasks(out)
+    assert len(tasks) == 60 and {t.env for t in tasks} == {"sql"}
+    first = tasks[0]
+    assert json.loads(first.answer) == ["March 19, 1998"]
+    assert first.payload["table"]["table_name"].startswith("US Ambassadors") and "headers" in first.instruction
+
+
+def test_gsm8k_extractor():
+    assert extract_gsm8k_answer("so 3+4=7\n#### 7") == "7"
+    assert extract_gsm8k_answer("#### 1,000") == "1000"
+    assert extract_gsm8k_answer("no final line") is None
+
+
+def test_flags_map_columns_and_keep_the_rest_in_payload(tmp_path):
+    src = write_jsonl(tmp_path / "mine.jsonl", ROWS)
+    table = import_tasks(src, tmp_path / "t.parquet", instruction="question", answer="solution", env="math")
+    rows = table.to_pylist()
+    assert [r["id"] for r in rows] == ["mine-0", "mine-1"]  # generated from the row index, stable
+    assert rows[1]["answer"] == "9" and rows[1]["env"] == "math" and rows[1]["split"] == "train"
+    assert json.loads(rows[1]["payload"]) == {"topic": "mul"}
+    assert [t.id for t in load_tasks(tmp_path / "t.parquet")] == ["mine-0", "mine-1"]
+
+
+def test_yaml_mapping_file(tmp_path):
+    src = write_jsonl(tmp_path / "m.jsonl", [{**r, "key": f"k{i}"} for i, r in enumerate(ROWS)])
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("id: key\ninstruction: question\nanswer: solution\nenv: math\nsplit: eval\n")
+    result = CliRunner().invoke(cli, ["tasks", "import", str(src), "--out", str(tmp_path / "o.parquet"),
+                                      "--mapping", str(mapping)])
+    assert result.exit_code == 0, result.output
+    tasks = load_tasks(tmp_path / "o.parquet")
+    assert [t.id for t in tasks] == ["k0", "k1"] and {t.split for t in tasks} == {"eval"}
+    mapping.write_text("identifier: key\n")
+    with pytest.raises(TaskError, match="unknown key"):
+        Mapping.from_yaml(mapping)
+
+
+@pytest.mark.parametrize("kind", ["json", "csv", "parquet", "saved"])
+def test_other_source_formats(tmp_path, kind):
+    if kind == "json":
+        src = tmp_path / "d.json"
+        src.write_text(json.dumps({"data": ROWS}))
+    elif kind == "csv":
+        src = tmp_path / "d.csv"
+        with src.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(ROWS[0]))
+            writer.writeheader()
+            writer.writerows(ROWS)
+    elif kind == "parquet":
+        src = tmp_path / "d.parquet"
+        pq.write_table(pa.Table.from_pylist(ROWS), src)
+    else:
+        import datasets
+
+        src = tmp_path / "saved"
+        datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(src))
+    tasks = import_tasks(src, instruction="question", answer="solution").to_pylist()
+    assert [t["instruction"] for t in tasks] == ["What is 2+2?", "What is 3*3?"]
+    assert [t["answer"] for t in tasks] == ["4", "9"]
+    if kind == "saved":
+        assert {t["split"] for t in tasks} == {"test"}
+
+
+@pytest.mark.parametrize("rows, flags, message", [
+    ([{"id": "a", "question": "x"}, {"id": "b", "question": "y"}, {"id": "a", "question": "z"}], {},
+     r"row 3 \(id 'a'\): duplicate id 'a' \(first seen at row 1\)"),
+    ([{"question": "x"}, {"question": "   "}], {}, r"row 2 \(id 'bad-1'\): empty instruction"),
+    ([{"question": "x"}], {"answer": "gold"}, r"column 'gold' \(given for answer\) is not in the data"),
+    ([{"text": "x"}], {}, r"no instruction column found"),
+    ([{"question": "q", "answer": "#### 3"}, {"question": "q2", "answer": "no final"}], {"format": "gsm8k"},
+     r"row 2: answer has no '#### <number>'"),
+    ([{"description": "d", "label": ["x"]}], {"format": "dbbench"}, r"row 1: missing column 'table'"),
+])
+def test_malformed_rows_fail_with_the_row_named(tmp_path, rows, flags, message):
+    src = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(TaskError, match=message):
+        import_tasks(src, tmp_path / "out.parquet", **flags)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_bad_json_line_is_named_and_cli_reports_cleanly(tmp_path):
+    src = tmp_path / "broken.jsonl"
+    src.write_text('{"question": "ok"}\n{"question": \n')
+    result = CliRunner().invoke(cli, ["tasks", "import", str(src), "--out", str(tmp_path / "o.parquet")])
+    assert result.exit_code != 0 and "line 2 is not valid JSON" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_generate_writes_reproducible_files(tmp_path):
+    for kind in ("math", "shop"):
+        a, b = tmp_path / f"{kind}-a.jsonl", tmp_path / f"{kind}-b.parquet"
+        for out in (a, b):
+            result = CliRunner().invoke(cli, ["tasks", "generate", kind, "--n", "7", "--seed", "2", "--out", str(out)])
+            assert result.exit_code == 0, result.output
+        assert [t.to_row() for t in load_tasks(a)] == [t.to_row() for t in load_tasks(b)]
+        assert len(load_tasks(a)) == 7 and {t.env for t in load_tasks(a)} == {kind}
+
+
+def test_shipped_task_files_load():
+    root = Path(__file__).resolve().parents[1] / "datasets"
+    assert not (root / "__init__.py").exists()
+    counts = {name: len(load_tasks(root / "tasks" / name)) for name in ("math_arith.jsonl", "shop.jsonl", "code.jsonl")}
+    assert counts == {"math_arith.jsonl": 50, "shop.jsonl": 30, "code.jsonl": 13}
