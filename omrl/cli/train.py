@@ -1,0 +1,114 @@
+"""`omrl train sft|grpo|rft|iterate`: run a training recipe (YAML) with optional key=value overrides."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from omrl.cli.common import console, user_errors
+
+
+def _load(recipe: str | None, overrides: tuple[str, ...], cls: type):
+    from omrl.recipes import load_recipe
+
+    return load_recipe(recipe, cls, overrides)
+
+
+def _recipe_options(func):
+    func = click.argument("overrides", nargs=-1)(func)
+    func = click.option("--recipe", "-r", type=click.Path(dir_okay=False), default=None,
+                        help="YAML recipe; key=value arguments override its keys (dots for sections).")(func)
+    func = click.option("--print-config", is_flag=True, help="Print the resolved settings and exit.")(func)
+    return func
+
+
+def _print_config(config) -> None:
+    from omrl.recipes import to_dict
+
+    console.print_json(json.dumps(to_dict(config), default=str))
+
+
+@click.group()
+def train() -> None:
+    """Train on stored experience: SFT, GRPO, rejection sampling, iterative rounds.
+
+    Example:  omrl train sft --recipe recipes/sft_tiny.yaml epochs=3
+    """
+
+
+@train.command("sft")
+@_recipe_options
+@user_errors
+def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+    """Supervised fine-tuning (TRL SFTTrainer) on a store's trainable assistant turns.
+
+    Example:  omrl train sft --recipe recipes/sft_tiny.yaml store=runs/demos where="success"
+    """
+    from omrl.train.sft import SFTRecipe, train_sft
+
+    config = _load(recipe, overrides, SFTRecipe)
+    if print_config:
+        return _print_config(config)
+    result = train_sft(config)
+    console.print(f"bridge: {_summary(result.report)}")
+    console.print(f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; "
+                  f"checkpoint [bold]{result.checkpoint}[/bold]")
+
+
+@train.command("grpo")
+@_recipe_options
+@user_errors
+def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+    """GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop, groups written to the store.
+
+    Example:  omrl train grpo --recipe recipes/grpo_grid.yaml max_steps=50
+    """
+    from omrl.train.grpo import GRPORecipe, train_grpo
+
+    config = _load(recipe, overrides, GRPORecipe)
+    if print_config:
+        return _print_config(config)
+    console.print(f"checkpoint [bold]{train_grpo(config)}[/bold]")
+
+
+@train.command("rft")
+@_recipe_options
+@user_errors
+def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+    """Rejection-sampling fine-tuning: N attempts per task, keep the best above a threshold, SFT.
+
+    Example:  omrl train rft --recipe recipes/rft_grid.yaml samples=8 threshold=1.0
+    """
+    from omrl.train.rft import RFTRecipe, train_rft
+
+    config = _load(recipe, overrides, RFTRecipe)
+    if print_config:
+        return _print_config(config)
+    result = train_rft(config)
+    console.print(f"{result.attempts} attempts (success {result.success_rate}), kept {result.kept}; "
+                  f"checkpoint [bold]{result.checkpoint}[/bold]")
+
+
+@train.command("iterate")
+@_recipe_options
+@user_errors
+def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+    """Iterative rounds: collect -> filter -> GRPO (-> SFT on best) -> held-out eval; resumes when re-run.
+
+    Example:  omrl train iterate --recipe recipes/quickstart.yaml rounds=2
+    """
+    from omrl.train.iterate import IterateRecipe, round_table, run_iterate
+
+    config = _load(recipe, overrides, IterateRecipe)
+    if print_config:
+        return _print_config(config)
+    results = run_iterate(config, console=None)
+    console.print(round_table(results))
+    console.print(f"results: {config.output_dir}/results.json")
+
+
+def _summary(report: dict) -> str:
+    from omrl.train.bridge import BridgeReport
+
+    return BridgeReport(**report).summary()

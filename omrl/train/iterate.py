@@ -1,0 +1,314 @@
+"""Iterative training: base eval -> expert demos -> SFT -> eval -> rounds of (collect -> filter -> GRPO
+[-> SFT on the best] -> eval), every stage's data in one store with its round number.
+
+    results = run_iterate(load_recipe("recipes/quickstart.yaml", IterateRecipe))
+
+Each round r collects `collect.samples` attempts per training task with the current checkpoint (round r
+in the store), drops tasks whose group is flat (every attempt scored the same: no GRPO signal), and runs
+GRPO (omrl.train.grpo, rollouts by omrl's agent loop) on the tasks that are left; GRPO writes its own
+rollout groups to the store with the same round. Held-out evaluation after every stage gives
+`results.json`: [{"stage": "base" | "sft" | "grpo-1" ..., "success", "mean_reward", "tasks", ...}].
+
+Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
+started again skips them and continues from the last finished stage (collection inside a stage resumes
+too: trajectory ids are deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omrl.train.rft import check_sft_settings
+
+
+@dataclass
+class TinySettings:
+    hidden: int = field(default=128, metadata={"help": "hidden size of the tiny model"})
+    layers: int = field(default=2, metadata={"help": "transformer layers"})
+    seed: int = field(default=0, metadata={"help": "seed of the random initial weights"})
+
+
+@dataclass
+class DemoSettings:
+    enabled: bool = field(default=True, metadata={"help": "collect scripted-expert demos and SFT on them first"})
+    tasks: int = field(default=0, metadata={"help": "how many training tasks get demos (0 = all)"})
+    samples: int = field(default=1, metadata={"help": "expert episodes per task"})
+    only_success: bool = field(default=True, metadata={"help": "SFT only on demos that reached the goal"})
+
+
+@dataclass
+class CollectSettings:
+    tasks: int = field(default=64, metadata={"help": "training tasks attempted per round (0 = all)"})
+    samples: int = field(default=8, metadata={"help": "attempts per task: the group size"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
+    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
+    concurrency: int = field(default=64, metadata={"help": "episodes in flight (batched generation)"})
+
+
+@dataclass
+class FilterSettings:
+    drop_flat: bool = field(default=True, metadata={"help": "train GRPO only on tasks whose group is not flat"})
+    sft_best: bool = field(default=False, metadata={"help": "also SFT on the best attempt of each group"})
+    min_reward: float = field(default=1.0, metadata={"help": "reward an attempt needs to join the SFT set"})
+
+
+@dataclass
+class EvalSettings:
+    tasks: int = field(default=0, metadata={"help": "held-out tasks evaluated (0 = all)"})
+    samples: int = field(default=4, metadata={"help": "sampled episodes per task"})
+    temperature: float = field(default=1.0, metadata={"help": "temperature of the sampled evaluation"})
+    greedy: bool = field(default=True, metadata={"help": "also evaluate greedily (temperature 0, 1 episode)"})
+    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
+    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
+
+
+@dataclass
+class IterateRecipe:
+    """Settings of an iterative run (the learning demo is one)."""
+
+    output_dir: str = field(metadata={"help": "run folder: checkpoints, store, state.json, results.json"})
+    train_tasks: str = field(metadata={"help": "training tasks file"})
+    eval_tasks: str = field(metadata={"help": "held-out tasks file"})
+    env: str = field(default="grid", metadata={"help": "environment name or package.module:Class"})
+    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "environment keyword args"})
+    model: str | None = field(default=None, metadata={"help": "starting checkpoint; None = build the tiny model"})
+    tiny: TinySettings = field(default_factory=TinySettings, metadata={"help": "the tiny model, when model is None"})
+    store: str | None = field(default=None, metadata={"help": "store of every stage's data (default output_dir/store)"})
+    rounds: int = field(default=3, metadata={"help": "GRPO rounds"})
+    seed: int = field(default=0, metadata={"help": "seeds everything"})
+    demos: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "expert demonstrations"})
+    sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the demo SFT"})
+    collect: CollectSettings = field(default_factory=CollectSettings, metadata={"help": "per-round collection"})
+    filter: FilterSettings = field(default_factory=FilterSettings, metadata={"help": "per-round selection"})
+    grpo: dict[str, Any] = field(default_factory=dict, metadata={"help": "GRPO settings (omrl.train.grpo)"})
+    sft_best: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the best-of SFT"})
+    eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
+
+    def __post_init__(self) -> None:
+        check_sft_settings(self.sft, "sft")
+        check_sft_settings(self.sft_best, "sft_best")
+        from omrl.recipes import RecipeError
+
+        reserved = {"model", "tasks", "output_dir", "store", "round", "env", "env_options"}
+        clash = sorted(reserved & set(self.grpo))
+        if clash:
+            raise RecipeError(f"grpo.{clash[0]} is set by the iterate run itself; remove it")
+        try:
+            from omrl.train.grpo import GRPORecipe
+
+            GRPORecipe.from_dict({**self.grpo, "model": "-", "tasks": "-", "output_dir": "-"})
+        except ImportError:  # GRPO not installed in this build: checked when a round starts
+            pass
+        except (TypeError, ValueError) as exc:
+            raise RecipeError(f"grpo: {exc}") from None
+
+
+class IterateState:
+    """state.json: finished stages in order, each with its checkpoint and results; written atomically."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"stages": []}
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        return next((s for s in self.data["stages"] if s["stage"] == stage), None)
+
+    def finish(self, stage: str, **record: Any) -> None:
+        self.data["stages"].append({"stage": stage, **record})
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    @property
+    def checkpoint(self) -> str | None:
+        for stage in reversed(self.data["stages"]):
+            if stage.get("checkpoint"):
+                return stage["checkpoint"]
+        return None
+
+
+def _subset(tasks: list, n: int) -> list:
+    return tasks if n <= 0 else tasks[:n]
+
+
+def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
+                        round: int) -> dict[str, Any]:
+    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
+    import asyncio
+
+    from omrl.policies.hf import HFPolicy
+    from omrl.rollout import evaluate
+
+    settings = recipe.eval
+    out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
+    modes = [("", settings.temperature, settings.samples)]
+    if settings.greedy:
+        modes.append(("greedy_", 0.0, 1))
+    for prefix, temperature, samples in modes:
+        policy = HFPolicy(checkpoint, max_new_tokens=settings.max_new_tokens, name=checkpoint)
+        result = asyncio.run(evaluate(recipe.env, tasks, policy, store, samples=samples, round=round,
+                                      run_id=f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}",
+                                      temperature=temperature, max_turns=settings.max_turns,
+                                      seed=recipe.seed, env_options=recipe.env_options, progress=False,
+                                      concurrency=256))
+        metrics = next(iter(result.metrics.values()), {})
+        out[f"{prefix}success"] = metrics.get("success_rate")
+        out[f"{prefix}mean_reward"] = metrics.get("mean_reward")
+        out[f"{prefix}episodes"] = metrics.get("episodes")
+    return out
+
+
+def round_table(results: list[dict[str, Any]]):
+    """A rich table of the per-stage results."""
+    from rich.table import Table
+
+    table = Table(title="held-out results")
+    columns = ["stage", "success", "mean_reward", "greedy_success", "greedy_mean_reward", "tasks",
+               "grpo_tasks", "train_success"]
+    present = [c for c in columns if any(c in r for r in results)]
+    for c in present:
+        table.add_column(c, justify="left" if c == "stage" else "right")
+    for r in results:
+        table.add_row(*(_fmt(r.get(c)) for c in present))
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
+                on_stage: Callable[[str, dict[str, Any]], None] | None = None, console=None) -> list[dict[str, Any]]:
+    """Run (or resume) the whole iterative recipe; returns the per-stage results also written to results.json.
+
+    `on_stage(stage, record)` is called after each stage is recorded as finished (tests use it to kill a run).
+    """
+    from omrl.query import quote_literal
+    from omrl.recipes import from_dict, to_dict
+    from omrl.store import Store
+    from omrl.tasks import load_tasks, write_tasks
+    from omrl.train.rft import collect_with_model
+    from omrl.train.sft import train_sft
+
+    if isinstance(recipe, dict):
+        recipe = from_dict(IterateRecipe, recipe)
+    out = Path(recipe.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=1))
+    store = Store.create(recipe.store or out / "store")
+    state = IterateState(out / "state.json")
+    train_tasks = load_tasks(recipe.train_tasks)
+    eval_tasks = _subset(load_tasks(recipe.eval_tasks), recipe.eval.tasks)
+    if not train_tasks or not eval_tasks:
+        raise ValueError("iterate needs training and held-out tasks")
+
+    def finish(stage: str, **record: Any) -> None:
+        state.finish(stage, **record)
+        results = [s["results"] for s in state.data["stages"] if s.get("results")]
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        if console is not None and record.get("results"):
+            console.print(round_table(results))
+        if on_stage is not None:
+            on_stage(stage, record)
+
+    # Stage "base": the starting checkpoint (built offline when none is given) and its held-out score.
+    if not state.done("base"):
+        model = recipe.model
+        if model is None:
+            from omrl.models import build_tiny_model
+
+            model = str(build_tiny_model(out / "base", hidden=recipe.tiny.hidden, layers=recipe.tiny.layers,
+                                         seed=recipe.tiny.seed))
+        finish("base", checkpoint=model,
+               results=evaluate_checkpoint(recipe, model, eval_tasks, store, "base", round=0))
+
+    # Stage "sft": scripted-expert demonstrations, then SFT on them.
+    if recipe.demos.enabled and not state.done("sft"):
+        import asyncio
+
+        from omrl.policies.scripted import ScriptedPolicy
+        from omrl.rollout import collect
+
+        demo_tasks = _subset(train_tasks, recipe.demos.tasks)
+        demos = asyncio.run(collect(recipe.env, demo_tasks, ScriptedPolicy(), store, samples=recipe.demos.samples,
+                                    round=0, run_id="demos", max_turns=recipe.collect.max_turns,
+                                    seed=recipe.seed, env_options=recipe.env_options, progress=False,
+                                    concurrency=64))
+        where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
+        sft = from_dict(_sft_class(), {"seed": recipe.seed, **recipe.sft, "model": state.checkpoint,
+                                       "store": str(store.path), "where": where,
+                                       "output_dir": str(out / "sft")})
+        trained = train_sft(sft)
+        results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
+        results["expert_success"] = demos.success_rate
+        finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:])
+
+    for r in range(1, recipe.rounds + 1):
+        stage = f"grpo-{r}"
+        if state.done(stage):
+            continue
+        checkpoint = state.checkpoint
+        round_dir = out / f"round-{r}"
+        tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
+        run_id = f"round-{r}"
+        collected = collect_with_model(checkpoint, recipe.env, tasks, store, samples=recipe.collect.samples,
+                                       round=r, run_id=run_id, max_turns=recipe.collect.max_turns,
+                                       max_new_tokens=recipe.collect.max_new_tokens,
+                                       temperature=recipe.collect.temperature, seed=recipe.seed + r,
+                                       concurrency=recipe.collect.concurrency, env_options=recipe.env_options,
+                                       progress=False)
+        where = f"run_id = {quote_literal(run_id)} AND round = {r}"
+        groups = store.sql(f"SELECT task_id, std_reward, max_reward FROM groups WHERE {where}").to_pylist()
+        learnable = {g["task_id"] for g in groups if g["std_reward"] > 0}
+        grpo_tasks = [t for t in tasks if t.id in learnable] if recipe.filter.drop_flat else tasks
+        per_step = int(recipe.grpo.get("tasks_per_step", 8))
+        if len(grpo_tasks) < per_step:  # too few informative groups this round: GRPO still needs full steps
+            grpo_tasks = tasks
+        tasks_file = write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl")
+        from omrl.train.grpo import GRPORecipe, train_grpo
+
+        grpo = GRPORecipe.from_dict({"seed": recipe.seed + r, **recipe.grpo, "model": checkpoint,
+                                     "tasks": str(tasks_file), "output_dir": str(round_dir / "grpo"),
+                                     "store": str(store.path), "round": r, "env": recipe.env,
+                                     "env_options": recipe.env_options})
+        checkpoint = str(train_grpo(grpo))
+        if recipe.filter.sft_best:
+            from omrl.train.rft import select_best
+
+            kept = round_dir / "best"
+            if kept.exists():
+                import shutil
+
+                shutil.rmtree(kept)
+            selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1)
+            if sum(selection.kept.values()):
+                best = from_dict(_sft_class(), {"seed": recipe.seed + r, **recipe.sft_best, "model": checkpoint,
+                                                "store": str(kept), "output_dir": str(round_dir / "sft_best")})
+                checkpoint = str(train_sft(best).checkpoint)
+        results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, stage, round=r)
+        results.update(grpo_tasks=len(grpo_tasks), train_success=collected.success_rate,
+                       train_mean_reward=collected.mean_reward, flat_groups=len(groups) - len(learnable))
+        finish(stage, checkpoint=checkpoint, results=results)
+    return [s["results"] for s in state.data["stages"] if s.get("results")]
+
+
+def _sft_class():
+    from omrl.train.sft import SFTRecipe
+
+    return SFTRecipe
+
+
+def _rotate(items: list, offset: int) -> list:
+    """Items starting at `offset` (wrapping), so successive rounds see different training tasks."""
+    if not items:
+        return items
+    k = offset % len(items)
+    return items[k:] + items[:k]

@@ -1,0 +1,133 @@
+"""Rejection-sampling fine-tuning: sample N attempts per task, keep the best of each group above a threshold, SFT.
+
+    result = train_rft(RFTRecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl", env="grid",
+                                 output_dir="runs/rft"))
+
+The attempts land in the store (round `round`, run `run_id`), the kept ones in a filtered sibling store
+whose omrl.json records the selection (omrl.curate.filter_store), so the SFT set can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def check_sft_settings(settings: dict[str, Any], where: str = "sft") -> None:
+    """Validate a nested SFT section now (before hours of collection), not when SFT starts."""
+    from omrl.recipes import RecipeError, from_dict
+    from omrl.train.sft import SFTRecipe
+
+    for reserved in ("model", "store", "output_dir", "where"):
+        if reserved in settings:
+            raise RecipeError(f"{where}.{reserved} is set by the run itself; remove it")
+    from_dict(SFTRecipe, {**settings, "model": "-", "store": "-", "output_dir": "-"}, where=where)
+
+
+@dataclass
+class RFTRecipe:
+    """Settings of one rejection-sampling fine-tuning run."""
+
+    model: str = field(metadata={"help": "checkpoint that samples the attempts and is fine-tuned"})
+    tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL)"})
+    output_dir: str = field(metadata={"help": "run folder: checkpoint, stores, record"})
+    env: str = field(default="grid", metadata={"help": "environment name or package.module:Class"})
+    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "environment keyword args"})
+    split: str | None = field(default=None, metadata={"help": "keep only this split of the tasks file"})
+    store: str | None = field(default=None, metadata={"help": "store for the attempts (default output_dir/store)"})
+    run_id: str = field(default="rft", metadata={"help": "run id of the collected attempts"})
+    round: int = field(default=0, metadata={"help": "round number stored with the attempts"})
+    samples: int = field(default=8, metadata={"help": "attempts per task (the group)"})
+    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
+    max_new_tokens: int = field(default=32, metadata={"help": "tokens per assistant turn"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the attempts"})
+    concurrency: int = field(default=64, metadata={"help": "episodes in flight (batched generation)"})
+    threshold: float = field(default=1.0, metadata={"help": "minimum reward of a kept attempt"})
+    keep_per_group: int = field(default=1, metadata={"help": "best attempts kept per task"})
+    reward_recipe: str | None = field(default=None, metadata={"help": "combined-reward recipe; None = env reward"})
+    seed: int = field(default=0, metadata={"help": "seeds sampling and SFT"})
+    sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings (see omrl.train.sft)"})
+
+    def __post_init__(self) -> None:
+        check_sft_settings(self.sft)
+
+
+@dataclass
+class RFTResult:
+    checkpoint: Path
+    attempts: int
+    kept: int
+    dropped: dict[str, int]
+    success_rate: float | None
+    mean_reward: float | None
+
+
+def collect_with_model(model: str, env: str, tasks: list, store, *, samples: int, round: int, run_id: str,
+                       max_turns: int, max_new_tokens: int, temperature: float, seed: int, concurrency: int = 64,
+                       env_options: dict[str, Any] | None = None, progress: bool = True):
+    """Play tasks x samples episodes with the checkpoint (HFPolicy, batched) into `store`."""
+    from omrl.policies.hf import HFPolicy
+    from omrl.rollout import collect
+
+    policy = HFPolicy(model, max_new_tokens=max_new_tokens, name=str(model))
+    return asyncio.run(collect(env, tasks, policy, store, samples=samples, concurrency=concurrency,
+                               max_turns=max_turns, round=round, run_id=run_id, temperature=temperature,
+                               seed=seed, env_options=env_options, progress=progress))
+
+
+def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
+                reward_recipe: str | None = None):
+    """The best `keep_per_group` attempts of each group with reward >= threshold, as a filtered store."""
+    from omrl.curate.filters import FilterOptions, filter_store
+
+    options = FilterOptions(where=where, status=None, best_of_n=keep_per_group, min_reward=threshold,
+                            reward_recipe=reward_recipe)
+    return filter_store(source, out, options)
+
+
+def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
+    """Collect, select the best of each group, SFT on them; returns the checkpoint and the counts."""
+    from omrl.query import quote_literal
+    from omrl.recipes import from_dict, to_dict
+    from omrl.store import Store
+    from omrl.tasks import load_tasks
+    from omrl.train.sft import SFTRecipe, train_sft
+
+    if isinstance(recipe, dict):
+        recipe = from_dict(RFTRecipe, recipe)
+    out = Path(recipe.output_dir)
+    store = Store.create(recipe.store or out / "store")
+    tasks = load_tasks(recipe.tasks, split=recipe.split)
+    if not tasks:
+        raise ValueError(f"{recipe.tasks}: no tasks")
+    collected = collect_with_model(recipe.model, recipe.env, tasks, store, samples=recipe.samples,
+                                   round=recipe.round, run_id=recipe.run_id, max_turns=recipe.max_turns,
+                                   max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
+                                   seed=recipe.seed, concurrency=recipe.concurrency, env_options=recipe.env_options)
+    where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
+    kept_path = out / "kept"
+    if kept_path.exists():  # a re-run rebuilds the selection from the (resumed) collection
+        import shutil
+
+        shutil.rmtree(kept_path)
+    selection = select_best(store, kept_path, where=where, threshold=recipe.threshold,
+                            keep_per_group=recipe.keep_per_group, reward_recipe=recipe.reward_recipe)
+    kept = sum(selection.kept.values())
+    if kept == 0:
+        raise ValueError(f"no attempt reached reward {recipe.threshold} "
+                         f"({collected.total} attempts, success rate {collected.success_rate}); lower threshold")
+    sft = from_dict(SFTRecipe, {"seed": recipe.seed, **recipe.sft, "model": recipe.model,
+                                "store": str(kept_path), "output_dir": str(out / "checkpoint")})
+    trained = train_sft(sft)
+    result = RFTResult(checkpoint=trained.checkpoint, attempts=collected.total, kept=kept,
+                       dropped=dict(selection.dropped), success_rate=collected.success_rate,
+                       mean_reward=collected.mean_reward)
+    (out / "omrl_rft.json").write_text(json.dumps({"recipe": to_dict(recipe), "attempts": result.attempts,
+                                                   "kept": kept, "dropped": result.dropped,
+                                                   "success_rate": result.success_rate,
+                                                   "mean_reward": result.mean_reward,
+                                                   "checkpoint": str(result.checkpoint)}, indent=1))
+    return result
