@@ -1,0 +1,84 @@
+"""Iterative rounds on the tiny model and the grid env: every stage recorded, a killed run resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from omrl.recipes import load_recipe  # noqa: E402
+from omrl.store import Store  # noqa: E402
+
+TASKS = Path(__file__).resolve().parents[1] / "datasets" / "tasks"
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def recipe(tmp_path, tiny):
+    from omrl.train.iterate import IterateRecipe
+
+    return load_recipe({
+        "output_dir": str(tmp_path / "run"), "model": str(tiny), "train_tasks": str(TASKS / "grid_train.jsonl"),
+        "eval_tasks": str(TASKS / "grid_eval.jsonl"), "env": "grid", "rounds": 2,
+        "demos": {"tasks": 6}, "sft": {"max_steps": 2, "batch_size": 4, "quiet": True},
+        "collect": {"tasks": 4, "samples": 2, "max_turns": 4, "max_new_tokens": 4},
+        "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "max_turns": 4, "max_new_tokens": 4,
+                 "warmup_steps": 0, "quiet": True, "logging_steps": 1},
+        "eval": {"tasks": 3, "samples": 1, "greedy": False, "max_turns": 4, "max_new_tokens": 4},
+    }, IterateRecipe)
+
+
+def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
+    from omrl.models import cached_tiny_model
+    from omrl.train.iterate import run_iterate
+
+    tiny = cached_tiny_model(hidden=32)
+    config = recipe(tmp_path, tiny)
+
+    def kill_after_round_1(stage, record):
+        if stage == "grpo-1":
+            raise Killed(stage)
+
+    with pytest.raises(Killed):
+        run_iterate(config, on_stage=kill_after_round_1)
+    run = tmp_path / "run"
+    state = json.loads((run / "state.json").read_text())
+    assert [s["stage"] for s in state["stages"]] == ["base", "sft", "grpo-1"]
+    first_ckpt = Path(state["stages"][2]["checkpoint"])
+    stamp = (first_ckpt / "config.json").stat().st_mtime_ns
+    store = Store(run / "store")
+    rows_before = store.count()
+
+    seen = []
+    results = run_iterate(config, on_stage=lambda stage, record: seen.append(stage))
+    assert seen == ["grpo-2"]  # finished stages are not redone
+    assert (first_ckpt / "config.json").stat().st_mtime_ns == stamp
+    assert [r["stage"] for r in results] == ["base", "sft", "grpo-1", "grpo-2"]
+    assert json.loads((run / "results.json").read_text()) == results
+    for r in results:
+        assert 0.0 <= r["success"] <= 1.0 and r["tasks"] == 3 and r["mean_reward"] is not None
+    # every round's data is in the store with its round number: collection, GRPO groups, evals
+    by_round = {row["round"]: row["n"] for row in
+                store.sql("SELECT round, count(*) AS n FROM trajectories GROUP BY round").to_pylist()}
+    assert set(by_round) == {0, 1, 2} and store.count() > rows_before
+    runs = {row["run_id"] for row in store.sql("SELECT DISTINCT run_id FROM trajectories WHERE round = 2")
+            .to_pylist()}
+    assert "round-2" in runs and any(r.startswith("eval-grpo-2") for r in runs) and len(runs) >= 3
+
+
+def test_bad_nested_settings_are_named(tmp_path):
+    from omrl.recipes import RecipeError
+    from omrl.train.iterate import IterateRecipe
+
+    base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
+    with pytest.raises(RecipeError, match="sft.*learning_rte"):
+        load_recipe({**base, "sft": {"learning_rte": 1}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="grpo.model"):
+        load_recipe({**base, "grpo": {"model": "m"}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="collect.sample"):
+        load_recipe({**base, "collect": {"sample": 3}}, IterateRecipe)
