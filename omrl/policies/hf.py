@@ -188,7 +188,7 @@ class HFPolicy:
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
         sample = temperature > 0
-        kwargs: dict[str, Any] = {"do_sample": sample, "top_k": 0, "top_p": 1.0}
+        kwargs: dict[str, Any] = {"do_sample": sample}  # no top-k/top-p: logprobs match TRL
         if sample:
             kwargs["temperature"] = temperature
         was_training = self.model.training

@@ -1,0 +1,233 @@
+"""The learning demo: a tiny offline model learns grid navigation on the CPU, and the table shows it.
+
+    python -m omrl.demo --recipe recipes/quickstart.yaml        (or: omrl demo, make demo)
+
+Pipeline: build the tiny model -> collect scripted-expert trajectories (30% random moves) into a store
+-> SFT on them -> held-out eval -> GRPO rounds (rollouts by omrl's agent loop, stored) -> eval after each
+round. Every stage is evaluated on the held-out split, sampled (temperature 1, several samples per
+task) and greedy, next to the expert's own success rate; an optional compute-matched "more SFT"
+baseline trains SFT for as many extra epochs as it has time for in the GRPO wall time. Writes
+`runs/quickstart/results.json`: [{"stage", "success", "mean_reward", "tasks", ...}, ...].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class DemoRecipe:
+    """Settings of the learning demo (recipes/quickstart.yaml)."""
+
+    out_dir: str = "runs/quickstart"
+    train_tasks: str = "datasets/tasks/grid_train.jsonl"
+    eval_tasks: str = "datasets/tasks/grid_eval.jsonl"
+    seed: int = 0
+    model: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "layers": 2})
+    expert_demos: int = 1000
+    expert_noise: float = 0.3
+    sft_epochs: int = 10
+    sft_lr: float = 1e-3
+    sft_batch_size: int = 32
+    eval_tasks_n: int = 200
+    eval_samples: int = 4
+    max_turns: int = 14
+    max_new_tokens: int = 8
+    grpo_rounds: int = 2
+    grpo: dict[str, Any] = field(default_factory=dict)  # GRPORecipe settings (omrl/train/grpo.py)
+    more_sft_baseline: bool = True
+
+    @classmethod
+    def load(cls, path: str | None, **overrides: Any) -> DemoRecipe:
+        values: dict[str, Any] = {}
+        if path:
+            import yaml
+
+            values = yaml.safe_load(Path(path).read_text()) or {}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{path}: unknown demo setting(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _log(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold cyan]demo[/] {message}")
+
+
+def _grid_factory(noise: float, seed: int | None):
+    from omrl.envs.grid import GridEnv
+
+    return lambda: GridEnv(noise=noise, seed=seed)
+
+
+def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: str) -> dict[str, Any]:
+    """Held-out success and reward of a checkpoint: sampled (T=1, k samples) and greedy (1 sample)."""
+    import torch
+
+    from omrl.policies.hf import HFPolicy
+    from omrl.rollout import evaluate
+
+    policy = HFPolicy(str(model_dir), max_new_tokens=recipe.max_new_tokens, name=f"demo/{stage}")
+    out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
+    for mode, temperature, samples in (("sampled", 1.0, recipe.eval_samples), ("greedy", 0.0, 1)):
+        torch.manual_seed(recipe.seed)
+        result = asyncio.run(evaluate(_grid_factory(0.0, None), tasks, policy, store, samples=samples,
+                                      run_id=f"demo-eval-{stage}-{mode}", temperature=temperature,
+                                      concurrency=256, max_turns=recipe.max_turns, seed=recipe.seed,
+                                      progress=False))
+        metrics = result.metrics["grid"]
+        prefix = "" if mode == "sampled" else "greedy_"
+        out[f"{prefix}success"] = round(metrics["success_rate"], 4)
+        out[f"{prefix}mean_reward"] = round(metrics["mean_reward"] or 0.0, 4)
+    out["samples"] = recipe.eval_samples
+    return out
+
+
+def _sft(base: Path, out: Path, store, recipe: DemoRecipe, epochs: int, where: str) -> Path:
+    """SFT with TRL's SFTTrainer on the bridge's tokenized, assistant-masked examples of `where`."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from datasets import Dataset
+    from omrl.train.bridge import load_rows, sft_examples
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    examples, _ = sft_examples(load_rows(store, where), tokenizer, max_length=1024)
+    dataset = Dataset.from_list([{"input_ids": e["input_ids"], "assistant_masks": e["assistant_masks"]}
+                                 for e in examples])
+    args = SFTConfig(output_dir=str(out), num_train_epochs=epochs, learning_rate=recipe.sft_lr,
+                     per_device_train_batch_size=recipe.sft_batch_size,
+                     lr_scheduler_type="cosine", warmup_steps=10, logging_steps=50, save_strategy="no",
+                     report_to="none", use_cpu=True, bf16=False, seed=recipe.seed, disable_tqdm=True,
+                     max_length=1024)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _table(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Held-out grid navigation (success / mean reward)")
+    for column in ("stage", "tasks", "success (T=1)", "reward (T=1)", "success (greedy)", "reward (greedy)",
+                   "minutes"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r["stage"], str(r["tasks"]), f"{r['success']:.1%}", f"{r['mean_reward']:.3f}",
+                      _pct(r.get("greedy_success")), _num(r.get("greedy_mean_reward")),
+                      f"{r.get('minutes', 0):.1f}")
+    Console().print(table)
+
+
+def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
+    """Run the whole demo; return (and write to OUT/results.json) the per-stage table."""
+    import torch
+
+    from omrl.models import build_tiny_model
+    from omrl.policies.scripted import ScriptedPolicy
+    from omrl.rollout import collect
+    from omrl.store import Store
+    from omrl.tasks import load_tasks
+    from omrl.train.grpo import GRPORecipe, train_grpo
+
+    started = time.monotonic()
+    out = Path(recipe.out_dir)
+    if out.exists():
+        shutil.rmtree(out)  # the demo is a fresh, seeded run every time
+    out.mkdir(parents=True)
+    store = Store.create(out / "store")
+    train = load_tasks(recipe.train_tasks)
+    held_out = load_tasks(recipe.eval_tasks)[: recipe.eval_tasks_n]
+    results: list[dict[str, Any]] = []
+
+    def stage_done(row: dict[str, Any]) -> None:
+        row["minutes"] = round((time.monotonic() - started) / 60, 2)
+        results.append(row)
+        _log(f"{row['stage']}: success {row['success']:.1%} (greedy {_pct(row.get('greedy_success'))}), "
+             f"reward {row['mean_reward']:.3f}  [{row['minutes']} min]")
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+
+    torch.manual_seed(recipe.seed)
+    base = build_tiny_model(out / "base", seed=recipe.seed, **recipe.model)
+    _log(f"tiny model built in {out / 'base'}")
+
+    # Expert demonstrations (and the expert's own held-out success, the imitation ceiling).
+    demos = train[: recipe.expert_demos]
+    asyncio.run(collect(_grid_factory(recipe.expert_noise, recipe.seed), demos, ScriptedPolicy(), store,
+                        run_id="demo-expert", max_turns=recipe.max_turns, concurrency=64, progress=False,
+                        seed=recipe.seed))
+    expert = asyncio.run(collect(_grid_factory(recipe.expert_noise, recipe.seed + 1), held_out,
+                                 ScriptedPolicy(), store, run_id="demo-expert-eval", max_turns=recipe.max_turns,
+                                 concurrency=64, progress=False, source="eval"))
+    stage_done({"stage": "expert", "tasks": len(held_out), "success": round(expert.success_rate, 4),
+                "mean_reward": round(expert.mean_reward, 4), "greedy_success": None,
+                "note": f"scripted expert, {recipe.expert_noise:.0%} random moves"})
+
+    stage_done(_evaluate(base, held_out, store, recipe, "base"))
+    sft_dir = _sft(base, out / "sft", store, recipe, recipe.sft_epochs, "run_id = 'demo-expert'")
+    stage_done(_evaluate(sft_dir, held_out, store, recipe, "sft"))
+
+    current, grpo_seconds = sft_dir, 0.0
+    for round_ in range(1, recipe.grpo_rounds + 1):
+        t0 = time.monotonic()
+        settings = {"max_turns": recipe.max_turns, "max_new_tokens": recipe.max_new_tokens, "seed": recipe.seed,
+                    "quiet": True, **recipe.grpo}
+        current = train_grpo(GRPORecipe(model=str(current), tasks=recipe.train_tasks,
+                                        output_dir=str(out / f"grpo-{round_}"), store=str(out / "store"),
+                                        run_name="demo-grpo", round=round_, **settings))
+        grpo_seconds += time.monotonic() - t0
+        stage_done(_evaluate(current, held_out, store, recipe, f"grpo-{round_}"))
+
+    if recipe.more_sft_baseline and recipe.grpo_rounds:
+        # Compute-matched baseline: continue SFT from the SFT checkpoint for as long as GRPO trained.
+        t0 = time.monotonic()
+        _sft(sft_dir, out / "sft-probe", store, recipe, 1, "run_id = 'demo-expert'")
+        epoch_s = max(1e-6, time.monotonic() - t0)
+        extra = max(1, round(grpo_seconds / epoch_s))
+        more = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
+        row = _evaluate(more, held_out, store, recipe, "sft-more")
+        row["note"] = f"SFT checkpoint + {extra} more epochs (~GRPO wall time)"
+        stage_done(row)
+
+    _table(results)
+    _log(f"results in {out / 'results.json'}; total {(time.monotonic() - started) / 60:.1f} min")
+    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the omrl learning demo on the CPU.")
+    parser.add_argument("--recipe", default="recipes/quickstart.yaml")
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args(argv)
+    run_demo(DemoRecipe.load(args.recipe, out_dir=args.out_dir))
+
+
+if __name__ == "__main__":
+    main()

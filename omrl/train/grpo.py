@@ -1,0 +1,144 @@
+"""GRPO on a tasks file with TRL's `GRPOTrainer`, rollouts played by omrl's own agent loop.
+
+    checkpoint = train_grpo(GRPORecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
+                                       env="grid", output_dir="runs/grpo-1", store="runs/store"))
+
+Each training step TRL hands `rollout_func` (omrl/train/rollout_func.py) the step's prompts: task ids,
+each repeated `samples_per_task` times. The agent loop (omrl.agent.run_episode) plays those episodes
+concurrently with an `HFPolicy` wrapping the live model, whose token traces become prompt_ids,
+completion_ids (model and environment tokens), env_mask (environment tokens carry no loss) and
+logprobs. The environment's reward (or the combined reward of omrl.annotate, when configured) is the
+reward; the group-relative advantages are TRL's. Every rollout group is appended to the store with
+its round and step, so GRPO data can be queried like any collection.
+
+On a CPU generation runs through transformers (HFPolicy). On a GPU, TRL's vLLM modes
+(`use_vllm=True`, colocate or server) plug in at the policy: rollout_func would hand the agent loop a
+policy that calls `trainer.vllm_generation` instead of HFPolicy; the rest of the path is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class GRPORecipe:
+    """Settings of one GRPO run; defaults are the ones the CPU feasibility probe found stable."""
+
+    model: str = field(metadata={"help": "starting checkpoint folder (model + tokenizer)"})
+    tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL task rows)"})
+    output_dir: str = field(metadata={"help": "where the trained checkpoint is saved"})
+    env: str = field(default="grid", metadata={"help": "environment name, or package.module:Class"})
+    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "keyword args of the env"})
+    split: str | None = field(default=None, metadata={"help": "keep only this split of the tasks file"})
+    store: str | None = field(default=None, metadata={"help": "store that receives every rollout group"})
+    run_name: str = field(default="grpo", metadata={"help": "run id prefix of the stored rollouts"})
+    round: int = field(default=1, metadata={"help": "iteration round, stored with every rollout"})
+    max_steps: int = field(default=100, metadata={"help": "optimizer steps"})
+    tasks_per_step: int = field(default=8, metadata={"help": "distinct tasks per step"})
+    samples_per_task: int = field(default=8, metadata={"help": "episodes per task: the GRPO group size"})
+    learning_rate: float = field(default=5e-4, metadata={"help": "3e-3 collapsed the tiny model in 40 steps"})
+    warmup_steps: int = field(default=20, metadata={"help": "linear warmup"})
+    lr_scheduler_type: str = field(default="constant_with_warmup", metadata={"help": "TRL/transformers name"})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 skips the reference model"})
+    loss_type: str = field(default="dapo", metadata={"help": "TRL GRPO loss type"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts"})
+    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
+    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
+    max_completion_length: int = field(default=160, metadata={"help": "TRL's completion budget (logging)"})
+    reward: str | None = field(default=None, metadata={"help": "combined-reward recipe of omrl.annotate; "
+                                                               "None = the environment's reward"})
+    seed: int = field(default=0, metadata={"help": "seeds torch, the sampler and the environments"})
+    logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
+    use_cpu: bool = field(default=True, metadata={"help": "False on a GPU"})
+    use_vllm: bool = field(default=False, metadata={"help": "TRL vLLM generation (GPU only; see module doc)"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GRPORecipe:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GRPO setting(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _trl_config(recipe: GRPORecipe):
+    from trl import GRPOConfig
+
+    if recipe.use_vllm:
+        raise ValueError("use_vllm needs a GPU policy backend in rollout_func; not wired on this build")
+    return GRPOConfig(
+        output_dir=recipe.output_dir,
+        per_device_train_batch_size=recipe.tasks_per_step * recipe.samples_per_task,
+        num_generations=recipe.samples_per_task,
+        gradient_accumulation_steps=1,
+        max_steps=recipe.max_steps,
+        learning_rate=recipe.learning_rate,
+        warmup_steps=recipe.warmup_steps,
+        lr_scheduler_type=recipe.lr_scheduler_type,
+        beta=recipe.beta,
+        loss_type=recipe.loss_type,
+        temperature=recipe.temperature,
+        max_completion_length=recipe.max_completion_length,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        logging_steps=recipe.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=recipe.use_cpu,
+        bf16=False,
+        disable_tqdm=recipe.quiet,
+        log_level="warning" if recipe.quiet else "passive",
+    )
+
+
+def _reward_funcs(recipe: GRPORecipe):
+    """The reward TRL sees: the episode's reward computed during the rollout (NaN-free; None if failed)."""
+
+    def omrl_reward(prompts, completions, omrl_reward, **kwargs):
+        return [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r) for r in omrl_reward]
+
+    return [omrl_reward]
+
+
+def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
+    """Run GRPO as the recipe says; return the saved checkpoint folder."""
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from datasets import Dataset
+    from omrl.tasks import load_tasks
+    from omrl.train.rollout_func import AgentRollout
+
+    if isinstance(recipe, dict):
+        recipe = GRPORecipe.from_dict(recipe)
+    tasks = load_tasks(recipe.tasks, split=recipe.split)
+    if not tasks:
+        raise ValueError(f"{recipe.tasks}: no tasks" + (f" in split {recipe.split!r}" if recipe.split else ""))
+    if len(tasks) < recipe.tasks_per_step:
+        raise ValueError(f"{recipe.tasks}: {len(tasks)} tasks, fewer than tasks_per_step={recipe.tasks_per_step}")
+    torch.manual_seed(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
+    model = AutoModelForCausalLM.from_pretrained(recipe.model)
+    rollout = AgentRollout(recipe, tasks, tokenizer)
+    # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
+    dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})
+    trainer = GRPOTrainer(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
+                          train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
+    trainer.train()
+    out = Path(recipe.output_dir)
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(str(out))
+    history = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
+    (out / "omrl_grpo.json").write_text(json.dumps({"recipe": asdict(recipe), "log": history,
+                                                    "rollouts": rollout.summary()}, indent=1, default=str))
+    return out

@@ -1,0 +1,100 @@
+"""TRL's `rollout_func` for GRPO, played by omrl's agent loop (never a second loop inside the trainer).
+
+Contract (trl 1.16 GRPOTrainer): `rollout_func(prompts, trainer) -> dict` with, per prompt, one
+episode's `prompt_ids`, `completion_ids` and `logprobs`; extra keys go to the reward functions except
+`env_mask`, which TRL uses as its tool mask (1 = the model's tokens, 0 = tokens the environment or the
+chat template added: no loss on them). The prompts are task ids, each repeated `num_generations` times
+in a row, so consecutive episodes of one task form one GRPO group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from omrl.envs.base import Task
+
+
+class AgentRollout:
+    """Callable passed to GRPOTrainer as rollout_func; writes every rollout group to the store."""
+
+    def __init__(self, recipe: Any, tasks: list[Task], tokenizer: Any) -> None:
+        self.recipe = recipe
+        self.tasks = {t.id: t for t in tasks}
+        self.tokenizer = tokenizer
+        from omrl.rollout import env_factory
+
+        self.make_env = env_factory(recipe.env, recipe.env_options)
+        self.store = None
+        if recipe.store:
+            from omrl.store import Store
+
+            self.store = Store.create(recipe.store, exist_ok=True)
+        self.calls = 0
+        self.episodes = 0
+        self.stored = 0
+        self.statuses: dict[str, int] = {}
+
+    def summary(self) -> dict[str, Any]:
+        return {"calls": self.calls, "episodes": self.episodes, "stored": self.stored, "statuses": self.statuses}
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
+        from omrl.policies.hf import HFPolicy
+
+        step = int(trainer.state.global_step)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        policy = HFPolicy(model, self.tokenizer, max_new_tokens=self.recipe.max_new_tokens,
+                          name=f"{self.recipe.run_name}@round{self.recipe.round}")
+        episodes = asyncio.run(self._play(prompts, policy, step))
+        self.calls += 1
+        return self._to_trl(episodes, step)
+
+    def _run_id(self, step: int) -> str:
+        # One run id per step: (run, round, task) is then exactly the GRPO group TRL normalises over.
+        return f"{self.recipe.run_name}/round-{self.recipe.round}/step-{step:05d}"
+
+    async def _play(self, prompts: list[str], policy: Any, step: int) -> list[Any]:
+        from omrl.agent import run_episode
+
+        seen: dict[str, int] = {}
+        jobs = []
+        for task_id in prompts:
+            if task_id not in self.tasks:
+                raise ValueError(f"rollout prompt {task_id!r} is not a task id of {self.recipe.tasks}")
+            sample = seen.get(task_id, 0)
+            seen[task_id] = sample + 1
+            jobs.append(run_episode(
+                self.make_env(), self.tasks[task_id], policy, run_id=self._run_id(step), round=self.recipe.round,
+                sample=sample, max_turns=self.recipe.max_turns, temperature=self.recipe.temperature,
+                seed=self.recipe.seed, source="collected:grpo",
+                metadata={"grpo_step": step, "grpo_round": self.recipe.round}))
+        return await asyncio.gather(*jobs)
+
+    def _to_trl(self, episodes: list[Any], step: int) -> dict[str, list]:
+        from omrl.policies.hf import token_trace
+
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                "omrl_reward": [], "omrl_success": [], "omrl_trajectory_id": []}
+        for episode in episodes:
+            row = episode.row
+            self.statuses[row["status"]] = self.statuses.get(row["status"], 0) + 1
+            trace = token_trace(episode.context)
+            if not trace or not trace["completion_ids"]:
+                # No token was sampled (the env failed at reset): an unscorable, loss-free placeholder.
+                eos = self.tokenizer.eos_token_id
+                trace = {"prompt_ids": (trace or {}).get("prompt_ids") or [eos], "completion_ids": [eos],
+                         "env_mask": [0], "logprobs": [0.0]}
+            out["prompt_ids"].append(trace["prompt_ids"])
+            out["completion_ids"].append(trace["completion_ids"])
+            out["logprobs"].append(trace["logprobs"])
+            out["env_mask"].append(trace["env_mask"])
+            # A failed episode has reward None: TRL leaves it out of its group's baseline (never a 0).
+            out["omrl_reward"].append(row["reward"])
+            out["omrl_success"].append(row["success"])
+            out["omrl_trajectory_id"].append(row["id"])
+        self.episodes += len(episodes)
+        if self.store is not None:
+            self.store.append([e.row for e in episodes])
+            self.stored += len(episodes)
+        return out
+
