@@ -199,3 +199,26 @@ def test_reply_parsing_and_rubric_files():
     with pytest.raises(ValueError, match="outside the scale"):
         rubric_from_dict({"name": "x", "criteria": ["c"], "scale": {"min": 0, "max": 1},
                           "examples": [{"trajectory": "t", "score": 5}]})
+
+
+def test_annotate_cli_metrics_judge_and_reward(store, tmp_path):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    rubric = tmp_path / "r.yaml"
+    rubric.write_text("name: q\ncriteria: [correct answer]\nscale: {min: 0, max: 10}\n")
+    recipe = tmp_path / "reward.yaml"
+    recipe.write_text("components:\n  exact_match: 1.0\n  judge:q: {weight: 1.0, scale: [0, 10]}\n")
+    with FakeOpenAIServer(responder=pointwise_responder) as server:
+        args = ["annotate", str(store.path), "--metric", "exact_match", "--judge", str(rubric), "--judge-model", "m",
+                "--base-url", server.base_url, "--concurrency", "4", "--reward-recipe", str(recipe)]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert "judge: 3 calls, 0 cache hits" in result.output and "judge:q" in result.output
+        result = CliRunner().invoke(cli, args)
+        assert "judge: 0 calls, 3 cache hits" in result.output and server.calls == 3
+    rewards = {r["trajectory_id"]: r["reward"] for r in store.sql("SELECT trajectory_id, reward FROM scores").to_pylist()}
+    assert rewards == pytest.approx({"a": 1.9, "b": 0.2, "c": 1.9})
+    bad = CliRunner().invoke(cli, ["annotate", str(store.path), "--judge", str(rubric)])
+    assert bad.exit_code != 0 and "--judge-model" in bad.output

@@ -209,12 +209,18 @@ class Judge:
     """Sends judge requests with bounded concurrency, retries and a reply cache."""
 
     def __init__(self, config: JudgeConfig, cache: JudgeCache | None = None):
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+        from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+        Limits = type(DEFAULT_CONNECTION_LIMITS)  # the httpx flavour this openai version ships with
 
         self.config = config
         self.cache = cache or JudgeCache(None)
         self.stats = JudgeStats()
-        self.client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key,
+        # A pool the size of the semaphore: the default 1000-connection pool costs CPU per request to scan.
+        http = DefaultAsyncHttpxClient(limits=Limits(max_connections=config.concurrency,
+                                                     max_keepalive_connections=config.concurrency))
+        self.client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, http_client=http,
                                   max_retries=0, timeout=config.timeout_s)  # we retry ourselves
         self._sem = asyncio.Semaphore(config.concurrency)
 
