@@ -137,6 +137,7 @@ class FakeOpenAIServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are separate writes: avoid the 40 ms delayed-ACK stall
 
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
