@@ -163,3 +163,13 @@ def test_bad_recipe_is_refused():
         load_recipe({"components": {"env_reward": 1}, "missing": "zero"})
     with pytest.raises(ValueError, match="weight must be a number"):
         load_recipe({"components": {"env_reward": "heavy"}})
+
+
+def test_shipped_reward_recipes_load():
+    from pathlib import Path
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("reward*.yaml"))
+    assert paths
+    for path in paths:
+        recipe = load_recipe(path)
+        assert recipe.components and all(c.weight for c in recipe.components)
