@@ -1,0 +1,112 @@
+"""Every shipped recipe starts with the command that runs it, comments its keys and loads into its config."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omrl.recipes import RecipeError, describe, load_recipe, parse_overrides
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith("reward"))
+ACCELERATE = sorted((RECIPES / "accelerate").glob("*.yaml"))
+
+
+def config_class(command: str):
+    from omrl.train.grpo import GRPORecipe
+    from omrl.train.iterate import IterateRecipe
+    from omrl.train.rft import RFTRecipe
+    from omrl.train.sft import SFTRecipe
+
+    for verb, cls in (("sft", SFTRecipe), ("grpo", GRPORecipe), ("rft", RFTRecipe), ("iterate", IterateRecipe)):
+        if re.search(rf"omrl train {verb}\b", command):
+            return cls
+    return None
+
+
+@pytest.mark.parametrize("path", TRAINING + ACCELERATE, ids=lambda p: p.name)
+def test_recipe_starts_with_its_command_and_comments_keys(path):
+    lines = path.read_text().splitlines()
+    header = []
+    for line in lines:  # the leading comment block must name the command that runs the recipe
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert header and re.search(r"\b(omrl \w+|make \w+|accelerate launch)\b", "\n".join(header)), lines[0]
+    if path in ACCELERATE or config_class(lines[0]) is not None:
+        for line in lines:
+            if re.match(r"^\s*[\w.]+:", line):
+                assert "#" in line, f"{path.name}: key without a comment: {line!r}"
+
+
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.name)
+def test_training_recipe_loads_into_its_config(path):
+    pytest.importorskip("trl")
+    command = path.read_text().splitlines()[0]
+    cls = config_class(command)
+    if cls is None:
+        pytest.skip(f"{path.name} is run by {command!r}, not by omrl train (validated by its own command)")
+    config = load_recipe(path, cls)
+    assert config is not None
+
+
+@pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)
+def test_accelerate_configs_are_valid_yaml(path):
+    data = yaml.safe_load(path.read_text())
+    assert data["distributed_type"] in ("MULTI_GPU", "FSDP", "DEEPSPEED", "MULTI_CPU")
+    assert data["num_processes"] >= 1
+
+
+def test_overrides_convert_types_and_nest():
+    from omrl.train.sft import SFTRecipe
+
+    config = load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe,
+                         ["learning_rate=1e-4", "lora.r=4", "lora.enabled=true", "where=reward > 0.5",
+                          "use_cpu=yes", "lora.target_modules=q_proj,v_proj"])
+    assert config.learning_rate == 1e-4 and isinstance(config.learning_rate, float)
+    assert config.lora.r == 4 and config.lora.enabled is True and config.use_cpu is True
+    assert config.where == "reward > 0.5" and config.lora.target_modules == ["q_proj", "v_proj"]
+    assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+
+
+def test_unknown_and_bad_keys_are_named():
+    from omrl.train.sft import SFTRecipe
+
+    with pytest.raises(RecipeError, match="unknown key learnin_rate"):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["learnin_rate=1"])
+    with pytest.raises(RecipeError, match="unknown key lora.rank"):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["lora.rank=1"])
+    with pytest.raises(RecipeError, match="epochs must be int, not .two."):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["epochs=two"])
+    with pytest.raises(RecipeError, match="missing required key output_dir"):
+        load_recipe({"model": "m", "store": "s"}, SFTRecipe)
+    with pytest.raises(RecipeError, match="batching must be"):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["batching=fast"])
+    with pytest.raises(RecipeError, match="not key=value"):
+        parse_overrides(["epochs"])
+
+
+def test_every_setting_has_help():
+    from omrl.train.iterate import IterateRecipe
+    from omrl.train.rft import RFTRecipe
+    from omrl.train.sft import SFTRecipe
+
+    for cls in (SFTRecipe, RFTRecipe, IterateRecipe):
+        for key, _default, text in describe(cls):
+            assert text, f"{cls.__name__}.{key} has no help"
+
+
+def test_train_cli_prints_resolved_config():
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["train", "sft", "--recipe", str(RECIPES / "sft_tiny.yaml"), "--print-config",
+                                      "epochs=2"])
+    assert result.exit_code == 0, result.output
+    assert '"epochs": 2' in result.output
+    result = CliRunner().invoke(cli, ["train", "sft", "--recipe", str(RECIPES / "sft_tiny.yaml"), "bogus=1"])
+    assert result.exit_code != 0 and "unknown key bogus" in result.output
