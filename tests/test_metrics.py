@@ -173,3 +173,20 @@ def test_shipped_reward_recipes_load():
     for path in paths:
         recipe = load_recipe(path)
         assert recipe.components and all(c.weight for c in recipe.components)
+
+
+def test_numeric_match_on_real_gsm8k_gold_answers():
+    from pathlib import Path
+
+    real = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "gsm8k_test.jsonl"
+    if not real.is_file():
+        pytest.skip("real data folder absent")
+    rows = [json.loads(line) for line in real.read_text().splitlines()[:20]]
+    for i, r in enumerate(rows):
+        gold_number = r["answer"].split("####")[-1].strip().replace(",", "")
+        right = Trajectory(id=f"g{i}", task_id=f"g{i}", task=json.dumps({"answer": r["answer"]}), messages=[
+            Message("user", r["question"]), Message("assistant", f"So the result is {gold_number}.")]).to_row()
+        wrong = Trajectory(id=f"w{i}", task_id=f"g{i}", task=json.dumps({"answer": r["answer"]}), messages=[
+            Message("user", r["question"]), Message("assistant", f"So the result is {float(gold_number) + 1}.")]).to_row()
+        assert run("numeric_match", right) == 1.0, r["answer"]
+        assert run("numeric_match", wrong) == 0.0
