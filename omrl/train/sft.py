@@ -181,6 +181,7 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
                        duration_s=time.monotonic() - started, metrics=dict(output.metrics))
     if trainer.is_world_process_zero():
         record = {"recipe": to_dict(recipe), "bridge": result.report, "losses": losses,
-                  "train_tokens": result.train_tokens, "duration_s": result.duration_s, "metrics": result.metrics}
+                  "train_tokens": result.train_tokens, "duration_s": result.duration_s, "metrics": result.metrics,
+                  "world_size": trainer.args.world_size}
         (out / "omrl_sft.json").write_text(json.dumps(record, indent=1, default=str))
     return result
