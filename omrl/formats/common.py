@@ -1,0 +1,298 @@
+"""Shared pieces of the importers: reading records, errors naming file and record, row building, tool linking.
+
+Every importer turns one native record into a schema-1 trajectory dict (before `normalize_trajectory`);
+the helpers here keep ids, run ids, instructions and tool-call links the same across formats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omrl.schema import SchemaError
+
+
+class FormatError(SchemaError):
+    """A record that cannot be imported; `reason` is a short category for the skip summary."""
+
+    def __init__(self, message: str, reason: str = "invalid record"):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """Where a record came from: its format, file and position in the file."""
+
+    fmt: str
+    path: Path
+    index: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.name} record {self.index}"
+
+
+class BadRecord:
+    """A record that could not even be parsed (e.g. a broken JSONL line); converting it raises."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+# ---------------------------------------------------------------- reading files
+
+
+def read_json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno})", "bad json") from None
+
+
+def read_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield (index, record) from .jsonl, .json (a list, or one object), .traj (one object) or .parquet."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with open(path, encoding="utf-8") as f:
+            index = 0
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield index, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield index, BadRecord(f"line {number} is not valid JSON ({exc.msg})")
+                index += 1
+    elif suffix in (".json", ".traj"):
+        data = read_json_file(path)
+        if isinstance(data, list):
+            yield from enumerate(data)
+        else:  # SWE-agent .traj, ToolBench answers and ATIF files hold one trajectory per file
+            yield 0, data
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                yield index, record
+                index += 1
+    else:
+        raise FormatError(f"{path.name}: unsupported file type {suffix!r}; use .json, .jsonl, .traj or .parquet",
+                          "unsupported file")
+
+
+def first_record(path: Path) -> Any:
+    """The first record of a file (for format detection), or None when the file has none."""
+    for _, record in read_records(path):
+        return record
+    return None
+
+
+# ---------------------------------------------------------------- values
+
+
+def text(value: Any) -> str | None:
+    """Message content as text: strings as is, OpenAI content parts joined, other values as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
+        parts = []
+        for part in value:
+            if isinstance(part, dict):
+                parts.append(part.get("text") if isinstance(part.get("text"), str) else json.dumps(part))
+            else:
+                parts.append(str(part))
+        return "".join(parts)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def arguments_text(value: Any) -> str:
+    """Tool-call arguments as JSON text (sources give a JSON string or an object)."""
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value  # kept exactly as the model wrote it, even when it is not valid JSON
+    return json.dumps(value, ensure_ascii=False)
+
+
+def parse_json_text(value: Any, where: str, reason: str = "bad json") -> Any:
+    """Parse a JSON string field (or return a non-string as is); errors name the field."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{where}: not valid JSON ({exc.msg})", reason) from None
+
+
+def short_hash(*parts: Any, n: int = 16) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, default=str).encode()).hexdigest()[:n]
+
+
+def as_tool_schemas(tools: Any, where: str) -> list[dict[str, Any]]:
+    """Tool definitions as OpenAI function-tool schemas; bare function schemas get wrapped."""
+    tools = parse_json_text(tools, where) if tools is not None else []
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise FormatError(f"{where}: tools must be a list, got {type(tools).__name__}", "bad tools")
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            raise FormatError(f"{where}: each tool must be an object", "bad tools")
+        if isinstance(tool.get("function"), dict):
+            out.append({"type": tool.get("type", "function"), "function": tool["function"]})
+        else:
+            out.append({"type": "function", "function": tool})
+    return out
+
+
+# ---------------------------------------------------------------- messages
+
+
+def message(role: str, content: Any = None, *, reasoning: str | None = None,
+            tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str | None = None,
+            name: str | None = None, trainable: bool | None = None) -> dict[str, Any]:
+    """A message dict in the schema's OpenAI form."""
+    return {"role": role, "content": text(content), "reasoning": reasoning, "tool_calls": tool_calls or [],
+            "tool_call_id": tool_call_id, "name": name, "trainable": trainable}
+
+
+def tool_call(name: Any, arguments: Any, call_id: Any = None, where: str = "tool call") -> dict[str, Any]:
+    if not isinstance(name, str) or not name:
+        raise FormatError(f"{where}: a tool call needs a function name", "tool call without name")
+    return {"id": call_id if isinstance(call_id, str) and call_id else None, "name": name,
+            "arguments": arguments_text(arguments)}
+
+
+def openai_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """OpenAI `tool_calls` ([{id, type, function: {name, arguments}}]) or flat {id, name, arguments}."""
+    if not calls:
+        return []
+    if not isinstance(calls, list):
+        raise FormatError(f"{where}: tool_calls must be a list", "bad tool calls")
+    out = []
+    for k, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise FormatError(f"{where}: tool_calls[{k}] must be an object", "bad tool calls")
+        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        out.append(tool_call(fn.get("name"), fn.get("arguments"), call.get("id"), f"{where} tool_calls[{k}]"))
+    return out
+
+
+def link_tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give every tool call an id and every tool result the id of the call it answers.
+
+    Missing call ids become `call_<message>_<k>` (stable across re-imports). A result that names only a
+    function is linked to the oldest unanswered call of that name; a result naming nothing, to the oldest
+    unanswered call. Results that match no call keep what they had.
+    """
+    pending: list[dict[str, Any]] = []  # calls not answered yet, oldest first
+    for position, msg in enumerate(messages):
+        for k, call in enumerate(msg["tool_calls"]):
+            if not call.get("id"):
+                call["id"] = f"call_{position}_{k}"
+            pending.append(call)
+        if msg["role"] != "tool":
+            continue
+        match = None
+        if msg.get("tool_call_id"):
+            match = next((c for c in pending if c["id"] == msg["tool_call_id"]), None)
+        elif msg.get("name"):
+            match = next((c for c in pending if c["name"] == msg["name"]), None)
+        elif pending:
+            match = pending[0]
+        if match is not None:
+            pending.remove(match)
+            msg["tool_call_id"] = match["id"]
+            msg["name"] = msg.get("name") or match["name"]
+    return messages
+
+
+# ---------------------------------------------------------------- rows
+
+
+def first_user_text(messages: list[dict[str, Any]]) -> str:
+    return next((m["content"] or "" for m in messages if m["role"] == "user"), "")
+
+
+def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any]], tools: Any = None,
+             task: dict[str, Any] | None = None, reward: Any = None, success: Any = None, status: str = "ok",
+             error: str | None = None, model: str | None = None, metadata: dict[str, Any] | None = None,
+             turns: list[dict[str, Any]] | None = None, prompt_tokens: int | None = None,
+             completion_tokens: int | None = None, created_at: Any = None) -> dict[str, Any]:
+    """A schema-1 trajectory dict for an imported record; the id depends only on (format, file, index, native id)."""
+    native = None if native_id is None or native_id == "" else str(native_id)
+    task_id = native or f"{ctx.path.stem}:{ctx.index}"
+    messages = link_tool_calls(messages)
+    if turns is None:  # one entry per assistant turn, as collected rows have; imported data has no per-turn reward
+        positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        turns = [{"index": k, "done": k == len(positions) - 1} for k in range(len(positions))]
+    meta = {"import": {"format": ctx.fmt, "file": ctx.path.name, "index": ctx.index}}
+    meta.update(metadata or {})
+    return {
+        "id": short_hash("import", ctx.fmt, ctx.path.name, ctx.index, native, n=24),
+        "run_id": f"import:{ctx.path.stem}",
+        "round": 0,
+        "task_id": task_id,
+        "env": f"import:{ctx.fmt}",
+        "model": model or "",
+        "instruction": first_user_text(messages),
+        "task": {"id": native, **(task or {})},
+        "tools": as_tool_schemas(tools, ctx.where) if tools is not None else [],
+        "messages": messages,
+        "turns": turns,
+        "reward": _number(reward, f"{ctx.where}: reward"),
+        "success": _flag(success, f"{ctx.where}: success"),
+        "status": status,
+        "error": error,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "source": f"imported:{ctx.fmt}",
+        "metadata": meta,
+        "created_at": created_at,
+    }
+
+
+def _number(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise FormatError(f"{where} must be a number, got {value!r}", "bad reward")
+
+
+def _flag(value: Any, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise FormatError(f"{where} must be true or false, got {value!r}", "bad success flag")
+
+
+def leftovers(record: dict[str, Any], used: set[str]) -> dict[str, Any]:
+    """The fields of a native record an importer did not map: they go to metadata, never lost."""
+    return {k: v for k, v in record.items() if k not in used}
+
+
+def require_dict(record: Any, ctx: RecordContext) -> dict[str, Any]:
+    if isinstance(record, BadRecord):
+        raise FormatError(f"{ctx.where}: {record.error}", "bad json")
+    if not isinstance(record, dict):
+        raise FormatError(f"{ctx.where}: expected an object, got {type(record).__name__}", "not an object")
+    return record
