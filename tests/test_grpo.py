@@ -1,0 +1,60 @@
+"""GRPO through TRL's rollout_func with omrl's agent loop: one real step on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from omrl.envs.base import Reset, StepResult, Task  # noqa: E402
+from omrl.models import build_tiny_model  # noqa: E402
+from omrl.store import Store  # noqa: E402
+from omrl.tasks import write_tasks  # noqa: E402
+from omrl.train.grpo import GRPORecipe, train_grpo  # noqa: E402
+
+
+class LetterEnv:
+    """One-turn text env whose reward varies across samples of an untrained model (so advantages are not 0)."""
+
+    name = "letter"
+
+    def reset(self, task):
+        return Reset(observation="say something", system_prompt="Reply.")
+
+    def step(self, action):
+        reward = float(sum(map(ord, action.text)) % 2)  # random replies of one group get different rewards
+        return StepResult("ok", reward, True, {"success": reward >= 1})
+
+    def close(self):
+        pass
+
+
+def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
+    from safetensors.torch import load_file
+
+    model = build_tiny_model(tmp_path / "tiny", hidden=64, layers=2)
+    tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(4)],
+                        tmp_path / "tasks.jsonl")
+    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
+                        env="test_grpo:LetterEnv", store=str(tmp_path / "store"), run_name="t", round=3,
+                        max_steps=1, tasks_per_step=2, samples_per_task=4, warmup_steps=0,
+                        learning_rate=1e-2, max_turns=1, max_new_tokens=12, logging_steps=1, quiet=True)
+    out = train_grpo(recipe)
+
+    before, after = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    log = json.loads((out / "omrl_grpo.json").read_text())["log"]
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert losses and all(torch.isfinite(torch.tensor(loss)) for loss in losses)
+
+    store = Store(tmp_path / "store")
+    groups = store.sql("SELECT run_id, round, task_id, n FROM groups").to_pylist()
+    assert len(groups) == 2 and all(g["n"] == 4 and g["round"] == 3 for g in groups)
+    assert all(g["run_id"] == "t/round-3/step-00000" for g in groups)
+    rows = store.read().to_pylist()
+    assert all(json.loads(r["metadata"])["grpo_step"] == 0 for r in rows)
+    assert all(r["turns"][0]["completion_ids"] and len(r["turns"][0]["logprobs"]) ==
+               len(r["turns"][0]["completion_ids"]) for r in rows)
