@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 from collections import Counter
@@ -17,6 +18,8 @@ from typing import Any
 
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
+
+POOL_SHARD = 32  # connections per HTTP client; see _client
 
 # Keys of our message dicts the chat API understands; anything else (reasoning, trainable) is dropped.
 _API_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -69,28 +72,40 @@ class OpenAIPolicy:
         self.native_tools = native_tools  # False: tools are described to the model but not sent as `tools`
         self.extra_body = extra_body
         self.stats: Counter[str] = Counter()  # requests, retries, errors by kind
-        self._clients: dict[int, Any] = {}  # one client per event loop: httpx pools cannot cross loops
+        self._clients: dict[int, list[Any]] = {}  # event loop id -> clients (see _clients_here)
+        self._inflight: list[int] = []
 
-    def _client(self):
+    def _clients_here(self) -> list[Any]:
+        """The HTTP clients of the running event loop (httpx pools cannot cross loops), made on first use.
+
+        The connections are split over several clients of at most POOL_SHARD each, because httpcore scans
+        its whole pool on every request: one pool of 1024 connections costs O(concurrency) CPU per call."""
         import openai
 
-        loop = asyncio.get_running_loop()
-        key = id(loop)
-        client = self._clients.get(key)
-        if client is None:
-            limits = _limits(self.max_connections)
-            http_client = openai.DefaultAsyncHttpxClient(limits=limits) if limits is not None else None
-            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
-                                        timeout=self.timeout, http_client=http_client)
-            self._clients = {key: client}  # a finished loop's client is dropped with its pool
-        return client
+        loop = id(asyncio.get_running_loop())
+        clients = self._clients.get(loop)
+        if clients is None:
+            shards = max(1, math.ceil(self.max_connections / POOL_SHARD))
+            per_shard = math.ceil(self.max_connections / shards)
+            clients = []
+            for _ in range(shards):
+                limits = _limits(per_shard)
+                http_client = openai.DefaultAsyncHttpxClient(limits=limits) if limits is not None else None
+                clients.append(openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
+                                                  timeout=self.timeout, http_client=http_client))
+            self._clients = {loop: clients}  # a finished loop's clients are dropped with their pools
+            self._inflight = [0] * len(clients)
+        return clients
 
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  context: EpisodeContext) -> dict[str, Any]:
-        request: dict[str, Any] = {"model": self.model, "messages": api_messages(messages),
-                                   "temperature": context.temperature}
+        # Messages and tools travel in extra_body: the client's per-request type transform walks every
+        # message of the growing conversation (milliseconds of CPU per call at long contexts) and has
+        # nothing to change in plain chat dicts. The JSON sent is the same.
+        body: dict[str, Any] = {"messages": api_messages(messages)}
+        request: dict[str, Any] = {"model": self.model, "messages": [], "temperature": context.temperature}
         if tools and self.native_tools:
-            request["tools"] = tools
+            body["tools"] = tools
         max_tokens = context.max_tokens or self.max_tokens
         if max_tokens:
             request["max_tokens"] = max_tokens
@@ -98,8 +113,7 @@ class OpenAIPolicy:
             request["seed"] = context.seed
         if self.logprobs:
             request["logprobs"] = True
-        if self.extra_body:
-            request["extra_body"] = self.extra_body
+        request["extra_body"] = {**(self.extra_body or {}), **body}
         return request
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -116,7 +130,14 @@ class OpenAIPolicy:
                 await asyncio.sleep(random.uniform(0, delay))  # full jitter: retries of many episodes spread out
             self.stats["requests"] += 1
             try:
-                response = await self._client().chat.completions.create(**request, timeout=timeout)
+                clients = self._clients_here()
+                # The least busy client: no pool ever has to queue while another has room.
+                shard = min(range(len(clients)), key=self._inflight.__getitem__)
+                self._inflight[shard] += 1
+                try:
+                    response = await clients[shard].chat.completions.create(**request, timeout=timeout)
+                finally:
+                    self._inflight[shard] -= 1
                 return self._reply(response, tools)
             except openai.APITimeoutError as exc:
                 kind, last = "timeout", exc
@@ -169,8 +190,7 @@ class OpenAIPolicy:
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop."""
-        client = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if client is not None:
+        for client in self._clients.pop(id(asyncio.get_running_loop()), []):
             await client.close()
 
 
