@@ -37,6 +37,7 @@ class DemoRecipe:
     sft_batch_size: int = 32
     eval_tasks_n: int = 200
     eval_samples: int = 4
+    base_eval_samples: int = 1  # the untrained model babbles to the turn limit: costly and always 0
     max_turns: int = 14
     max_new_tokens: int = 8
     grpo_rounds: int = 2
@@ -69,7 +70,8 @@ def _grid_factory(noise: float, seed: int | None):
     return lambda: GridEnv(noise=noise, seed=seed)
 
 
-def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: str) -> dict[str, Any]:
+def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: str,
+              samples: int | None = None) -> dict[str, Any]:
     """Held-out success and reward of a checkpoint: sampled (T=1, k samples) and greedy (1 sample)."""
     import torch
 
@@ -78,7 +80,8 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
 
     policy = HFPolicy(str(model_dir), max_new_tokens=recipe.max_new_tokens, name=f"demo/{stage}")
     out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
-    for mode, temperature, samples in (("sampled", 1.0, recipe.eval_samples), ("greedy", 0.0, 1)):
+    k = samples or recipe.eval_samples
+    for mode, temperature, samples in (("sampled", 1.0, k), ("greedy", 0.0, 1)):
         torch.manual_seed(recipe.seed)
         result = asyncio.run(evaluate(_grid_factory(0.0, None), tasks, policy, store, samples=samples,
                                       run_id=f"demo-eval-{stage}-{mode}", temperature=temperature,
@@ -88,7 +91,7 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
         prefix = "" if mode == "sampled" else "greedy_"
         out[f"{prefix}success"] = round(metrics["success_rate"], 4)
         out[f"{prefix}mean_reward"] = round(metrics["mean_reward"] or 0.0, 4)
-    out["samples"] = recipe.eval_samples
+    out["samples"] = k
     return out
 
 
@@ -187,7 +190,7 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
                 "mean_reward": round(expert.mean_reward, 4), "greedy_success": None,
                 "note": f"scripted expert, {recipe.expert_noise:.0%} random moves"})
 
-    stage_done(_evaluate(base, held_out, store, recipe, "base"))
+    stage_done(_evaluate(base, held_out, store, recipe, "base", recipe.base_eval_samples))
     sft_dir = _sft(base, out / "sft", store, recipe, recipe.sft_epochs, "run_id = 'demo-expert'")
     stage_done(_evaluate(sft_dir, held_out, store, recipe, "sft"))
 
