@@ -1,0 +1,39 @@
+"""`omrl export`: write a store (or a SQL selection) as a dataset folder or a JSONL file; optionally push it."""
+
+from __future__ import annotations
+
+import click
+
+from omrl.cli.common import console, user_errors
+from omrl.hub import EXPORT_FORMATS
+
+
+@click.command()
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(), help="Folder (parquet) or .jsonl file to write.")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
+              help="parquet: HF dataset folder; jsonl: omrl rows; openai: {messages, tools}; sharegpt: "
+                   "conversations. Default: parquet for a folder, jsonl for a .jsonl file.")
+@click.option("--where", help="SQL condition over the trajectories view, e.g. \"success AND env = 'math'\".")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option("--push", "repo_id", help="Also upload the export to this Hub dataset repo (user/name).")
+@click.option("--private", is_flag=True, help="Create the Hub repo as private (with --push).")
+@user_errors
+def export(store: str, out: str, fmt: str | None, where: str | None, overwrite: bool, repo_id: str | None,
+           private: bool) -> None:
+    """Export trajectories to a Hugging Face dataset folder or a JSONL file (omrl, OpenAI or ShareGPT form).
+
+    Example:  omrl export my-store --out sft.jsonl --format openai --where "success"
+    """
+    from omrl.hub import export_store, push_to_hub
+
+    if private and not repo_id:
+        raise click.UsageError("--private only applies with --push")
+    with console.status(f"exporting {store}"):
+        result = export_store(store, out, fmt, where, overwrite=overwrite)
+    extra = f" and {result.annotations} annotations" if result.annotations else ""
+    console.print(f"wrote {result.trajectories} trajectories{extra} to {result.path} ({result.format})")
+    if repo_id:
+        with console.status(f"pushing to {repo_id}"):
+            url = push_to_hub(result.path, repo_id, private=private)
+        console.print(f"pushed to {repo_id}: {url}")
