@@ -146,12 +146,18 @@ SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool
 
 
 def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
-    """ShareGPT with LLaMA-Factory's tool roles: an assistant's tool calls follow it as a `function_call` turn."""
+    """ShareGPT with LLaMA-Factory's tool roles: an assistant's tool calls follow it as a `function_call` turn.
+
+    Call arguments are written as objects (LLaMA-Factory's form), so their JSON text may be re-spaced.
+    """
     conversations = []
     for m in row["messages"]:
         flag = {} if m.get("trainable") is None else {"loss": bool(m["trainable"])}
         if m["role"] != "assistant" or m["content"] or not m["tool_calls"]:
-            conversations.append({"from": SHAREGPT_ROLES[m["role"]], "value": m["content"] or "", **flag})
+            turn = {"from": SHAREGPT_ROLES[m["role"]], "value": m["content"] or "", **flag}
+            if m.get("reasoning") is not None:  # not in ShareGPT proper; kept so a re-import loses nothing
+                turn["reasoning"] = m["reasoning"]
+            conversations.append(turn)
         if m["tool_calls"]:
             calls = [{"id": c["id"], "name": c["name"], "arguments": _maybe_json(c["arguments"])}
                      for c in m["tool_calls"]]

@@ -76,7 +76,9 @@ def convert_conversation(turns: Any, where: str) -> list[dict[str, Any]]:
         if role is None:
             raise FormatError(f"{at}: unknown speaker {speaker!r}; expected one of {', '.join(ROLE_MAP)}",
                               "unknown role")
-        messages.append(message(role, value, name=turn.get("name"), trainable=flag))
+        reasoning = turn.get("reasoning")
+        messages.append(message(role, value, name=turn.get("name"), trainable=flag,
+                                reasoning=reasoning if isinstance(reasoning, str) else None))
     return messages
 
 
