@@ -131,7 +131,7 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             msg["tool_call_id"] = m.get("tool_call_id")
             if m.get("name"):
                 msg["name"] = m["name"]
-        if m.get("trainable") is not None:  # OpenAI fine-tuning's per-message switch
+        if m.get("trainable") is not None and m["role"] == "assistant":  # OpenAI allows weight on assistant turns only
             msg["weight"] = int(m["trainable"])
         out.append(msg)
     return out
