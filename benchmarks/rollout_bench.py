@@ -239,7 +239,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer jobs per level: a smoke run")
     parser.add_argument("--levels", default="64,256,1024", help="concurrency levels")
-    parser.add_argument("--jobs-per-slot", type=float, default=3.0, help="jobs = this x concurrency")
+    parser.add_argument("--jobs-per-slot", type=float, default=2.5, help="jobs = this x concurrency")
     parser.add_argument("--lockstep-concurrency", type=int, default=64)
     parser.add_argument("--alpha", type=float, default=1.5, help="Pareto tail index of episode lengths")
     parser.add_argument("--cap", type=int, default=10, help="longest episode, in turns")

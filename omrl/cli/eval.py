@@ -38,7 +38,7 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))
-    for column in ["env", "tasks", "episodes", "success", "mean reward", *pass_keys, "truncated", "errors"]:
+    for column in ["env", "tasks", "n", "success", "reward", *pass_keys, "trunc", "errors"]:
         table.add_column(column, justify="left" if column == "env" else "right")
     for env, m in result.metrics.items():
         reward = "-" if m["mean_reward"] is None else f"{m['mean_reward']:.3f}"
