@@ -29,7 +29,7 @@ def render_trajectory(row: dict[str, Any], max_chars: int = 2000) -> Group:
                 "num_turns", "duration_s", "source", "parent_id"):
         value = row.get(key)
         if value is not None and value != "":
-            header.add_row(key, str(value))
+            header.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     if row.get("error"):
         header.add_row("error", Text(str(row["error"]), style="red"))
     parts: list[Any] = [Panel(header, title="trajectory", border_style="blue")]
