@@ -96,7 +96,7 @@ def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
 def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
     """Iterative rounds: collect -> filter -> GRPO (-> SFT on best) -> held-out eval; resumes when re-run.
 
-    Example:  omrl train iterate --recipe recipes/quickstart.yaml rounds=2
+    Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2
     """
     from omrl.train.iterate import IterateRecipe, round_table, run_iterate
 
