@@ -135,6 +135,11 @@ def test_paraphrase_rules_and_llm(store, tmp_path):
         res = augment_store(store, tmp_path / "c", ["paraphrase"], keep_originals=False, paraphraser=para,
                             where="id = 't2'")
         assert res.not_applicable["paraphrase"] == 1 and res.written["paraphrase"] == 0
+        server.enqueue({"status": 500}, {"status": 500}, {"status": 500})  # the client retries twice, then fails
+        res = augment_store(store, tmp_path / "d", ["paraphrase"], keep_originals=False, paraphraser=para,
+                            where="id = 't1'")
+        assert res.failed["paraphrase"] == 1 and res.written["paraphrase"] == 0
+        assert "paraphrase endpoint failed" in res.errors[0]
 
 
 def test_augment_cli(store, tmp_path):

@@ -38,8 +38,10 @@ def augment(store, out, ops, n, seed, where, no_originals, base_url, model, api_
     result = augment_store(store, out, list(ops), n=n, seed=seed, keep_originals=not no_originals,
                            paraphraser=paraphraser, where=where)
     table = Table(title=f"augment {store} -> {out} ({result.source_rows} trajectories in, {result.originals} kept as is)")
-    for col in ("op", "written", "not applicable"):
+    for col in ("op", "written", "not applicable", "failed"):
         table.add_column(col, justify="left" if col == "op" else "right")
     for op in ops:
-        table.add_row(op, str(result.written[op]), str(result.not_applicable[op]))
+        table.add_row(op, str(result.written[op]), str(result.not_applicable[op]), str(result.failed[op]))
     console.print(table)
+    for error in result.errors:
+        console.print(f"[red]failed[/red] {error}", highlight=False)

@@ -272,9 +272,13 @@ def augmented_id(parent: str, op: str, k: int, seed: int) -> str:
     return hashlib.sha256(json.dumps([parent, op, k, seed]).encode()).hexdigest()[:24]
 
 
+class AugmentError(RuntimeError):
+    """One variant could not be made (e.g. the paraphrasing endpoint failed); counted and reported."""
+
+
 def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperature: float = 0.9
                     ) -> Callable[[str, int], str]:
-    """A paraphraser asking an OpenAI-compatible endpoint; returns "" when the call fails (op then skips)."""
+    """A paraphraser asking an OpenAI-compatible endpoint; raises AugmentError when the call fails."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
@@ -286,8 +290,8 @@ def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperatu
                                               "name and constraint. Reply with the paraphrase only."},
                 {"role": "user", "content": f"(variant {k + 1})\n{text}"}])
             return (resp.choices[0].message.content or "").strip()
-        except Exception:  # the op records a skip; augmentation must not die on one bad call
-            return ""
+        except Exception as exc:  # any client failure: augment_store counts it and carries on
+            raise AugmentError(f"paraphrase endpoint failed: {type(exc).__name__}: {exc}") from exc
 
     return paraphrase
 
@@ -297,6 +301,8 @@ class AugmentResult:
     source_rows: int
     written: Counter = field(default_factory=Counter)  # op -> new rows
     not_applicable: Counter = field(default_factory=Counter)  # op -> (trajectory, k) with nothing to do
+    failed: Counter = field(default_factory=Counter)  # op -> variants that could not be made
+    errors: list[str] = field(default_factory=list)  # the first few failure messages
     originals: int = 0
     store: Path | None = None
 
@@ -321,7 +327,13 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
             for k in range(n):
                 rng = random.Random(augmented_id(row["id"], op, k, seed))  # per-output stream: order-independent
                 kwargs = {"paraphraser": paraphraser} if op == "paraphrase" else {}
-                variant = OPS[op](row, rng, k, **kwargs)
+                try:
+                    variant = OPS[op](row, rng, k, **kwargs)
+                except AugmentError as exc:
+                    result.failed[op] += 1
+                    if len(result.errors) < 5:
+                        result.errors.append(f"{row['id']} {op}: {exc}")
+                    continue
                 if variant is None:
                     result.not_applicable[op] += 1
                     continue
@@ -335,7 +347,8 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
     lineage = {"command": "augment", "source": str(store.path.resolve()), "options": {
         "ops": ops, "n": n, "seed": seed, "keep_originals": keep_originals, "where": where,
         "paraphrase": "llm" if paraphraser else "rules"}, "counts": {
-        "written": dict(result.written), "not_applicable": dict(result.not_applicable)}}
+        "written": dict(result.written), "not_applicable": dict(result.not_applicable),
+        "failed": dict(result.failed)}}
     dst = Store.create(out, exist_ok=False, description=f"Augmented from {store.path}.", lineage=lineage)
     if keep_originals:
         dst.append(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
