@@ -3,7 +3,7 @@
 Prints one JSON line: efficiency_1/16/64 = ideal time / measured time, where the ideal for N calls
 at concurrency C and latency L is ceil(N / C) * L (target >= 0.9 at 16); calls_per_traj_pointwise
 and calls_per_traj_group. The fake server runs in its own process (sharing the client's GIL would measure Python, not the judge).
-Run: python benchmarks/judge_bench.py [--latency 0.5] [--rounds 4]   (about 15 s)
+Run: python benchmarks/judge_bench.py [--latency 0.5] [--rounds 10]   (about 30 s; more rounds amortise start-up)
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.5,
                         help="fake server latency per call, seconds (real judges take 0.5-5 s)")
-    parser.add_argument("--rounds", type=int, default=4, help="calls per level = rounds x concurrency")
+    parser.add_argument("--rounds", type=int, default=10, help="calls per level = rounds x concurrency")
     args = parser.parse_args()
     result: dict[str, float] = {"latency_s": args.latency}
     urls: multiprocessing.Queue = multiprocessing.Queue()
