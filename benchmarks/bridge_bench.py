@@ -1,60 +1,73 @@
 """Bridge batching vs TRL defaults on trajectories of mixed lengths: prints one JSON line.
 
-padding_fraction: pad share of the bridge's SFT batches (target <= 0.1).
-tokens_per_s_ratio: real (non-pad) tokens per second of SFT with the bridge's batches / with TRL's defaults
-(conversational dataset, assistant_only_loss, random batches), same data, same steps, same run (target >= 1).
+The data: episodes with a lognormal number of turns and observations/replies of varied length (heavy tail).
+Both modes train the same tiny model from the same checkpoint for one epoch over the same examples, so they
+feed the same real tokens; runs alternate (trl, bridge, bridge, trl) to cancel drift on a shared machine.
+
+padding_fraction: pad share of the batches the bridge actually fed to the model (target <= 0.1).
+tokens_per_s_ratio: real (non-pad) tokens per second of training with the bridge's token-budget batches /
+with TRL's defaults (conversational dataset, assistant_only_loss, random batches of batch_size) (target >= 1).
+
+    python benchmarks/bridge_bench.py [--examples 64] [--batch-size 8] [--repeats 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import random
+import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def main() -> None:
-    from test_sft import demo_store  # noqa: F401  (shared helper shapes, not used for lengths)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=64, help="trajectories in the store")
+    parser.add_argument("--batch-size", type=int, default=8, help="TRL batch size; bridge budget = this x mean length")
+    parser.add_argument("--repeats", type=int, default=1, help="(trl, bridge, bridge, trl) cycles")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from train_helpers import mixed_length_store
 
     from omrl.models import cached_tiny_model
-    from omrl.schema import Message, ToolCall, Trajectory
-    from omrl.store import Store
     from omrl.train.sft import SFTRecipe, train_sft
 
-    rng = random.Random(0)
-    tiny = cached_tiny_model(hidden=64)
+    tiny = cached_tiny_model(hidden=args.hidden)
     work = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
-    store = Store.create(work / "s")
-    rows = []
-    for i in range(256):
-        steps = rng.choice([1, 2, 3]) if rng.random() < 0.6 else rng.randint(10, 30)  # mixed lengths
-        messages = [Message("system", "Reach the goal."), Message("user", f"at {i % 7} 3 goal 3 3")]
-        for k in range(steps):
-            messages.append(Message("assistant", "", tool_calls=[ToolCall("move", '{"direction": "left"}')]))
-            messages.append(Message("tool", f"at {k % 7} 3 goal 3 3, goal is {k % 5} left"))
-        messages.append(Message("assistant", "done"))
-        rows.append(Trajectory(id=f"t{i}", task_id=f"t{i}", messages=messages, reward=1.0, success=True).to_row())
-    store.append(rows)
-    measured = {}
-    for mode in ("trl", "bridge", "trl", "bridge"):  # alternate, keep the second of each (warm caches)
-        recipe = SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(work / mode), batch_size=16,
-                           max_steps=12, logging_steps=1, quiet=True, batching=mode, learning_rate=1e-4)
-        started = time.perf_counter()
+    store = mixed_length_store(work / "s", n=args.examples, seed=0, max_turns=20)  # all fit 2048: no split/truncation
+    totals = {mode: {"tokens": 0, "padded": 0, "seconds": 0.0, "batches": 0} for mode in ("trl", "bridge")}
+    report = None
+    for k, mode in enumerate(["trl", "bridge", "bridge", "trl"] * args.repeats):
+        recipe = SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(work / f"{mode}{k}"),
+                           batch_size=args.batch_size, epochs=1, max_length=2048, logging_steps=1000, quiet=True,
+                           batching=mode, learning_rate=1e-4, seed=k)
         result = train_sft(recipe)
-        measured[mode] = (result, time.perf_counter() - started)
-    bridge, bridge_s = measured["bridge"]
-    trl, trl_s = measured["trl"]
-    bridge_rate = bridge.metrics["train_samples_per_second"]
-    trl_rate = trl.metrics["train_samples_per_second"]
+        t = totals[mode]
+        t["tokens"] += result.train_tokens
+        t["padded"] += result.padded_tokens
+        t["batches"] += result.batches
+        t["seconds"] += result.metrics["train_runtime"]  # the training loop only, not dataset preparation
+        if mode == "bridge":
+            report = result.report
+    if totals["trl"]["tokens"] != totals["bridge"]["tokens"]:
+        raise SystemExit(f"modes fed different real tokens: {totals}")  # the comparison would be unfair
+    rate = {mode: t["tokens"] / t["seconds"] for mode, t in totals.items()}
+    pad = {mode: 1 - t["tokens"] / t["padded"] for mode, t in totals.items()}
+    runs = 2 * args.repeats
     print(json.dumps({
-        "padding_fraction": round(bridge.report["padding_fraction"], 4),
-        "tokens_per_s_ratio": round(bridge_rate / trl_rate, 3),
-        "bridge_samples_per_s": round(bridge_rate, 2), "trl_samples_per_s": round(trl_rate, 2),
-        "examples": bridge.report["examples"], "steps": 12, "batch_size": 16,
+        "padding_fraction": round(pad["bridge"], 4),
+        "tokens_per_s_ratio": round(rate["bridge"] / rate["trl"], 3),
+        "bridge_tokens_per_s": round(rate["bridge"]), "trl_tokens_per_s": round(rate["trl"]),
+        "trl_padding_fraction": round(pad["trl"], 4),
+        "bridge_batches": totals["bridge"]["batches"] // runs, "trl_batches": totals["trl"]["batches"] // runs,
+        "real_tokens_per_run": totals["bridge"]["tokens"] // runs, "examples": report["examples"],
+        "token_budget": report["token_budget"], "batch_size": args.batch_size,
+        "bridge_s": round(totals["bridge"]["seconds"] / runs, 2), "trl_s": round(totals["trl"]["seconds"] / runs, 2),
     }))
 
 

@@ -13,13 +13,15 @@ from omrl.schema import Annotation, Message, ToolCall, Trajectory  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.train.bridge import (  # noqa: E402
     BridgeReport,
+    TokenBudgetBatchSampler,
+    batches_padding_fraction,
     chat_dataset,
-    length_grouped_order,
+    default_token_budget,
     load_rows,
-    padding_fraction,
     rl_rewards,
     sft_dataset,
     sft_examples,
+    token_budget_batches,
 )
 from omrl.train.masks import incremental_mask, is_trainable, template_mask, to_chat_message  # noqa: E402
 
@@ -136,30 +138,52 @@ def test_long_trajectories_are_split_at_turn_boundaries_or_dropped(tokenizer):
     assert nothing == [] and report.dropped_turns == 13 + 2  # no turn fits next to the head
 
 
-def test_length_grouping_keeps_padding_small():
+def test_token_budget_batches_keep_padding_small_and_cover_every_example():
     import random
 
     rng = random.Random(0)
-    lengths = [rng.choice([rng.randint(40, 80), rng.randint(200, 900)]) for _ in range(400)]
-    order = length_grouped_order(lengths, 8, seed=1, epochs=2)
-    assert sorted(order) == sorted(list(range(400)) * 2)
-    grouped = padding_fraction([lengths[i] for i in order], 8)
+    lengths = [max(20, round(rng.lognormvariate(5.5, 0.8))) for _ in range(400)]  # heavy-tailed
+    budget = default_token_budget(lengths, 8)
+    assert budget == round(8 * sum(lengths) / 400)
+    batches = token_budget_batches(lengths, budget, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(400))
+    for batch in batches:
+        widest = max(lengths[i] for i in batch)
+        assert widest * len(batch) <= budget or len(batch) == 1  # an over-long example travels alone
+    sizes = {len(b) for b in batches}
+    assert max(sizes) > 8 > min(sizes)  # short examples go in big batches, long ones in small
+    grouped = batches_padding_fraction(lengths, batches)
     shuffled = list(range(400))
     rng.shuffle(shuffled)
-    naive = padding_fraction([lengths[i] for i in shuffled], 8)
-    assert grouped <= 0.1 < naive
-    assert padding_fraction([5, 3, 4], 2) == pytest.approx(1 - 12 / 14)
+    naive = batches_padding_fraction(lengths, [shuffled[k:k + 8] for k in range(0, 400, 8)])
+    assert grouped <= 0.1 < 0.3 < naive
+    assert batches_padding_fraction([5, 3, 4], [[0, 1], [2]]) == pytest.approx(1 - 12 / 14)
+    assert token_budget_batches([1000, 10, 10], 100) in ([[0], [1, 2]], [[1, 2], [0]])
+    with pytest.raises(ValueError, match="budget"):
+        token_budget_batches(lengths, 0)
+
+
+def test_batch_sampler_reshuffles_per_epoch_with_a_fixed_length():
+    lengths = [10 + (i % 7) * 13 for i in range(60)]
+    sampler = TokenBudgetBatchSampler(lengths, 120, seed=3)
+    first = list(sampler)
+    assert len(first) == len(sampler) and list(sampler) == first  # deterministic within an epoch
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert len(second) == len(sampler) and second != first
+    assert sorted(i for b in second for i in b) == list(range(60))
+    assert sampler.padding_fraction() == batches_padding_fraction(lengths, first)
+    assert sampler.batch_size is None  # accelerate: variable batch sizes
 
 
 def test_sft_dataset_from_store_with_where(tmp_path, tokenizer):
     store = Store.create(tmp_path / "s")
     store.append([trajectory(f"t{i}-0", i % 4, reward=float(i % 2)).to_row() for i in range(12)]
                  + [trajectory("bad-0", 1, status="env_error").to_row()])
-    dataset, report = sft_dataset(store, tokenizer, where="reward > 0", batch_size=2, epochs=2, max_length=4096)
+    dataset, report = sft_dataset(store, tokenizer, where="reward > 0", max_length=4096)
     assert report.trajectories == 7 and report.dropped == {"status env_error": 1}  # the broken row matched too
-    assert report.examples == 6 and len(dataset) == 12
+    assert report.examples == 6 and len(dataset) == 6
     assert set(dataset.column_names) == {"id", "input_ids", "assistant_masks"}
-    assert report.padding_fraction is not None and report.padding_fraction < 0.1
     _, report = sft_dataset(store, tokenizer, max_length=4096)
     assert report.dropped == {"status env_error": 1} and report.examples == 12
     with pytest.raises(ValueError, match="no trainable examples"):

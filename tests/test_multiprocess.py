@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("accelerate")
 pytest.importorskip("trl")
 
-from tests.test_sft import demo_store  # noqa: E402
+from tests.train_helpers import demo_store  # noqa: E402
 
 
 def test_two_process_sft_runs(tmp_path):

@@ -9,27 +9,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from omrl.schema import Message, ToolCall, Trajectory  # noqa: E402
-from omrl.store import Store  # noqa: E402
-
-TOOLS = json.dumps([{"type": "function", "function": {"name": "move", "parameters": {
-    "type": "object", "properties": {"direction": {"type": "string"}}}}}])
-
-
-def demo_store(path, n=8, untrainable=False):
-    store = Store.create(path)
-    rows = []
-    for i in range(n):
-        messages = [Message("system", "Reach the goal."), Message("user", f"at {i % 7} 3 goal 3 3")]
-        for k in range(1 + i % 3):
-            messages.append(Message("assistant", "", tool_calls=[ToolCall("move", '{"direction": "left"}')],
-                                    trainable=False if (untrainable and k == 0) else None))
-            messages.append(Message("tool", f"at {i % 7 - k} 3 goal 3 3"))
-        messages.append(Message("assistant", "done"))
-        rows.append(Trajectory(id=f"t{i}", task_id=f"t{i}", messages=messages, tools=TOOLS, reward=1.0,
-                               success=True).to_row())
-    store.append(rows)
-    return store
+from tests.train_helpers import demo_store, mixed_length_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +52,21 @@ def test_sft_learns_the_demonstrations(tmp_path, tiny):
     result = train_sft(SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "o"),
                                  batch_size=4, epochs=6, logging_steps=2, quiet=True, learning_rate=3e-3))
     assert result.losses[-1] < result.losses[0] - 1.0  # measured 6.46 -> 4.58
+
+
+def test_token_budget_batches_are_what_the_model_is_fed(tmp_path, tiny):
+    from omrl.train.sft import SFTRecipe, train_sft
+
+    store = mixed_length_store(tmp_path / "s", n=24, max_turns=8)
+    result = train_sft(SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "o"),
+                                 batch_size=4, epochs=2, logging_steps=1, quiet=True))
+    report = result.report
+    assert report["token_budget"] > 0 and report["batches_per_epoch"] >= 3
+    # Every example once per epoch, in variable-size batches whose padding is what the bridge reported.
+    assert result.batches == 2 * report["batches_per_epoch"] == len(result.losses)
+    assert result.train_tokens == 2 * report["tokens"]
+    assert result.fed_padding_fraction == pytest.approx(report["padding_fraction"])
+    assert report["padding_fraction"] < 0.15 and all(math.isfinite(x) for x in result.losses)
 
 
 def test_lora_and_trl_batching(tmp_path, tiny):

@@ -4,8 +4,8 @@
 - `chat_dataset(rows)`: conversational `messages` + `tools` (TRL's own format, for `assistant_only_loss`).
 - `sft_examples(rows, tokenizer, ...)`: pre-tokenized `input_ids` + `assistant_masks` honouring per-message
   `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped.
-- `length_grouped_order(lengths, batch_size)`: an order whose consecutive batches have similar lengths, so
-  padding stays small; `padding_fraction` measures it.
+- `TokenBudgetBatchSampler(lengths, budget)`: variable-size batches of nearly equal lengths, each at most
+  `budget` tokens once padded (longest x count), so padding stays small; `batches_padding_fraction` measures it.
 - `rl_rewards(store, rows)`: the reward RL trains on (combined reward when annotated, env reward otherwise).
 """
 
@@ -34,6 +34,8 @@ class BridgeReport:
     tokens: int = 0
     trained_tokens: int = 0
     padding_fraction: float | None = None
+    token_budget: int | None = None
+    batches_per_epoch: int | None = None
     mask_source: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -215,44 +217,92 @@ def _split(tokenizer, messages, tools, trainable, max_length, mask_source, repor
 # ---------------------------------------------------------------------------------------- batching
 
 
-def length_grouped_order(lengths: Sequence[int], batch_size: int, *, seed: int = 0, epochs: int = 1) -> list[int]:
-    """Example order for sequential sampling: batches of similar lengths, batch order shuffled per epoch.
+def token_budget_batches(lengths: Sequence[int], budget: int, *, seed: int = 0, epoch: int = 0) -> list[list[int]]:
+    """Batches of example indices whose padded size (longest length x count) is at most `budget` tokens.
 
-    Sorting by length makes each run of `batch_size` consecutive examples nearly equal in length, so the
-    collator pads little; shuffling whole batches keeps the gradient stream from going short-to-long.
+    Examples are sorted by length (random tie-break) and cut greedily, so each batch holds examples of
+    nearly equal length and short examples travel in large batches; the batch order is then shuffled so
+    the gradient stream does not go short-to-long. An example longer than the budget is a batch alone.
+    Every index appears exactly once. Deterministic in (seed, epoch).
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
-    rng = random.Random(seed)
-    order: list[int] = []
-    for _ in range(epochs):
-        indices = list(range(len(lengths)))
-        rng.shuffle(indices)  # random tie-break among equal lengths
-        indices.sort(key=lambda i: lengths[i])
-        batches = [indices[k:k + batch_size] for k in range(0, len(indices), batch_size)]
-        rng.shuffle(batches)
-        order.extend(i for batch in batches for i in batch)
-    return order
+    if budget < 1:
+        raise ValueError(f"token budget must be >= 1, not {budget}")
+    rng = random.Random(f"{seed}:{epoch}")
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: lengths[i])  # stable: equal lengths keep their shuffled order
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for i in order:
+        # Ascending order: the newcomer is the longest, so it sets the padded width of the batch.
+        if batch and lengths[i] * (len(batch) + 1) > budget:
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    rng.shuffle(batches)
+    return batches
 
 
-def padding_fraction(lengths: Sequence[int], batch_size: int) -> float:
-    """Share of pad tokens when `lengths`, in this order, are cut into batches padded to their longest."""
+def batches_padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of pad tokens when each batch of indices is padded to its longest example."""
     padded = real = 0
-    for k in range(0, len(lengths), batch_size):
-        batch = lengths[k:k + batch_size]
-        padded += max(batch) * len(batch)
-        real += sum(batch)
+    for batch in batches:
+        sizes = [lengths[i] for i in batch]
+        if sizes:
+            padded += max(sizes) * len(sizes)
+            real += sum(sizes)
     return 0.0 if padded == 0 else 1 - real / padded
 
 
-def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int | None = 2048,
-                overflow: str = "split", batch_size: int = 8, epochs: int = 1, seed: int = 0,
-                mask_source: str = "auto", world_size: int = 1):
-    """(datasets.Dataset ordered for sequential sampling, BridgeReport) ready for TRL's SFTTrainer.
+def default_token_budget(lengths: Sequence[int], batch_size: int) -> int:
+    """`batch_size` x the mean example length: on average a batch then holds about `batch_size` examples."""
+    if not lengths:
+        raise ValueError("no examples to batch")
+    return max(1, round(batch_size * sum(lengths) / len(lengths)))
 
-    The dataset repeats the examples `epochs` times in length-grouped batches of `batch_size` per device;
-    train it for one epoch with `train_sampling_strategy="sequential"`.
+
+class TokenBudgetBatchSampler:
+    """A batch sampler (torch DataLoader `batch_sampler=`) of variable-size, token-budget batches.
+
+    The Trainer calls `set_epoch` before each epoch, which reshuffles ties and the batch order. `batch_size`
+    is None on purpose: it tells accelerate's sharding (DDP: every process takes every world-th batch) that
+    batch sizes vary.
     """
+
+    batch_size = None
+    drop_last = False
+
+    def __init__(self, lengths: Sequence[int], budget: int, *, seed: int = 0):
+        self.lengths = list(lengths)
+        self.budget = int(budget)
+        self.seed = seed
+        self.epoch = 0
+        # Sorting makes the multiset of batch widths the same in every epoch, so the length is fixed.
+        self._len = len(token_budget_batches(self.lengths, self.budget, seed=seed))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        return token_budget_batches(self.lengths, self.budget, seed=self.seed,
+                                    epoch=self.epoch if epoch is None else epoch)
+
+    def padding_fraction(self) -> float:
+        return batches_padding_fraction(self.lengths, self.batches(0))
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return self._len
+
+
+def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int | None = 2048,
+                overflow: str = "split", mask_source: str = "auto"):
+    """(datasets.Dataset of {id, input_ids, assistant_masks}, BridgeReport): one row per example, ready for
+    TRL's SFTTrainer; batch it with `TokenBudgetBatchSampler` over the `input_ids` lengths."""
     from datasets import Dataset
 
     report = BridgeReport()
@@ -261,11 +311,7 @@ def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int |
                                     mask_source=mask_source, report=report)
     if not examples:
         raise ValueError(f"no trainable examples in the store ({report.summary()})")
-    lengths = [len(e["input_ids"]) for e in examples]
-    # Under data parallelism each process takes every world_size-th batch, so group by the global batch.
-    order = length_grouped_order(lengths, batch_size * world_size, seed=seed, epochs=epochs)
-    report.padding_fraction = padding_fraction([lengths[i] for i in order], batch_size)
-    return Dataset.from_list([examples[i] for i in order]), report
+    return Dataset.from_list(examples), report
 
 
 # ------------------------------------------------------------------------------------------- rewards

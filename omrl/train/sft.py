@@ -3,9 +3,12 @@
     result = train_sft(SFTRecipe(model="runs/tiny", store="runs/demos", output_dir="runs/sft"))
 
 The bridge pre-tokenizes the store (loss only on trainable assistant turns, long trajectories split at turn
-boundaries) and orders it in length-grouped batches that the trainer reads sequentially. `batching: trl`
-instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches
-(only when every assistant turn is trainable: TRL's masks cannot leave one out).
+boundaries) and feeds it in token-budget batches: examples of nearly equal length, as many per batch as fit in
+`token_budget` padded tokens (longest x count), so padding stays small and short examples travel in big
+batches. The loss is a mean over the trained tokens of each optimizer step (TRL/transformers normalise by
+`num_items_in_batch`), so a batch's weight follows its token count, not its example count. `batching: trl`
+instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches of
+`batch_size` (only when every assistant turn is trainable: TRL's masks cannot leave one out).
 Runs unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed; see docs/training.md).
 """
 
@@ -40,7 +43,9 @@ class SFTRecipe:
     where: str | None = field(default=None, metadata={"help": "SQL condition selecting trajectories"})
     max_length: int = field(default=1024, metadata={"help": "context length in tokens"})
     overflow: str = field(default="split", metadata={"help": "longer trajectories: split (at turns) or drop"})
-    batch_size: int = field(default=8, metadata={"help": "examples per device per step"})
+    batch_size: int = field(default=8, metadata={"help": "examples per device per step (bridge: on average)"})
+    token_budget: int = field(default=0, metadata={
+        "help": "bridge: padded tokens per batch (longest x count); 0 = batch_size x mean example length"})
     grad_accum: int = field(default=1, metadata={"help": "gradient accumulation steps"})
     epochs: int = field(default=1, metadata={"help": "passes over the data"})
     max_steps: int = field(default=-1, metadata={"help": "stop after N optimizer steps (-1: run all epochs)"})
@@ -49,7 +54,7 @@ class SFTRecipe:
     warmup_steps: int = field(default=0, metadata={"help": "linear warmup steps"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     seed: int = field(default=0, metadata={"help": "seeds weights order and batches"})
-    batching: str = field(default="bridge", metadata={"help": "bridge (length-grouped, pre-tokenized) or trl"})
+    batching: str = field(default="bridge", metadata={"help": "bridge (token-budget, pre-tokenized) or trl"})
     mask_source: str = field(default="auto", metadata={"help": "auto, template or incremental loss masks"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
@@ -63,6 +68,8 @@ class SFTRecipe:
             raise ValueError(f"batching must be 'bridge' or 'trl', not {self.batching!r}")
         if self.overflow not in ("split", "drop"):
             raise ValueError(f"overflow must be 'split' or 'drop', not {self.overflow!r}")
+        if self.token_budget < 0:
+            raise ValueError(f"token_budget must be >= 0, not {self.token_budget}")
 
 
 @dataclass
@@ -70,9 +77,16 @@ class SFTResult:
     checkpoint: Path
     report: dict[str, Any]
     losses: list[float]
-    train_tokens: int
+    train_tokens: int  # real (non-pad) tokens fed to the model on this process, all epochs
     duration_s: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    padded_tokens: int = 0  # tokens fed including padding
+    batches: int = 0
+
+    @property
+    def fed_padding_fraction(self) -> float | None:
+        """Pad share of the batches actually fed to the model."""
+        return None if not self.padded_tokens else 1 - self.train_tokens / self.padded_tokens
 
 
 def _devices(recipe: SFTRecipe) -> tuple[bool, bool]:
@@ -93,9 +107,7 @@ def trl_config(recipe: SFTRecipe, **extra: Any):
         output_dir=recipe.output_dir,
         per_device_train_batch_size=recipe.batch_size,
         gradient_accumulation_steps=recipe.grad_accum,
-        # The bridge repeats the data once per epoch in its own shuffled, length-grouped order.
-        num_train_epochs=1 if bridge else recipe.epochs,
-        train_sampling_strategy="sequential" if bridge else "random",
+        num_train_epochs=recipe.epochs,
         max_steps=recipe.max_steps,
         learning_rate=recipe.learning_rate,
         lr_scheduler_type=recipe.lr_scheduler_type,
@@ -123,10 +135,8 @@ def build_dataset(recipe: SFTRecipe, tokenizer):
     from omrl.train.bridge import BridgeReport, chat_dataset, load_rows, sft_dataset
 
     if recipe.batching == "bridge":
-        world = int(os.environ.get("WORLD_SIZE", "1"))
         return sft_dataset(recipe.store, tokenizer, where=recipe.where, max_length=recipe.max_length,
-                           overflow=recipe.overflow, batch_size=recipe.batch_size, epochs=recipe.epochs,
-                           seed=recipe.seed, mask_source=recipe.mask_source, world_size=world)
+                           overflow=recipe.overflow, mask_source=recipe.mask_source)
     report = BridgeReport()
     rows = load_rows(recipe.store, recipe.where, report=report)
     for row in rows:
@@ -138,6 +148,47 @@ def build_dataset(recipe: SFTRecipe, tokenizer):
         raise ValueError(f"no trajectories to train on ({report.summary()})")
     report.examples = len(rows)
     return chat_dataset(rows).remove_columns(["id"]), report
+
+
+class CountingCollator:
+    """Wraps a collator and counts the real and padded tokens of every batch it builds (what the model sees)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.real = self.padded = self.batches = 0
+
+    def __call__(self, examples):
+        batch = self.inner(examples)
+        mask = batch["attention_mask"]
+        self.real += int(mask.sum())
+        self.padded += mask.numel()
+        self.batches += 1
+        return batch
+
+
+def bridge_trainer_class():
+    """SFTTrainer whose training batches come from the bridge's token-budget batch sampler."""
+    from torch.utils.data import DataLoader
+    from trl import SFTTrainer
+
+    from omrl.train.bridge import TokenBudgetBatchSampler
+
+    class BridgeSFTTrainer(SFTTrainer):
+        def __init__(self, *args, token_budget: int, **kwargs):
+            super().__init__(*args, **kwargs)
+            # Lengths of the prepared dataset (after TRL's truncation), so the budget holds for what is fed.
+            lengths = [len(ids) for ids in self.train_dataset["input_ids"]]
+            self.batch_sampler = TokenBudgetBatchSampler(lengths, token_budget, seed=self.args.data_seed or 0)
+
+        def get_train_dataloader(self):
+            dataset = self._remove_unused_columns(self.train_dataset, description="training")
+            loader = DataLoader(dataset, batch_sampler=self.batch_sampler, collate_fn=self.data_collator,
+                                num_workers=self.args.dataloader_num_workers,
+                                pin_memory=self.args.dataloader_pin_memory)
+            # Under DDP accelerate hands every process every world_size-th batch (batch_size None: sizes vary).
+            return self.accelerator.prepare(loader)
+
+    return BridgeSFTTrainer
 
 
 def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
@@ -164,8 +215,20 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
         peft_config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
                                  target_modules=targets[0] if targets == ["all-linear"] else targets,
                                  task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=peft_config)
+    kwargs = dict(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
+                  peft_config=peft_config)
+    if recipe.batching == "bridge":
+        from omrl.train.bridge import default_token_budget
+
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        budget = recipe.token_budget or default_token_budget(lengths, recipe.batch_size)
+        trainer = bridge_trainer_class()(**kwargs, token_budget=budget)
+        report.token_budget = budget
+        report.batches_per_epoch = len(trainer.batch_sampler)
+        report.padding_fraction = trainer.batch_sampler.padding_fraction()
+    else:
+        trainer = SFTTrainer(**kwargs)
+    counter = trainer.data_collator = CountingCollator(trainer.data_collator)
     output = trainer.train()
     out = Path(recipe.output_dir)
     trained = trainer.model
@@ -176,12 +239,14 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
         trained.save_pretrained(out)
         tokenizer.save_pretrained(out)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    tokens = sum(len(ids) for ids in dataset["input_ids"]) if "input_ids" in dataset.column_names else None
-    result = SFTResult(checkpoint=out, report=report.to_dict(), losses=losses, train_tokens=tokens or 0,
-                       duration_s=time.monotonic() - started, metrics=dict(output.metrics))
+    result = SFTResult(checkpoint=out, report=report.to_dict(), losses=losses, train_tokens=counter.real,
+                       duration_s=time.monotonic() - started, metrics=dict(output.metrics),
+                       padded_tokens=counter.padded, batches=counter.batches)
     if trainer.is_world_process_zero():
         record = {"recipe": to_dict(recipe), "bridge": result.report, "losses": losses,
-                  "train_tokens": result.train_tokens, "duration_s": result.duration_s, "metrics": result.metrics,
+                  "train_tokens": result.train_tokens, "padded_tokens": result.padded_tokens,
+                  "fed_padding_fraction": result.fed_padding_fraction, "batches": result.batches,
+                  "duration_s": result.duration_s, "metrics": result.metrics,
                   "world_size": trainer.args.world_size}
         (out / "omrl_sft.json").write_text(json.dumps(record, indent=1, default=str))
     return result

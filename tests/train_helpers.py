@@ -1,0 +1,60 @@
+"""Stores of hand-made grid-like SFT data, shared by the training tests and benchmarks/bridge_bench.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+from omrl.schema import Message, ToolCall, Trajectory
+from omrl.store import Store
+
+TOOLS = json.dumps([{"type": "function", "function": {"name": "move", "parameters": {
+    "type": "object", "properties": {"direction": {"type": "string"}}}}}])
+
+
+def demo_store(path, n=8, untrainable=False):
+    """n short episodes of 1-3 moves then "done"; with `untrainable`, each first move is flagged untrainable."""
+    store = Store.create(path)
+    rows = []
+    for i in range(n):
+        messages = [Message("system", "Reach the goal."), Message("user", f"at {i % 7} 3 goal 3 3")]
+        for k in range(1 + i % 3):
+            messages.append(Message("assistant", "", tool_calls=[ToolCall("move", '{"direction": "left"}')],
+                                    trainable=False if (untrainable and k == 0) else None))
+            messages.append(Message("tool", f"at {i % 7 - k} 3 goal 3 3"))
+        messages.append(Message("assistant", "done"))
+        rows.append(Trajectory(id=f"t{i}", task_id=f"t{i}", messages=messages, tools=TOOLS, reward=1.0,
+                               success=True).to_row())
+    store.append(rows)
+    return store
+
+
+WORDS = ("left", "right", "up", "down", "goal", "wall", "at", "is", "the", "reach", "move", "step")
+
+
+def mixed_length_store(path, n=256, *, seed=0, median_turns=3.0, sigma=0.9, max_turns=40):
+    """n episodes of heavy-tailed length: lognormal number of turns, observations and replies of varied length."""
+    rng = random.Random(seed)
+    store = Store.create(path)
+    rows = []
+    directions = ("left", "right", "up", "down")
+
+    def words(k):
+        return " ".join(rng.choice(WORDS) for _ in range(k))
+
+    for i in range(n):
+        turns = min(max_turns, max(1, round(rng.lognormvariate(math.log(median_turns), sigma))))
+        messages = [Message("system", "Reach the goal. " + words(rng.randint(0, 20))),
+                    Message("user", f"at {i % 7} 3 goal 3 3 " + words(rng.randint(0, 30)))]
+        for k in range(turns):
+            thought = words(rng.randint(0, 12))
+            messages.append(Message("assistant", thought, tool_calls=[
+                ToolCall("move", json.dumps({"direction": rng.choice(directions)}), id=f"c{k}")]))
+            messages.append(Message("tool", f"at {k % 7} 3 goal 3 3 " + words(rng.randint(2, 40)),
+                                    tool_call_id=f"c{k}"))
+        messages.append(Message("assistant", "done " + words(rng.randint(0, 8))))
+        rows.append(Trajectory(id=f"m{i:04d}", task_id=f"m{i}", messages=messages, tools=TOOLS, reward=1.0,
+                               success=True).to_row())
+    store.append(rows)
+    return store
