@@ -35,11 +35,13 @@ class DemoRecipe:
     sft_epochs: int = 10
     sft_lr: float = 1e-3
     sft_batch_size: int = 32
+    sft_warmup_steps: int = 10
     eval_tasks_n: int = 200
-    eval_samples: int = 4
+    eval_samples: int = 2
     base_eval_samples: int = 1  # the untrained model babbles to the turn limit: costly and always 0
     max_turns: int = 14
-    max_new_tokens: int = 8
+    max_new_tokens: int = 4
+    threads: int = 1  # torch intra-op threads; tiny matrices gain nothing from more, and lose a lot on a busy box
     grpo_rounds: int = 2
     grpo: dict[str, Any] = field(default_factory=dict)  # GRPORecipe settings (omrl/train/grpo.py)
     more_sft_baseline: bool = True
@@ -51,7 +53,13 @@ class DemoRecipe:
             import yaml
 
             values = yaml.safe_load(Path(path).read_text()) or {}
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key == "grpo":  # one GRPO setting overridden keeps the recipe's others
+                values["grpo"] = {**(values.get("grpo") or {}), **value}
+            else:
+                values[key] = value
         unknown = sorted(set(values) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"{path}: unknown demo setting(s): {', '.join(unknown)}")
@@ -95,8 +103,24 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
     return out
 
 
-def _sft(base: Path, out: Path, store, recipe: DemoRecipe, epochs: int, where: str) -> Path:
-    """SFT with TRL's SFTTrainer on the bridge's tokenized, assistant-masked examples of `where`."""
+def _grouped_order(lengths: list[int], batch_size: int, epochs: int, seed: int) -> list[int]:
+    """Example indices for `epochs` passes: batches of similar length (little padding), in shuffled order."""
+    import random
+
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(epochs):
+        by_length = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+        batches = [by_length[i: i + batch_size] for i in range(0, len(by_length), batch_size)]
+        rng.shuffle(batches)
+        order += [i for batch in batches for i in batch]
+    return order
+
+
+def _sft(base: Path, out: Path, store, recipe: DemoRecipe, epochs: int, where: str) -> tuple[Path, float]:
+    """SFT with TRL's SFTTrainer on the bridge's assistant-masked examples of `where`, length-grouped.
+
+    Returns the checkpoint and the measured seconds per epoch (the compute-matched baseline needs it)."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -109,18 +133,27 @@ def _sft(base: Path, out: Path, store, recipe: DemoRecipe, epochs: int, where: s
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base)
     examples, _ = sft_examples(load_rows(store, where), tokenizer, max_length=1024)
-    dataset = Dataset.from_list([{"input_ids": e["input_ids"], "assistant_masks": e["assistant_masks"]}
-                                 for e in examples])
-    args = SFTConfig(output_dir=str(out), num_train_epochs=epochs, learning_rate=recipe.sft_lr,
-                     per_device_train_batch_size=recipe.sft_batch_size,
-                     lr_scheduler_type="cosine", warmup_steps=10, logging_steps=50, save_strategy="no",
-                     report_to="none", use_cpu=True, bf16=False, seed=recipe.seed, disable_tqdm=True,
-                     max_length=1024)
+    if not examples:
+        raise ValueError(f"no SFT examples in the store for {where!r}")
+    # The epochs are laid out in the dataset itself (TRL reads it sequentially, one pass), so every
+    # batch holds examples of similar length: padding stays small and no compute is wasted on it.
+    order = _grouped_order([len(e["input_ids"]) for e in examples], recipe.sft_batch_size, epochs, recipe.seed)
+    dataset = Dataset.from_list([{"input_ids": examples[i]["input_ids"],
+                                  "assistant_masks": examples[i]["assistant_masks"]} for i in order])
+    args = SFTConfig(output_dir=str(out), num_train_epochs=1, learning_rate=recipe.sft_lr,
+                     per_device_train_batch_size=recipe.sft_batch_size, train_sampling_strategy="sequential",
+                     lr_scheduler_type="cosine", warmup_steps=recipe.sft_warmup_steps, logging_steps=50,
+                     save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=recipe.seed,
+                     data_seed=recipe.seed, disable_tqdm=True, log_level="warning", max_length=1024)
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    started = time.monotonic()
     trainer.train()
+    seconds = time.monotonic() - started
     trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))
-    return out
+    losses = [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e]
+    _log(f"SFT {epochs} epochs of {len(examples)} examples in {seconds:.0f} s; losses {losses}")
+    return out, seconds / epochs
 
 
 def _pct(x: float | None) -> str:
@@ -148,6 +181,11 @@ def _table(results: list[dict[str, Any]]) -> None:
 
 def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
     """Run the whole demo; return (and write to OUT/results.json) the per-stage table."""
+    import os
+    import sys
+
+    if "torch" not in sys.modules:  # OpenMP reads this once, at import: every thread then uses it
+        os.environ.setdefault("OMP_NUM_THREADS", str(recipe.threads))
     import torch
 
     from omrl.models import build_tiny_model
@@ -157,6 +195,7 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
     from omrl.tasks import load_tasks
     from omrl.train.grpo import GRPORecipe, train_grpo
 
+    torch.set_num_threads(recipe.threads)
     started = time.monotonic()
     out = Path(recipe.out_dir)
     if out.exists():
@@ -191,7 +230,7 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
                 "note": f"scripted expert, {recipe.expert_noise:.0%} random moves"})
 
     stage_done(_evaluate(base, held_out, store, recipe, "base", recipe.base_eval_samples))
-    sft_dir = _sft(base, out / "sft", store, recipe, recipe.sft_epochs, "run_id = 'demo-expert'")
+    sft_dir, epoch_s = _sft(base, out / "sft", store, recipe, recipe.sft_epochs, "run_id = 'demo-expert'")
     stage_done(_evaluate(sft_dir, held_out, store, recipe, "sft"))
 
     current, grpo_seconds = sft_dir, 0.0
@@ -206,14 +245,12 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
         stage_done(_evaluate(current, held_out, store, recipe, f"grpo-{round_}"))
 
     if recipe.more_sft_baseline and recipe.grpo_rounds:
-        # Compute-matched baseline: continue SFT from the SFT checkpoint for as long as GRPO trained.
-        t0 = time.monotonic()
-        _sft(sft_dir, out / "sft-probe", store, recipe, 1, "run_id = 'demo-expert'")
-        epoch_s = max(1e-6, time.monotonic() - t0)
-        extra = max(1, round(grpo_seconds / epoch_s))
-        more = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
+        # Compute-matched baseline: continue SFT from the SFT checkpoint for as long as GRPO trained
+        # (GRPO's wall time / the SFT run's own seconds per epoch), with the same schedule as SFT.
+        extra = max(1, round(grpo_seconds / max(epoch_s, 1e-6)))
+        more, _ = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
         row = _evaluate(more, held_out, store, recipe, "sft-more")
-        row["note"] = f"SFT checkpoint + {extra} more epochs (~GRPO wall time)"
+        row["note"] = f"SFT checkpoint + {extra} more epochs (GRPO trained {grpo_seconds:.0f} s)"
         stage_done(row)
 
     _table(results)
@@ -228,8 +265,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run the omrl learning demo on the CPU.")
     parser.add_argument("--recipe", default="recipes/quickstart.yaml")
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe setting (YAML value), e.g. --set sft_epochs=4")
     args = parser.parse_args(argv)
-    run_demo(DemoRecipe.load(args.recipe, out_dir=args.out_dir))
+    run_demo(DemoRecipe.load(args.recipe, out_dir=args.out_dir, **parse_overrides(args.set)))
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings -> settings; values are YAML ("3" -> 3); grpo.KEY sets one GRPO setting."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not KEY=VALUE")
+        value = yaml.safe_load(raw)
+        if key.startswith("grpo."):
+            values.setdefault("grpo", {})[key[5:]] = value
+        else:
+            values[key] = value
+    return values
 
 
 if __name__ == "__main__":

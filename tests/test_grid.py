@@ -77,6 +77,28 @@ def test_invalid_actions_are_observations_not_exceptions():
     assert tool_env.step(Action(tool="move", arguments={"direction": "sideways"})).info["invalid_action"]
 
 
+def test_a_text_action_is_the_move_alone():
+    from omrl.envs.base import Task
+
+    task = Task(id="g", instruction="", env="grid", payload={"size": 7, "start": [4, 4], "goal": [1, 1]})
+    for text, valid in (("left", True), (" Up.\n", True), ("RIGHT", True), ("left goal", False),
+                        ("left left", False), ("go left", False), ("", False)):
+        env = GridEnv()
+        env.reset(task)
+        assert bool(env.step(Action(text=text)).info.get("invalid_action")) is not valid, text
+
+
+def test_observations_spell_out_the_goal_offset_in_few_words():
+    from omrl.envs.base import Task
+
+    env = GridEnv()
+    task = Task(id="g", instruction="", env="grid", payload={"size": 7, "start": [7, 7], "goal": [4, 5]})
+    assert env.reset(task).observation == "goal: 3 left, 2 up"
+    assert env.step(Action(text="left")).observation == "goal: 2 left, 2 up"
+    assert env.step(Action(text="down")).observation == "blocked, goal: 2 left, 2 up"
+    assert env.step(Action(text="up")).observation == "goal: 2 left, 1 up"
+
+
 def test_noisy_expert_through_the_agent_loop_is_imperfect_but_competent():
     tasks = grid_tasks(100, seed=0, split="eval")
 

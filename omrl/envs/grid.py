@@ -1,9 +1,11 @@
 """Grid navigation: the environment of the learning demo (small, multi-turn, room for RL to beat imitation).
 
 The agent stands on a cell of a SIZE x SIZE grid (x to the right, y downwards, 1-based) and must reach
-the goal. Each observation says where it is, where the goal is, and how far the goal lies in each
-direction ("at 3 7 goal 3 3, goal is 4 up"), so the right move is easy to read even for a tiny model.
-Actions: one of up/down/left/right, as plain text (default) or as the tool call `move(direction)`
+the goal. Each observation says how far the goal lies in each direction ("goal: 3 left, 2 up"), after
+a bump into the border "blocked, goal: ..."; the right move is easy to read even for a tiny model and
+the observation stays a few tokens long (the whole conversation is re-read every turn, so every token
+of it costs on a CPU).
+Actions: one of up/down/left/right, as plain text (the move alone; default) or as the tool call `move(direction)`
 (`action_format="tool"`). The step budget is the Manhattan distance + 2, so one detour is allowed.
 
 Reward (paid on the last step): 1.0 for reaching the goal in the fewest steps, 0.25 less per wasted
@@ -26,23 +28,25 @@ from typing import Any
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 
 DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
-SYSTEM_PROMPT = "Reach the goal. Answer with one move: up, down, left or right."
+SYSTEM_PROMPT = "Reach the goal. Answer one move: up, down, left or right."
 MOVE_TOOL = tool_schema(
     "move", "Move one step on the grid.",
     {"direction": {"type": "string", "enum": list(DIRECTIONS), "description": "up, down, left or right"}},
 )
-_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
+# A text action is the move alone (case and a final full stop tolerated): "left" is a move, "left goal" is
+# not. A lenient parse would leave tokens after the move unrewarded noise that GRPO lets drift.
+_MOVE = re.compile(r"\s*(up|down|left|right)\s*\.?\s*", re.IGNORECASE)
 
 
 def describe(pos: tuple[int, int], goal: tuple[int, int]) -> str:
-    """The observation text: coordinates plus the goal's offset in words ("goal is 2 left, 3 up")."""
+    """The observation text: the goal's offset in words ("goal: 2 left, 3 up")."""
     dx, dy = goal[0] - pos[0], goal[1] - pos[1]
     parts = []
     if dx:
         parts.append(f"{abs(dx)} {'right' if dx > 0 else 'left'}")
     if dy:
         parts.append(f"{abs(dy)} {'down' if dy > 0 else 'up'}")
-    return f"at {pos[0]} {pos[1]} goal {goal[0]} {goal[1]}, goal is {', '.join(parts) or 'here'}"
+    return f"goal: {', '.join(parts) or 'here'}"
 
 
 def best_moves(pos: tuple[int, int], goal: tuple[int, int]) -> list[str]:
@@ -120,8 +124,7 @@ class GridEnv:
             self._rng = random.Random(f"{self.seed}-{task.id}-{self._resets}")
         tools = [MOVE_TOOL] if self.action_format == "tool" else []
         prompt = SYSTEM_PROMPT if self.action_format == "text" else "Reach the goal. Call move once per step."
-        return Reset(observation=f"{describe(self.pos, self.goal)}, {self.budget} steps left",
-                     tools=tools, system_prompt=prompt)
+        return Reset(observation=describe(self.pos, self.goal), tools=tools, system_prompt=prompt)
 
     def _direction(self, action: Action) -> str | None:
         if action.tool is not None:
@@ -129,8 +132,8 @@ class GridEnv:
                 return None
             value = str(action.arguments.get("direction", "")).strip().lower()
             return value if value in DIRECTIONS else None
-        words = _WORD.findall(action.text or "")
-        return words[0].lower() if len(words) == 1 else None
+        match = _MOVE.fullmatch(action.text or "")
+        return match.group(1).lower() if match else None
 
     def step(self, action: Action) -> StepResult:
         if self.done:
@@ -141,17 +144,17 @@ class GridEnv:
         if direction is None:
             self.invalid += 1
             info["invalid_action"] = True
-            what = "invalid action: answer with exactly one of up, down, left, right"
+            what = "invalid action"
         else:
             dx, dy = DIRECTIONS[direction]
             x, y = self.pos[0] + dx, self.pos[1] + dy
             if 1 <= x <= self.size and 1 <= y <= self.size:
                 self.pos = (x, y)
-                what = f"moved {direction}"
+                what = ""
             else:
                 self.invalid += 1
                 info["invalid_action"] = True
-                what = f"blocked: {direction} leaves the grid"
+                what = "blocked"
         reached = self.pos == self.goal
         left = self.budget - self.steps
         if reached or left <= 0:
@@ -160,8 +163,9 @@ class GridEnv:
             reward = max(0.0, 1.0 - 0.25 * wasted) if reached else 0.0
             info.update(success=reached, steps=self.steps, distance=self.distance, invalid=self.invalid)
             end = "reached the goal" if reached else "out of steps"
-            return StepResult(f"{what}, {end}", reward, True, info)
-        return StepResult(f"{what}, {describe(self.pos, self.goal)}, {left} steps left", 0.0, False, info)
+            return StepResult(f"{what}, {end}" if what else end, reward, True, info)
+        observation = describe(self.pos, self.goal)
+        return StepResult(f"{what}, {observation}" if what else observation, 0.0, False, info)
 
     def expert_action(self) -> Action:
         """A move towards the goal, or a random one `noise` of the time (imperfect demonstrations)."""
