@@ -58,3 +58,43 @@ def mixed_length_store(path, n=256, *, seed=0, median_turns=3.0, sigma=0.9, max_
                                success=True).to_row())
     store.append(rows)
     return store
+
+
+def random_mover_model(out, *, hidden: int = 32):
+    """A tiny checkpoint that answers a uniformly random grid move ("left<|im_end|>") to any observation.
+
+    Built by hand, not trained (training one takes minutes on a CPU): with the attention and MLP outputs
+    zeroed the model is a bigram table over its tied embeddings; the end-of-prompt newline then points to
+    the four direction tokens and a direction to <|im_end|>. Real weights, real generation, no mocks.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omrl.models import cached_tiny_model
+
+    source = cached_tiny_model(hidden=hidden)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    if not model.config.tie_word_embeddings:
+        raise ValueError("random_mover_model expects tied embeddings")
+    ids = {w: tokenizer.encode(w, add_special_tokens=False) for w in ("\n", "left", "right", "up", "down")}
+    if any(len(v) != 1 for v in ids.values()):
+        raise ValueError(f"direction words must be single tokens, got {ids}")
+    newline, moves, end = ids.pop("\n")[0], [v[0] for v in ids.values()], tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():
+        for layer in model.model.layers:  # the residual stream stays the current token's embedding
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        emb = model.model.embed_tokens.weight
+        emb[:, :2] = 0.0  # dims 0 and 1 carry the bigram rules; no other token competes there
+        emb[newline] = 0.0
+        emb[newline, 0] = 0.01  # as input: "after the header"; as output: a negligible logit
+        for m in moves:
+            emb[m] = 0.0
+            emb[m, 0] = emb[m, 1] = 2.0  # logit ~11 after the newline; after a move, below <|im_end|>
+        emb[end] = 0.0
+        emb[end, 1] = 8.0  # logit ~32 after a move
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
