@@ -208,14 +208,22 @@ def test_chat_dataset_is_trl_conversational_and_keeps_arguments(tokenizer):
     assert ours[0]["input_ids"] == ids and ours[0]["assistant_masks"] == mask
 
 
-def test_rl_rewards_use_the_named_annotation_and_never_invent_zero(tmp_path):
+def test_rl_rewards_use_the_combined_reward_and_count_missing_components(tmp_path):
     store = Store.create(tmp_path / "s")
     store.append([trajectory(f"t{i}-0", 1, reward=float(i)).to_row() for i in range(3)])
-    store.append([Annotation("t0-0", "reward", score=0.5).to_row(),
-                  Annotation("t1-0", "reward", status="error", error="judge down").to_row()], table="annotations")
+    store.append([Annotation("t0-0", "judge", score=0.5).to_row(),
+                  Annotation("t1-0", "judge", status="error", error="judge down").to_row()], table="annotations")
     rows = load_rows(store)
-    assert rl_rewards(store, rows) == [0.0, 1.0, 2.0]
-    assert rl_rewards(store, rows, reward="reward") == [0.5, None, None]
+    env = rl_rewards(store, rows)
+    assert env.values == [0.0, 1.0, 2.0] and env.source == "env" and env.n_missing == 0
+    recipe = {"name": "combined", "components": {"env_reward": 1.0, "judge": 2.0}}
+    combined = rl_rewards(store, rows, recipe)
+    # t0: 0 + 2 * 0.5; t1's judge failed and t2 was never judged: null rewards, counted, not 0
+    assert combined.values == [1.0, None, None] and combined.source == "combined"
+    assert combined.n_missing == 2 and combined.missing == {"judge": 2}
+    renorm = rl_rewards(store, rows, {**recipe, "missing": "renormalize"})
+    assert renorm.values == [1.0, pytest.approx(3.0), pytest.approx(6.0)]  # env reward scaled by 3/1
+    assert renorm.missing == {"judge": 2} and renorm.n_missing == 0
 
 
 def test_report_summary_names_drops():

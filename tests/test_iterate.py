@@ -25,7 +25,8 @@ def recipe(tmp_path, tiny):
     return load_recipe({
         "output_dir": str(tmp_path / "run"), "model": str(tiny), "train_tasks": str(TASKS / "grid_train.jsonl"),
         "eval_tasks": str(TASKS / "grid_eval.jsonl"), "env": "grid", "rounds": 2,
-        "demos": {"tasks": 6}, "sft": {"max_steps": 2, "batch_size": 4, "quiet": True},
+        # only_success off: in 4 turns the noisy expert often fails every demo, leaving nothing to imitate
+        "demos": {"tasks": 6, "only_success": False}, "sft": {"max_steps": 2, "batch_size": 4, "quiet": True},
         "collect": {"tasks": 4, "samples": 2, "max_turns": 4, "max_new_tokens": 4},
         "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "max_turns": 4, "max_new_tokens": 4,
                  "warmup_steps": 0, "quiet": True, "logging_steps": 1},
@@ -69,6 +70,14 @@ def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
     runs = {row["run_id"] for row in store.sql("SELECT DISTINCT run_id FROM trajectories WHERE round = 2")
             .to_pylist()}
     assert "round-2" in runs and any(r.startswith("eval-grpo-2") for r in runs) and len(runs) >= 3
+    # the filter step is omrl.curate's filter_store: its selection is recorded like any filter's
+    from omrl.curate.filters import filter_lineage
+
+    lineage = filter_lineage(run / "round-2" / "informative")
+    assert lineage["options"]["drop_flat_groups"] and lineage["sql"] == "run_id = 'round-2' AND round = 2"
+    flat_rows = lineage["counts"]["dropped"].get("flat_group", 0)
+    assert results[-1]["flat_groups"] * 2 == flat_rows  # 2 samples per group
+    assert lineage["counts"]["kept"] + flat_rows == 4 * 2  # the round's collection: 4 tasks x 2 samples
 
 
 def test_bad_nested_settings_are_named(tmp_path):

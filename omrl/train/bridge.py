@@ -6,7 +6,8 @@
   `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped.
 - `TokenBudgetBatchSampler(lengths, budget)`: variable-size batches of nearly equal lengths, each at most
   `budget` tokens once padded (longest x count), so padding stays small; `batches_padding_fraction` measures it.
-- `rl_rewards(store, rows)`: the reward RL trains on (combined reward when annotated, env reward otherwise).
+- `rl_rewards(store, rows, recipe)`: the reward RL trains on (the combined reward of a reward recipe when one
+  is configured, the env reward otherwise); missing rewards are None and counted, never 0.
 """
 
 from __future__ import annotations
@@ -317,22 +318,44 @@ def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int |
 # ------------------------------------------------------------------------------------------- rewards
 
 
-def rl_rewards(store, rows: Sequence[dict[str, Any]], reward: str | None = None) -> list[float | None]:
-    """The reward RL trains on for each row: the named combined reward when given, the env reward otherwise.
+@dataclass
+class RLRewards:
+    """The reward RL trains on, one per row; None where it is missing (never a zero), with the count why."""
 
-    `reward` names an annotation (e.g. "reward" written by `omrl annotate --reward ...`): its latest ok score
-    is used; a row without one gets None (the caller drops it: a missing score is never a zero).
+    values: list[float | None]
+    source: str  # "env" or the reward recipe's name
+    missing: dict[str, int] = field(default_factory=dict)  # component -> rows lacking it
+
+    @property
+    def n_missing(self) -> int:
+        return sum(v is None for v in self.values)
+
+
+def rl_rewards(store, rows: Sequence[dict[str, Any]], recipe=None) -> RLRewards:
+    """The combined reward of `recipe` (omrl.annotate.reward: a path, mapping or RewardRecipe) for each row,
+    or the env reward when no recipe is configured.
+
+    A row lacking a component (an annotator that has not scored it, or failed) gets None and is counted
+    under that component: the caller drops it rather than train on an invented zero.
     """
-    if not reward or reward == "env":
-        return [row.get("reward") for row in rows]
+    if recipe is None:
+        values = [row.get("reward") for row in rows]
+        missing = sum(v is None for v in values)
+        return RLRewards(values, "env", {"env_reward": missing} if missing else {})
+    from omrl.annotate.reward import combined_reward, load_recipe
     from omrl.store import Store
 
     store = store if isinstance(store, Store) else Store(store)
-    from omrl.query import quote_literal
-
-    table = store.sql(
-        "SELECT trajectory_id, score FROM latest_annotations "
-        f"WHERE annotator = {quote_literal(reward)} AND status = 'ok'"
-    ).to_pylist()
-    scores = {r["trajectory_id"]: r["score"] for r in table}
-    return [scores.get(row["id"]) for row in rows]
+    recipe = load_recipe(recipe)
+    table = combined_reward(store, recipe).to_pylist()
+    by_id = {r["trajectory_id"]: r for r in table}
+    values: list[float | None] = []
+    missing: dict[str, int] = {}
+    for row in rows:
+        found = by_id.get(row["id"])
+        if found is None:
+            raise ValueError(f"trajectory {row['id']!r} is not in store {store.path}")
+        values.append(found["reward"])
+        for name in filter(None, (found["missing"] or "").split(",")):
+            missing[name] = missing.get(name, 0) + 1
+    return RLRewards(values, recipe.name, missing)

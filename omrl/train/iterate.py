@@ -56,6 +56,8 @@ class FilterSettings:
     drop_flat: bool = field(default=True, metadata={"help": "train GRPO only on tasks whose group is not flat"})
     sft_best: bool = field(default=False, metadata={"help": "also SFT on the best attempt of each group"})
     min_reward: float = field(default=1.0, metadata={"help": "reward an attempt needs to join the SFT set"})
+    reward_recipe: str | None = field(default=None, metadata={
+        "help": "combined-reward recipe (omrl annotate) ranking attempts; None = env reward"})
 
 
 @dataclass
@@ -266,9 +268,10 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
                                        concurrency=recipe.collect.concurrency, env_options=recipe.env_options,
                                        progress=False)
         where = f"run_id = {quote_literal(run_id)} AND round = {r}"
-        groups = store.sql(f"SELECT task_id, std_reward, max_reward FROM groups WHERE {where}").to_pylist()
-        learnable = {g["task_id"] for g in groups if g["std_reward"] > 0}
-        grpo_tasks = [t for t in tasks if t.id in learnable] if recipe.filter.drop_flat else tasks
+        informative, flat = informative_tasks(store, round_dir / "informative", where=where,
+                                              drop_flat=recipe.filter.drop_flat,
+                                              reward_recipe=recipe.filter.reward_recipe)
+        grpo_tasks = [t for t in tasks if t.id in informative]
         per_step = int(recipe.grpo.get("tasks_per_step", 8))
         if len(grpo_tasks) < per_step:  # too few informative groups this round: GRPO still needs full steps
             grpo_tasks = tasks
@@ -288,16 +291,40 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
                 import shutil
 
                 shutil.rmtree(kept)
-            selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1)
+            selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1,
+                                    reward_recipe=recipe.filter.reward_recipe)
             if sum(selection.kept.values()):
                 best = from_dict(_sft_class(), {"seed": recipe.seed + r, **recipe.sft_best, "model": checkpoint,
                                                 "store": str(kept), "output_dir": str(round_dir / "sft_best")})
                 checkpoint = str(train_sft(best).checkpoint)
         results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, stage, round=r)
         results.update(grpo_tasks=len(grpo_tasks), train_success=collected.success_rate,
-                       train_mean_reward=collected.mean_reward, flat_groups=len(groups) - len(learnable))
+                       train_mean_reward=collected.mean_reward, flat_groups=flat)
         finish(stage, checkpoint=checkpoint, results=results)
     return [s["results"] for s in state.data["stages"] if s.get("results")]
+
+
+def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_recipe: str | None
+                      ) -> tuple[set[str], int]:
+    """(task ids whose group is left after dropping flat groups, number of flat groups) among `where`.
+
+    Runs omrl.curate's filter_store (so the selection is recorded in `out`'s omrl.json like any filter);
+    an existing `out` from a killed run is rebuilt.
+    """
+    import shutil
+
+    from omrl.curate.filters import FilterOptions, filter_store
+    from omrl.store import Store
+
+    if out.exists():
+        shutil.rmtree(out)
+    result = filter_store(store, out, FilterOptions(where=where, drop_flat_groups=drop_flat,
+                                                    reward_recipe=reward_recipe))
+    kept = Store(result.stores["train"])
+    tasks = {r["task_id"] for r in kept.sql("SELECT DISTINCT task_id FROM trajectories").to_pylist()}
+    flat = store.sql(f"SELECT count(*) AS n FROM groups WHERE {where}").to_pylist()[0]["n"] - len(
+        {r["group_id"] for r in kept.sql("SELECT DISTINCT group_id FROM trajectories").to_pylist()})
+    return tasks, flat if drop_flat else 0
 
 
 def _sft_class():
