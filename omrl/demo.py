@@ -32,12 +32,12 @@ class DemoRecipe:
     model: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "layers": 2})
     expert_demos: int = 1000
     expert_noise: float = 0.3
-    sft_epochs: int = 10
+    sft_epochs: int = 8
     sft_lr: float = 1e-3
     sft_batch_size: int = 32
     sft_warmup_steps: int = 10
     eval_tasks_n: int = 200
-    eval_samples: int = 2
+    eval_samples: int = 4
     base_eval_samples: int = 1  # the untrained model babbles to the turn limit: costly and always 0
     max_turns: int = 14
     max_new_tokens: int = 4
@@ -99,8 +99,23 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
         prefix = "" if mode == "sampled" else "greedy_"
         out[f"{prefix}success"] = round(metrics["success_rate"], 4)
         out[f"{prefix}mean_reward"] = round(metrics["mean_reward"] or 0.0, 4)
+        if mode == "sampled":
+            out["success_ci95"] = _ci95(store, f"demo-eval-{stage}-{mode}")
     out["samples"] = k
     return out
+
+
+def _ci95(store, run_id: str) -> float:
+    """Half-width of a 95% interval on success, counting tasks (not episodes) as the independent units."""
+    import math
+
+    means = [r["s"] for r in store.sql(f"SELECT avg(success::INT) AS s FROM trajectories WHERE run_id = "
+                                        f"'{run_id}' GROUP BY task_id").to_pylist()]
+    if len(means) < 2:
+        return 0.0
+    mean = sum(means) / len(means)
+    var = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
+    return round(1.96 * math.sqrt(var / len(means)), 4)
 
 
 def _grouped_order(lengths: list[int], batch_size: int, epochs: int, seed: int) -> list[int]:
@@ -169,11 +184,13 @@ def _table(results: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="Held-out grid navigation (success / mean reward)")
-    for column in ("stage", "tasks", "success (T=1)", "reward (T=1)", "success (greedy)", "reward (greedy)",
-                   "minutes"):
+    for column in ("stage", "tasks", "success (T=1)", "±95%", "reward (T=1)", "success (greedy)",
+                   "reward (greedy)", "minutes"):
         table.add_column(column)
     for r in results:
-        table.add_row(r["stage"], str(r["tasks"]), f"{r['success']:.1%}", f"{r['mean_reward']:.3f}",
+        ci = r.get("success_ci95")
+        table.add_row(r["stage"], str(r["tasks"]), f"{r['success']:.1%}", "-" if ci is None else f"{ci:.1%}",
+                      f"{r['mean_reward']:.3f}",
                       _pct(r.get("greedy_success")), _num(r.get("greedy_mean_reward")),
                       f"{r.get('minutes', 0):.1f}")
     Console().print(table)
@@ -231,7 +248,9 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
 
     stage_done(_evaluate(base, held_out, store, recipe, "base", recipe.base_eval_samples))
     sft_dir, epoch_s = _sft(base, out / "sft", store, recipe, recipe.sft_epochs, "run_id = 'demo-expert'")
-    stage_done(_evaluate(sft_dir, held_out, store, recipe, "sft"))
+    row = _evaluate(sft_dir, held_out, store, recipe, "sft")
+    row["train_s"] = round(epoch_s * recipe.sft_epochs, 1)
+    stage_done(row)
 
     current, grpo_seconds = sft_dir, 0.0
     for round_ in range(1, recipe.grpo_rounds + 1):
@@ -241,21 +260,32 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
         current = train_grpo(GRPORecipe(model=str(current), tasks=recipe.train_tasks,
                                         output_dir=str(out / f"grpo-{round_}"), store=str(out / "store"),
                                         run_name="demo-grpo", round=round_, **settings))
-        grpo_seconds += time.monotonic() - t0
-        stage_done(_evaluate(current, held_out, store, recipe, f"grpo-{round_}"))
+        round_s = time.monotonic() - t0
+        grpo_seconds += round_s
+        row = _evaluate(current, held_out, store, recipe, f"grpo-{round_}")
+        row["train_s"] = round(round_s, 1)
+        stage_done(row)
 
     if recipe.more_sft_baseline and recipe.grpo_rounds:
         # Compute-matched baseline: continue SFT from the SFT checkpoint for as long as GRPO trained
         # (GRPO's wall time / the SFT run's own seconds per epoch), with the same schedule as SFT.
         extra = max(1, round(grpo_seconds / max(epoch_s, 1e-6)))
-        more, _ = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
+        more, more_epoch_s = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
         row = _evaluate(more, held_out, store, recipe, "sft-more")
+        row["train_s"] = round(more_epoch_s * extra, 1)
         row["note"] = f"SFT checkpoint + {extra} more epochs (GRPO trained {grpo_seconds:.0f} s)"
         stage_done(row)
 
     _table(results)
-    _log(f"results in {out / 'results.json'}; total {(time.monotonic() - started) / 60:.1f} min")
     (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1))
+    try:  # the figures are a convenience: a plotting failure must not throw away the measured table
+        from omrl.report import write_report
+
+        write_report(store, out / "report", results=out / "results.json")
+        _log(f"report (plots + summary) in {out / 'report'}")
+    except Exception as exc:  # noqa: BLE001 - said out loud, never silently
+        _log(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
+    _log(f"results in {out / 'results.json'}; total {(time.monotonic() - started) / 60:.1f} min")
     return results
 
 
