@@ -8,12 +8,13 @@ padding_fraction: pad share of the batches the bridge actually fed to the model 
 tokens_per_s_ratio: real (non-pad) tokens per second of training with the bridge's token-budget batches /
 with TRL's defaults (conversational dataset, assistant_only_loss, random batches of batch_size) (target >= 1).
 
-    python benchmarks/bridge_bench.py [--examples 64] [--batch-size 8] [--repeats 1]
+    python benchmarks/bridge_bench.py [--examples 64] [--batch-size 8] [--repeats 2] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,10 +28,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=64, help="trajectories in the store")
     parser.add_argument("--batch-size", type=int, default=8, help="TRL batch size; bridge budget = this x mean length")
-    parser.add_argument("--repeats", type=int, default=1, help="(trl, bridge, bridge, trl) cycles")
+    parser.add_argument("--repeats", type=int, default=2, help="(trl, bridge, bridge, trl) cycles")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: steady on a shared box; more threads stall when others use the cores)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from train_helpers import mixed_length_store
 
@@ -46,7 +52,8 @@ def main() -> None:
         recipe = SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(work / f"{mode}{k}"),
                            batch_size=args.batch_size, epochs=1, max_length=2048, logging_steps=1000, quiet=True,
                            batching=mode, learning_rate=1e-4, seed=k)
-        result = train_sft(recipe)
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its metrics; stdout is the JSON line
+            result = train_sft(recipe)
         t = totals[mode]
         t["tokens"] += result.train_tokens
         t["padded"] += result.padded_tokens
