@@ -243,6 +243,7 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
                                  ScriptedPolicy(), store, run_id="demo-expert-eval", max_turns=recipe.max_turns,
                                  concurrency=64, progress=False, source="eval"))
     stage_done({"stage": "expert", "tasks": len(held_out), "success": round(expert.success_rate, 4),
+                "success_ci95": _ci95(store, "demo-expert-eval"),
                 "mean_reward": round(expert.mean_reward, 4), "greedy_success": None,
                 "note": f"scripted expert, {recipe.expert_noise:.0%} random moves"})
 

@@ -83,3 +83,20 @@ def test_greedy_is_deterministic(tiny):
     first = [e.row["turns"][0]["completion_ids"] for e in play(policy, tasks, temperature=0.0, max_turns=1)]
     again = [e.row["turns"][0]["completion_ids"] for e in play(policy, tasks, temperature=0.0, max_turns=1)]
     assert first == again
+
+
+def test_seeded_sampling_does_not_depend_on_the_order_episodes_ask_in(tiny):
+    policy = HFPolicy(str(tiny), max_new_tokens=4)
+    tasks = grid_tasks(6, seed=0, split="eval")
+
+    def sampled(order):
+        async def main():
+            return await asyncio.gather(*[run_episode(GridEnv(), tasks[i], policy, run_id="hf", max_turns=2)
+                                          for i in order])
+
+        torch.manual_seed(5)
+        episodes = asyncio.run(main())
+        return {e.row["task_id"]: [t["completion_ids"] for t in e.row["turns"]] for e in episodes}
+
+    # The episodes reach act() in the reverse order; the batch is still generated in episode order.
+    assert sampled(range(6)) == sampled(reversed(range(6)))

@@ -22,6 +22,7 @@ SCRATCH_KEY = "hf"
 
 @dataclass
 class _Request:
+    key: str  # the episode id: batches are generated in this order, so sampling is reproducible
     ids: list[int]
     temperature: float
     max_new_tokens: int
@@ -43,7 +44,7 @@ class HFPolicy:
     """A transformers causal LM (a path or a loaded model + tokenizer) acting in many episodes at once."""
 
     def __init__(self, model: Any, tokenizer: Any = None, *, max_new_tokens: int = 64,
-                 temperature: float | None = None, device: str | None = None, batch_window: float = 0.002,
+                 temperature: float | None = None, device: str | None = None, batch_window: float = 0.01,
                  max_batch: int = 256, name: str | None = None) -> None:
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,7 +81,8 @@ class HFPolicy:
         temperature = self.temperature if self.temperature is not None else context.temperature
         max_new = context.max_tokens or self.max_new_tokens
         loop = asyncio.get_running_loop()
-        request = _Request(ids, float(temperature or 0.0), int(max_new), loop.create_future())
+        request = _Request(str(context.episode_id), ids, float(temperature or 0.0), int(max_new),
+                           loop.create_future())
         self._pending.append(request)
         if self._runner is None or self._runner.done() or self._runner.get_loop() is not loop:
             self._runner = loop.create_task(self._run_batches())
@@ -149,6 +151,9 @@ class HFPolicy:
                 await asyncio.sleep(self.batch_window)
                 if len(self._pending) == count or len(self._pending) >= self.max_batch:
                     break
+            # Arrival order depends on thread scheduling; the episode order does not. Sorting makes which
+            # row draws which random numbers (and so a seeded run's samples) independent of timing.
+            self._pending.sort(key=lambda r: r.key)
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
             try:
                 results = await asyncio.to_thread(self.generate_batch, [(r.ids, r.temperature, r.max_new_tokens)
