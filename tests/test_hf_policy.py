@@ -85,18 +85,22 @@ def test_greedy_is_deterministic(tiny):
     assert first == again
 
 
-def test_seeded_sampling_does_not_depend_on_the_order_episodes_ask_in(tiny):
+def test_seeded_sampling_does_not_depend_on_arrival_order_or_batch_mates(tiny):
     policy = HFPolicy(str(tiny), max_new_tokens=4)
     tasks = grid_tasks(6, seed=0, split="eval")
 
-    def sampled(order):
+    def sampled(order, seed=3):
         async def main():
-            return await asyncio.gather(*[run_episode(GridEnv(), tasks[i], policy, run_id="hf", max_turns=2)
-                                          for i in order])
+            return await asyncio.gather(*[run_episode(GridEnv(), tasks[i], policy, run_id="hf", max_turns=2,
+                                                      seed=seed) for i in order])
 
         torch.manual_seed(5)
         episodes = asyncio.run(main())
         return {e.row["task_id"]: [t["completion_ids"] for t in e.row["turns"]] for e in episodes}
 
-    # The episodes reach act() in the reverse order; the batch is still generated in episode order.
-    assert sampled(range(6)) == sampled(reversed(range(6)))
+    everything = sampled(range(6))
+    # The episodes reach act() in the reverse order, or share their batch with fewer others: same samples.
+    assert sampled(reversed(range(6))) == everything
+    alone = sampled([4, 1])
+    assert alone == {k: everything[k] for k in alone}
+    assert sampled(range(6), seed=4) != everything  # the seed does matter

@@ -1,6 +1,8 @@
 """`hf:PATH`: an in-process transformers model as a policy, batched across the episodes in flight.
 
-Concurrent `act()` calls are gathered into one left-padded `generate` call. Generation is token-native:
+Concurrent `act()` calls are gathered into one left-padded, KV-cached decoding batch; each turn samples
+from its own generator seeded by (episode seed, episode id, tokens so far), so a seeded run draws the
+same tokens whatever batch a turn lands in (batches form by timing). Generation is token-native:
 each episode keeps its token trace in `context.scratch["hf"]` (see `token_trace`): the first prompt's
 ids, then every turn's sampled ids verbatim and, between turns, only the tokens of the NEW messages
 (the delta of the chat-template rendering). What GRPO trains on is therefore exactly what was sampled,
@@ -22,10 +24,11 @@ SCRATCH_KEY = "hf"
 
 @dataclass
 class _Request:
-    key: str  # the episode id: batches are generated in this order, so sampling is reproducible
+    key: str  # the episode id: batches are generated in this order
     ids: list[int]
     temperature: float
     max_new_tokens: int
+    seed: int  # this turn's sampling seed: its samples do not depend on which batch it lands in
     future: asyncio.Future
     result: tuple[list[int], list[float], bool] | None = field(default=None)
 
@@ -82,7 +85,7 @@ class HFPolicy:
         max_new = context.max_tokens or self.max_new_tokens
         loop = asyncio.get_running_loop()
         request = _Request(str(context.episode_id), ids, float(temperature or 0.0), int(max_new),
-                           loop.create_future())
+                           self._turn_seed(context), loop.create_future())
         self._pending.append(request)
         if self._runner is None or self._runner.done() or self._runner.get_loop() is not loop:
             self._runner = loop.create_task(self._run_batches())
@@ -103,6 +106,19 @@ class HFPolicy:
         return PolicyReply(content=content, tool_calls=calls, reasoning=reasoning, raw_text=text,
                            finish_reason="stop" if ended else "length", prompt_tokens=len(ids),
                            completion_tokens=len(new_ids), completion_ids=new_ids, logprobs=logprobs)
+
+    @staticmethod
+    def _turn_seed(context: EpisodeContext) -> int:
+        """A seed for this turn from (episode seed, episode id, tokens so far); unseeded: from torch's RNG."""
+        if context.seed is None:
+            import torch
+
+            return int(torch.randint(0, 2**62, (1,)).item())
+        import hashlib
+
+        done = len(context.scratch[SCRATCH_KEY]["completion_ids"])
+        digest = hashlib.sha256(f"{context.seed}\n{context.episode_id}\n{done}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 2
 
     # ------------------------------------------------------------ token-native multi-turn
 
@@ -156,8 +172,8 @@ class HFPolicy:
             self._pending.sort(key=lambda r: r.key)
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
             try:
-                results = await asyncio.to_thread(self.generate_batch, [(r.ids, r.temperature, r.max_new_tokens)
-                                                                        for r in batch])
+                results = await asyncio.to_thread(self.generate_batch, [(r.ids, r.temperature, r.max_new_tokens,
+                                                                         r.seed) for r in batch])
             except Exception as exc:  # every waiting episode learns why, as a policy error
                 for request in batch:
                     if not request.future.done():
@@ -167,21 +183,26 @@ class HFPolicy:
                 if not request.future.done():
                     request.future.set_result(result)
 
-    def generate_batch(self, prompts: list[tuple[list[int], float, int]]
+    def generate_batch(self, prompts: list[tuple[list[int], float, int, int]]
                        ) -> list[tuple[list[int], list[float], bool]]:
-        """Generate for many prompts (ids, temperature, max_new_tokens): (new ids, logprobs, ended) each."""
+        """Generate for many prompts (ids, temperature, max_new_tokens, seed): (new ids, logprobs, ended) each."""
         groups: dict[tuple[float, int], list[int]] = {}
-        for index, (_, temperature, max_new) in enumerate(prompts):
+        for index, (_, temperature, max_new, _) in enumerate(prompts):
             groups.setdefault((temperature, max_new), []).append(index)
         results: list[Any] = [None] * len(prompts)
         for (temperature, max_new), indices in groups.items():
-            outputs = self._generate([prompts[i][0] for i in indices], temperature, max_new)
+            outputs = self._generate([prompts[i][0] for i in indices], temperature, max_new,
+                                     [prompts[i][3] for i in indices])
             for i, output in zip(indices, outputs, strict=True):
                 results[i] = output
         return results
 
-    def _generate(self, batch: list[list[int]], temperature: float, max_new: int
+    def _generate(self, batch: list[list[int]], temperature: float, max_new: int, seeds: list[int]
                   ) -> list[tuple[list[int], list[float], bool]]:
+        """Left-padded batched decoding with a KV cache; each row samples from its own seeded generator.
+
+        A hand-written loop rather than `model.generate`: generate draws every row from one global RNG,
+        so a row's sample would depend on the other rows of its batch (and so on timing)."""
         import torch
 
         self.batches.append(len(batch))
@@ -192,28 +213,41 @@ class HFPolicy:
         for row, ids in enumerate(batch):  # left padding: every prompt ends where generation starts
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         sample = temperature > 0
-        kwargs: dict[str, Any] = {"do_sample": sample}  # no top-k/top-p: logprobs match TRL
-        if sample:
-            kwargs["temperature"] = temperature
+        scale = temperature if sample else 1.0  # no top-k/top-p: logprobs match TRL's
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds] if sample else []
+        tokens: list[list[int]] = [[] for _ in batch]
+        logps: list[list[float]] = [[] for _ in batch]
+        open_rows = set(range(len(batch)))
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                out = self.model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_new,
-                    return_dict_in_generate=True, output_logits=True, pad_token_id=self.pad_id,
-                    eos_token_id=self.eos_id, **kwargs)
+                out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                 use_cache=True)
+                for step in range(max_new):
+                    logprobs = torch.log_softmax(out.logits[:, -1].float().cpu() / scale, dim=-1)
+                    if sample:
+                        probs = logprobs.exp()
+                        chosen = [int(torch.multinomial(probs[row], 1, generator=generators[row]))
+                                  for row in range(len(batch))]
+                    else:
+                        chosen = logprobs.argmax(-1).tolist()
+                    for row in list(open_rows):
+                        tokens[row].append(chosen[row])
+                        logps[row].append(float(logprobs[row, chosen[row]]))
+                        if chosen[row] == self.eos_id:
+                            open_rows.discard(row)
+                    if not open_rows or step == max_new - 1:
+                        break
+                    attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+                    positions = positions[:, -1:] + 1
+                    out = self.model(input_ids=torch.tensor(chosen, device=device)[:, None],
+                                     attention_mask=attention, position_ids=positions,
+                                     cache=out.cache, use_cache=True)
         finally:
             self.model.train(was_training)
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (batch, new tokens, vocab), unprocessed
-        scale = temperature if sample else 1.0
-        logps = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for row in range(len(batch)):
-            ids = new[row].tolist()
-            ended = self.eos_id in ids
-            length = ids.index(self.eos_id) + 1 if ended else len(ids)
-            results.append((ids[:length], logps[row, :length].tolist(), ended))
-        return results
+        return [(tokens[row], logps[row], bool(tokens[row]) and tokens[row][-1] == self.eos_id)
+                for row in range(len(batch))]
