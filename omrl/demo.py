@@ -52,6 +52,7 @@ class DemoRecipe:
     grpo_rounds: int = 2
     grpo: dict[str, Any] = field(default_factory=dict)  # GRPORecipe settings (omrl/train/grpo.py)
     more_sft_baseline: bool = True
+    more_sft_epochs: int | None = None  # None: as many as fit in GRPO's measured wall time (varies by run)
 
     @classmethod
     def load(cls, path: str | None, **overrides: Any) -> DemoRecipe:
@@ -276,8 +277,9 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
 
     if recipe.more_sft_baseline and recipe.grpo_rounds:
         # Compute-matched baseline: continue SFT from the SFT checkpoint for as long as GRPO trained
-        # (GRPO's wall time / the SFT run's own seconds per epoch), with the same schedule as SFT.
-        extra = max(1, round(grpo_seconds / max(epoch_s, 1e-6)))
+        # (GRPO's wall time / the SFT run's own seconds per epoch), with the same schedule as SFT. A
+        # fixed more_sft_epochs keeps the run reproducible; the row shows both times so the match is visible.
+        extra = recipe.more_sft_epochs or max(1, round(grpo_seconds / max(epoch_s, 1e-6)))
         more, more_epoch_s = _sft(sft_dir, out / "sft-more", store, recipe, extra, "run_id = 'demo-expert'")
         row = _evaluate(more, held_out, store, recipe, "sft-more")
         row["train_s"] = round(more_epoch_s * extra, 1)
