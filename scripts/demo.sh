@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: the omrl chain on built-in defaults, offline, on the CPU.
 #   1. data chain: tasks -> collect (scripted expert, random, tiny in-process model) -> annotate -> filter -> query
-#   2. learning demo: expert demos -> SFT -> GRPO rounds on the grid env, held-out success per stage
-#   3. report: plots and a Markdown/HTML summary of the learning run
+#   2. learning demo: expert demos -> SFT -> GRPO rounds on the grid env, held-out success per stage,
+#      then `omrl report` plots and a Markdown/HTML summary of the run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -33,7 +33,4 @@ ID=$("$OMRL" query "$STORE" "SELECT id FROM trajectories WHERE env = 'shop' AND 
 
 step "2. the learning demo: tiny model on the grid env, expert SFT then GRPO (recipes/quickstart.yaml)"
 "$OMRL" demo --recipe recipes/quickstart.yaml
-
-step "3. report"
-"$OMRL" report runs/quickstart/store --out runs/quickstart/report --results runs/quickstart/results.json
 echo "results: runs/quickstart/results.json   report: runs/quickstart/report/report.html"

@@ -58,3 +58,23 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     assert all(json.loads(r["metadata"])["grpo_step"] == 0 for r in rows)
     assert all(r["turns"][0]["completion_ids"] and len(r["turns"][0]["logprobs"]) ==
                len(r["turns"][0]["completion_ids"]) for r in rows)
+
+
+class BrokenEnv(LetterEnv):
+    """An environment whose every step fails: a broken setup GRPO must not silently train on."""
+
+    def step(self, action):
+        raise ConnectionError("env server went away")
+
+
+def test_a_step_whose_rollouts_all_fail_stops_with_the_error(tmp_path):
+    model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
+    tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="broken") for i in range(2)],
+                        tmp_path / "tasks.jsonl")
+    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
+                        env="test_grpo:BrokenEnv", store=str(tmp_path / "store"), max_steps=1, tasks_per_step=2,
+                        samples_per_task=2, warmup_steps=0, max_turns=1, max_new_tokens=4, quiet=True)
+    with pytest.raises(RuntimeError, match="all 4 rollouts failed.*env server went away"):
+        train_grpo(recipe)
+    statuses = Store(tmp_path / "store").sql("SELECT DISTINCT status FROM trajectories").to_pylist()
+    assert statuses == [{"status": "env_error"}]  # the failed rollouts are stored, as errors

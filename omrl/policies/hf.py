@@ -43,6 +43,15 @@ def token_trace(context: EpisodeContext | dict[str, Any]) -> dict[str, list] | N
     return {key: list(state[key]) for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")}
 
 
+def _cache_name(model: Any) -> str:
+    """The name of the KV-cache argument and output of `model.forward`.
+
+    transformers 5.24 renamed `past_key_values` to `cache`; GPU images often ship an older release."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFPolicy:
     """A transformers causal LM (a path or a loaded model + tokenizer) acting in many episodes at once."""
 
@@ -221,6 +230,7 @@ class HFPolicy:
         tokens: list[list[int]] = [[] for _ in batch]
         logps: list[list[float]] = [[] for _ in batch]
         open_rows = set(range(len(batch)))
+        cache_name = _cache_name(self.model)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -246,7 +256,7 @@ class HFPolicy:
                     positions = positions[:, -1:] + 1
                     out = self.model(input_ids=torch.tensor(chosen, device=device)[:, None],
                                      attention_mask=attention, position_ids=positions,
-                                     cache=out.cache, use_cache=True)
+                                     **{cache_name: getattr(out, cache_name)}, use_cache=True)
         finally:
             self.model.train(was_training)
         return [(tokens[row], logps[row], bool(tokens[row]) and tokens[row][-1] == self.eos_id)

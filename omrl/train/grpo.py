@@ -54,7 +54,7 @@ class GRPORecipe:
                                                                "None = the environment's reward"})
     seed: int = field(default=0, metadata={"help": "seeds torch, the sampler and the environments"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
-    use_cpu: bool = field(default=True, metadata={"help": "False on a GPU"})
+    use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
     use_vllm: bool = field(default=False, metadata={"help": "TRL vLLM generation (GPU only; see module doc)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
 
@@ -65,6 +65,12 @@ class GRPORecipe:
         if unknown:
             raise ValueError(f"unknown GRPO setting(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+def _use_cpu(recipe: GRPORecipe) -> bool:
+    import torch
+
+    return recipe.use_cpu if recipe.use_cpu is not None else not torch.cuda.is_available()
 
 
 def _trl_config(recipe: GRPORecipe):
@@ -90,7 +96,7 @@ def _trl_config(recipe: GRPORecipe):
         logging_steps=recipe.logging_steps,
         save_strategy="no",
         report_to="none",
-        use_cpu=recipe.use_cpu,
+        use_cpu=_use_cpu(recipe),
         bf16=False,
         disable_tqdm=recipe.quiet,
         log_level="warning" if recipe.quiet else "passive",

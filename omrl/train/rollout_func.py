@@ -96,5 +96,10 @@ class AgentRollout:
         if self.store is not None:
             self.store.append([e.row for e in episodes])
             self.stored += len(episodes)
+        failed = [e.row for e in episodes if e.row["status"] not in ("ok", "truncated")]
+        if episodes and len(failed) == len(episodes):
+            # Nothing to learn from and a setup that is broken: stop loudly (the rows are stored to inspect).
+            raise RuntimeError(f"GRPO step {step}: all {len(episodes)} rollouts failed; first error "
+                               f"({failed[0]['status']}): {failed[0]['error']}")
         return out
 
