@@ -28,7 +28,7 @@ from omrl.train.sft import SFTRecipe, train_sft
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/tmp/omrl-gpu-check")
-    parser.add_argument("--grpo-steps", type=int, default=10)
+    parser.add_argument("--grpo-steps", type=int, default=30)
     parser.add_argument("--device", default="cuda", help="cuda (the point of the check) or cpu (a dry run)")
     args = parser.parse_args()
     on_gpu = args.device == "cuda"
@@ -40,7 +40,7 @@ def main() -> None:
 
     base = build_tiny_model(out / "base", hidden=128, layers=2, seed=0)
     store = Store.create(out / "store")
-    train = grid_tasks(400, seed=0, split="train")
+    train = grid_tasks(1000, seed=0, split="train")
     held_out = grid_tasks(100, seed=1, split="eval")
     tasks_file = out / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps(task.to_row()) + "\n" for task in train))
@@ -51,14 +51,14 @@ def main() -> None:
 
     start = time.perf_counter()
     sft = train_sft(SFTRecipe(model=str(base), store=str(store.path), output_dir=str(out / "sft"),
-                              where="run_id = 'demos' AND success", epochs=6, learning_rate=1e-3,
+                              where="run_id = 'demos' AND success", epochs=8, learning_rate=1e-3,
                               batch_size=32, use_cpu=not on_gpu, quiet=True))
     figures.update(sft_s=round(time.perf_counter() - start, 2), sft_final_loss=sft.losses[-1] if sft.losses else None)
 
     start = time.perf_counter()
     grpo = train_grpo(GRPORecipe(model=str(sft.checkpoint), tasks=str(tasks_file), output_dir=str(out / "grpo"),
                                  store=str(store.path), max_steps=args.grpo_steps, learning_rate=2e-4,
-                                 warmup_steps=2, max_new_tokens=4, max_turns=14, use_cpu=not on_gpu, quiet=True))
+                                 warmup_steps=5, max_new_tokens=4, max_turns=14, use_cpu=not on_gpu, quiet=True))
     figures["grpo_s"] = round(time.perf_counter() - start, 2)
     figures["grpo_s_per_step"] = round(figures["grpo_s"] / args.grpo_steps, 3)
     figures["grpo_rollouts_stored"] = store.count() - len(train)
