@@ -50,8 +50,8 @@ class GRPORecipe:
     max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
     max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
     max_completion_length: int = field(default=160, metadata={"help": "TRL's completion budget (logging)"})
-    reward: str | None = field(default=None, metadata={"help": "combined-reward recipe of omrl.annotate; "
-                                                               "None = the environment's reward"})
+    reward: str | None = field(default=None, metadata={"help": "combined-reward recipe; only None (the "
+                                                               "environment's reward) is supported online yet"})
     seed: int = field(default=0, metadata={"help": "seeds torch, the sampler and the environments"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
@@ -65,6 +65,11 @@ class GRPORecipe:
         if unknown:
             raise ValueError(f"unknown GRPO setting(s): {', '.join(unknown)}")
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.reward is not None:  # refuse rather than silently train on a different reward
+            raise ValueError("GRPO trains on the environment's reward: a combined-reward recipe is not wired "
+                             "into online rollouts yet (use it to select data: omrl filter/rft/iterate)")
 
 
 def _use_cpu(recipe: GRPORecipe) -> bool:
