@@ -105,9 +105,10 @@ def test_transport_errors_backoff_then_succeed_or_fail(tmp_path):
     store = Store.create(tmp_path / "s")
     store.append([traj("a", "42")])
     with FakeOpenAIServer() as server:
-        server.enqueue({"status": 429}, {"status": 500}, {"raw": "garbage"}, {"content": '{"score": 5}'})
+        server.enqueue({"status": 429}, {"status": 500}, {"raw": "garbage"}, {"raw": '{"choices": []}'},
+                       {"content": '{"score": 5}'})
         summary = annotate(store, judge=config(server, max_retries=4))
-        assert server.calls == 4 and summary.judge.transport_retries == 3
+        assert server.calls == 5 and summary.judge.transport_retries == 4
         assert judged(store, "judge:q")["a"]["score"] == 5.0
         store2 = Store.create(tmp_path / "s2")
         store2.append([traj("b", "42")])

@@ -231,8 +231,8 @@ class Judge:
         """One chat completion with transport retries; raises JudgeError when they run out."""
         import openai
 
-        retryable = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
-                     openai.APIConnectionError, ValueError, AttributeError, TypeError)  # last 3: malformed body
+        # 429 and 5xx are APIStatusErrors, handled below; the last three mean a malformed body.
+        retryable = (openai.APITimeoutError, openai.APIConnectionError, ValueError, AttributeError, TypeError)
         last: Exception | None = None
         for attempt in range(self.config.max_retries + 1):
             if attempt:
@@ -243,6 +243,8 @@ class Judge:
                     self.stats.calls += 1
                     resp = await self.client.chat.completions.create(
                         model=self.config.model, messages=messages, temperature=self.config.temperature)
+                if not getattr(resp, "choices", None):  # e.g. {"choices": []}: retried like any malformed body
+                    raise ValueError(f"the response has no choices: {str(resp)[:200]}")
                 content = resp.choices[0].message.content or ""
                 usage = resp.usage
                 pt = int(usage.prompt_tokens) if usage else 0
