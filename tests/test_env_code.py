@@ -92,3 +92,25 @@ def test_close_removes_the_folder():
     assert root.is_dir()
     env.close()
     assert not root.exists()
+
+
+def test_bad_paths_and_arguments_are_invalid_actions_not_errors():
+    env = make_env("code")
+    env.reset(SHIPPED[0])
+    first = env._files()[0]
+    moves = [("write_file", {"path": f"{first}/inner.py", "content": "x = 1"}),  # a parent that is a file
+             ("read_file", {"path": "bad\0name.py"}),
+             ("replace_in_file", {"path": first, "old": 1, "new": "x"})]
+    for tool, arguments in moves:
+        result = env.step(Action(tool=tool, arguments=arguments))
+        assert result.info["invalid_action"] and not result.done, (tool, result.observation)
+    env.close()
+
+
+def test_a_reset_that_fails_leaves_no_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    escaping = Task(id="bad", instruction="x", env="code", payload={"files": {"../escape.py": "x = 1"}})
+    env = make_env("code")
+    with pytest.raises(ValueError, match="bad"):
+        env.reset(escaping)
+    assert list(tmp_path.iterdir()) == [] and env.root is None

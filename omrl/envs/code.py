@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -55,10 +56,14 @@ class CodeEnv(ToolEnv):
         files = project_files(task)
         self.task = task
         self.root = Path(tempfile.mkdtemp(prefix="omrl-code-")).resolve()
-        for relative, content in files.items():
-            target = self._resolve(relative)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+        try:
+            for relative, content in files.items():
+                target = self._resolve(relative)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content, encoding="utf-8")
+        except (InvalidAction, OSError) as exc:
+            self.close()  # a failed reset leaves no folder behind, even if the caller never closes
+            raise ValueError(f"code task {task.id!r}: cannot lay out project file: {exc}") from None
         self.command = task.payload.get("test_command") or self.test_command or \
             [sys.executable, "-m", "unittest", "discover", "-s", ".", "-t", "."]
         self._plan = _expert_plan(task)
@@ -92,13 +97,21 @@ class CodeEnv(ToolEnv):
         target = self._resolve(path)
         if target.is_dir():
             raise InvalidAction(f"{path} is a folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        except OSError as exc:  # e.g. a parent of the path is a file
+            raise InvalidAction(f"cannot write {path}: {exc.strerror or exc}") from None
         return StepResult(observation=f"Wrote {len(content)} characters to {path}.")
 
     def tool_replace_in_file(self, path: str, old: str, new: str) -> StepResult:
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise InvalidAction("`old` and `new` must be strings")
         target = self._existing(path)
-        text = target.read_text(encoding="utf-8")
+        try:
+            text = target.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InvalidAction(f"{path} is not UTF-8 text; use write_file to replace it") from None
         count = text.count(old) if old else 0
         if count != 1:
             raise InvalidAction(f"`old` must occur exactly once in {path}; it occurs {count} times")
@@ -148,7 +161,10 @@ class CodeEnv(ToolEnv):
         """A path inside the project folder; anything resolving outside it (.., absolute, symlinks) is refused."""
         if not isinstance(path, str) or not path.strip():
             raise InvalidAction("path must be a non-empty string")
-        target = (self.root / path).resolve()
+        try:
+            target = (self.root / path).resolve()
+        except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
+            raise InvalidAction(f"unusable path {path!r}: {exc}") from None
         if target != self.root and self.root not in target.parents:
             raise InvalidAction(f"{path} is outside the project folder; paths must stay inside it")
         return target
@@ -212,9 +228,8 @@ def _expert_plan(task: Task) -> list[Action]:
 
 
 def _limits(memory_mb: int, timeout_s: float):
+    # Runs in the child between fork and exec, where other threads' locks may be held: no imports here.
     def apply() -> None:
-        import resource
-
         memory = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         cpu = int(timeout_s) + 1  # a CPU-time backstop in case the wall-clock kill were missed
