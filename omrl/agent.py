@@ -68,6 +68,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+async def _within(awaitable, seconds: float | None, error: str):
+    """Await with an optional time limit; running out ends the episode with status timeout."""
+    if not seconds:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except asyncio.TimeoutError:
+        raise _Stop("timeout", error) from None
+
+
 async def _env_call(what: str, func, *args):
     """Run an environment method in a thread; its exceptions become env_error."""
     try:
@@ -119,14 +129,8 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     started = time.monotonic()
     status, error = "ok", None
     try:
-        play = _play(env, task, policy, context, state, max_turns, turn_timeout)
-        if episode_timeout:
-            try:
-                status = await asyncio.wait_for(play, episode_timeout)
-            except asyncio.TimeoutError:
-                raise _Stop("timeout", f"episode exceeded episode_timeout={episode_timeout}s") from None
-        else:
-            status = await play
+        status = await _within(_play(env, task, policy, context, state, max_turns, turn_timeout),
+                               episode_timeout, f"episode exceeded episode_timeout={episode_timeout}s")
     except _Stop as stop:
         status, error = stop.status, stop.error
     duration = time.monotonic() - started
@@ -136,8 +140,8 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     last: StepResult | None = state["last"]
     if status == "ok":
         reward = earned
-        success = last.info.get("success") if "success" in last.info else last.reward >= 1
-        success = bool(success)
+        info = last.info or {}  # an environment may leave info (or reward) None, as the step handling allows
+        success = bool(info.get("success", (last.reward or 0.0) >= 1))
     elif status == "truncated":
         reward, success = earned, False
     else:
@@ -170,15 +174,8 @@ async def _play(env, task, policy, context, state, max_turns: int, turn_timeout:
     system = first.system_prompt or (DEFAULT_SYSTEM_PROMPT if state["tools"] else DEFAULT_TEXT_SYSTEM_PROMPT)
     state["messages"] += [{"role": "system", "content": system}, {"role": "user", "content": first.observation}]
     for turn in range(max_turns):
-        play = _play_turn(env, policy, context, state, turn)
-        if turn_timeout:
-            try:
-                done = await asyncio.wait_for(play, turn_timeout)
-            except asyncio.TimeoutError:
-                raise _Stop("timeout", f"turn {turn} exceeded turn_timeout={turn_timeout}s") from None
-        else:
-            done = await play
-        if done:
+        if await _within(_play_turn(env, policy, context, state, turn), turn_timeout,
+                         f"turn {turn} exceeded turn_timeout={turn_timeout}s"):
             return "ok"
     return "truncated"
 

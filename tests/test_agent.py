@@ -176,3 +176,13 @@ def test_scripted_policy_needs_an_expert():
 
     ep = play(NoExpert(), count_tasks(1)[0], make_policy("scripted"))
     assert ep.status == "policy_error" and "no scripted expert" in ep.row["error"]
+
+
+def test_done_step_with_none_info_and_reward_is_scored_not_crashed():
+    class Bare(CountEnv):
+        def step(self, action):
+            result = super().step(action)
+            return StepResult(result.observation, reward=None, done=result.done, info=None) if result.done else result
+
+    ep = play(Bare(), count_tasks(1)[0], make_policy("scripted"))
+    assert ep.status == "ok" and ep.success is False and ep.reward == pytest.approx(0.2)
