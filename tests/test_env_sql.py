@@ -50,6 +50,17 @@ def test_sql_errors_and_invalid_actions_are_observations():
     assert env.step(Action(text="just chatting")).info["invalid_action"]
 
 
+def test_sql_cannot_write_files_or_build_huge_values(tmp_path):
+    env = make_env("sql")
+    env.reset(query_task(["Reds"]))
+    for query in [f"ATTACH DATABASE '{tmp_path / 'a.db'}' AS a", f"VACUUM INTO '{tmp_path / 'v.db'}'",
+                  "SELECT length(randomblob(100000000))"]:
+        result = env.step(Action(tool="execute_sql", arguments={"query": query}))
+        assert result.info["sql_error"] and not result.done, (query, result.observation)
+    assert list(tmp_path.iterdir()) == []
+    env.close()
+
+
 def test_row_cap_limits_results():
     big = {"table_name": "n", "table_info": {"columns": [{"name": "x", "type": "INT"}],
                                              "rows": [[i] for i in range(500)]}}

@@ -15,6 +15,7 @@ from omrl.envs.toolenv import ToolEnv
 
 MAX_ROWS = 50          # rows shown per query result
 MAX_CELL = 120         # characters shown per cell
+MAX_VALUE_BYTES = 10_000_000  # largest string/blob one SQL value may hold
 SYSTEM_PROMPT = ("You answer questions about a database table using SQL. Run queries with execute_sql; when a "
                  "question asks for values, call answer with them (a JSON list for several values). When the "
                  "task asks you to change the table, make the change with execute_sql and then call answer "
@@ -123,6 +124,9 @@ def quote(name: str) -> str:
 def load_table(table: dict[str, Any]) -> sqlite3.Connection:
     """A new in-memory database holding one DBBench table (table_name, table_info{columns, rows})."""
     db = sqlite3.connect(":memory:", check_same_thread=False)
+    # The agent's SQL must not reach the disk (ATTACH / VACUUM INTO create files) nor build huge values.
+    db.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     info = table["table_info"]
     columns = [c["name"] if isinstance(c, dict) else str(c) for c in info["columns"]]
     types = [_TYPES.get(str(c.get("type", "TEXT")).upper(), "TEXT") if isinstance(c, dict) else "TEXT"
