@@ -229,9 +229,9 @@ async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any,
         for task, sample in queue:  # a shared iterator: each job is taken by exactly one worker
             episode = await play(task, sample)
             result.add(episode.row)
+            await writer.add(episode.row)  # before the callback: a callback that raises loses no finished row
             if on_episode is not None:
                 on_episode(episode)
-            await writer.add(episode.row)
             bar.update(result)
 
     with _Progress(len(jobs), f"collect {run_id}", progress) as bar:

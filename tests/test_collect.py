@@ -149,6 +149,18 @@ def test_cancelled_run_keeps_finished_episodes_and_resumes(tmp_path: Path):
     assert result.played == 12 - kept and store.count() == 12 and store.check() == []
 
 
+def test_a_failing_on_episode_callback_keeps_the_finished_row(tmp_path: Path):
+    store = Store.create(tmp_path / "s")
+
+    def explode(episode):
+        raise RuntimeError("callback bug")
+
+    with pytest.raises(RuntimeError, match="callback bug"):
+        run(collect(CountEnv, count_tasks(1, target=1), make_policy("scripted"), store, run_id="r",
+                    progress=False, on_episode=explode))
+    assert store.count() == 1
+
+
 def test_pass_at_k_and_eval_metrics():
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
     assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
