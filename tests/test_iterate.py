@@ -91,3 +91,16 @@ def test_bad_nested_settings_are_named(tmp_path):
         load_recipe({**base, "grpo": {"model": "m"}}, IterateRecipe)
     with pytest.raises(RecipeError, match="collect.sample"):
         load_recipe({**base, "collect": {"sample": 3}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="grpo.*unknown key learnin_rate"):
+        load_recipe({**base, "grpo": {"learnin_rate": 1e-4}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="grpo: max_steps must be int"):
+        load_recipe({**base, "grpo": {"max_steps": "many"}}, IterateRecipe)
+
+
+def test_grpo_settings_are_converted_to_their_types():
+    from omrl.train.grpo import GRPORecipe
+
+    # YAML 1.1 reads `1e-4` (no dot) as text: the recipe must still hand TRL a float.
+    grpo = GRPORecipe.from_dict({"model": "m", "tasks": "t", "output_dir": "o", "learning_rate": "1e-4",
+                                 "max_steps": "5"})
+    assert grpo.learning_rate == 1e-4 and isinstance(grpo.learning_rate, float) and grpo.max_steps == 5

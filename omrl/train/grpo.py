@@ -59,12 +59,12 @@ class GRPORecipe:
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> GRPORecipe:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown GRPO setting(s): {', '.join(unknown)}")
-        return cls(**values)
+    def from_dict(cls, values: dict[str, Any], where: str = "grpo") -> GRPORecipe:
+        """The recipe from a mapping, values converted to each field's type (YAML's `1e-4` is text, not a
+        float); an unknown or missing key is a RecipeError naming it."""
+        from omrl.recipes import from_dict
+
+        return from_dict(cls, values, where=where)
 
     def __post_init__(self) -> None:
         if self.reward is not None:  # refuse rather than silently train on a different reward

@@ -101,14 +101,9 @@ class IterateRecipe:
         clash = sorted(reserved & set(self.grpo))
         if clash:
             raise RecipeError(f"grpo.{clash[0]} is set by the iterate run itself; remove it")
-        try:
-            from omrl.train.grpo import GRPORecipe
+        from omrl.train.grpo import GRPORecipe  # torch/trl are imported only when GRPO runs
 
-            GRPORecipe.from_dict({**self.grpo, "model": "-", "tasks": "-", "output_dir": "-"})
-        except ImportError:  # GRPO not installed in this build: checked when a round starts
-            pass
-        except (TypeError, ValueError) as exc:
-            raise RecipeError(f"grpo: {exc}") from None
+        GRPORecipe.from_dict({**self.grpo, "model": "-", "tasks": "-", "output_dir": "-"}, where="grpo")
 
 
 class IterateState:
