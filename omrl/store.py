@@ -51,6 +51,15 @@ class PartProblem:
     error: str
 
 
+@dataclass(frozen=True)
+class _Footer:
+    """What a part's footer says: why it cannot be read (None when it can), rows, parts it replaces."""
+
+    error: str | None
+    num_rows: int = 0
+    replaces: frozenset[str] = frozenset()
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -117,7 +126,7 @@ class Store:
         self.path = Path(path)
         if not (self.path / MANIFEST).is_file():
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
-        self._checked: dict[tuple[str, int, int], str | None] = {}
+        self._footers: dict[tuple[str, int, int], _Footer] = {}
 
     # ------------------------------------------------------------ creation and manifest
 
@@ -180,6 +189,7 @@ class Store:
     def append(self, rows: Iterable[dict[str, Any]] | pa.Table, table: str = "trajectories",
                metadata: dict[bytes, bytes] | None = None) -> Path | None:
         """Validate and write rows as one new part, atomically. Returns the part path (None if no rows)."""
+        self.table_dir(table)  # an unknown table name fails here, with the list of tables
         data = conform(rows, table) if isinstance(rows, pa.Table) else to_table(list(rows), table)
         if data.num_rows == 0:
             return None
@@ -208,49 +218,53 @@ class Store:
     def _all_parts(self, table: str) -> list[Path]:
         return sorted(self.table_dir(table).glob("part-*.parquet"))
 
-    def _problem(self, path: Path) -> str | None:
-        """Why a part cannot be read (None when it can); cached by name, size and mtime."""
+    def _footer(self, path: Path) -> _Footer:
+        """The part's footer, read once per name, size and mtime (every listing of parts needs it)."""
         try:
             st = path.stat()
         except FileNotFoundError:
-            return "file vanished"
+            return _Footer("file vanished")
         key = (str(path), st.st_size, st.st_mtime_ns)
-        if key not in self._checked:
+        footer = self._footers.get(key)
+        if footer is None:
             try:
-                pq.ParquetFile(path).metadata  # noqa: B018 - reading the footer is the check
-                self._checked[key] = None
+                meta = pq.read_metadata(path)
+                replaces = (meta.metadata or {}).get(REPLACES_KEY)
+                footer = _Footer(None, meta.num_rows, frozenset(json.loads(replaces)) if replaces else frozenset())
             except Exception as exc:  # any unreadable footer: truncated, garbage, wrong format
-                self._checked[key] = f"{type(exc).__name__}: {exc}"
-        return self._checked[key]
+                footer = _Footer(f"{type(exc).__name__}: {exc}")
+            self._footers[key] = footer
+        return footer
+
+    def _scan(self, table: str, warn: bool = True) -> tuple[list[Path], list[Path]]:
+        """(live, leftover) readable parts; leftovers are inputs of a compaction that crashed before removing them."""
+        readable: list[Path] = []
+        replaced: set[str] = set()
+        for path in self._all_parts(table):
+            footer = self._footer(path)
+            if footer.error is not None:
+                if warn:
+                    warnings.warn(f"skipping unreadable part {path}: {footer.error}", CorruptPartWarning, stacklevel=3)
+                continue
+            readable.append(path)
+            replaced.update(footer.replaces)
+        return ([p for p in readable if p.name not in replaced], [p for p in readable if p.name in replaced])
 
     def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
         """Readable parts of a table. Unreadable ones are skipped with a warning; replaced ones silently."""
-        good: list[Path] = []
-        replaced: set[str] = set()
-        for path in self._all_parts(table):
-            problem = self._problem(path)
-            if problem is not None:
-                if warn:
-                    warnings.warn(f"skipping unreadable part {path}: {problem}", CorruptPartWarning, stacklevel=2)
-                continue
-            good.append(path)
-            meta = pq.read_schema(path).metadata or {}
-            if REPLACES_KEY in meta:
-                replaced.update(json.loads(meta[REPLACES_KEY]))
-        return [p for p in good if p.name not in replaced]
+        return self._scan(table, warn)[0]
 
     def check(self) -> list[PartProblem]:
         """Every part file that cannot be read, or whose rows do not fit the schema."""
         problems = []
         for table in TABLES:
             for path in self._all_parts(table):
-                problem = self._problem(path)
+                problem = self._footer(path).error
                 if problem is None:
                     try:
-                        pq.read_table(path)  # the footer can be fine while a page is truncated
-                        missing = {"id"} - set(pq.read_schema(path).names)
-                        if missing:
-                            problem = f"missing required column(s): {', '.join(sorted(missing))}"
+                        names = pq.read_table(path).column_names  # the footer can be fine while a page is truncated
+                        if "id" not in names:
+                            problem = "missing required column(s): id"
                     except Exception as exc:
                         problem = f"{type(exc).__name__}: {exc}"
                 if problem is not None:
@@ -281,7 +295,7 @@ class Store:
         return datasets.Dataset(self.read(table))
 
     def count(self, table: str = "trajectories") -> int:
-        return sum(pq.ParquetFile(p).metadata.num_rows for p in self.parts(table))
+        return sum(self._footer(p).num_rows for p in self.parts(table))
 
     def ids(self, table: str = "trajectories") -> set[str]:
         """The ids present in a table (cheap: reads one column)."""
@@ -295,13 +309,14 @@ class Store:
     def compact(self, table: str = "trajectories", min_parts: int = 2) -> Path | None:
         """Merge all readable parts into one; crash-safe (the new part names the parts it replaces)."""
         with self._lock(f"compact-{table}"):
-            parts = self.parts(table)
+            parts, leftovers = self._scan(table)
             if len(parts) < min_parts:
                 return None
             data = pa.concat_tables([conform(pq.read_table(p), table) for p in parts])
-            replaces = json.dumps(sorted(p.name for p in parts)).encode()
+            # Leftovers are named too: once their old replacement is gone, nothing else would hide them.
+            replaces = json.dumps(sorted(p.name for p in parts + leftovers)).encode()
             new = self._write_part(data, table, {REPLACES_KEY: replaces})
-            for p in parts:
+            for p in parts + leftovers:
                 p.unlink(missing_ok=True)
             return new
 

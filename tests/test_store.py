@@ -90,6 +90,27 @@ def test_compaction_keeps_rows_and_survives_a_crash_before_cleanup(tmp_path):
     assert store.sql("SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 5}]
 
 
+def test_a_later_compaction_removes_a_crashed_compactions_leftovers(tmp_path):
+    store = Store.create(tmp_path / "s")
+    for i in range(3):
+        store.append([make_trajectory(i).to_row()])
+    saved = {p: p.read_bytes() for p in store.parts()}
+    store.compact()
+    for path, data in saved.items():  # a crash before cleanup leaves the inputs behind
+        path.write_bytes(data)
+    store.append([make_trajectory(3).to_row()])
+    new = store.compact()
+    # The leftovers must not come back once the part that hid them is compacted away.
+    assert store._all_parts("trajectories") == [new]
+    assert store.count() == 4
+    assert len(store.ids()) == 4
+
+
+def test_append_to_an_unknown_table_names_the_tables(store):
+    with pytest.raises(StoreError, match="unknown table 'trajectory'; tables are trajectories, annotations"):
+        store.append([make_trajectory(10).to_row()], table="trajectory")
+
+
 def test_older_schema_parts_stay_readable(store):
     old_turn = pa.struct([("index", pa.int32()), ("reward", pa.float64()), ("done", pa.bool_())])
     old = pa.table({
