@@ -260,10 +260,10 @@ def result_fields(value: Any) -> dict[str, Any] | None:
 
 
 def annotate_row(row: dict[str, Any], metrics: list[NamedMetric], run_id: str,
-                 inputs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], int]:
-    """Annotation rows for one trajectory, and how many metrics were not applicable (skipped)."""
+                 inputs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Annotation rows for one trajectory, and the names of the metrics that were not applicable (skipped)."""
     inputs = inputs or metric_inputs(row)
-    out, skipped = [], 0
+    out, skipped = [], []
     for metric in metrics:
         base = {"trajectory_id": row["id"], "annotator": metric.name, "run_id": run_id,
                 "metadata": {"metric": metric.spec}}
@@ -273,7 +273,7 @@ def annotate_row(row: dict[str, Any], metrics: list[NamedMetric], run_id: str,
             out.append({**base, "status": "error", "error": f"{type(exc).__name__}: {exc}"})
             continue
         if fields is None:
-            skipped += 1
+            skipped.append(metric.name)
             continue
         out.append({**base, **fields, "status": "ok"})
     return out, skipped

@@ -9,7 +9,6 @@ the outcome are never cut. The judge never sees the gold answer or the environme
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from omrl.annotate.inputs import final_answer, parse_json
@@ -68,8 +67,3 @@ def render_trajectory(row: dict[str, Any], max_chars: int = 12000, keep_last: in
     share = max(64, (max_chars - fixed) // max(1, len(kept)))
     kept = [k if k.startswith("[... ") else clip(k, share) for k in kept]
     return "\n\n".join([header, *kept, outcome])
-
-
-def prompt_json(messages: list[dict[str, Any]]) -> str:
-    """Canonical text of a prompt, for hashing."""
-    return json.dumps(messages, sort_keys=True, ensure_ascii=False)

@@ -88,11 +88,8 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: J
 
     if loaded:
         for i, row in enumerate(rows, 1):
-            out, _ = annotate_row(row, loaded, summary.run_id)
-            present = {r["annotator"] for r in out}
-            for m in loaded:
-                if m.name not in present:
-                    summary.skipped[m.name] += 1
+            out, skipped = annotate_row(row, loaded, summary.run_id)
+            summary.skipped.update(skipped)
             writer.add(out)
             report("metrics", i, len(rows))
         writer.flush()
