@@ -59,3 +59,27 @@ def test_unreachable_server_is_a_clear_error():
     httpd.server_close()
     with pytest.raises(EnvServerError, match="create failed"):
         make_env("http", base_url=url, timeout_s=2).reset(Task(id="0", instruction=""))
+
+
+def test_server_close_closes_environments_left_open(tmp_path, monkeypatch):
+    from omrl.tasks import generate_tasks as generate
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    httpd, url = start_server("code", generate("code")[:1])
+    env = make_env("http", base_url=url)
+    env.reset(Task(id="0", instruction=""))
+    assert len(list(tmp_path.iterdir())) == 1  # the code env's project folder, on the server side
+    httpd.shutdown()
+    httpd.server_close()  # the client never sent /close
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_environment_id_is_a_clear_404(math_server):
+    import json
+    import urllib.error
+    import urllib.request
+
+    url, _ = math_server
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"{url}/observation?id=42", timeout=5)
+    assert caught.value.code == 404 and "no environment with id 42" in json.loads(caught.value.read())["error"]

@@ -50,10 +50,16 @@ def serve(env: str, tasks_path: str, host: str, port: int) -> None:
     """
     import time
 
+    from omrl.envs import env_class
     from omrl.envs.http_server import start_server
     from omrl.tasks import load_tasks
 
-    httpd, url = start_server(env, load_tasks(tasks_path), host=host, port=port)
+    env_class(env)  # an unknown environment is an error now, not on the first /create
+    tasks = load_tasks(tasks_path)
+    try:
+        httpd, url = start_server(env, tasks, host=host, port=port)
+    except OSError as exc:  # port in use, address not available
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     console.print(f"serving {env} at {url} (Ctrl-C to stop)")
     try:
         while True:

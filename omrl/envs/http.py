@@ -36,6 +36,8 @@ class HttpEnv:
         if self.env_id is None:
             created = self._request("POST", "/create")
             self.env_id = created.get(self.id_key, created.get("id")) if isinstance(created, dict) else created
+            if self.env_id is None:
+                raise EnvServerError(f"POST {self.base_url}/create answered {created!r}: no {self.id_key!r}")
         index = data_index(task)
         response = self._request("POST", "/reset", {self.id_key: self.env_id, self.reset_key: index})
         observation = _observation(response)

@@ -61,12 +61,27 @@ class EnvServer:
     def expert(self, env_id: int) -> dict[str, Any]:
         return {"action": action_to_text(self._env(env_id).expert_action())}
 
+    def observation(self, env_id: int) -> str:
+        self._env(env_id)
+        return self.state[env_id]["observation"]
+
     def close(self, env_id: int) -> dict[str, Any]:
         env = self.envs.pop(env_id, None)
         self.state.pop(env_id, None)
         if env is not None:
             env.close()
         return {"closed": env is not None}
+
+    def close_all(self) -> None:
+        """Close every environment still open (clients that never sent /close); the first failure is raised."""
+        errors = []
+        for env_id in list(self.envs):
+            try:
+                self.close(env_id)
+            except Exception as exc:  # close the others first, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def _env(self, env_id: int) -> Any:
         if env_id not in self.envs:
@@ -102,7 +117,7 @@ def make_handler(server_state: EnvServer) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             env_id = lambda: int(query.get("id", query.get("env_idx", ["-1"]))[0])  # noqa: E731
             routes = {"/": lambda: "ok",
-                      "/observation": lambda: server_state.state[env_id()]["observation"],
+                      "/observation": lambda: server_state.observation(env_id()),
                       "/expert": lambda: server_state.expert(env_id())}
             if url.path not in routes:
                 return self._reply(404, {"error": f"no route {url.path}"})
@@ -126,10 +141,23 @@ def make_handler(server_state: EnvServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class EnvHTTPServer(ThreadingHTTPServer):
+    """The HTTP server; server_close() also closes the environments clients left open."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], env_server: EnvServer) -> None:
+        self.env_server = env_server  # before binding: a failed bind calls server_close()
+        super().__init__(address, make_handler(env_server))
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.env_server.close_all()
+
+
 def start_server(env_spec: str, tasks: list[Task], host: str = "127.0.0.1", port: int = 0,
-                 **env_options: Any) -> tuple[ThreadingHTTPServer, str]:
-    """Serve in a background thread; returns the server (call .shutdown()) and its base URL."""
-    httpd = ThreadingHTTPServer((host, port), make_handler(EnvServer(env_spec, tasks, **env_options)))
-    httpd.daemon_threads = True
+                 **env_options: Any) -> tuple[EnvHTTPServer, str]:
+    """Serve in a background thread; returns the server (call .shutdown(), then .server_close()) and its base URL."""
+    httpd = EnvHTTPServer((host, port), EnvServer(env_spec, tasks, **env_options))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd, f"http://{host}:{httpd.server_address[1]}"
