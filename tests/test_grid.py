@@ -75,6 +75,7 @@ def test_invalid_actions_are_observations_not_exceptions():
     first = tool_env.reset(task)
     assert first.tools[0]["function"]["name"] == "move"
     assert tool_env.step(Action(tool="move", arguments={"direction": "sideways"})).info["invalid_action"]
+    assert tool_env.step(Action(tool="move", arguments=["up"])).info["invalid_action"]  # not an object
 
 
 def test_a_text_action_is_the_move_alone():

@@ -128,7 +128,7 @@ class GridEnv:
 
     def _direction(self, action: Action) -> str | None:
         if action.tool is not None:
-            if action.tool != "move":
+            if action.tool != "move" or not isinstance(action.arguments, dict):
                 return None
             value = str(action.arguments.get("direction", "")).strip().lower()
             return value if value in DIRECTIONS else None
