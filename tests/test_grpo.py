@@ -54,6 +54,12 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     groups = store.sql("SELECT run_id, round, task_id, n FROM groups").to_pylist()
     assert len(groups) == 2 and all(g["n"] == 4 and g["round"] == 3 for g in groups)
     assert all(g["run_id"] == "t/round-3/step-00000" for g in groups)
+    # A re-run (or a resumed iterate round) into the same store must not reuse these trajectory ids.
+    from omrl.train.rollout_func import AgentRollout
+
+    assert AgentRollout(recipe, [], None)._run_id(0) == "t/round-3/attempt-2/step-00000"
+    fresh = GRPORecipe(**{**recipe.__dict__, "store": str(tmp_path / "other-store")})
+    assert AgentRollout(fresh, [], None)._run_id(7) == "t/round-3/step-00007"
     rows = store.read().to_pylist()
     assert all(json.loads(r["metadata"])["grpo_step"] == 0 for r in rows)
     assert all(r["turns"][0]["completion_ids"] and len(r["turns"][0]["logprobs"]) ==

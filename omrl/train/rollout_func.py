@@ -26,10 +26,12 @@ class AgentRollout:
 
         self.make_env = env_factory(recipe.env, recipe.env_options)
         self.store = None
+        self.run_prefix = f"{recipe.run_name}/round-{recipe.round}"
         if recipe.store:
             from omrl.store import Store
 
             self.store = Store.create(recipe.store, exist_ok=True)
+            self.run_prefix = _free_prefix(self.store, self.run_prefix)
         self.calls = 0
         self.episodes = 0
         self.stored = 0
@@ -51,7 +53,7 @@ class AgentRollout:
 
     def _run_id(self, step: int) -> str:
         # One run id per step: (run, round, task) is then exactly the GRPO group TRL normalises over.
-        return f"{self.recipe.run_name}/round-{self.recipe.round}/step-{step:05d}"
+        return f"{self.run_prefix}/step-{step:05d}"
 
     async def _play(self, prompts: list[str], policy: Any, step: int) -> list[Any]:
         from omrl.agent import run_episode
@@ -103,3 +105,19 @@ class AgentRollout:
                                f"({failed[0]['status']}): {failed[0]['error']}")
         return out
 
+
+
+def _free_prefix(store: Any, prefix: str) -> str:
+    """`prefix`, or `prefix/attempt-N` when an earlier run (killed and resumed, or re-run) already stored
+    rollouts under it: the same step would otherwise get the same trajectory ids as different episodes."""
+    from omrl.query import quote_literal
+
+    taken = {r["run_id"] for r in store.sql(
+        f"SELECT DISTINCT run_id FROM trajectories WHERE starts_with(run_id, {quote_literal(prefix + '/')})"
+    ).to_pylist()}
+    if not any(run.startswith(f"{prefix}/step-") for run in taken):
+        return prefix
+    n = 2
+    while any(run.startswith(f"{prefix}/attempt-{n}/") for run in taken):
+        n += 1
+    return f"{prefix}/attempt-{n}"
