@@ -8,6 +8,7 @@ other source column). Environments receive rows as `omrl.envs.base.Task`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -378,10 +379,8 @@ def import_tasks(src: str | Path, out: str | Path | None = None, mapping: Mappin
 
     flags: id, instruction, answer, env, split, format, id_prefix (override `mapping`).
     """
-    mapping = mapping or Mapping()
-    for key, value in flags.items():
-        if value is not None:
-            setattr(mapping, key, value)
+    # A copy: the caller's mapping is not changed by the flags.
+    mapping = dataclasses.replace(mapping or Mapping(), **{k: v for k, v in flags.items() if v is not None})
     rows, name = read_rows(src)
     if not rows:
         raise TaskError(f"{src}: no rows")
@@ -401,12 +400,15 @@ def load_tasks(path: str | Path, split: str | None = None, env: str | None = Non
         rows, _ = read_rows(path)
         if not rows or not {"id", "instruction"} <= set(rows[0]):
             rows = convert_rows(rows, Mapping(), name=path.stem)
-        else:
-            seen: dict[str, int] = {}
-            for index, row in enumerate(rows):
-                _validate({"id": str(row.get("id") or ""), "instruction": str(row.get("instruction") or "")},
-                          index, seen)
-    tasks = [Task.from_row(row) for row in rows]
+    seen: dict[str, int] = {}
+    tasks = []
+    for index, row in enumerate(rows):
+        _validate({"id": str(row.get("id") or ""), "instruction": str(row.get("instruction") or "")}, index, seen)
+        try:
+            tasks.append(Task.from_row(row))
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{path}: row {index + 1} (id {row['id']!r}): payload is not valid JSON ({exc.msg})"
+                            ) from None
     return [t for t in tasks if (split is None or t.split == split) and (env is None or t.env == env)]
 
 

@@ -150,3 +150,23 @@ def test_shipped_task_files_load():
     assert not (root / "__init__.py").exists()
     counts = {name: len(load_tasks(root / "tasks" / name)) for name in ("math_arith.jsonl", "shop.jsonl", "code.jsonl")}
     assert counts == {"math_arith.jsonl": 50, "shop.jsonl": 30, "code.jsonl": 13}
+
+
+def test_parquet_task_files_are_validated_like_jsonl(tmp_path):
+    rows = [{"id": "a", "instruction": "x", "answer": None, "env": None, "split": None, "payload": "{}"},
+            {"id": "a", "instruction": "y", "answer": None, "env": None, "split": None, "payload": "{}"}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=TASK_SCHEMA), tmp_path / "dup.parquet")
+    with pytest.raises(TaskError, match="row 2 .*duplicate id 'a'"):
+        load_tasks(tmp_path / "dup.parquet")
+    rows[1].update(id="b", payload="{not json")
+    pq.write_table(pa.Table.from_pylist(rows, schema=TASK_SCHEMA), tmp_path / "bad.parquet")
+    with pytest.raises(TaskError, match="row 2 \\(id 'b'\\): payload is not valid JSON"):
+        load_tasks(tmp_path / "bad.parquet")
+
+
+def test_import_flags_do_not_change_the_callers_mapping(tmp_path):
+    src = write_jsonl(tmp_path / "src.jsonl", ROWS)
+    mapping = Mapping(env="math")
+    table = import_tasks(src, mapping=mapping, instruction="question", answer="solution")
+    assert table.column("answer").to_pylist() == ["4", "9"]
+    assert mapping == Mapping(env="math")
