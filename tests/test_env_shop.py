@@ -65,3 +65,12 @@ def test_random_policy_rarely_succeeds():
     tasks = generate_tasks(20, seed=3)
     wins = sum(play_episode(make_env("shop"), t, max_steps=20, rng=rng)[1].info.get("success", False) for t in tasks)
     assert wins < 5
+
+
+def test_a_goal_missing_keys_fails_at_reset_naming_them():
+    import pytest
+
+    task = generate_tasks(1, seed=2)[0]
+    del task.payload["goal"]["price_upper"]
+    with pytest.raises(ValueError, match=r"lacks \['price_upper'\]"):
+        make_env("shop").reset(task)

@@ -52,6 +52,7 @@ PRODUCT_TYPES: dict[str, tuple[str, list[str], dict[str, list[str]], tuple[float
     "phone case": ("Electronics › Accessories › Cases", ["shockproof", "slim", "clear", "magnetic"],
                    {"color": COLORS, "model": ["iphone 14", "iphone 15", "galaxy s23", "pixel 8"]}, (8, 45)),
 }
+GOAL_KEYS = {"asin", "query", "product_category", "attributes", "options", "price_upper"}
 BRANDS = ["Acme", "Northwind", "Zenith", "Bluepeak", "Evergreen", "Solara", "Kestrel", "Harbor", "Lumen", "Orchard"]
 
 
@@ -157,6 +158,9 @@ class ShopEnv(ToolEnv):
         self.goal = task.payload.get("goal")
         if not isinstance(self.goal, dict):
             raise ValueError(f"shop task {task.id!r} has no goal in its payload")
+        missing = sorted(GOAL_KEYS - set(self.goal))
+        if missing:  # found now, not as a KeyError at Buy Now
+            raise ValueError(f"shop task {task.id!r}: payload goal lacks {missing}")
         self.task = task
         self.page, self.query, self.results, self.page_number = "search", "", [], 0
         self.product: Product | None = None
