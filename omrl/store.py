@@ -16,10 +16,10 @@ import json
 import os
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,9 +32,12 @@ MANIFEST = "omrl.json"
 REPLACES_KEY = b"omrl.replaces"
 # Row groups of about this many uncompressed bytes: DuckDB scans row groups in parallel, and a
 # trajectory can be 20 KB or more, so a fixed row count would make groups of hundreds of megabytes.
+T = TypeVar("T")
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 MAX_ROW_GROUP_ROWS = 16_384
 ZSTD_LEVEL = 3  # as fast to write as level 1 here, about 10% smaller
+# Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
+RELIST_ATTEMPTS = 5
 
 
 class StoreError(RuntimeError):
@@ -219,11 +222,11 @@ class Store:
         return sorted(self.table_dir(table).glob("part-*.parquet"))
 
     def _footer(self, path: Path) -> _Footer:
-        """The part's footer, read once per name, size and mtime (every listing of parts needs it)."""
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return _Footer("file vanished")
+        """The part's footer, read once per name, size and mtime (every listing of parts needs it).
+
+        Raises FileNotFoundError for a part a compaction has just removed: callers list the parts again.
+        """
+        st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns)
         footer = self._footers.get(key)
         if footer is None:
@@ -231,6 +234,8 @@ class Store:
                 meta = pq.read_metadata(path)
                 replaces = (meta.metadata or {}).get(REPLACES_KEY)
                 footer = _Footer(None, meta.num_rows, frozenset(json.loads(replaces)) if replaces else frozenset())
+            except FileNotFoundError:
+                raise
             except Exception as exc:  # any unreadable footer: truncated, garbage, wrong format
                 footer = _Footer(f"{type(exc).__name__}: {exc}")
             self._footers[key] = footer
@@ -238,10 +243,10 @@ class Store:
 
     def _scan(self, table: str, warn: bool = True) -> tuple[list[Path], list[Path]]:
         """(live, leftover) readable parts; leftovers are inputs of a compaction that crashed before removing them."""
+        footers = self._retry_on_vanished(lambda: [(p, self._footer(p)) for p in self._all_parts(table)])
         readable: list[Path] = []
         replaced: set[str] = set()
-        for path in self._all_parts(table):
-            footer = self._footer(path)
+        for path, footer in footers:
             if footer.error is not None:
                 if warn:
                     warnings.warn(f"skipping unreadable part {path}: {footer.error}", CorruptPartWarning, stacklevel=3)
@@ -249,6 +254,21 @@ class Store:
             readable.append(path)
             replaced.update(footer.replaces)
         return ([p for p in readable if p.name not in replaced], [p for p in readable if p.name in replaced])
+
+    @staticmethod
+    def _retry_on_vanished(work: Callable[[], T]) -> T:
+        """Run `work`, again when a part vanished under it: a compaction renames its new part in before it
+        removes the old ones, so a fresh listing sees every row."""
+        for _ in range(RELIST_ATTEMPTS - 1):
+            try:
+                return work()
+            except FileNotFoundError:
+                continue
+        return work()
+
+    def _each_part(self, table: str, read: Callable[[Path], T]) -> list[T]:
+        """`read` applied to every live part, consistent even while another process compacts the table."""
+        return self._retry_on_vanished(lambda: [read(p) for p in self.parts(table)])
 
     def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
         """Readable parts of a table. Unreadable ones are skipped with a warning; replaced ones silently."""
@@ -259,7 +279,10 @@ class Store:
         problems = []
         for table in TABLES:
             for path in self._all_parts(table):
-                problem = self._footer(path).error
+                try:
+                    problem = self._footer(path).error
+                except FileNotFoundError:
+                    continue  # removed by a compaction since the listing: nothing left to check
                 if problem is None:
                     try:
                         names = pq.read_table(path).column_names  # the footer can be fine while a page is truncated
@@ -273,12 +296,16 @@ class Store:
 
     def read(self, table: str = "trajectories", columns: list[str] | None = None) -> pa.Table:
         """All rows of a table as Arrow, in the current schema (older parts are conformed)."""
-        pieces = []
-        for path in self.parts(table):
+        def load(path: Path) -> pa.Table | None:
             try:
-                pieces.append(conform(pq.read_table(path), table))
+                return conform(pq.read_table(path), table)
+            except FileNotFoundError:
+                raise  # compacted away: _each_part lists the parts again
             except Exception as exc:
                 warnings.warn(f"skipping unreadable part {path}: {exc}", CorruptPartWarning, stacklevel=2)
+                return None
+
+        pieces = [piece for piece in self._each_part(table, load) if piece is not None]
         data = pa.concat_tables(pieces) if pieces else SCHEMAS[table].empty_table()
         return data.select(columns) if columns else data
 
@@ -295,13 +322,13 @@ class Store:
         return datasets.Dataset(self.read(table))
 
     def count(self, table: str = "trajectories") -> int:
-        return sum(self._footer(p).num_rows for p in self.parts(table))
+        return sum(self._each_part(table, lambda p: self._footer(p).num_rows))
 
     def ids(self, table: str = "trajectories") -> set[str]:
         """The ids present in a table (cheap: reads one column)."""
         out: set[str] = set()
-        for path in self.parts(table):
-            out.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+        for ids in self._each_part(table, lambda p: pq.read_table(p, columns=["id"]).column("id")):
+            out.update(ids.to_pylist())
         return out
 
     # ------------------------------------------------------------ maintenance

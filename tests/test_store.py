@@ -106,6 +106,37 @@ def test_a_later_compaction_removes_a_crashed_compactions_leftovers(tmp_path):
     assert len(store.ids()) == 4
 
 
+READERS = {"read": lambda s: s.read().num_rows, "ids": lambda s: len(s.ids()), "count": lambda s: s.count()}
+
+
+# The race while listing parts (footers not yet read), or while reading them (footers cached; count reads none).
+@pytest.mark.parametrize(("reader", "footers_cached"),
+                         [("read", False), ("ids", False), ("count", False), ("read", True), ("ids", True)])
+def test_a_reader_racing_a_compaction_still_sees_every_row(tmp_path, monkeypatch, reader, footers_cached):
+    store = Store.create(tmp_path / "s")
+    for i in range(4):
+        store.append([make_trajectory(i).to_row()])
+    if footers_cached:
+        store.parts()
+    real_read_metadata, real_read_table = pq.read_metadata, pq.read_table
+    compacted = []
+
+    def compact_first(real):
+        def reader(*args, **kwargs):
+            if not compacted:  # another process compacts after our listing of the parts, before we read them
+                compacted.append(True)
+                Store(store.path).compact()
+            return real(*args, **kwargs)
+        return reader
+
+    monkeypatch.setattr("omrl.store.pq.read_metadata", compact_first(real_read_metadata))
+    monkeypatch.setattr("omrl.store.pq.read_table", compact_first(real_read_table))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no part may be skipped as unreadable
+        assert READERS[reader](store) == 4
+    assert compacted and len(store.parts()) == 1
+
+
 def test_append_to_an_unknown_table_names_the_tables(store):
     with pytest.raises(StoreError, match="unknown table 'trajectory'; tables are trajectories, annotations"):
         store.append([make_trajectory(10).to_row()], table="trajectory")
