@@ -107,6 +107,8 @@ def test_sft_examples_choose_template_or_incremental_masks(tokenizer):
     assert report.trained_tokens == sum(sum(e["assistant_masks"]) for e in examples)
     with pytest.raises(ValueError, match="untrainable"):
         sft_examples(rows, tokenizer, max_length=None, mask_source="template")
+    with pytest.raises(ValueError, match="mask_source must be one of"):  # a typo is not silently 'incremental'
+        sft_examples(rows, tokenizer, max_length=None, mask_source="templates")
 
 
 def test_long_trajectories_are_split_at_turn_boundaries_or_dropped(tokenizer):

@@ -21,6 +21,7 @@ from typing import Any
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask, to_chat_message
 
 BROKEN_STATUSES = ("env_error", "policy_error")
+MASK_SOURCES = ("auto", "template", "incremental")
 
 
 @dataclass
@@ -156,6 +157,8 @@ def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int |
     """
     if overflow not in ("split", "drop"):
         raise ValueError(f"overflow must be 'split' or 'drop', not {overflow!r}")
+    if mask_source not in MASK_SOURCES:
+        raise ValueError(f"mask_source must be one of {', '.join(MASK_SOURCES)}, not {mask_source!r}")
     report = report or BridgeReport()
     examples: list[dict[str, Any]] = []
 
@@ -203,8 +206,10 @@ def _split(tokenizer, messages, tools, trainable, max_length, mask_source, repor
         if len(candidate[0]) <= max_length:
             chunk, best = chunk + [turn], candidate
             continue
-        if chunk:
-            yield best
+        if not chunk:  # the turn alone (just encoded) does not fit
+            report.dropped_turns += 1
+            continue
+        yield best
         alone = encode([turn])
         if len(alone[0]) <= max_length:
             chunk, best = [turn], alone

@@ -68,6 +68,8 @@ class SFTRecipe:
             raise ValueError(f"batching must be 'bridge' or 'trl', not {self.batching!r}")
         if self.overflow not in ("split", "drop"):
             raise ValueError(f"overflow must be 'split' or 'drop', not {self.overflow!r}")
+        if self.mask_source not in ("auto", "template", "incremental"):
+            raise ValueError(f"mask_source must be auto, template or incremental, not {self.mask_source!r}")
         if self.token_budget < 0:
             raise ValueError(f"token_budget must be >= 0, not {self.token_budget}")
 
