@@ -146,9 +146,13 @@ def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
 
 def run_query(store: Store, query: str, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
     """Execute read-only SQL over a store; returns Arrow (the last statement's result)."""
-    con = con or connect(store)
-    check_read_only(con, query)
+    own = con is None
+    con = connect(store) if own else con
     try:
+        check_read_only(con, query)
         return con.sql(query).to_arrow_table()
     except duckdb.Error as exc:
         raise QueryError(str(exc).strip()) from None
+    finally:
+        if own:  # a connection made here is not the caller's to reuse
+            con.close()

@@ -30,11 +30,11 @@ FROM latest_annotations GROUP BY annotator ORDER BY annotator
 
 def store_stats(store: Store) -> dict[str, pa.Table]:
     """Named summary tables: overview, by env, by status, by round, by source, annotations."""
-    con = store.connect()
-    tables = {"overview": con.sql(OVERVIEW_SQL).to_arrow_table()}
-    for key in ("env", "status", "round", "source"):
-        tables[f"by {key}"] = con.sql(BREAKDOWN_SQL.format(key=key)).to_arrow_table()
-    annotations = con.sql(ANNOTATION_SQL).to_arrow_table()
+    with store.connect() as con:
+        tables = {"overview": con.sql(OVERVIEW_SQL).to_arrow_table()}
+        for key in ("env", "status", "round", "source"):
+            tables[f"by {key}"] = con.sql(BREAKDOWN_SQL.format(key=key)).to_arrow_table()
+        annotations = con.sql(ANNOTATION_SQL).to_arrow_table()
     if annotations.num_rows:
         tables["annotations"] = annotations
     return tables

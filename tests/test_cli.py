@@ -51,6 +51,15 @@ def test_help_is_fast_and_imports_no_training_stack():
     assert "HEAVY []" in out
 
 
+def test_data_verbs_help_loads_no_query_engine():
+    verbs = ["store", "query", "stats", "show", "import", "export"]
+    code = "import sys; from click.testing import CliRunner; from omrl.cli.main import cli\n" \
+           f"for verb in {verbs!r}:\n    assert CliRunner().invoke(cli, [verb, '--help']).exit_code == 0\n" \
+           "print('HEAVY', [m for m in ('duckdb', 'polars', 'torch', 'datasets') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out
+
+
 def test_schema_json_prints_both_schemas():
     result = CliRunner().invoke(cli, ["schema", "--json"])
     assert result.exit_code == 0

@@ -21,7 +21,6 @@ err_console = Console(stderr=True)
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Report expected failures (bad input, missing store, refused SQL) as one clean error line."""
-    from omrl.query import QueryError
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -30,7 +29,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 warnings.simplefilter("default")
                 warnings.showwarning = _show_warning
                 return func(*args, **kwargs)
-        except (StoreError, SchemaError, QueryError, FileNotFoundError, ValueError) as exc:
+        # ValueError covers omrl.query.QueryError (refused SQL), whose import would load DuckDB for `--help`.
+        except (StoreError, SchemaError, FileNotFoundError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
 
     return wrapper
