@@ -140,6 +140,11 @@ def test_paraphrase_rules_and_llm(store, tmp_path):
                             where="id = 't1'")
         assert res.failed["paraphrase"] == 1 and res.written["paraphrase"] == 0
         assert "paraphrase endpoint failed" in res.errors[0]
+        server.enqueue({"content": ""})
+        res = augment_store(store, tmp_path / "e", ["paraphrase"], keep_originals=False, paraphraser=para,
+                            where="id = 't1'")
+        assert res.failed["paraphrase"] == 1 and res.not_applicable["paraphrase"] == 0
+        assert "empty reply" in res.errors[0]
 
 
 def test_augment_cli(store, tmp_path):

@@ -289,9 +289,12 @@ def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperatu
                 {"role": "system", "content": "Paraphrase the user's task instruction. Keep every fact, number, "
                                               "name and constraint. Reply with the paraphrase only."},
                 {"role": "user", "content": f"(variant {k + 1})\n{text}"}])
-            return (resp.choices[0].message.content or "").strip()
+            text = (resp.choices[0].message.content or "").strip()
         except Exception as exc:  # any client failure: augment_store counts it and carries on
             raise AugmentError(f"paraphrase endpoint failed: {type(exc).__name__}: {exc}") from exc
+        if not text:  # a failed reply, not "nothing to paraphrase": counted as failed with its reason
+            raise AugmentError("paraphrase endpoint returned an empty reply")
+        return text
 
     return paraphrase
 
