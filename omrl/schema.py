@@ -307,6 +307,27 @@ def _timestamp(value: Any, where: str) -> datetime:
     raise SchemaError(f"field '{where}' must be a timestamp, got {value!r}")
 
 
+def _numbers(values: Any, where: str, kind: type) -> list[Any]:
+    """A list of token ids (int) or logprobs (float); a bad one is named instead of failing deep in Python."""
+    if not values:
+        return []
+    if isinstance(values, (str, bytes, dict)):  # a string would otherwise become one number per character
+        raise SchemaError(f"field '{where}' must be a list of numbers, got {type(values).__name__}")
+    try:
+        return [kind(v) for v in values]
+    except (TypeError, ValueError):
+        index, bad = next((i, v) for i, v in enumerate(values) if not _converts(kind, v))
+        raise SchemaError(f"field '{where}[{index}]' must be a number, got {bad!r}") from None
+
+
+def _converts(kind: type, value: Any) -> bool:
+    try:
+        kind(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(call, dict):
         raise SchemaError(f"field '{where}' must be an object with name and arguments")
@@ -344,8 +365,6 @@ def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
     if not isinstance(turn, dict):
         raise SchemaError(f"field '{where}' must be an object")
     index = _opt_int(turn.get("index"), f"{where}.index")
-    ids = turn.get("completion_ids") or []
-    logprobs = turn.get("logprobs") or []
     return {
         "index": position if index is None else index,
         "reward": _opt_float(turn.get("reward"), f"{where}.reward"),
@@ -354,8 +373,8 @@ def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
         "prompt_tokens": _opt_int(turn.get("prompt_tokens"), f"{where}.prompt_tokens"),
         "completion_tokens": _opt_int(turn.get("completion_tokens"), f"{where}.completion_tokens"),
         "info": _json_text(turn.get("info"), f"{where}.info", "{}"),
-        "completion_ids": [int(t) for t in ids],
-        "logprobs": [float(x) for x in logprobs],
+        "completion_ids": _numbers(turn.get("completion_ids"), f"{where}.completion_ids", int),
+        "logprobs": _numbers(turn.get("logprobs"), f"{where}.logprobs", float),
     }
 
 

@@ -139,6 +139,8 @@ def test_json_schema_covers_every_column():
         ({"messages": [{"role": "assistant", "tool_calls": [{"arguments": "{}"}]}]}, "field 'messages[0].tool_calls[0].name'"),
         ({"task": "{not json"}, "field 'task' must be JSON text"),
         ({"turns": [{"index": 0, "reward": "x"}]}, "field 'turns[0].reward'"),
+        ({"turns": [{"completion_ids": [1, None]}]}, "field 'turns[0].completion_ids[1]' must be a number"),
+        ({"turns": [{"logprobs": "-0.5"}]}, "field 'turns[0].logprobs' must be a list of numbers"),
         ({"colour": "red"}, "unknown field(s) colour"),
     ],
 )
