@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -79,6 +79,16 @@ def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | No
     return tasks, make_policy(policy_spec, **options)
 
 
+async def closing(policy: Any, work: Awaitable[Any]) -> Any:
+    """Await `work`, then close the policy's HTTP clients (when it has any) on the loop that opened them."""
+    try:
+        return await work
+    finally:
+        close = getattr(policy, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
     return {
         "concurrency": args["concurrency"], "max_turns": args["max_turns"], "round": args["round_"],
@@ -107,8 +117,8 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
                             args["concurrency"], args["limit"], args["split"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
-    result = asyncio.run(run_collect(args["env_spec"], tasks, policy, store, samples=samples, run_id=run_id,
-                                     **rollout_kwargs(args)))
+    result = asyncio.run(closing(policy, run_collect(args["env_spec"], tasks, policy, store, samples=samples,
+                                                     run_id=run_id, **rollout_kwargs(args))))
     statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
     rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"
     console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "

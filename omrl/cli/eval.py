@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from omrl.cli.collect import prepare, rollout_kwargs, rollout_options
+from omrl.cli.collect import closing, prepare, rollout_kwargs, rollout_options
 from omrl.cli.common import console, user_errors
 
 
@@ -33,8 +33,8 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
                                                 prefix="eval-")
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp:
         store = Store.create(store_path or f"{tmp}/store")
-        result = asyncio.run(evaluate(args["env_spec"], tasks, policy, store, samples=samples, run_id=run_id,
-                                      **rollout_kwargs(args)))
+        result = asyncio.run(closing(policy, evaluate(args["env_spec"], tasks, policy, store, samples=samples,
+                                                      run_id=run_id, **rollout_kwargs(args))))
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))
