@@ -70,11 +70,15 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     convert = {"jsonl": _jsonable_row, "openai": to_openai_record, "sharegpt": to_sharegpt_record}[fmt]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for batch in rows.to_batches(max_chunksize=1000):
-            for row in batch.to_pylist():
-                f.write(json.dumps(convert(row), ensure_ascii=False, default=_json_default) + "\n")
-    os.replace(tmp, out)  # readers never see half a file
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for batch in rows.to_batches(max_chunksize=1000):
+                for row in batch.to_pylist():
+                    f.write(json.dumps(convert(row), ensure_ascii=False, default=_json_default) + "\n")
+        os.replace(tmp, out)  # readers never see half a file
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed or interrupted export leaves no half-written temporary behind
+        raise
     return ExportResult(out, fmt, rows.num_rows)
 
 

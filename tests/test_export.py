@@ -111,6 +111,16 @@ def test_export_refuses_to_overwrite_and_bad_where(store, tmp_path):
     assert not (tmp_path / "b.jsonl").exists()
 
 
+def test_a_failed_export_leaves_no_files_behind(store, tmp_path, monkeypatch):
+    def convert_fails(row):
+        raise ValueError(f"cannot convert {row['id']}")
+
+    monkeypatch.setattr("omrl.hub.to_openai_record", convert_fails)
+    with pytest.raises(ValueError, match="cannot convert traj-0"):
+        export_store(store, tmp_path / "out" / "sft.jsonl", "openai")
+    assert list((tmp_path / "out").iterdir()) == []  # neither the export nor its temporary file
+
+
 # ---------------------------------------------------------------- push to a local fake Hub
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from omrl.schema import SchemaError
-from omrl.store import Store, StoreError
+from omrl.store import StoreError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -38,10 +38,6 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     err_console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
-
-
-def open_store(path: str) -> Store:
-    return Store(path)
 
 
 def arrow_to_rich(table: pa.Table, title: str | None = None, max_rows: int = 50, max_width: int = 60) -> Table:

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from omrl.cli.common import arrow_to_rich, console, open_store, user_errors
+from omrl.cli.common import arrow_to_rich, console, user_errors
+from omrl.store import open_store
 
 
 def _json_default(value):

@@ -6,8 +6,9 @@ import json
 
 import click
 
-from omrl.cli.common import console, open_store, user_errors
+from omrl.cli.common import console, user_errors
 from omrl.render import render_trajectory
+from omrl.store import open_store
 
 
 @click.command()

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from omrl.cli.common import console, open_store, user_errors
+from omrl.cli.common import console, user_errors
 from omrl.files import append_file
-from omrl.store import TABLES, Store
+from omrl.store import TABLES, Store, open_store
 
 
 @click.group()
@@ -43,7 +43,7 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool) -> None:
 
     Example:  omrl store append my-store datasets/samples/math_demo.jsonl
     """
-    target = Store.create(path) if create else Store(path)
+    target = open_store(path, create=create)
     for file in files:
         n = append_file(target, file, table=table)
         console.print(f"appended {n} {table} rows from {file}")
