@@ -200,6 +200,8 @@ def test_reply_parsing_and_rubric_files():
     with pytest.raises(ValueError, match="outside the scale"):
         rubric_from_dict({"name": "x", "criteria": ["c"], "scale": {"min": 0, "max": 1},
                           "examples": [{"trajectory": "t", "score": 5}]})
+    with pytest.raises(ValueError, match="max_invalid must be at least 0"):
+        JudgeConfig(rubric=RUBRIC, model="m", base_url="http://x/v1", max_invalid=-1)
 
 
 def test_annotate_cli_metrics_judge_and_reward(store, tmp_path):

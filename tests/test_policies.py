@@ -175,5 +175,7 @@ def test_make_policy_specs():
         make_policy("bogus")
     with pytest.raises(ValueError, match="needs a model"):
         make_policy("openai:")
+    with pytest.raises(ValueError, match="retries must be at least 0"):
+        make_policy("openai:qwen", retries=-1)
     with pytest.raises(ValueError, match="takes no option"):
         make_policy("scripted", base_url="http://x")

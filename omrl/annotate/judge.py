@@ -57,6 +57,8 @@ class JudgeConfig:
             raise ValueError(f"judge mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.concurrency < 1:
             raise ValueError("judge concurrency must be at least 1")
+        if self.max_retries < 0 or self.max_invalid < 0:
+            raise ValueError("judge max_retries and max_invalid must be at least 0")
 
     @property
     def annotator(self) -> str:

@@ -57,6 +57,8 @@ class OpenAIPolicy:
                  native_tools: bool = True, extra_body: dict[str, Any] | None = None):
         if not model:
             raise ValueError("openai policy needs a model name: openai:MODEL")
+        if retries < 0:
+            raise ValueError(f"openai policy retries must be at least 0, got {retries}")
         self.model = model
         self.name = model
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
