@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from omrl.agent import Episode, run_episode
 from omrl.schema import trajectory_id
 from omrl.store import Store
@@ -324,6 +327,7 @@ async def evaluate(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any
     wanted = {trajectory_id(run_id, round, t.id, s) for t in tasks for s in range(samples)}
     table = await asyncio.to_thread(store.read, "trajectories",
                                     ["id", "env", "task_id", "status", "reward", "success"])
-    rows = [r for r in table.to_pylist() if r["id"] in wanted]
+    # Filtered in Arrow: the store may hold many other runs, which need not become Python dicts.
+    rows = table.filter(pc.is_in(table["id"], value_set=pa.array(sorted(wanted), pa.string()))).to_pylist()
     ks = sorted({1, samples} | {k for k in (2, 4, 8, 16) if k < samples})
     return EvalResult(collect=result, metrics=eval_metrics(rows, ks))
