@@ -183,6 +183,8 @@ async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any,
     """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish."""
     if samples < 1 or concurrency < 1 or max_turns < 1:
         raise ValueError("samples, concurrency and max_turns must be at least 1")
+    if flush_seconds <= 0:  # the flush timer would spin on sleep(0)
+        raise ValueError(f"flush_seconds must be positive, got {flush_seconds}")
     tasks = list(tasks)
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):

@@ -159,6 +159,8 @@ def test_a_failing_on_episode_callback_keeps_the_finished_row(tmp_path: Path):
         run(collect(CountEnv, count_tasks(1, target=1), make_policy("scripted"), store, run_id="r",
                     progress=False, on_episode=explode))
     assert store.count() == 1
+    with pytest.raises(ValueError, match="flush_seconds must be positive"):
+        run(collect(CountEnv, count_tasks(1), make_policy("scripted"), store, run_id="r2", flush_seconds=0))
 
 
 def test_pass_at_k_and_eval_metrics():
