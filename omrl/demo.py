@@ -106,7 +106,8 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
         metrics = result.metrics["grid"]
         prefix = "" if mode == "sampled" else "greedy_"
         out[f"{prefix}success"] = round(metrics["success_rate"], 4)
-        out[f"{prefix}mean_reward"] = round(metrics["mean_reward"] or 0.0, 4)
+        mean = metrics["mean_reward"]  # None when every episode failed: never shown as a reward of 0
+        out[f"{prefix}mean_reward"] = None if mean is None else round(mean, 4)
         if mode == "sampled":
             out["success_ci95"] = _ci95(store, f"demo-eval-{stage}-{mode}")
     out["samples"] = k
