@@ -18,7 +18,8 @@ ROUND_SQL = """
 SELECT round, count(*) AS trajectories,
        avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
        avg(reward) AS mean_reward, avg(num_turns) AS mean_turns,
-       avg(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)) AS mean_tokens
+       avg(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0))
+           FILTER (WHERE prompt_tokens IS NOT NULL OR completion_tokens IS NOT NULL) AS mean_tokens
 FROM trajectories WHERE coalesce(source, '') <> 'eval'
 GROUP BY round ORDER BY round
 """
@@ -60,18 +61,24 @@ def plot_stages(results: list[dict[str, Any]], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     stages = [r["stage"] for r in results]
-    for key, label in (("success", "sampled"), ("greedy_success", "greedy")):
-        values = [r.get(key) for r in results]
-        if any(v is not None for v in values):
-            ax.plot(stages, [v if v is not None else float("nan") for v in values], marker="o", label=label)
+    series = [(label, [r.get(key) for r in results]) for key, label in
+              (("success", "sampled"), ("greedy_success", "greedy"))]
+    series = [(label, values) for label, values in series if any(v is not None for v in values)]
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series):  # bars: stages are categories, not points on a line
+        positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(stages))]
+        ax.bar(positions, [v if v is not None else 0.0 for v in values], width=width, label=label)
+    ax.set_xticks(range(len(stages)), stages)
     ax.set(title="held-out success by stage", ylabel="success", ylim=(0, 1.05))
     ax.legend()
     return _save(fig, path)
 
 
 def plot_distributions(store, path: Path) -> Path:
-    rows = store.sql("SELECT round, reward, num_turns, coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) "
-                     "AS tokens FROM trajectories WHERE coalesce(source, '') <> 'eval'").to_pylist()
+    # Tokens are unknown (null, not 0) for policies that report none, e.g. scripted experts.
+    rows = store.sql("SELECT round, reward, num_turns, CASE WHEN prompt_tokens IS NULL AND completion_tokens IS NULL "
+                     "THEN NULL ELSE coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) END AS tokens "
+                     "FROM trajectories WHERE coalesce(source, '') <> 'eval'").to_pylist()
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for r in sorted({row["round"] for row in rows}):
