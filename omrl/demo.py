@@ -56,22 +56,12 @@ class DemoRecipe:
 
     @classmethod
     def load(cls, path: str | None, **overrides: Any) -> DemoRecipe:
-        values: dict[str, Any] = {}
-        if path:
-            import yaml
+        """Settings from a YAML recipe plus overrides (None values ignored; `grpo` merges key by key)."""
+        from omrl.recipes import from_dict, merge, read_yaml
 
-            values = yaml.safe_load(Path(path).read_text()) or {}
-        for key, value in overrides.items():
-            if value is None:
-                continue
-            if key == "grpo":  # one GRPO setting overridden keeps the recipe's others
-                values["grpo"] = {**(values.get("grpo") or {}), **value}
-            else:
-                values[key] = value
-        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"{path}: unknown demo setting(s): {', '.join(unknown)}")
-        return cls(**values)
+        values = read_yaml(path) if path else {}
+        changes = {key: value for key, value in overrides.items() if value is not None}
+        return from_dict(cls, merge(values, changes), where=str(path or "demo recipe"))
 
 
 def _log(message: str) -> None:
