@@ -85,21 +85,16 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
 def _export_parquet(store: Store, rows: pa.Table, out: Path, where: str | None) -> ExportResult:
     description = f"Exported from `{store.path.name}`" + (f" where `{where}`." if where else ".")
     lineage = {"op": "export", "source": str(store.path.resolve()), "where": where, "rows": rows.num_rows}
-    if (out / "omrl.json").is_file():  # --overwrite of an earlier export: start from an empty folder
-        import shutil
-
-        shutil.rmtree(out)
-    target = Store.create(out, description=description, lineage=lineage)
-    if rows.num_rows:
-        target.append(rows)
     annotations = store.read("annotations")
     if where and annotations.num_rows:
         annotations = annotations.filter(pc.is_in(annotations.column("trajectory_id"),
                                                   value_set=rows.column("id").combine_chunks()))
-    if annotations.num_rows:
-        target.append(annotations, table="annotations")
-    for table in ("trajectories", "annotations"):
-        target.compact(table, min_parts=2)
+    # Staged and renamed in whole; an earlier export at `out` (--overwrite) is swapped out only then.
+    with Store.staged(out, description=description, lineage=lineage, replace=True) as target:
+        if rows.num_rows:
+            target.append(rows)
+        if annotations.num_rows:
+            target.append(annotations, table="annotations")
     return ExportResult(out, "parquet", rows.num_rows, annotations.num_rows)
 
 

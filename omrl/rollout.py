@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import math
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +45,7 @@ class CollectResult:
     skipped: int  # already in the store (resume)
     played: int = 0
     written: int = 0
+    already_stored: int = 0  # played, but a concurrent run of the same command stored them first
     statuses: Counter = field(default_factory=Counter)
     successes: int = 0
     reward_sum: float = 0.0
@@ -109,14 +111,28 @@ def episode_seed(seed: int | None, task_id: str, sample: int) -> int | None:
 
 
 class _Writer:
-    """Buffers finished rows and appends them to the store in batches (one atomic part each)."""
+    """Buffers finished rows and appends them to the store in batches (one atomic part each).
+
+    Rows whose id the store already holds (another run of the same command got there first) are
+    dropped at commit, under the store's write lock: two identical runs never double an episode.
+    """
 
     def __init__(self, store: Store, batch_size: int, flush_seconds: float):
         self.store, self.batch_size, self.flush_seconds = store, max(1, batch_size), flush_seconds
         self.pending: list[dict[str, Any]] = []
         self.written = 0
+        self.already_stored = 0
         self.last_flush = time.monotonic()
         self._lock = asyncio.Lock()
+        self._count_lock = threading.Lock()
+
+    def _append(self, rows: list[dict[str, Any]]) -> None:
+        # Counted in the thread that commits: a flush whose awaiting task is cancelled still completes
+        # its append, and the counts must say so.
+        with self._count_lock:
+            appended = self.store.append(rows, skip_existing=True)
+            self.written += appended.written
+            self.already_stored += appended.skipped
 
     async def add(self, row: dict[str, Any]) -> None:
         self.pending.append(row)
@@ -128,8 +144,7 @@ class _Writer:
             rows, self.pending = self.pending, []
             self.last_flush = time.monotonic()
             if rows:
-                await asyncio.to_thread(self.store.append, rows)
-                self.written += len(rows)
+                await asyncio.to_thread(self._append, rows)
 
     async def every(self, seconds: float) -> None:
         """Flush on a timer too, so a lull between finishing episodes does not leave rows unwritten."""
@@ -251,6 +266,7 @@ async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any,
             await asyncio.gather(*workers, ticker, return_exceptions=True)
             await asyncio.shield(writer.flush())
             result.written = writer.written
+            result.already_stored = writer.already_stored
             result.duration_s = time.monotonic() - started
     return result
 

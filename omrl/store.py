@@ -4,16 +4,25 @@
     STORE/omrl.json                       manifest: schema version, lineage of derived stores
     STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
 
-Appends are atomic (temporary file, fsync, rename); readers never see a half-written part. A part
-that cannot be read is reported by name and skipped, so one bad file never takes a store down.
+Every commit is whole and goes through one store-wide write lock: an append of any size is one part
+(temporary file, fsync, rename), its ids are checked against the store's under the lock (ids are unique
+per store, whoever writes), and the dataset card is rewritten to list exactly the live parts. A
+compaction renames its merged part in before it removes the parts it replaces; a crash in between is
+finished by the next writer. Derived stores are built in a hidden staging folder and renamed into
+place whole (`Store.staged`). A part that cannot be read is reported by name and skipped, so one bad
+file never takes a store down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
+import shutil
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
@@ -38,6 +48,11 @@ MAX_ROW_GROUP_ROWS = 16_384
 ZSTD_LEVEL = 3  # as fast to write as level 1 here, about 10% smaller
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
 RELIST_ATTEMPTS = 5
+# A temporary file or staging folder whose writer process is gone, or older than this, is garbage.
+STALE_SECONDS = 24 * 3600
+# Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
+_TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
+_STAGING_PID = re.compile(r"\.(?:staging|creating|replaced)-(\d+)-[0-9a-f]+$")
 
 
 class StoreError(RuntimeError):
@@ -82,18 +97,9 @@ def _write_atomic_bytes(path: Path, data: bytes) -> None:
 
 
 def dataset_card(name: str, description: str = "") -> str:
-    """The README.md that makes a store loadable with `datasets.load_dataset(path)`."""
+    """The README.md that makes a store loadable with `datasets.load_dataset(path)` (no parts yet)."""
     return f"""---
-configs:
-- config_name: trajectories
-  default: true
-  data_files:
-  - split: train
-    path: data/trajectories/part-*.parquet
-- config_name: annotations
-  data_files:
-  - split: train
-    path: data/annotations/part-*.parquet
+{_card_configs({table: [] for table in TABLES})}
 tags:
 - omrl
 - agent-trajectories
@@ -117,6 +123,69 @@ Query it with SQL: `omrl query STORE "SELECT env, avg(reward) FROM trajectories 
 """
 
 
+def _card_configs(parts: dict[str, list[str]]) -> str:
+    """The card's `configs:` block listing each table's live parts by name.
+
+    Exact names, not a glob: a glob would also match the parts a crashed compaction left behind, and
+    `load_dataset` would then return their rows twice. A table without parts keeps the glob (it matches
+    nothing, as before).
+    """
+    lines = ["configs:"]
+    for table in TABLES:
+        lines.append(f"- config_name: {table}")
+        if table == "trajectories":
+            lines.append("  default: true")
+        lines += ["  data_files:", "  - split: train"]
+        names = parts.get(table) or []
+        if names:
+            lines.append("    path:")
+            lines += [f"    - data/{table}/{name}" for name in names]
+        else:
+            lines.append(f"    path: data/{table}/part-*.parquet")
+    return "\n".join(lines)
+
+
+def _replace_card_configs(card: str, configs: str) -> str:
+    """The card with its YAML `configs:` block replaced (the rest of the front matter and the text kept)."""
+    match = re.match(r"^---\n(.*?)\n---\n", card, re.S)
+    if match is None:  # no front matter (a hand-edited card): give it one
+        return f"---\n{configs}\n---\n\n{card}"
+    front = match.group(1)
+    kept = re.sub(r"^configs:\n(?:[ -].*\n?)*", "", front + "\n", flags=re.M).strip("\n")
+    return f"---\n{configs}" + (f"\n{kept}" if kept else "") + "\n---\n" + card[match.end():]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _is_stale(path: Path, pattern: re.Pattern[str]) -> bool:
+    """A temporary file or folder whose writer has died (its pid is in the name), or that is very old."""
+    match = pattern.search(path.name)
+    try:
+        age = time.time() - path.lstat().st_mtime
+    except FileNotFoundError:
+        return False
+    if match is not None and not _pid_alive(int(match.group(1))):
+        return True
+    return age > STALE_SECONDS
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What one append committed: the new part (None when nothing was written) and the row counts."""
+
+    part: Path | None
+    written: int
+    skipped: int = 0  # rows whose id the store already held (only with skip_existing)
+
+
 def _row_group_rows(data: pa.Table) -> int:
     per_row = max(1, data.nbytes // max(1, data.num_rows))
     return max(64, min(MAX_ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
@@ -130,20 +199,81 @@ class Store:
         if not (self.path / MANIFEST).is_file():
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
         self._footers: dict[tuple[str, int, int], _Footer] = {}
+        self._part_ids: dict[tuple[str, int, int], frozenset[str]] = {}
 
     # ------------------------------------------------------------ creation and manifest
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], exist_ok: bool = True, description: str = "",
                lineage: dict[str, Any] | None = None) -> Store:
-        """Create a store folder (or open it when it exists and exist_ok)."""
+        """Create a store folder (or open it when it exists and exist_ok); safe when processes race."""
         root = Path(path)
         if (root / MANIFEST).is_file():
             if not exist_ok:
                 raise StoreError(f"{root} already holds a store")
             return cls(root)
-        if root.exists() and any(root.iterdir()):
-            raise StoreError(f"{root} exists, is not empty and is not an omrl store")
+        _refuse_foreign(root)
+        staging = _new_staging(root, "creating")
+        try:
+            cls._lay_out(staging, root.name, description, lineage)
+            os.rename(staging, root)  # replaces an empty folder; fails if another process got there first
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if not (root / MANIFEST).is_file():
+                raise StoreError(f"{root} exists, is not empty and is not an omrl store") from None
+            if not exist_ok:
+                raise StoreError(f"{root} already holds a store") from None
+            # A racing process created it first: that is the store the caller asked for.
+        _fsync_dir(root.parent)
+        return cls(root)
+
+    @classmethod
+    @contextlib.contextmanager
+    def staged(cls, path: str | os.PathLike[str], description: str = "",
+               lineage: dict[str, Any] | None = None, replace: bool = False) -> Iterator[Store]:
+        """Build a new store in a hidden staging folder and rename it to `path` whole when the block ends.
+
+        A crash or an error inside the block leaves no new store at `path` (the staging folder is
+        removed, or by the next `staged` call when the process was killed): derived stores (filter,
+        augment, export) are complete or absent, never half-written. With `replace`, a store already
+        at `path` is swapped out only once the new one is complete.
+        """
+        root = Path(path)
+        if (root / MANIFEST).is_file():
+            if not replace:
+                raise StoreError(f"{root} already holds a store; choose a new output folder")
+        else:
+            _refuse_foreign(root)
+        staging = _new_staging(root, "staging")
+        try:
+            cls._lay_out(staging, root.name, description, lineage)
+            store = cls(staging)
+            yield store
+            store._rewrite_card()
+            old = None
+            if replace and (root / MANIFEST).is_file():
+                old = root.parent / f".{root.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                os.rename(root, old)
+            try:
+                os.rename(staging, root)
+            except OSError as exc:
+                if old is not None:
+                    os.rename(old, root)  # put the previous store back
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise StoreError(f"{root} was created by someone else meanwhile; nothing written") from None
+                raise
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _fsync_dir(root.parent)
+        store.path = root
+
+    @staticmethod
+    def _lay_out(root: Path, name: str, description: str, lineage: dict[str, Any] | None) -> None:
         for table in TABLES:
             (root / "data" / table).mkdir(parents=True, exist_ok=True)
         manifest = {
@@ -152,9 +282,8 @@ class Store:
             "created_at": utcnow().isoformat(),
             "lineage": [lineage] if lineage else [],
         }
-        _write_atomic_bytes(root / "README.md", dataset_card(root.name, description).encode())
-        _write_atomic_bytes(root / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-        return cls(root)
+        _write_atomic_bytes(root / "README.md", dataset_card(name, description).encode())
+        _write_atomic_bytes(root / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -190,15 +319,37 @@ class Store:
         return self.path / "data" / table
 
     def append(self, rows: Iterable[dict[str, Any]] | pa.Table, table: str = "trajectories",
-               metadata: dict[bytes, bytes] | None = None) -> Path | None:
-        """Validate and write rows as one new part, atomically. Returns the part path (None if no rows)."""
+               metadata: dict[bytes, bytes] | None = None, skip_existing: bool = False) -> Appended:
+        """Validate rows and commit them as one new part, whole or not at all.
+
+        Ids must be unique in the batch and new to the table: the check runs under the store's write
+        lock, so concurrent writers can never double a row. With `skip_existing`, rows whose id the
+        table already holds are dropped (a repeated or racing collect run); otherwise they are an error
+        and nothing is written.
+        """
         self.table_dir(table)  # an unknown table name fails here, with the list of tables
         data = conform(rows, table) if isinstance(rows, pa.Table) else to_table(list(rows), table)
+        _refuse_repeated_ids(data)
         if data.num_rows == 0:
-            return None
-        return self._write_part(data, table, metadata)
+            return Appended(None, 0)
+        with self._lock("write"):
+            self._finish_cleanup(table)
+            present = pc.is_in(data.column("id"), value_set=pa.array(sorted(self._ids_locked(table)), pa.string()))
+            skipped = pc.sum(present).as_py() or 0
+            if skipped and not skip_existing:
+                sample = data.filter(present).column("id").slice(0, 3).to_pylist()
+                raise StoreError(f"{skipped} of {data.num_rows} {table} rows have ids the store already holds "
+                                 f"(e.g. {', '.join(sample)}); nothing written")
+            if skipped:
+                data = data.filter(pc.invert(present))
+            if data.num_rows == 0:
+                return Appended(None, 0, skipped)
+            part = self._write_part(data, table, metadata)
+            self._rewrite_card()
+        return Appended(part, data.num_rows, skipped)
 
     def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
+        """Write a part to a hidden temporary file, fsync it and rename it in (callers hold the write lock)."""
         directory = self.table_dir(table)
         directory.mkdir(parents=True, exist_ok=True)
         # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
@@ -207,14 +358,55 @@ class Store:
         tmp = directory / f".{name}.tmp"  # hidden and not *.parquet: no reader ever picks it up
         if metadata:
             data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
-        with open(tmp, "wb") as f:
-            pq.write_table(data, f, compression="zstd", compression_level=ZSTD_LEVEL,
-                           row_group_size=_row_group_rows(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, final)
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(data, f, compression="zstd", compression_level=ZSTD_LEVEL,
+                               row_group_size=_row_group_rows(data))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         _fsync_dir(directory)
         return final
+
+    def _rewrite_card(self) -> None:
+        """List the live parts of every table in README.md (callers hold the write lock)."""
+        card_path = self.path / "README.md"
+        card = card_path.read_text(encoding="utf-8") if card_path.is_file() else dataset_card(self.path.name)
+        configs = _card_configs({table: [p.name for p in self.parts(table, warn=False)] for table in TABLES})
+        updated = _replace_card_configs(card, configs)
+        if updated != card:
+            _write_atomic_bytes(card_path, updated.encode())
+
+    def _finish_cleanup(self, table: str) -> int:
+        """Remove what crashed writers left: parts a compaction replaced, stale temporary files.
+
+        Callers hold the write lock. Returns the number of files removed.
+        """
+        removed = 0
+        for path in self._scan(table, warn=False)[1]:
+            path.unlink(missing_ok=True)
+            removed += 1
+        for tmp in self.table_dir(table).glob(".part-*.tmp"):
+            if _is_stale(tmp, _TMP_PID):
+                tmp.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def _ids_locked(self, table: str) -> set[str]:
+        """The ids of every live part, each part's ids read once per name, size and mtime."""
+        out: set[str] = set()
+        for path in self.parts(table, warn=False):
+            st = path.stat()
+            key = (str(path), st.st_size, st.st_mtime_ns)
+            ids = self._part_ids.get(key)
+            if ids is None:
+                ids = frozenset(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+                self._part_ids[key] = ids
+            out.update(ids)
+        return out
 
     # ------------------------------------------------------------ reading
 
@@ -259,11 +451,11 @@ class Store:
     def _retry_on_vanished(work: Callable[[], T]) -> T:
         """Run `work`, again when a part vanished under it: a compaction renames its new part in before it
         removes the old ones, so a fresh listing sees every row."""
-        for _ in range(RELIST_ATTEMPTS - 1):
+        for attempt in range(RELIST_ATTEMPTS - 1):
             try:
                 return work()
             except FileNotFoundError:
-                continue
+                time.sleep(0.01 * (attempt + 1))  # let the compaction finish its cleanup
         return work()
 
     def _each_part(self, table: str, read: Callable[[Path], T]) -> list[T]:
@@ -275,7 +467,7 @@ class Store:
         return self._scan(table, warn)[0]
 
     def check(self) -> list[PartProblem]:
-        """Every part file that cannot be read, or whose rows do not fit the schema."""
+        """Every part file that cannot be read or whose rows do not fit the schema, and ids held twice."""
         problems = []
         for table in TABLES:
             for path in self._all_parts(table):
@@ -292,7 +484,34 @@ class Store:
                         problem = f"{type(exc).__name__}: {exc}"
                 if problem is not None:
                     problems.append(PartProblem(path, problem))
+            problems += self._duplicate_problems(table)
         return problems
+
+    def _duplicate_problems(self, table: str) -> list[PartProblem]:
+        """Ids held by more than one row (stores written before ids were checked at commit)."""
+        try:
+            ids = pa.chunked_array(self._each_part(table, lambda p: pq.read_table(p, columns=["id"]).column("id")),
+                                   pa.string())
+        except Exception:  # unreadable parts are reported above
+            return []
+        counts = pc.value_counts(ids)
+        repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+        if len(repeated) == 0:
+            return []
+        extra = pc.sum(repeated.field("counts")).as_py() - len(repeated)
+        sample = ", ".join(repeated.field("values").slice(0, 3).to_pylist())
+        return [PartProblem(self.table_dir(table), f"{len(repeated)} {table} ids appear more than once "
+                            f"({extra} extra rows, e.g. {sample}); `omrl store compact` keeps one copy of each")]
+
+    def repair(self) -> int:
+        """Finish interrupted cleanups (replaced parts, stale temporary files) and rewrite the card.
+
+        Returns the number of files removed. Unreadable parts are left for the user to look at.
+        """
+        with self._lock("write"):
+            removed = sum(self._finish_cleanup(table) for table in TABLES)
+            self._rewrite_card()
+        return removed
 
     def read(self, table: str = "trajectories", columns: list[str] | None = None) -> pa.Table:
         """All rows of a table as Arrow, in the current schema (older parts are conformed)."""
@@ -334,17 +553,28 @@ class Store:
     # ------------------------------------------------------------ maintenance
 
     def compact(self, table: str = "trajectories", min_parts: int = 2) -> Path | None:
-        """Merge all readable parts into one; crash-safe (the new part names the parts it replaces)."""
+        """Merge all readable parts into one, keeping the first copy of any repeated id; crash-safe.
+
+        The merged part names the parts it replaces and is renamed in before they are removed, so a
+        crash in between hides them from readers, and the next writer (or compaction) removes them.
+        """
         with self._lock(f"compact-{table}"):
-            parts, leftovers = self._scan(table)
-            if len(parts) < min_parts:
+            with self._lock("write"):
+                self._finish_cleanup(table)
+            parts = self.parts(table)
+            duplicated = bool(self._duplicate_problems(table))
+            if len(parts) < min_parts and not duplicated:
                 return None
+            # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
             data = pa.concat_tables([conform(pq.read_table(p), table) for p in parts])
-            # Leftovers are named too: once their old replacement is gone, nothing else would hide them.
-            replaces = json.dumps(sorted(p.name for p in parts + leftovers)).encode()
-            new = self._write_part(data, table, {REPLACES_KEY: replaces})
-            for p in parts + leftovers:
-                p.unlink(missing_ok=True)
+            if duplicated:
+                data = _first_of_each_id(data)
+            replaces = json.dumps(sorted(p.name for p in parts)).encode()
+            with self._lock("write"):
+                new = self._write_part(data, table, {REPLACES_KEY: replaces})
+                self._rewrite_card()
+                for p in parts:
+                    p.unlink(missing_ok=True)
             return new
 
     def sql(self, query: str) -> pa.Table:
@@ -358,6 +588,46 @@ class Store:
         from omrl.query import connect
 
         return connect(self)
+
+
+def _refuse_foreign(root: Path) -> None:
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise StoreError(f"{root} exists, is not empty and is not an omrl store")
+
+
+def _new_staging(root: Path, kind: str) -> Path:
+    """A fresh hidden folder beside `root` (same file system, so it can be renamed into place); stale
+    ones of killed processes are removed first."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    for old in root.parent.glob(f".{root.name}.*-*-*"):
+        if not (_STAGING_PID.search(old.name) and _is_stale(old, _STAGING_PID)):
+            continue
+        if ".replaced-" in old.name and not root.exists():
+            os.rename(old, root)  # killed while swapping in a replacement: the previous store comes back
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    staging = root.parent / f".{root.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    return staging
+
+
+def _refuse_repeated_ids(data: pa.Table) -> None:
+    counts = pc.value_counts(data.column("id"))
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        sample = ", ".join(map(str, repeated.field("values").slice(0, 3).to_pylist()))
+        raise StoreError(f"{len(repeated)} ids occur more than once in the rows to append (e.g. {sample}); "
+                         "ids must be unique, nothing written")
+
+
+def _first_of_each_id(data: pa.Table) -> pa.Table:
+    """The rows of `data` whose id has not occurred in an earlier row."""
+    seen: set[str] = set()
+    keep = []
+    for value in data.column("id").to_pylist():
+        keep.append(value not in seen)
+        seen.add(value)
+    return data.filter(pa.array(keep, pa.bool_()))
 
 
 def open_store(path: str | os.PathLike[str], create: bool = False) -> Store:

@@ -67,7 +67,9 @@ def test_pointwise_scores_tokens_cost_and_cache(store):
         sent = server.requests[0]["messages"]
         assert "correct answer" in sent[0]["content"] and sent[1]["content"].startswith("Trajectory:")
         assert "reward" not in sent[-1]["content"].lower()
-        second = annotate(store, judge=cfg)
+        resumed = annotate(store, judge=cfg)  # a plain re-run resumes: everything is already scored
+        assert resumed.judge is None and resumed.written["judge:q"] == 0 and resumed.already_done["judge:q"] == 3
+        second = annotate(store, judge=cfg, redo=True)
         assert server.calls == 3  # zero new calls: every reply came from the cache
         assert second.judge.cache_hits == 3 and second.written["judge:q"] == 3
     assert (store.path / "cache" / "judge" / "replies.jsonl").is_file()
@@ -140,7 +142,8 @@ def test_pairwise_sends_both_orders_and_combines(store):
 
     # A judge that always prefers the first position: both orders cancel out into ties.
     with FakeOpenAIServer(default={"content": '{"preference": "A"}'}) as server:
-        annotate(store, judge=config(server, mode="pairwise", temperature=0.5))
+        assert annotate(store, judge=config(server, mode="pairwise")).judge.calls == 0  # resumed: all scored
+        annotate(store, judge=config(server, mode="pairwise", temperature=0.5), redo=True)
         got = judged(store, "judge:q:pairwise")
         assert {v["score"] for v in got.values()} == {0.5}
         assert json.loads(got["a"]["metadata"])["position_inconsistent"] == 2
@@ -219,7 +222,10 @@ def test_annotate_cli_metrics_judge_and_reward(store, tmp_path):
         result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, result.output
         assert "judge: 3 calls, 0 cache hits" in result.output and "judge:q" in result.output
-        result = CliRunner().invoke(cli, args)
+        result = CliRunner().invoke(cli, args)  # a re-run resumes: nothing left to annotate
+        assert result.exit_code == 0 and "judge:" not in result.output.split("reward:")[0].split("┘")[-1]
+        assert server.calls == 3 and store.count("annotations") == 9
+        result = CliRunner().invoke(cli, args + ["--redo"])
         assert "judge: 0 calls, 3 cache hits" in result.output and server.calls == 3
     rewards = {r["trajectory_id"]: r["reward"] for r in store.sql("SELECT trajectory_id, reward FROM scores").to_pylist()}
     assert rewards == pytest.approx({"a": 1.9, "b": 0.2, "c": 1.9})

@@ -116,6 +116,7 @@ def test_a_reader_racing_a_compaction_still_sees_every_row(tmp_path, monkeypatch
     store = Store.create(tmp_path / "s")
     for i in range(4):
         store.append([make_trajectory(i).to_row()])
+    store = Store(store.path)  # a reader that has not listed the parts yet (appends list them)
     if footers_cached:
         store.parts()
     real_read_metadata, real_read_table = pq.read_metadata, pq.read_table

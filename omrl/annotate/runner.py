@@ -32,14 +32,15 @@ class AnnotateSummary:
     written: Counter = field(default_factory=Counter)  # annotator -> rows written
     errors: Counter = field(default_factory=Counter)  # annotator -> error rows
     skipped: Counter = field(default_factory=Counter)  # annotator -> not applicable
+    already_done: Counter = field(default_factory=Counter)  # annotator -> had an ok annotation (resume)
     judge: JudgeStats | None = None
     reward_missing: int = 0
 
     def table(self) -> list[dict[str, Any]]:
         """One summary row per annotator."""
-        names = sorted(set(self.written) | set(self.skipped))
+        names = sorted(set(self.written) | set(self.skipped) | set(self.already_done))
         return [{"annotator": n, "written": self.written[n], "errors": self.errors[n],
-                 "skipped": self.skipped[n]} for n in names]
+                 "skipped": self.skipped[n], "already_done": self.already_done[n]} for n in names]
 
 
 def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
@@ -57,13 +58,14 @@ class _Writer:
     def __init__(self, store: Store, summary: AnnotateSummary):
         self.store, self.summary, self.buffer = store, summary, []
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
+    def add(self, rows: list[dict[str, Any]], whole: bool = False) -> None:
+        """Buffer rows (written every WRITE_BATCH); `whole` commits them at once, in one part."""
         for r in rows:
             self.summary.written[r["annotator"]] += 1
             if r.get("status") == "error":
                 self.summary.errors[r["annotator"]] += 1
         self.buffer.extend(rows)
-        if len(self.buffer) >= WRITE_BATCH:
+        if whole or len(self.buffer) >= WRITE_BATCH:
             self.flush()
 
     def flush(self) -> None:
@@ -72,11 +74,37 @@ class _Writer:
             self.buffer = []
 
 
+def annotated_pairs(store: Store) -> set[tuple[str, str, str, str]]:
+    """(trajectory_id, annotator, rubric, judge model) of every ok annotation in the store ("" for none)."""
+    data = store.read("annotations", columns=["trajectory_id", "annotator", "rubric", "judge_model", "status"])
+    return {(r["trajectory_id"], r["annotator"], r["rubric"] or "", r["judge_model"] or "")
+            for r in data.to_pylist() if r["status"] == "ok"}
+
+
+def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[str, ...]]) -> list[dict[str, Any]]:
+    """The rows the judge still has to score. Pairwise and group judges compare the members of a task or
+    group with each other, so such a set is judged again whole unless every member already has its score."""
+    def is_done(row: dict[str, Any]) -> bool:
+        return (row["id"], judge.annotator, judge.rubric.name or "", judge.model or "") in done
+
+    if judge.mode == "pointwise":
+        return [r for r in rows if not is_done(r)]
+    key = "task_id" if judge.mode == "pairwise" else "group_id"
+    open_sets = {r[key] for r in rows if not is_done(r)}
+    return [r for r in rows if r[key] in open_sets]
+
+
 def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: JudgeConfig | None = None,
              where: str | None = None, reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
-             progress: Callable[[str, int, int], None] | None = None) -> AnnotateSummary:
+             progress: Callable[[str, int, int], None] | None = None, redo: bool = False) -> AnnotateSummary:
     """Annotate the selected trajectories: metrics, then the judge, then the reward recipe (in that order,
-    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes."""
+    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes.
+
+    Resumes: a (trajectory, annotator, rubric, judge model) that already has an ok annotation is not
+    annotated again
+    (counted in `summary.already_done`), so re-running a killed command finishes the work without doubling
+    it. `redo` annotates everything again (the history keeps both; views show the latest).
+    """
     store = store if isinstance(store, Store) else Store(store)
     loaded = [m if isinstance(m, NamedMetric) else load_metric(m) for m in metrics]
     recipe = load_recipe(reward_recipe) if reward_recipe is not None else None
@@ -85,35 +113,45 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: J
     summary.trajectories = len(rows)
     report = progress or (lambda stage, done, total: None)
     writer = _Writer(store, summary)
+    done_pairs = set() if redo else annotated_pairs(store)
 
     if loaded:
         for i, row in enumerate(rows, 1):
-            out, skipped = annotate_row(row, loaded, summary.run_id)
+            todo = [m for m in loaded if (row["id"], m.name, "", "") not in done_pairs]
+            summary.already_done.update(m.name for m in loaded if m not in todo)
+            out, skipped = annotate_row(row, todo, summary.run_id) if todo else ([], [])
             summary.skipped.update(skipped)
             writer.add(out)
             report("metrics", i, len(rows))
         writer.flush()
 
-    if judge is not None and rows:
+    judge_rows = _judge_todo(rows, judge, done_pairs) if judge is not None else []
+    if judge is not None:
+        summary.already_done[judge.annotator] += len(rows) - len(judge_rows)
+    if judge is not None and judge_rows:
         done = 0
 
         def tick(n: int) -> None:
             nonlocal done
             done += n
-            report("judge", done, len(rows))
+            report("judge", done, len(judge_rows))
 
         cache = JudgeCache(store.path / "cache" / "judge")
-        out, stats = asyncio.run(run_judge(judge, rows, summary.run_id, cache, tick))
+        out, stats = asyncio.run(run_judge(judge, judge_rows, summary.run_id, cache, tick))
         summary.judge = stats
         summary.skipped[judge.annotator] += stats.skipped
-        writer.add(out)
-        writer.flush()
+        writer.add(out, whole=True)  # a group's relative scores are committed together or not at all
 
     if recipe is not None:
         table = combined_reward(store, recipe)
         if where:
             table = table.filter(pc.is_in(table.column("trajectory_id"),
                                                   value_set=pa.array([r["id"] for r in rows], pa.string())))
+        if not redo:
+            fresh = [(t, recipe.name, recipe.source or "", "") not in done_pairs
+                     for t in table.column("trajectory_id").to_pylist()]
+            summary.already_done[recipe.name] += fresh.count(False)
+            table = table.filter(pa.array(fresh, pa.bool_()))
         out = reward_annotations(table, recipe, summary.run_id)
         summary.reward_missing = sum(1 for r in out if r["status"] == "error")
         writer.add(out)

@@ -26,9 +26,12 @@ from omrl.cli.common import console, user_errors
 @click.option("--price-completion", type=float, help="USD per million completion tokens (for cost_usd).")
 @click.option("--reward-recipe", type=click.Path(exists=True, dir_okay=False),
               help="Reward recipe YAML: writes the combined reward as an annotator (after metrics and judge).")
+@click.option("--redo", is_flag=True,
+              help="Annotate again what already has an ok annotation from the same annotator and rubric "
+                   "(by default a re-run resumes and skips those).")
 @user_errors
 def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where, concurrency, max_chars,
-             price_prompt, price_completion, reward_recipe):
+             price_prompt, price_completion, reward_recipe, redo):
     """Score trajectories with metrics, an LLM judge and a reward recipe.
 
     Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
@@ -60,13 +63,14 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
             bar.update(tasks[stage], completed=done)
 
         summary = run(store, metrics=list(metrics), judge=judge, where=where, reward_recipe=reward_recipe,
-                      progress=progress)
+                      progress=progress, redo=redo)
 
     table = Table(title=f"annotate {store} ({summary.trajectories} trajectories, run {summary.run_id})")
-    for col in ("annotator", "written", "errors", "skipped"):
+    for col in ("annotator", "written", "errors", "skipped", "already_done"):
         table.add_column(col, justify="left" if col == "annotator" else "right")
     for row in summary.table():
-        table.add_row(row["annotator"], str(row["written"]), str(row["errors"]), str(row["skipped"]))
+        table.add_row(row["annotator"], str(row["written"]), str(row["errors"]), str(row["skipped"]),
+                      str(row["already_done"]))
     console.print(table)
     if summary.judge is not None:
         s = summary.judge

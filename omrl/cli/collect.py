@@ -124,6 +124,9 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
     console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "
                   f"{result.skipped} already stored, {result.written} written to {store_path}; "
                   f"success {rate}; {statuses}", highlight=False)
+    if result.already_stored:
+        console.print(f"{result.already_stored} episode(s) played here were stored first by another run of the "
+                      "same command; those rows were not written twice", highlight=False)
     if result.errors:
         console.print(f"[yellow]{result.errors} episode(s) failed; see: omrl query {store_path} "
                       f"\"SELECT status, error FROM trajectories WHERE status NOT IN ('ok', 'truncated')\"[/yellow]")

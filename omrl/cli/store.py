@@ -51,18 +51,25 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool) -> None:
 
 @store.command("check")
 @click.argument("path", type=click.Path(file_okay=False))
+@click.option("--repair", is_flag=True,
+              help="First finish what crashed writers left: remove replaced parts and stale temporary files, "
+                   "rewrite the dataset card.")
 @user_errors
-def check(path: str) -> None:
-    """List part files that cannot be read; exit status 1 when any is found.
+def check(path: str, repair: bool) -> None:
+    """List part files that cannot be read and ids stored twice; exit status 1 when any is found.
 
-    Example:  omrl store check my-store
+    Example:  omrl store check my-store --repair
     """
-    problems = open_store(path).check()
+    target = open_store(path)
+    if repair:
+        removed = target.repair()
+        console.print(f"repaired: {removed} leftover file(s) removed, dataset card rewritten", highlight=False)
+    problems = target.check()
     if not problems:
-        console.print("all parts readable")
+        console.print("all parts readable, every id stored once")
         return
     for problem in problems:
-        console.print(f"[red]bad part[/red] {problem.path}: {problem.error}", highlight=False)
+        console.print(f"[red]problem[/red] {problem.path}: {problem.error}", highlight=False)
     sys.exit(1)
 
 

@@ -352,15 +352,16 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
         "paraphrase": "llm" if paraphraser else "rules"}, "counts": {
         "written": dict(result.written), "not_applicable": dict(result.not_applicable),
         "failed": dict(result.failed)}}
-    dst = Store.create(out, exist_ok=False, description=f"Augmented from {store.path}.", lineage=lineage)
-    if keep_originals:
-        dst.append(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
-        result.originals = len(rows)
-        annotations = store.read("annotations")
-        keep = pa.array([r["id"] for r in rows], pa.string())
-        dst.append(annotations.filter(pc.is_in(annotations.column("trajectory_id"), value_set=keep)),
-                   table="annotations")
-    if new_rows:
-        dst.append(pa.Table.from_pylist(new_rows, schema=TRAJECTORY_SCHEMA))
+    # Built in a staging folder, renamed into place whole: a killed augment leaves no half store.
+    with Store.staged(out, description=f"Augmented from {store.path}.", lineage=lineage) as dst:
+        if keep_originals:
+            dst.append(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
+            result.originals = len(rows)
+            annotations = store.read("annotations")
+            keep = pa.array([r["id"] for r in rows], pa.string())
+            dst.append(annotations.filter(pc.is_in(annotations.column("trajectory_id"), value_set=keep)),
+                       table="annotations")
+        if new_rows:
+            dst.append(pa.Table.from_pylist(new_rows, schema=TRAJECTORY_SCHEMA))
     result.store = dst.path
     return result

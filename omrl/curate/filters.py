@@ -15,6 +15,7 @@ every option (the recipe inlined), the counts and a hash of the kept ids; `rebui
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -309,24 +310,27 @@ def filter_store(source: Store | str | Path, out: str | Path, options: FilterOpt
     if recipe is not None:
         recorded["reward_recipe"] = recipe.to_dict()  # inlined, so a rebuild does not need the file
     annotations = store.read("annotations")
-    for name in split_names:
-        kept = by_split.get(name, [])
-        ids = sorted(r["id"] for r in kept)
-        lineage = {"command": "filter", "source": str(store.path.resolve()), "options": recorded,
-                   "sql": options.where, "split": name, "source_rows": result.source_rows,
-                   "counts": {"kept": len(kept), "dropped": dict(result.dropped),
-                              "splits": {n: len(by_split.get(n, [])) for n in split_names}},
-                   "ids_sha256": ids_digest(ids)}
-        path = split_store_path(out, name)
-        dst = Store.create(path, exist_ok=False, description=f"Filtered from {store.path} ({name} split).",
-                           lineage=lineage)
-        dst.append(pa.Table.from_pylist(kept, schema=TRAJECTORY_SCHEMA))
-        keep = pa.array(ids, pa.string())
-        dst.append(annotations.filter(pc.is_in(annotations.column("trajectory_id"), value_set=keep)),
-                   table="annotations")
-        result.kept[name] = len(kept)
-        result.stores[name] = path
-        result.ids[name] = ids
+    # Every split is built in a staging folder and renamed into place only once all are complete:
+    # a killed filter leaves no output store that looks whole but is not.
+    with contextlib.ExitStack() as staged:
+        for name in split_names:
+            kept = by_split.get(name, [])
+            ids = sorted(r["id"] for r in kept)
+            lineage = {"command": "filter", "source": str(store.path.resolve()), "options": recorded,
+                       "sql": options.where, "split": name, "source_rows": result.source_rows,
+                       "counts": {"kept": len(kept), "dropped": dict(result.dropped),
+                                  "splits": {n: len(by_split.get(n, [])) for n in split_names}},
+                       "ids_sha256": ids_digest(ids)}
+            path = split_store_path(out, name)
+            dst = staged.enter_context(Store.staged(
+                path, description=f"Filtered from {store.path} ({name} split).", lineage=lineage))
+            dst.append(pa.Table.from_pylist(kept, schema=TRAJECTORY_SCHEMA))
+            keep = pa.array(ids, pa.string())
+            dst.append(annotations.filter(pc.is_in(annotations.column("trajectory_id"), value_set=keep)),
+                       table="annotations")
+            result.kept[name] = len(kept)
+            result.stores[name] = path
+            result.ids[name] = ids
     if rejects is not None:
         _write_rejects(Path(rejects), dropped_all)
     return result
