@@ -251,11 +251,61 @@ def _json_text(value: Any, where: str, default: str) -> str:
             json.loads(value)
         except json.JSONDecodeError as exc:
             raise SchemaError(f"field '{where}' must be JSON text: {exc}") from None
+        except RecursionError:
+            raise SchemaError(f"field '{where}' is JSON nested too deeply to read") from None
+        except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+            raise SchemaError(f"field '{where}' must be JSON text: {exc}") from None
         return value
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise SchemaError(f"field '{where}' cannot be serialised to JSON: {exc}") from None
+    except RecursionError:
+        raise SchemaError(f"field '{where}' is nested too deeply to serialise") from None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value for an error message, cut short: a record may hold megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _names(names: set[str], limit: int = 10) -> str:
+    shown = [str(n)[:40] for n in sorted(map(str, names))[:limit]]
+    return ", ".join(shown) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _text(value: Any, where: str) -> str | None:
+    """A field that must be text (instruction): no number or object is turned into its repr."""
+    if value is None or isinstance(value, str):
+        return value
+    raise SchemaError(f"field '{where}' must be a string, got {type(value).__name__}")
+
+
+def _key(value: Any, where: str) -> str | None:
+    """An id-like field: text, or an integer taken as its digits; never a float, bool or object."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise SchemaError(f"field '{where}' must be a string, got {type(value).__name__} {_short(value)}")
+
+
+def _finite(value: Any, where: str) -> float | None:
+    """A reward or score: a finite number or null (JSON's Infinity and NaN are refused, never stored)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(f"field '{where}' must be a number, got {_short(value)}")
+    name = where.rsplit(".", 1)[-1]
+    try:
+        number = float(value)
+    except OverflowError:
+        raise SchemaError(f"field '{where}': {name} must be a finite number, got an integer too large for a float"
+                          ) from None
+    if not math.isfinite(number):
+        raise SchemaError(f"field '{where}': {name} must be a finite number, got {number!r}")
+    return number
 
 
 def _opt_str(value: Any, where: str) -> str | None:
@@ -266,22 +316,31 @@ def _opt_str(value: Any, where: str) -> str | None:
     raise SchemaError(f"field '{where}' must be a string, got {type(value).__name__}")
 
 
-def _opt_int(value: Any, where: str) -> int | None:
+_INT_LIMITS = {32: 2**31, 64: 2**63}
+
+
+def _opt_int(value: Any, where: str, bits: int = 32) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
         isinstance(value, float) and not value.is_integer()
     ):
-        raise SchemaError(f"field '{where}' must be an integer, got {value!r}")
-    return int(value)
+        raise SchemaError(f"field '{where}' must be an integer, got {_short(value)}")
+    value = int(value)
+    if not -_INT_LIMITS[bits] <= value < _INT_LIMITS[bits]:
+        raise SchemaError(f"field '{where}' must fit in {bits} bits, got {_short(value)}")
+    return value
 
 
 def _opt_float(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"field '{where}' must be a number, got {value!r}")
-    value = float(value)
+        raise SchemaError(f"field '{where}' must be a number, got {_short(value)}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise SchemaError(f"field '{where}' must be a number that fits a float, got a huge integer") from None
     if math.isnan(value):
         return None
     return value
@@ -290,7 +349,7 @@ def _opt_float(value: Any, where: str) -> float | None:
 def _opt_bool(value: Any, where: str) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
-    raise SchemaError(f"field '{where}' must be true or false, got {value!r}")
+    raise SchemaError(f"field '{where}' must be true or false, got {_short(value)}")
 
 
 def _timestamp(value: Any, where: str) -> datetime:
@@ -302,9 +361,9 @@ def _timestamp(value: Any, where: str) -> datetime:
         try:
             parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise SchemaError(f"field '{where}' must be an ISO-8601 time, got {value!r}") from None
+            raise SchemaError(f"field '{where}' must be an ISO-8601 time, got {_short(value)}") from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-    raise SchemaError(f"field '{where}' must be a timestamp, got {value!r}")
+    raise SchemaError(f"field '{where}' must be a timestamp, got {_short(value)}")
 
 
 def _numbers(values: Any, where: str, kind: type) -> list[Any]:
@@ -314,16 +373,21 @@ def _numbers(values: Any, where: str, kind: type) -> list[Any]:
     if isinstance(values, (str, bytes, dict)):  # a string would otherwise become one number per character
         raise SchemaError(f"field '{where}' must be a list of numbers, got {type(values).__name__}")
     try:
-        return [kind(v) for v in values]
-    except (TypeError, ValueError):
+        numbers = [kind(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
         index, bad = next((i, v) for i, v in enumerate(values) if not _converts(kind, v))
-        raise SchemaError(f"field '{where}[{index}]' must be a number, got {bad!r}") from None
+        raise SchemaError(f"field '{where}[{index}]' must be a number, got {_short(bad)}") from None
+    if kind is int:  # token ids are int32 in the schema
+        for index, number in enumerate(numbers):
+            if not -_INT_LIMITS[32] <= number < _INT_LIMITS[32]:
+                raise SchemaError(f"field '{where}[{index}]' must fit in 32 bits, got {_short(number)}")
+    return numbers
 
 
 def _converts(kind: type, value: Any) -> bool:
     try:
         kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
     return True
 
@@ -337,7 +401,7 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         raise SchemaError(f"field '{where}.name' must be a non-empty string")
     arguments = fn.get("arguments", "{}")
     if not isinstance(arguments, str):  # some sources give an object; store its JSON text
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        arguments = _json_text(arguments, f"{where}.arguments", "{}")
     return {"id": _opt_str(call.get("id"), f"{where}.id"), "name": name, "arguments": arguments}
 
 
@@ -346,7 +410,7 @@ def _message(msg: Any, where: str) -> dict[str, Any]:
         raise SchemaError(f"field '{where}' must be an object with a role")
     role = msg.get("role")
     if role not in ROLES:
-        raise SchemaError(f"field '{where}.role' must be one of {', '.join(ROLES)}, got {role!r}")
+        raise SchemaError(f"field '{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}")
     calls = msg.get("tool_calls") or []
     if not isinstance(calls, list):
         raise SchemaError(f"field '{where}.tool_calls' must be a list")
@@ -367,7 +431,7 @@ def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
     index = _opt_int(turn.get("index"), f"{where}.index")
     return {
         "index": position if index is None else index,
-        "reward": _opt_float(turn.get("reward"), f"{where}.reward"),
+        "reward": _finite(turn.get("reward"), f"{where}.reward"),
         "done": bool(turn.get("done", False)),
         "latency_s": _opt_float(turn.get("latency_s"), f"{where}.latency_s"),
         "prompt_tokens": _opt_int(turn.get("prompt_tokens"), f"{where}.prompt_tokens"),
@@ -386,18 +450,19 @@ def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise SchemaError(f"a trajectory must be an object, got {type(row).__name__}")
     tid = row.get("id")
-    label = f"trajectory {tid!r}" if tid else "trajectory (no id)"
+    label = f"trajectory {_short(tid)}" if isinstance(tid, str) and tid else "trajectory (no id)"
     unknown = set(row) - set(TRAJECTORY_SCHEMA.names)
     if unknown:
-        raise SchemaError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise SchemaError(f"{label}: unknown field(s) {_names(unknown)}")
     if not isinstance(tid, str) or not tid:
-        raise SchemaError(f"{label}: field 'id' must be a non-empty string")
+        got = "" if tid is None or isinstance(tid, str) else f", got {type(tid).__name__}"
+        raise SchemaError(f"{label}: field 'id' must be a non-empty string{got}")
     task_id = row.get("task_id")
     if task_id is None or (isinstance(task_id, str) and not task_id):
         raise SchemaError(f"{label}: field 'task_id' is required")
     status = row.get("status") or "ok"
     if status not in STATUSES:
-        raise SchemaError(f"{label}: field 'status' must be one of {', '.join(STATUSES)}, got {status!r}")
+        raise SchemaError(f"{label}: field 'status' must be one of {', '.join(STATUSES)}, got {_short(status)}")
     messages = row.get("messages") or []
     turns = row.get("turns") or []
     if not isinstance(messages, list):
@@ -412,23 +477,23 @@ def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
             "id": tid,
             "run_id": _opt_str(row.get("run_id"), "run_id") or "",
             "round": _opt_int(row.get("round"), "round") or 0,
-            "task_id": _opt_str(task_id, "task_id"),
+            "task_id": _key(task_id, "task_id"),
             "group_id": _opt_str(row.get("group_id"), "group_id"),
             "sample": _opt_int(row.get("sample"), "sample") or 0,
             "env": _opt_str(row.get("env"), "env") or "",
             "model": _opt_str(row.get("model"), "model") or "",
-            "instruction": _opt_str(row.get("instruction"), "instruction") or "",
+            "instruction": _text(row.get("instruction"), "instruction") or "",
             "task": _json_text(row.get("task"), "task", "{}"),
             "tools": tools,
             "messages": [_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
             "turns": [_turn(t, f"turns[{i}]", i) for i, t in enumerate(turns)],
-            "reward": _opt_float(row.get("reward"), "reward"),
+            "reward": _finite(row.get("reward"), "reward"),
             "success": _opt_bool(row.get("success"), "success"),
             "status": status,
             "error": _opt_str(row.get("error"), "error"),
             "num_turns": _opt_int(row.get("num_turns"), "num_turns"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens"),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens", 64),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens", 64),
             "duration_s": _opt_float(row.get("duration_s"), "duration_s"),
             "source": _opt_str(row.get("source"), "source") or "collected",
             "parent_id": _opt_str(row.get("parent_id"), "parent_id"),
@@ -449,10 +514,10 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise SchemaError(f"an annotation must be an object, got {type(row).__name__}")
     tid = row.get("trajectory_id")
-    label = f"annotation of trajectory {tid!r}"
+    label = f"annotation of trajectory {_short(tid)}"
     unknown = set(row) - set(ANNOTATION_SCHEMA.names)
     if unknown:
-        raise SchemaError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise SchemaError(f"{label}: unknown field(s) {_names(unknown)}")
     if not isinstance(tid, str) or not tid:
         raise SchemaError(f"{label}: field 'trajectory_id' must be a non-empty string")
     annotator = row.get("annotator")
@@ -463,7 +528,7 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
         raise SchemaError(f"{label}: field 'kind' must be one of {', '.join(ANNOTATION_KINDS)}")
     status = row.get("status") or "ok"
     if status not in ANNOTATION_STATUSES:
-        raise SchemaError(f"{label}: field 'status' must be ok or error, got {status!r}")
+        raise SchemaError(f"{label}: field 'status' must be ok or error, got {_short(status)}")
     if status == "error" and not row.get("error"):
         raise SchemaError(f"{label}: an error annotation needs field 'error' saying what went wrong")
     try:
@@ -472,7 +537,7 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
             "trajectory_id": tid,
             "annotator": annotator,
             "kind": kind,
-            "score": _opt_float(row.get("score"), "score"),
+            "score": _finite(row.get("score"), "score"),
             "label": _opt_str(row.get("label"), "label"),
             "rationale": _opt_str(row.get("rationale"), "rationale"),
             "status": status,
@@ -480,8 +545,8 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
             "judge_model": _opt_str(row.get("judge_model"), "judge_model"),
             "rubric": _opt_str(row.get("rubric"), "rubric"),
             "prompt_hash": _opt_str(row.get("prompt_hash"), "prompt_hash"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens"),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens"),
+            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens", 64),
+            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens", 64),
             "cost_usd": _opt_float(row.get("cost_usd"), "cost_usd"),
             "run_id": _opt_str(row.get("run_id"), "run_id"),
             "metadata": _json_text(row.get("metadata"), "metadata", "{}"),

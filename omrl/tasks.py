@@ -7,7 +7,6 @@ other source column). Environments receive rows as `omrl.envs.base.Task`.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import os
@@ -20,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from omrl import readers
 from omrl.envs.base import Task
 
 TASK_SCHEMA = pa.schema([
@@ -32,6 +32,7 @@ TASK_SCHEMA = pa.schema([
 ])
 TASK_COLUMNS = [f.name for f in TASK_SCHEMA]
 FORMATS = ("auto", "plain", "gsm8k", "dbbench", "swebench")
+SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 
 # Column names tried, in order, when the mapping does not name one.
 _GUESS = {
@@ -81,61 +82,40 @@ class Mapping:
 
 
 def read_rows(src: str | Path) -> tuple[list[dict[str, Any]], str]:
-    """Rows of a source as dicts plus a short name for it. Files by extension; a folder saved by
-    `datasets.save_to_disk`; otherwise a Hub dataset name (needs the network)."""
+    """Rows of a source as dicts plus a short name for it. Files by extension (read by omrl.readers: errors
+    name the file and line, item or row group); a folder saved by `datasets.save_to_disk`; otherwise a Hub
+    dataset name (needs the network)."""
     path = Path(src)
     if path.is_dir():
         return _read_saved_dataset(path), path.name
     if path.is_file():
-        suffix = "".join(path.suffixes[-1:]).lower()
-        if suffix in (".jsonl", ".ndjson"):
-            return _read_jsonl(path), path.stem
-        if suffix == ".json":
+        if path.suffix.lower() == ".json":
             return _read_json(path), path.stem
-        if suffix in (".csv", ".tsv"):
-            with path.open(newline="", encoding="utf-8") as handle:
-                return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")), path.stem
-        if suffix == ".parquet":
-            return pq.read_table(path).to_pylist(), path.stem
-        raise TaskError(f"{src}: unsupported file type {suffix!r} (use .jsonl, .json, .csv, .parquet)")
+        rows = []
+        for record in readers.iter_records(path, allowed=SUFFIXES, error=TaskError):
+            if not isinstance(record.value, dict):
+                raise TaskError(f"{record.where} is not a JSON object (got {_kind(record.value)})")
+            rows.append(record.value)
+        return rows, path.stem
     if re.fullmatch(r"[\w.-]+(/[\w.-]+)?(:[\w.-]+)?", str(src)) and not str(src).startswith((".", "/")):
         return _read_hub(str(src)), str(src).replace("/", "_").split(":")[0]
     raise FileNotFoundError(f"{src}: no such file or folder")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise TaskError(f"{path}: line {number} is not a JSON object")
-            rows.append(row)
-    return rows
-
-
 def _read_json(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TaskError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = readers.read_json(path, error=TaskError)
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) == 1 and all(isinstance(r, dict) for r in lists[0]):
             data = lists[0]  # {"data": [...]} and similar wrappers
-        elif all(isinstance(v, list) for v in data.values()) and len({len(v) for v in data.values()}) == 1:
+        elif data and all(isinstance(v, list) for v in data.values()) and len({len(v) for v in data.values()}) == 1:
             keys = list(data)
             return [dict(zip(keys, values, strict=True)) for values in zip(*data.values(), strict=True)]  # column-oriented
     if not isinstance(data, list):
-        raise TaskError(f"{path}: expected a list of objects")
-    for number, row in enumerate(data, 1):
+        raise TaskError(f"{path.name}: expected a list of objects, got {_kind(data)}")
+    for number, row in enumerate(data):
         if not isinstance(row, dict):
-            raise TaskError(f"{path}: row {number} is not a JSON object")
+            raise TaskError(f"{path.name} item {number} (row {number + 1}) is not a JSON object (got {_kind(row)})")
     return data
 
 
@@ -206,7 +186,13 @@ def convert_rows(rows: list[dict[str, Any]], mapping: Mapping, name: str = "task
     columns = _resolve_columns(rows, mapping, fmt)
     out, seen = [], {}
     for index, row in enumerate(rows):
-        task = converter(row, index, columns, mapping, prefix)
+        try:
+            task = converter(row, index, columns, mapping, prefix)
+        except TaskError:
+            raise
+        except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as exc:  # a column of the wrong type
+            raise TaskError(f"row {index + 1}: cannot read it as a {fmt} row ({type(exc).__name__}: "
+                            f"{_short(str(exc), 120)})") from None
         _validate(task, index, seen)
         out.append(task)
     return out
@@ -230,25 +216,32 @@ def _resolve_columns(rows: list[dict[str, Any]], mapping: Mapping, fmt: str) -> 
     return columns
 
 
-def _task(row_id: Any, instruction: Any, answer: Any, env: str | None, split: str | None,
+def _task(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
           payload: dict[str, Any]) -> dict[str, Any]:
-    return {"id": None if row_id is None else str(row_id), "instruction": "" if instruction is None else str(instruction),
-            "answer": _answer_text(answer), "env": env, "split": split,
-            "payload": json.dumps(payload, ensure_ascii=False, default=str)}
+    """A task row; id, instruction, env and split stay as given until `_validate` checks their types."""
+    try:
+        payload_text = json.dumps(payload, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        payload_text = None  # refused by _validate, which knows the row
+    return {"id": row_id, "instruction": instruction, "answer": _answer_text(answer), "env": env, "split": split,
+            "payload": payload_text}
 
 
 def _answer_text(answer: Any) -> str | None:
     if answer is None:
         return None
     if isinstance(answer, (list, dict)):
-        return json.dumps(answer, ensure_ascii=False)
+        try:
+            return json.dumps(answer, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):
+            return None
     return str(answer)
 
 
-def _env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) -> tuple[str | None, str]:
+def _env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) -> tuple[Any, Any]:
     env = mapping.env or row.get("env") or default_env
     split = mapping.split or row.get("split") or "train"
-    return (None if env is None else str(env)), str(split)
+    return env, split
 
 
 def _plain_row(row, index, columns, mapping, prefix):
@@ -269,6 +262,8 @@ def _gsm8k_row(row, index, columns, mapping, prefix):
     if answer_col not in row:
         raise TaskError(f"row {index + 1}: missing column {answer_col!r}")
     solution = row.get(answer_col)
+    if not isinstance(solution, str):
+        raise TaskError(f"row {index + 1}: answer must be text ending in '#### <number>', got {_kind(solution)}")
     answer = extract_gsm8k_answer(solution)
     if answer is None:
         raise TaskError(f"row {index + 1}: answer has no '#### <number>' final line: {str(solution)[:80]!r}")
@@ -288,12 +283,13 @@ def _dbbench_row(row, index, columns, mapping, prefix):
     if not isinstance(info, dict) or "columns" not in info or "rows" not in info or "table_name" not in table:
         raise TaskError(f"row {index + 1}: 'table' must hold table_name and table_info{{columns, rows}}")
     label = row["label"] if isinstance(row["label"], list) else [row["label"]]
-    kinds = [str(t).upper() for t in (row.get("type") or [])]
+    kinds = row.get("type") or []
+    kinds = [str(t).upper() for t in (kinds if isinstance(kinds, list) else [kinds])]
     payload = {k: v for k, v in row.items() if k not in ("description", "label")}
     payload["label"] = label
     payload["kind"] = "mutation" if {"INSERT", "UPDATE", "DELETE"} & set(kinds) else "query"
     instruction = row["description"]
-    if row.get("add_description"):
+    if row.get("add_description") and isinstance(instruction, str):
         instruction = f"{instruction}\n{row['add_description']}"
     row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
     env, split = _env_split(row, mapping, "sql")
@@ -316,8 +312,42 @@ def _swebench_row(row, index, columns, mapping, prefix):
     return _task(row["instance_id"], row["problem_statement"], row.get("patch"), env, split, payload)
 
 
+def _kind(value: Any) -> str:
+    """A value's JSON type for messages (never its repr: no dict or list becomes an id or instruction)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return f"a number ({value!r})"
+    if isinstance(value, int):
+        return "an integer"
+    return "null" if value is None else type(value).__name__
+
+
+def _key_text(value: Any, where: str, field_name: str) -> str | None:
+    """An id, env or split: text, or an integer taken as its digits; floats, booleans and objects refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TaskError(f"{where}: {field_name} must be a string, got {_kind(value)}")
+
+
 def _validate(task: dict[str, Any], index: int, seen: dict[str, int]) -> None:
-    where = f"row {index + 1}" + (f" (id {task['id']!r})" if task["id"] else "")
+    """Check a task row in place: types first (converting integer ids to text), then empty and duplicate ids."""
+    task["id"] = _key_text(task["id"], f"row {index + 1}", "id")
+    where = f"row {index + 1}" + (f" (id {_short(task['id'])})" if task["id"] else "")
+    for name in ("env", "split"):
+        task[name] = _key_text(task.get(name), where, name)
+    instruction = task["instruction"]
+    if instruction is not None and not isinstance(instruction, str):
+        raise TaskError(f"{where}: instruction must be text, got {_kind(instruction)}")
+    task["instruction"] = instruction or ""
+    if task.get("payload", "") is None:
+        raise TaskError(f"{where}: the row's other columns are nested too deeply to store as JSON")
     if not task["id"]:
         raise TaskError(f"{where}: empty id")
     if not task["instruction"].strip():
@@ -325,6 +355,11 @@ def _validate(task: dict[str, Any], index: int, seen: dict[str, int]) -> None:
     if task["id"] in seen:
         raise TaskError(f"{where}: duplicate id {task['id']!r} (first seen at row {seen[task['id']] + 1})")
     seen[task["id"]] = index
+
+
+def _short(value: str, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def _slug(name: str) -> str:
@@ -382,9 +417,13 @@ def import_tasks(src: str | Path, out: str | Path | None = None, mapping: Mappin
     # A copy: the caller's mapping is not changed by the flags.
     mapping = dataclasses.replace(mapping or Mapping(), **{k: v for k, v in flags.items() if v is not None})
     rows, name = read_rows(src)
+    label = Path(src).name if Path(src).exists() else str(src)
     if not rows:
-        raise TaskError(f"{src}: no rows")
-    table = tasks_table(convert_rows(rows, mapping, name=name))
+        raise TaskError(f"{label}: no rows")
+    try:
+        table = tasks_table(convert_rows(rows, mapping, name=name))
+    except TaskError as exc:  # conversion errors name the row; say which file it is in
+        raise TaskError(f"{label}: {exc}") from None
     if out is not None:
         write_tasks(table, out)
     return table
@@ -394,22 +433,42 @@ def load_tasks(path: str | Path, split: str | None = None, env: str | None = Non
     """Tasks from a tasks file (Parquet or JSONL in task-row format, e.g. datasets/tasks/*.jsonl); other
     sources are imported on the fly. Optionally keep one split / env."""
     path = Path(path)
-    if path.suffix == ".parquet" and set(TASK_COLUMNS) <= set(pq.read_schema(path).names):
-        rows = pq.read_table(path).to_pylist()
+    if path.suffix.lower() == ".parquet" and path.is_file() and \
+            set(TASK_COLUMNS) <= set(readers.parquet_schema(path, error=TaskError).names):
+        rows = [record.value for record in readers.iter_parquet(path, error=TaskError)]
     else:
         rows, _ = read_rows(path)
-        if not rows or not {"id", "instruction"} <= set(rows[0]):
+    label = path.name if path.exists() else str(path)
+    if not rows:
+        raise TaskError(f"{label}: no rows")
+    try:
+        if not {"id", "instruction"} <= set(rows[0]):
             rows = convert_rows(rows, Mapping(), name=path.stem)
+        return [t for t in _tasks_of(rows) if (split is None or t.split == split) and (env is None or t.env == env)]
+    except TaskError as exc:  # row errors name the row; say which file it is in
+        raise TaskError(f"{label}: {exc}") from None
+
+
+def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
+    """Task objects from rows in task-row form, each checked like an imported row."""
     seen: dict[str, int] = {}
     tasks = []
     for index, row in enumerate(rows):
-        _validate({"id": str(row.get("id") or ""), "instruction": str(row.get("instruction") or "")}, index, seen)
+        check = {"id": row.get("id"), "instruction": row.get("instruction"), "env": row.get("env"),
+                 "split": row.get("split")}
+        _validate(check, index, seen)
+        where = f"row {index + 1} (id {_short(check['id'])})"
+        payload = row.get("payload")
         try:
-            tasks.append(Task.from_row(row))
+            payload = json.loads(payload) if isinstance(payload, str) else payload
         except json.JSONDecodeError as exc:
-            raise TaskError(f"{path}: row {index + 1} (id {row['id']!r}): payload is not valid JSON ({exc.msg})"
-                            ) from None
-    return [t for t in tasks if (split is None or t.split == split) and (env is None or t.env == env)]
+            raise TaskError(f"{where}: payload is not valid JSON ({exc.msg})") from None
+        except (RecursionError, ValueError):
+            raise TaskError(f"{where}: payload is not readable JSON (nested too deeply or a huge number)") from None
+        if payload is not None and not isinstance(payload, dict):
+            raise TaskError(f"{where}: payload must be a JSON object, got {_kind(payload)}")
+        tasks.append(Task.from_row({**row, **check, "payload": payload or {}}))
+    return tasks
 
 
 def summarize(tasks: list[Task]) -> dict[str, Any]:

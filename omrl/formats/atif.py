@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import FormatError, RecordContext, make_row, message, require_dict, tool_call
+from omrl.formats.common import (
+    FormatError,
+    RecordContext,
+    list_field,
+    make_row,
+    message,
+    object_field,
+    require_dict,
+    tool_call,
+)
 
 NAME = "atif"
 SOURCES = {"system": "system", "user": "user", "agent": "assistant"}
@@ -29,18 +38,23 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
         if not isinstance(step, dict) or step.get("source") not in SOURCES:
             raise FormatError(f"{at}: expected a step with source system/user/agent", "unknown role")
         role = SOURCES[step["source"]]
-        calls = [tool_call(c.get("function_name"), c.get("arguments"), c.get("tool_call_id"), f"{at} tool_calls[{j}]")
-                 for j, c in enumerate(step.get("tool_calls") or [])]
-        messages.append(message(role, step.get("message"), reasoning=step.get("reasoning_content"), tool_calls=calls))
+        calls = []
+        for j, call in enumerate(list_field(step.get("tool_calls"), at, "tool_calls")):
+            call = object_field(call, at, f"tool_calls[{j}]")
+            calls.append(tool_call(call.get("function_name"), call.get("arguments"), call.get("tool_call_id"),
+                                   f"{at} tool_calls[{j}]"))
+        reasoning = step.get("reasoning_content")
+        messages.append(message(role, step.get("message"), reasoning=reasoning if isinstance(reasoning, str) else None,
+                                tool_calls=calls))
         if role == "assistant":
-            metrics = step.get("metrics") or {}
+            metrics = object_field(step.get("metrics"), at, "metrics")
             turns.append({"index": len(turns), "prompt_tokens": metrics.get("prompt_tokens"),
                           "completion_tokens": metrics.get("completion_tokens"),
                           "completion_ids": metrics.get("completion_token_ids") or [],
                           "logprobs": metrics.get("logprobs") or [],
                           "info": {key: step[key] for key in ("step_id", "timestamp", "model_name", "extra") if key in step}})
-        results = (step.get("observation") or {}).get("results") or []
-        for result in results:
+        observation = object_field(step.get("observation"), at, "observation")
+        for result in list_field(observation.get("results"), at, "observation.results"):
             if not isinstance(result, dict):
                 raise FormatError(f"{at}: observation results must be objects", "bad observation")
             if result.get("content") is None and result.get("subagent_trajectory_ref"):
@@ -48,8 +62,8 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
             messages.append(message("tool", result.get("content"), tool_call_id=result.get("source_call_id")))
     if turns:
         turns[-1]["done"] = True
-    agent = record.get("agent") or {}
-    final = record.get("final_metrics") or {}
+    agent = object_field(record.get("agent"), ctx.where, "agent")
+    final = object_field(record.get("final_metrics"), ctx.where, "final_metrics")
     extra = record.get("extra") or {}
     native = extra.get("task_id") if isinstance(extra, dict) and extra.get("task_id") else record.get("session_id")
     metadata = {"schema_version": record.get("schema_version"), "session_id": record.get("session_id"),

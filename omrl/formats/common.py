@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omrl import readers
 from omrl.schema import SchemaError
 
 
@@ -37,54 +38,29 @@ class RecordContext:
         return f"{self.path.name} record {self.index}"
 
 
-class BadRecord:
-    """A record that could not even be parsed (e.g. a broken JSONL line); converting it raises."""
-
-    def __init__(self, error: str):
-        self.error = error
+# A record that could not even be parsed (a broken JSONL line); converting it raises FormatError naming it.
+BadRecord = readers.BadLine
 
 
 # ---------------------------------------------------------------- reading files
 
+SUFFIXES = (".json", ".jsonl", ".ndjson", ".traj", ".parquet")
+
 
 def read_json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno})", "bad json") from None
+    """The JSON document of a file; errors (FormatError) name the file and the item or line."""
+    return readers.read_json(path, error=FormatError)
 
 
 def read_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield (index, record) from .jsonl, .json (a list, or one object), .traj (one object) or .parquet."""
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        with open(path, encoding="utf-8") as f:
-            index = 0
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield index, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield index, BadRecord(f"line {number} is not valid JSON ({exc.msg})")
-                index += 1
-    elif suffix in (".json", ".traj"):
-        data = read_json_file(path)
-        if isinstance(data, list):
-            yield from enumerate(data)
-        else:  # SWE-agent .traj, ToolBench answers and ATIF files hold one trajectory per file
-            yield 0, data
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+    """Yield (index, record) from .jsonl, .json (a list, or one object), .traj (one object) or .parquet.
 
-        index = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for record in batch.to_pylist():
-                yield index, record
-                index += 1
-    else:
-        raise FormatError(f"{path.name}: unsupported file type {suffix!r}; use .json, .jsonl, .traj or .parquet",
-                          "unsupported file")
+    A broken JSONL line comes as a BadRecord (so --skip-errors can count it); a file that cannot be read
+    at all raises FormatError naming the file and the line, item or row group.
+    """
+    for record in readers.iter_records(path, allowed=SUFFIXES, error=FormatError, bad_lines="yield",
+                                       single_json=True):
+        yield record.index, record.value
 
 
 def first_record(path: Path) -> Any:
@@ -137,7 +113,7 @@ def short_hash(*parts: Any, n: int = 16) -> str:
 
 def as_tool_schemas(tools: Any, where: str) -> list[dict[str, Any]]:
     """Tool definitions as OpenAI function-tool schemas; bare function schemas get wrapped."""
-    tools = parse_json_text(tools, where) if tools is not None else []
+    tools = parse_json_text(tools, f"{where} tools", "bad tools") if tools is not None else []
     if tools is None:
         return []
     if not isinstance(tools, list):
@@ -228,7 +204,7 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
              turns: list[dict[str, Any]] | None = None, prompt_tokens: int | None = None,
              completion_tokens: int | None = None, created_at: Any = None) -> dict[str, Any]:
     """A schema-1 trajectory dict for an imported record; the id depends only on (format, file, index, native id)."""
-    native = None if native_id is None or native_id == "" else str(native_id)
+    native = _native_id(native_id, ctx)
     task_id = native or f"{ctx.path.stem}:{ctx.index}"
     messages = link_tool_calls(messages)
     if turns is None:  # one entry per assistant turn, as collected rows have; imported data has no per-turn reward
@@ -260,6 +236,39 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
     }
 
 
+def _native_id(value: Any, ctx: RecordContext) -> str | None:
+    """A source's own id as text: strings, and integers as their digits; never the repr of an object."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise FormatError(f"{ctx.where}: the record's id must be a string or an integer, got {kind_of(value)}", "bad id")
+
+
+def kind_of(value: Any) -> str:
+    """A short name for a value's JSON type, for messages (never the value itself: it may be huge)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return f"a number ({value!r})"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, str):
+        return "a string"
+    return type(value).__name__
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _number(value: Any, where: str) -> float | None:
     if value is None:
         return None
@@ -272,7 +281,7 @@ def _number(value: Any, where: str) -> float | None:
             return float(value)
         except ValueError:
             pass
-    raise FormatError(f"{where} must be a number, got {value!r}", "bad reward")
+    raise FormatError(f"{where} must be a number, got {short_repr(value)}", "bad reward")
 
 
 def _flag(value: Any, where: str) -> bool | None:
@@ -282,7 +291,7 @@ def _flag(value: Any, where: str) -> bool | None:
         return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise FormatError(f"{where} must be true or false, got {value!r}", "bad success flag")
+    raise FormatError(f"{where} must be true or false, got {short_repr(value)}", "bad success flag")
 
 
 def leftovers(record: dict[str, Any], used: set[str]) -> dict[str, Any]:
@@ -290,9 +299,27 @@ def leftovers(record: dict[str, Any], used: set[str]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in used}
 
 
+def object_field(value: Any, where: str, name: str) -> dict[str, Any]:
+    """An optional nested object of a record ({} when absent); any other type is a FormatError naming it."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: '{name}' must be an object, got {kind_of(value)}", "bad field")
+    return value
+
+
+def list_field(value: Any, where: str, name: str) -> list[Any]:
+    """An optional list field of a record ([] when absent); any other type is a FormatError naming it."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise FormatError(f"{where}: '{name}' must be a list, got {kind_of(value)}", "bad field")
+    return value
+
+
 def require_dict(record: Any, ctx: RecordContext) -> dict[str, Any]:
     if isinstance(record, BadRecord):
-        raise FormatError(f"{ctx.where}: {record.error}", "bad json")
+        raise FormatError(f"{ctx.where}: {record.error}", record.reason)
     if not isinstance(record, dict):
         raise FormatError(f"{ctx.where}: expected an object, got {type(record).__name__}", "not an object")
     return record

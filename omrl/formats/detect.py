@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omrl.formats.common import FormatError, first_record
+from omrl import readers
+from omrl.formats.common import BadRecord, FormatError, first_record, kind_of
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
 
@@ -36,18 +37,23 @@ def detect_format(path: str | Path) -> str:
     if path.suffix.lower() == ".traj":
         return "swe_agent"
     if path.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        names = set(pq.read_schema(path).names)  # the schema is enough, no need to read rows
+        # The schema is enough, no need to read rows; a file that is not Parquet is a FormatError naming it.
+        names = set(readers.parquet_schema(path, error=FormatError).names)
         found = detect_record(dict.fromkeys(names))
     else:
         record = first_record(path)
+        if isinstance(record, BadRecord):  # the first line does not parse: say so, not "unknown keys"
+            raise FormatError(f"{path.name} {record.error}", record.reason)
         found = detect_record(record)
         if found is None and record is None:
             raise FormatError(f"{path.name}: the file holds no records", "empty file")
-        names = set(record) if isinstance(record, dict) else set()
+        if not isinstance(record, dict):
+            raise FormatError(f"{path.name}: the first record is {kind_of(record)}, not an object", "not an object")
+        names = set(record)
     if found is None:
-        raise FormatError(f"{path.name}: cannot tell the format from keys {sorted(names)}; "
+        shown = sorted(map(str, names))
+        keys = shown if len(shown) <= 20 else [*shown[:20], f"... {len(shown) - 20} more"]
+        raise FormatError(f"{path.name}: cannot tell the format from keys {keys}; "
                           "pass --format (sharegpt, openai, swe_agent, openmanus, toolbench, atif); "
                           "a task dataset goes through `omrl tasks import`", "unknown format")
     return found

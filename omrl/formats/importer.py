@@ -20,8 +20,6 @@ from omrl.formats.detect import detect_format
 from omrl.schema import SchemaError, group_id, normalize_trajectory
 from omrl.store import Store
 
-BATCH_ROWS = 2000
-
 
 @dataclass
 class FileReport:
@@ -62,9 +60,10 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             row["sample"] = samples[row["task_id"]]
             row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
             row = normalize_trajectory(row)
-        except (SchemaError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (SchemaError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             reason = getattr(exc, "reason", "invalid record" if isinstance(exc, SchemaError) else type(exc).__name__)
-            text = str(exc) if str(exc).startswith(ctx.where) else f"{ctx.where}: {exc}"
+            detail = "nested too deeply to convert" if isinstance(exc, RecursionError) else str(exc)
+            text = detail if detail.startswith(ctx.where) else f"{ctx.where}: {detail}"
             if not skip_errors:
                 raise FormatError(f"{text} (use --skip-errors to skip bad records)", reason) from None
             report.skipped[reason] += 1
@@ -97,9 +96,10 @@ def import_files(paths: Iterable[str | Path], store: Store, fmt: str = "auto", s
                 continue
             existing.add(row["id"])
             rows.append(row)
-        # The whole file is converted before anything is written: a bad record leaves the store unchanged.
-        for start in range(0, len(rows), BATCH_ROWS):
-            store.append(rows[start:start + BATCH_ROWS])
+        # The whole file is converted before anything is written, then written as one atomic part:
+        # a bad record (or a crash) leaves the store unchanged.
+        if rows:
+            store.append(rows)
         report.imported = len(rows)
         reports.append(report)
     return reports

@@ -37,7 +37,7 @@ def convert_messages(raw: Any, where: str) -> list[dict[str, Any]]:
         at = f"{where} messages[{k}]"
         if not isinstance(msg, dict):
             raise FormatError(f"{at}: expected an object with a role", "bad message")
-        role = ROLES.get(msg.get("role"))
+        role = ROLES.get(msg.get("role")) if isinstance(msg.get("role"), str) else None
         if role is None:
             raise FormatError(f"{at}: unknown role {msg.get('role')!r}", "unknown role")
         calls = openai_tool_calls(msg.get("tool_calls"), at)

@@ -14,8 +14,10 @@ from typing import Any
 from omrl.formats.common import (
     FormatError,
     RecordContext,
+    list_field,
     make_row,
     message,
+    object_field,
     openai_tool_calls,
     require_dict,
 )
@@ -48,28 +50,30 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
         at = f"{ctx.where} history[{k}]"
         if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool"):
             raise FormatError(f"{at}: expected a message with role system/user/assistant/tool", "unknown role")
-        ids = msg.get("tool_call_ids") or []
+        ids = list_field(msg.get("tool_call_ids"), at, "tool_call_ids")
         messages.append(message(msg["role"], msg.get("content"), tool_calls=openai_tool_calls(msg.get("tool_calls"), at),
-                                tool_call_id=ids[0] if ids else None))
+                                tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None))
     config = record.get("replay_config") or {}
     if isinstance(config, str):
         try:
             config = json.loads(config)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             config = {"raw": config}
-    problem = config.get("problem_statement") or {}
-    agent = config.get("agent") or {}
+    config = object_field(config, ctx.where, "replay_config")
+    problem = object_field(config.get("problem_statement"), ctx.where, "replay_config.problem_statement")
+    agent = object_field(config.get("agent"), ctx.where, "replay_config.agent")
     model = (agent.get("model") or {}).get("name") if isinstance(agent.get("model"), dict) else None
-    info = record.get("info") or {}
+    info = object_field(record.get("info"), ctx.where, "info")
     status, error = outcome(info.get("exit_status"))
-    stats = info.get("model_stats") or {}
-    env_config = config.get("env") or {}
+    stats = object_field(info.get("model_stats"), ctx.where, "info.model_stats")
+    env_config = object_field(config.get("env"), ctx.where, "replay_config.env")
+    deployment = object_field(env_config.get("deployment"), ctx.where, "replay_config.env.deployment")
     task = {"instance_id": problem.get("id"), "problem_statement": problem.get("text"),
-            "repo": env_config.get("repo"), "image": (env_config.get("deployment") or {}).get("image")}
+            "repo": env_config.get("repo"), "image": deployment.get("image")}
     resolved = info.get("resolved", record.get("resolved"))
     metadata = {"info": info, "environment": record.get("environment"),
-                "trajectory_steps": len(record.get("trajectory") or []), "replay_config": config,
-                "roles_detail": [m.get("message_type") for m in history]}
+                "trajectory_steps": len(list_field(record.get("trajectory"), ctx.where, "trajectory")),
+                "replay_config": config, "roles_detail": [m.get("message_type") for m in history]}
     return make_row(ctx, native_id=problem.get("id") or ctx.path.stem.removesuffix(".traj"), messages=messages,
                     task=task, reward=record.get("reward"), success=resolved, status=status, error=error,
                     model=model, metadata=metadata,
