@@ -50,8 +50,10 @@ def select_rows(store: Store, where: str | None = None) -> pa.Table:
     table = store.read("trajectories")
     if not where:
         return table
-    ids = store.sql(f"SELECT id FROM trajectories WHERE {where}").column("id")
-    return table.filter(pc.is_in(table.column("id"), value_set=ids.combine_chunks()))
+    from omrl.query import select_ids  # one checked condition, never pasted into SQL
+
+    ids = pa.array(select_ids(store, where), pa.string())
+    return table.filter(pc.is_in(table.column("id"), value_set=ids))
 
 
 def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = None,

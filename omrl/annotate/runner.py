@@ -47,7 +47,9 @@ def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
     """Trajectory rows (as dicts), optionally those matching a SQL WHERE clause over `trajectories`."""
     data = store.read("trajectories")
     if where:
-        ids = store.sql(f"SELECT id FROM trajectories WHERE {where}").column("id")
+        from omrl.query import select_ids  # one checked condition, never pasted into SQL
+
+        ids = pa.array(select_ids(store, where), pa.string())
         data = data.filter(pc.is_in(data.column("id"), value_set=ids))
     return data.to_pylist()
 

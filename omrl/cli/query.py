@@ -26,17 +26,22 @@ def _json_default(value):
               show_default=True, help="Output format; json writes one object per line.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write to this file instead of stdout.")
 @click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown in table format.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="SECONDS", help="Stop the query once it runs this long.")
 @user_errors
-def query(store: str, sql: str, fmt: str, out: str | None, max_rows: int) -> None:
+def query(store: str, sql: str, fmt: str, out: str | None, max_rows: int, timeout: float) -> None:
     """Run read-only SQL over a store (SQL "-" reads it from stdin).
 
     Views: trajectories, messages, turns, tool_calls, annotations, latest_annotations, scores, groups.
+    The query sees only these views: no files, no network, no extensions; it writes nothing.
 
     Example:  omrl query demo-store "SELECT env, avg(reward) FROM trajectories GROUP BY env"
     """
     if sql == "-":
         sql = sys.stdin.read()
-    result = open_store(store).sql(sql)
+    from omrl.query import run_query  # DuckDB loads only when a query runs, not for --help
+
+    result = run_query(open_store(store), sql, timeout=timeout)
     if fmt == "parquet":
         if not out:
             raise click.UsageError("--format parquet needs --out FILE")

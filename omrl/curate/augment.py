@@ -320,7 +320,9 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
     store = source if isinstance(source, Store) else Store(source)
     data = store.read("trajectories")
     if where:
-        ids = store.sql(f"SELECT id FROM trajectories WHERE {where}").column("id")
+        from omrl.query import select_ids  # one checked condition, never pasted into SQL
+
+        ids = pa.array(select_ids(store, where), pa.string())
         data = data.filter(pc.is_in(data.column("id"), value_set=ids))
     rows = data.to_pylist()
     result = AugmentResult(source_rows=len(rows))

@@ -93,7 +93,9 @@ class WhereFilter(Step):
     reason = "where"
 
     def __init__(self, store: Store, where: str):
-        self.ids = set(store.sql(f"SELECT id FROM trajectories WHERE {where}").column("id").to_pylist())
+        from omrl.query import select_ids  # DuckDB loads only when a --where is given
+
+        self.ids = set(select_ids(store, where))  # one checked condition, never pasted into SQL
 
     def keep(self, row: Row) -> bool:
         return row["id"] in self.ids

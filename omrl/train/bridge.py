@@ -60,11 +60,11 @@ class BridgeReport:
 def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
               report: BridgeReport | None = None) -> list[dict[str, Any]]:
     """Trajectory rows of `store` (a Store or path) matching the SQL `where`, ordered by id for determinism."""
+    from omrl.query import select_where
     from omrl.store import Store
 
     store = store if isinstance(store, Store) else Store(store)
-    query = "SELECT * FROM trajectories" + (f" WHERE {where}" if where else "") + " ORDER BY id"
-    rows = store.sql(query).to_pylist()
+    rows = select_where(store, where or None, order_by="id").to_pylist()  # `where`: one checked condition
     kept = []
     for row in rows:
         if skip_broken and row.get("status") in BROKEN_STATUSES:

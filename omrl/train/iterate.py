@@ -309,6 +309,7 @@ def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_r
     import shutil
 
     from omrl.curate.filters import FilterOptions, filter_store
+    from omrl.query import select_ids
     from omrl.store import Store
 
     if out.exists():
@@ -317,7 +318,7 @@ def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_r
                                                     reward_recipe=reward_recipe))
     kept = Store(result.stores["train"])
     tasks = {r["task_id"] for r in kept.sql("SELECT DISTINCT task_id FROM trajectories").to_pylist()}
-    flat = store.sql(f"SELECT count(*) AS n FROM groups WHERE {where}").to_pylist()[0]["n"] - len(
+    flat = len(select_ids(store, where, view="groups", column="group_id")) - len(
         {r["group_id"] for r in kept.sql("SELECT DISTINCT group_id FROM trajectories").to_pylist()})
     return tasks, flat if drop_flat else 0
 
