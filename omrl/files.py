@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from omrl import readers
 from omrl.schema import NORMALIZERS, SchemaError
-from omrl.store import Store
+from omrl.store import Appended, Store
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 
@@ -22,13 +22,8 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
         yield record.where, record.value
 
 
-def append_file(store: Store, path: str | Path, table: str = "trajectories") -> int:
-    """Validate every record of a file, then append them to a store as one part; returns the row count.
-
-    Validation runs over the whole file before anything is written and the rows go in one atomic append,
-    so a bad row (or a crash) leaves the store unchanged.
-    """
-    store.table_dir(table)  # an unknown table name fails here (StoreError listing the tables), before reading
+def read_rows(path: str | Path, table: str = "trajectories") -> list[dict[str, Any]]:
+    """Every record of an omrl-format file, validated; a bad record raises SchemaError naming its place."""
     normalize = NORMALIZERS[table]
     rows = []
     for where, record in iter_records(path):
@@ -36,6 +31,21 @@ def append_file(store: Store, path: str | Path, table: str = "trajectories") -> 
             rows.append(normalize(record))
         except SchemaError as exc:
             raise SchemaError(f"{where}: {exc}") from None
-    if rows:
-        store.append(rows, table=table)
-    return len(rows)
+    return rows
+
+
+def append_files(store: Store, paths: Iterable[str | Path], table: str = "trajectories",
+                 skip_existing: bool = False) -> Appended:
+    """Validate every record of every file, then append them all as one part (whole or not at all).
+
+    Ids must be unique across the files and new to the store, unless `skip_existing` drops those the
+    store already holds; a bad record, a repeated id or a crash leaves the store unchanged.
+    """
+    store.table_dir(table)  # an unknown table name fails here (StoreError listing the tables), before reading
+    rows = [row for path in paths for row in read_rows(path, table)]
+    return store.append(rows, table=table, skip_existing=skip_existing)
+
+
+def append_file(store: Store, path: str | Path, table: str = "trajectories", skip_existing: bool = False) -> int:
+    """`append_files` for one file; returns the number of rows written."""
+    return append_files(store, [path], table, skip_existing).written

@@ -211,7 +211,9 @@ class Store:
         if (root / MANIFEST).is_file():
             if not exist_ok:
                 raise StoreError(f"{root} already holds a store")
-            return cls(root)
+            store = cls(root)
+            store._sync_card()
+            return store
         _refuse_foreign(root)
         staging = _new_staging(root, "creating")
         try:
@@ -370,6 +372,17 @@ class Store:
             raise
         _fsync_dir(directory)
         return final
+
+    def _sync_card(self) -> None:
+        """Rewrite the card if a writer was killed between renaming its part in and rewriting the card."""
+        card_path = self.path / "README.md"
+        card = card_path.read_text(encoding="utf-8") if card_path.is_file() else ""
+        for table in TABLES:
+            listed = set(re.findall(rf"data/{table}/(part-[^\s*]+\.parquet)", card))
+            if listed != {p.name for p in self.parts(table, warn=False)}:
+                with self._lock("write"):
+                    self._rewrite_card()
+                return
 
     def _rewrite_card(self) -> None:
         """List the live parts of every table in README.md (callers hold the write lock)."""

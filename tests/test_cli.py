@@ -135,7 +135,13 @@ def test_store_append_check_compact(tmp_path):
     runner = CliRunner()
     target = str(tmp_path / "s")
     assert runner.invoke(cli, ["store", "append", target, str(source)]).exit_code == 0
-    assert runner.invoke(cli, ["store", "append", target, str(source)]).exit_code == 0
+    again = runner.invoke(cli, ["store", "append", target, str(source)])  # the same ids twice: refused whole
+    assert again.exit_code == 1 and "3 of 3 trajectories rows have ids the store already holds" in again.output
+    result = runner.invoke(cli, ["store", "append", target, str(source), "--skip-existing"])
+    assert result.exit_code == 0 and "appended 0 trajectories rows" in result.output
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps(make_trajectory(7).to_row(), default=str) + "\n")
+    assert runner.invoke(cli, ["store", "append", target, str(more)]).exit_code == 0
     result = runner.invoke(cli, ["store", "compact", target])
     assert result.exit_code == 0 and "2 parts -> 1" in result.output
     assert runner.invoke(cli, ["store", "check", target]).exit_code == 0

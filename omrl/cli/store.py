@@ -7,7 +7,7 @@ import sys
 import click
 
 from omrl.cli.common import console, user_errors
-from omrl.files import append_file
+from omrl.files import append_files
 from omrl.store import TABLES, Store, open_store
 
 
@@ -37,16 +37,21 @@ def init(path: str, description: str) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--table", type=click.Choice(TABLES), default="trajectories", show_default=True)
 @click.option("--create/--no-create", default=True, show_default=True, help="Create the store if missing.")
+@click.option("--skip-existing", is_flag=True,
+              help="Leave out rows whose id the store already holds (e.g. re-running an append that was "
+                   "killed) instead of refusing the whole append.")
 @user_errors
-def append(path: str, files: tuple[str, ...], table: str, create: bool) -> None:
-    """Validate omrl-format records (.jsonl/.json/.parquet) and append them to a store.
+def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_existing: bool) -> None:
+    """Validate omrl-format records (.jsonl/.json/.parquet) and append them to a store, all files at once.
 
-    Example:  omrl store append my-store datasets/samples/math_demo.jsonl
+    Every record of every file is checked first; then all rows are committed as one part, or none are.
+
+    Example:  omrl store append my-store datasets/samples/synthetic_small.jsonl
     """
     target = open_store(path, create=create)
-    for file in files:
-        n = append_file(target, file, table=table)
-        console.print(f"appended {n} {table} rows from {file}")
+    appended = append_files(target, files, table=table, skip_existing=skip_existing)
+    skipped = f" ({appended.skipped} already in the store, left out)" if appended.skipped else ""
+    console.print(f"appended {appended.written} {table} rows from {len(files)} file(s){skipped}", highlight=False)
 
 
 @store.command("check")

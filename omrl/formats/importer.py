@@ -98,8 +98,9 @@ def import_files(paths: Iterable[str | Path], store: Store, fmt: str = "auto", s
             rows.append(row)
         # The whole file is converted before anything is written, then written as one atomic part:
         # a bad record (or a crash) leaves the store unchanged.
-        if rows:
-            store.append(rows)
-        report.imported = len(rows)
+        # skip_existing: a concurrent import of the same data may have committed these ids since we looked.
+        appended = store.append(rows, skip_existing=True)
+        report.imported = appended.written
+        report.already_present += appended.skipped
         reports.append(report)
     return reports
