@@ -1,10 +1,11 @@
 # make demo: set up and run the main chain on built-in defaults.  make test: set up and run the tests.
+# Both first run `make system-deps` (bubblewrap, with apt, when missing and root).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.omrl-installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,14 +15,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[train,dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# bubblewrap: the sandbox for agent-written code (the code env's tests); installed with apt only when missing.
+system-deps:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	else \
+		echo "bwrap (bubblewrap) is missing: install it, e.g. 'sudo apt-get install bubblewrap'" \
+		     "(the code environment refuses to run agent tests without it)"; \
+	fi
+
+test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-demo: $(STAMP)
+demo: system-deps $(STAMP)
 	bash scripts/demo.sh
 
 bench: $(STAMP)

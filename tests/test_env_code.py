@@ -4,12 +4,19 @@ import time
 
 import pytest
 
-from omrl.envs import make_env
+from omrl import sandbox
+from omrl.envs import make_env as _make_env
 from omrl.envs.base import Action, Task
 from omrl.envs.toolenv import play_episode
 from omrl.tasks import generate_tasks, load_tasks, shipped_datasets_dir
 
 SHIPPED = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
+SANDBOXED = sandbox.sandbox_status()[0]  # tests/test_sandbox.py checks the sandbox itself
+
+
+def make_env(spec: str, **options):
+    """The code env, sandboxed where bubblewrap works; these trusted shipped projects may run without it."""
+    return _make_env(spec, unsafe_no_sandbox=not SANDBOXED, **options)
 
 
 def test_a_dozen_shipped_tasks():
@@ -22,6 +29,7 @@ def test_tests_fail_before_and_expert_fixes_each_task(task):
     env.reset(task)
     before = env.step(Action(tool="run_tests"))
     assert before.observation.startswith("Tests failed") and before.info["returncode"] != 0
+    assert before.info["sandboxed"] is SANDBOXED
     total, last, _ = play_episode(env, task)
     assert total == 1.0 and last.info["success"] and last.done
     env.close()

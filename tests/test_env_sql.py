@@ -108,3 +108,34 @@ def test_expert_solves_all_60_dbbench_tasks(tmp_path):
         total, last, _ = play_episode(env, task)
         assert total == 1.0 and last.info["success"], task.id
     env.close()
+
+
+def test_memory_and_database_size_caps_fail_cleanly():
+    env = make_env("sql", max_db_mb=8)
+    env.reset(query_task(["Reds"]))
+    rows = "WITH RECURSIVE c(x) AS (VALUES(1) UNION ALL SELECT x + 1 FROM c WHERE x < {n}) "
+    attempts = {
+        # about 1 GB of sort data: past SQLite's heap cap (256 MB by default, temp data kept in that heap)
+        "memory": rows.format(n=1_000_000) + "SELECT count(*) FROM (SELECT randomblob(1000) AS b FROM c ORDER BY b)",
+        # about 500 MB of rows into the database, and into a temp table: past the 8 MB database cap
+        "full": rows.format(n=1_000_000) + "SELECT x, randomblob(500) FROM c",
+        "big value": "SELECT length(zeroblob(100000000))",
+    }
+    memory = env.step(Action(tool="execute_sql", arguments={"query": attempts["memory"]}))
+    assert memory.info["sql_error"] and "out of memory" in memory.observation and not memory.done
+    for table in ["CREATE TABLE big AS ", "CREATE TEMP TABLE big AS "]:
+        full = env.step(Action(tool="execute_sql", arguments={"query": table + attempts["full"]}))
+        assert full.info["sql_error"] and "database is full" in full.observation and "8 MB" in full.observation
+    huge = env.step(Action(tool="execute_sql", arguments={"query": attempts["big value"]}))
+    assert huge.info["sql_error"] and "too big" in huge.observation
+    # The caps cannot be lifted from SQL; schema PRAGMAs still work; the episode goes on normally.
+    for pragma in ["PRAGMA max_page_count = 1000000000", "PRAGMA temp.max_page_count = 1000000000",
+                   "PRAGMA hard_heap_limit = 0", "PRAGMA temp_store = FILE"]:
+        refused = env.step(Action(tool="execute_sql", arguments={"query": pragma}))
+        assert refused.info["sql_error"] and "not authorized" in refused.observation, pragma
+    info = env.step(Action(tool="execute_sql", arguments={"query": 'PRAGMA table_info("Team Scores")'}))
+    assert "Points" in info.observation and not info.info["sql_error"]
+    again = env.step(Action(tool="execute_sql", arguments={"query": "INSERT INTO \"Team Scores\" VALUES ('X', 1)"}))
+    assert again.observation == "OK. 1 row(s) affected."
+    assert env.step(Action(tool="answer", arguments={"value": "Reds"})).reward == 1.0
+    env.close()

@@ -48,6 +48,9 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--split", default=None, help="Use only tasks of this split."),
         click.option("--env-option", "env_option", multiple=True, metavar="KEY=VALUE",
                      help="Option passed to the environment constructor (repeatable)."),
+        click.option("--unsafe-no-sandbox", is_flag=True, default=False,
+                     help="UNSAFE: run agent-written code (the code env's tests) without the bubblewrap sandbox, "
+                          "with your privileges, files and network. Same as --env-option unsafe_no_sandbox=true."),
         click.option("--model-call-timeout", default=120.0, show_default=True,
                      help="Seconds per model request (each retry has its own)."),
         click.option("--turn-timeout", default=None, type=float, help="Seconds per turn (model + env steps)."),
@@ -93,7 +96,9 @@ def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
     return {
         "concurrency": args["concurrency"], "max_turns": args["max_turns"], "round": args["round_"],
         "temperature": args["temperature"], "seed": args["seed"], "max_tokens": args["max_tokens"],
-        "env_options": env_options(args["env_option"]), "model_call_timeout": args["model_call_timeout"],
+        "env_options": {**env_options(args["env_option"]),
+                        **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})},
+        "model_call_timeout": args["model_call_timeout"],
         "turn_timeout": args["turn_timeout"], "episode_timeout": args["episode_timeout"],
         "batch_size": args["batch_size"], "progress": args["progress"],
     }

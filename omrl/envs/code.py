@@ -1,26 +1,32 @@
-"""`code`: SWE-style repair of a small Python project in a temporary folder; reward 1 when its tests pass."""
+"""`code`: SWE-style repair of a small Python project in a temporary folder; reward 1 when its tests pass.
+
+The tests are agent-written code: they run in the bubblewrap sandbox of omrl.sandbox (a copy of the project,
+no network, no host files, limits on processes, memory, disk and wall time). Without a working sandbox the
+environment refuses to start unless it is built with unsafe_no_sandbox=True (`--unsafe-no-sandbox`).
+"""
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 import random
-import resource
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from omrl import sandbox
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 
 MAX_FILE_CHARS = 20_000     # what read_file shows
 MAX_OUTPUT_CHARS = 4_000    # tail of the test output shown
 MAX_WRITE_CHARS = 200_000
+MAX_PATH_CHARS = 1_000
 SYSTEM_PROMPT = ("You are fixing a bug in a small Python project. Inspect the files, edit them, run the tests, "
                  "and call submit when the tests pass.")
 
@@ -37,18 +43,33 @@ TOOLS = [
 
 
 class CodeEnv(ToolEnv):
-    """Repair a small Python project until its unittest suite passes (subprocess, time and memory limits)."""
+    """Repair a small Python project until its unittest suite passes (tests run sandboxed, with limits)."""
 
     name = "code"
     tools = TOOLS
 
     def __init__(self, test_timeout_s: float = 10.0, memory_mb: int = 1024,
-                 test_command: list[str] | None = None) -> None:
+                 test_command: list[str] | None = None, max_processes: int = 64, disk_mb: int = 64,
+                 unsafe_no_sandbox: bool = False) -> None:
         super().__init__()
         self.test_timeout_s = test_timeout_s
         self.memory_mb = memory_mb
         self.test_command = test_command
+        self.limits = sandbox.SandboxLimits(timeout_s=float(test_timeout_s), memory_mb=int(memory_mb),
+                                            max_processes=int(max_processes), disk_mb=int(disk_mb))
+        self.sandboxed = not unsafe_no_sandbox
+        if not self.sandboxed:
+            _warn_unsafe()
+        else:
+            ok, reason = sandbox.sandbox_status()
+            if not ok:
+                raise sandbox.SandboxUnavailable(
+                    f"the code environment runs agent-written tests in a bubblewrap sandbox, which is unavailable "
+                    f"here: {reason}. To run them UNSANDBOXED, with your privileges, files and network, pass "
+                    "--unsafe-no-sandbox (env option unsafe_no_sandbox=True).")
         self.root: Path | None = None
+        self._kill_tests: Callable[[], None] | None = None
+        self._lock = threading.Lock()
 
     def reset(self, task: Task) -> Reset:
         self.close()
@@ -73,6 +94,10 @@ class CodeEnv(ToolEnv):
 
     def close(self) -> None:
         super().close()
+        with self._lock:  # a test run still going (an episode that timed out) is killed, tree and all
+            kill, self._kill_tests = self._kill_tests, None
+        if kill is not None:
+            kill()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
@@ -84,7 +109,10 @@ class CodeEnv(ToolEnv):
 
     def tool_read_file(self, path: str) -> StepResult:
         target = self._existing(path)
-        text = target.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = target.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise InvalidAction(f"cannot read {path}: {exc.strerror or exc}") from None
         if len(text) > MAX_FILE_CHARS:
             text = text[:MAX_FILE_CHARS] + f"\n... (truncated at {MAX_FILE_CHARS} characters)"
         return StepResult(observation=text)
@@ -95,9 +123,9 @@ class CodeEnv(ToolEnv):
         if len(content) > MAX_WRITE_CHARS:
             raise InvalidAction(f"content longer than {MAX_WRITE_CHARS} characters")
         target = self._resolve(path)
-        if target.is_dir():
-            raise InvalidAction(f"{path} is a folder")
         try:
+            if target.is_dir():
+                raise InvalidAction(f"{path} is a folder")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
         except OSError as exc:  # e.g. a parent of the path is a file
@@ -112,10 +140,17 @@ class CodeEnv(ToolEnv):
             text = target.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise InvalidAction(f"{path} is not UTF-8 text; use write_file to replace it") from None
+        except OSError as exc:
+            raise InvalidAction(f"cannot read {path}: {exc.strerror or exc}") from None
         count = text.count(old) if old else 0
         if count != 1:
             raise InvalidAction(f"`old` must occur exactly once in {path}; it occurs {count} times")
-        target.write_text(text.replace(old, new, 1), encoding="utf-8")
+        if len(text) - len(old) + len(new) > MAX_WRITE_CHARS:
+            raise InvalidAction(f"the edited file would be longer than {MAX_WRITE_CHARS} characters")
+        try:
+            target.write_text(text.replace(old, new, 1), encoding="utf-8")
+        except OSError as exc:
+            raise InvalidAction(f"cannot write {path}: {exc.strerror or exc}") from None
         return StepResult(observation=f"Edited {path}.")
 
     def tool_run_tests(self) -> StepResult:
@@ -131,29 +166,29 @@ class CodeEnv(ToolEnv):
     # ---------------------------------------------------------------- running tests
 
     def run_tests(self) -> tuple[bool, str, dict[str, Any]]:
-        """Run the test command in the project folder under time and memory limits; kill it on timeout."""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONHASHSEED": "0", "HOME": str(self.root), "LANG": "C.UTF-8"}
-        start = time.monotonic()
-        process = subprocess.Popen(self.command, cwd=self.root, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                   preexec_fn=_limits(self.memory_mb, self.test_timeout_s))
-        try:
-            output, _ = process.communicate(timeout=self.test_timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            output, _ = process.communicate()
-            timed_out = True
-        elapsed = time.monotonic() - start
-        text = output.decode("utf-8", errors="replace")
+        """Run the test command on the project under the limits (in the sandbox unless opted out); kill it on
+        timeout, the whole process tree included, and return on time."""
+        run = sandbox.run_sandboxed if self.sandboxed else sandbox.run_unsandboxed
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
+        if not self.sandboxed:  # what the tests would otherwise inherit from us; never the caller's secrets
+            env.update({"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)})
+        result = run(self.command, self.root, self.limits, env=env, on_start=self._started)
+        with self._lock:
+            self._kill_tests = None
+        text = result.output
         if len(text) > MAX_OUTPUT_CHARS:
             text = "...\n" + text[-MAX_OUTPUT_CHARS:]
-        if timed_out:
+        if result.timed_out:
             text += f"\nKilled: the tests ran longer than {self.test_timeout_s:g} s."
-        passed = not timed_out and process.returncode == 0
-        return passed, text, {"returncode": process.returncode, "timed_out": timed_out,
-                              "test_seconds": round(elapsed, 3)}
+        passed = not result.timed_out and result.returncode == 0
+        return passed, text, {"returncode": result.returncode, "timed_out": result.timed_out,
+                              "test_seconds": round(result.elapsed_s, 3), "sandboxed": result.sandboxed}
+
+    def _started(self, kill: Callable[[], None]) -> None:
+        with self._lock:
+            self._kill_tests = kill
+        if self.done:  # closed while the run was starting (submit sets done only after its run)
+            kill()
 
     # ---------------------------------------------------------------- paths
 
@@ -161,17 +196,30 @@ class CodeEnv(ToolEnv):
         """A path inside the project folder; anything resolving outside it (.., absolute, symlinks) is refused."""
         if not isinstance(path, str) or not path.strip():
             raise InvalidAction("path must be a non-empty string")
+        shown = path if len(path) <= 80 else path[:77] + "..."
+        if len(path) > MAX_PATH_CHARS or any(len(part.encode("utf-8", "replace")) > 255 for part in path.split("/")):
+            raise InvalidAction(f"path {shown!r} is too long (at most {MAX_PATH_CHARS} characters, 255 bytes a name)")
         try:
             target = (self.root / path).resolve()
-        except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
-            raise InvalidAction(f"unusable path {path!r}: {exc}") from None
+            os.lstat(target)
+        except FileNotFoundError:
+            pass  # a file to be created
+        except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop, a name too long
+            if isinstance(exc, OSError) and exc.errno == errno.ENOTDIR:
+                raise InvalidAction(f"{shown}: a parent of this path is a file") from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise InvalidAction(f"unusable path {shown!r}: {reason}") from None
         if target != self.root and self.root not in target.parents:
-            raise InvalidAction(f"{path} is outside the project folder; paths must stay inside it")
+            raise InvalidAction(f"{shown} is outside the project folder; paths must stay inside it")
         return target
 
     def _existing(self, path: Any) -> Path:
         target = self._resolve(path)
-        if not target.is_file():
+        try:
+            is_file = target.is_file()
+        except OSError as exc:
+            raise InvalidAction(f"unusable path: {exc.strerror or exc}") from None
+        if not is_file:
             raise InvalidAction(f"no such file: {path}. Files: {', '.join(self._files())}")
         return target
 
@@ -214,6 +262,18 @@ def project_files(task: Task) -> dict[str, str]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
+_warned = False
+
+
+def _warn_unsafe() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("the code environment runs agent-written tests WITHOUT a sandbox (unsafe_no_sandbox): "
+                      "they can read your files and environment, use the network and leave processes behind",
+                      stacklevel=3)
+
+
 def _expert_plan(task: Task) -> list[Action]:
     plan = [Action(tool="run_tests")]
     for edit in task.payload.get("fix") or []:
@@ -225,21 +285,3 @@ def _expert_plan(task: Task) -> list[Action]:
                                arguments={"path": edit["path"], "old": edit["old"], "new": edit["new"]}))
     plan.append(Action(tool="run_tests"))
     return plan
-
-
-def _limits(memory_mb: int, timeout_s: float):
-    # Runs in the child between fork and exec, where other threads' locks may be held: no imports here.
-    def apply() -> None:
-        memory = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        cpu = int(timeout_s) + 1  # a CPU-time backstop in case the wall-clock kill were missed
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (50 * 1024 * 1024, 50 * 1024 * 1024))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    # The whole session: test runners may have started children of their own.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)

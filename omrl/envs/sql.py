@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -16,6 +17,12 @@ from omrl.envs.toolenv import ToolEnv
 MAX_ROWS = 50          # rows shown per query result
 MAX_CELL = 120         # characters shown per cell
 MAX_VALUE_BYTES = 10_000_000  # largest string/blob one SQL value may hold
+MAX_DB_MB = 64         # size cap of each episode's database (main and temp), PRAGMA max_page_count
+MEMORY_MB = 256        # SQLite's heap cap, PRAGMA hard_heap_limit; per process: all SqlEnv databases together
+# PRAGMAs the agent may give an argument to: they read the schema. Any other PRAGMA may only be read, so the
+# caps above (and temp_store, the heap limits) cannot be changed by the agent's SQL.
+_SCHEMA_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+                   "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"}
 SYSTEM_PROMPT = ("You answer questions about a database table using SQL. Run queries with execute_sql; when a "
                  "question asks for values, call answer with them (a JSON list for several values). When the "
                  "task asks you to change the table, make the change with execute_sql and then call answer "
@@ -36,10 +43,13 @@ class SqlEnv(ToolEnv):
     name = "sql"
     tools = TOOLS
 
-    def __init__(self, max_rows: int = MAX_ROWS, timeout_s: float = 5.0) -> None:
+    def __init__(self, max_rows: int = MAX_ROWS, timeout_s: float = 5.0, max_db_mb: int = MAX_DB_MB,
+                 memory_mb: int = MEMORY_MB) -> None:
         super().__init__()
         self.max_rows = max_rows
         self.timeout_s = timeout_s
+        self.max_db_mb = max_db_mb
+        self.memory_mb = memory_mb
         self.db: sqlite3.Connection | None = None
         self.task: Task | None = None
 
@@ -55,7 +65,11 @@ class SqlEnv(ToolEnv):
         self.table_name = str(table["table_name"])
         self.kind = task.payload.get("kind") or "query"
         self.gold = gold_label(task)
-        self.db = load_table(table)
+        try:
+            self.db = load_table(table, max_db_mb=self.max_db_mb, memory_mb=self.memory_mb)
+        except (sqlite3.Error, MemoryError) as exc:
+            raise ValueError(f"sql task {task.id!r}: its table does not load within the caps "
+                             f"({self.max_db_mb} MB database, {self.memory_mb} MB memory): {exc}") from None
         self.queries = 0
         return Reset(observation=task.instruction, tools=list(TOOLS), system_prompt=SYSTEM_PROMPT)
 
@@ -79,7 +93,8 @@ class SqlEnv(ToolEnv):
 
     def tool_execute_sql(self, query: str) -> StepResult:
         self.queries += 1
-        observation = run_query(self.db, str(query), self.max_rows, self.timeout_s)
+        observation = run_query(self.db, str(query), self.max_rows, self.timeout_s, max_db_mb=self.max_db_mb,
+                                memory_mb=self.memory_mb)
         # An SQL error is a legal move with an error result (as in AgentBench), not an invalid action.
         return StepResult(observation=observation, info={"tool": "execute_sql",
                                                          "sql_error": observation.startswith("Error:")})
@@ -121,12 +136,13 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def load_table(table: dict[str, Any]) -> sqlite3.Connection:
-    """A new in-memory database holding one DBBench table (table_name, table_info{columns, rows})."""
+def load_table(table: dict[str, Any], max_db_mb: int = MAX_DB_MB, memory_mb: int = MEMORY_MB) -> sqlite3.Connection:
+    """A new in-memory database holding one DBBench table (table_name, table_info{columns, rows}), capped."""
     db = sqlite3.connect(":memory:", check_same_thread=False)
     # The agent's SQL must not reach the disk (ATTACH / VACUUM INTO create files) nor build huge values.
     db.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    cap_database(db, max_db_mb, memory_mb)
     info = table["table_info"]
     columns = [c["name"] if isinstance(c, dict) else str(c) for c in info["columns"]]
     types = [_TYPES.get(str(c.get("type", "TEXT")).upper(), "TEXT") if isinstance(c, dict) else "TEXT"
@@ -137,11 +153,33 @@ def load_table(table: dict[str, Any]) -> sqlite3.Connection:
     db.executemany(f"INSERT INTO {quote(table['table_name'])} VALUES ({marks})",
                    [list(row)[: len(columns)] + [None] * (len(columns) - len(row)) for row in info["rows"]])
     db.commit()
+    db.set_authorizer(_authorize)  # last: the caps above are set; from here on the agent's SQL runs
     return db
 
 
-def run_query(db: sqlite3.Connection, query: str, max_rows: int = MAX_ROWS, timeout_s: float = 5.0) -> str:
-    """Run one statement; the result (or the error) as text. Long queries are interrupted after timeout_s."""
+def cap_database(db: sqlite3.Connection, max_db_mb: int, memory_mb: int) -> None:
+    """Cap the database's size (main and temp) and SQLite's heap; temporary data is kept in that heap."""
+    page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    pages = max(1, (max_db_mb << 20) // page_size)
+    db.execute(f"PRAGMA main.max_page_count = {pages}")
+    db.execute("PRAGMA temp_store = MEMORY")  # sorts and temp tables in the capped heap, never temp files
+    db.execute(f"PRAGMA temp.max_page_count = {pages}")
+    heap = int(memory_mb) << 20
+    current = db.execute("PRAGMA hard_heap_limit").fetchone()[0]
+    if current == 0 or heap < current:  # process-wide: only ever lowered
+        db.execute(f"PRAGMA hard_heap_limit = {heap}")
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
+    if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() not in _SCHEMA_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def run_query(db: sqlite3.Connection, query: str, max_rows: int = MAX_ROWS, timeout_s: float = 5.0,
+              max_db_mb: int = MAX_DB_MB, memory_mb: int = MEMORY_MB) -> str:
+    """Run one statement; the result (or the error) as text. Long queries are interrupted after timeout_s;
+    statements that outgrow the database or memory caps fail with an error the agent can read."""
     import time
 
     deadline = time.monotonic() + timeout_s
@@ -155,13 +193,28 @@ def run_query(db: sqlite3.Connection, query: str, max_rows: int = MAX_ROWS, time
         rows = cursor.fetchmany(max_rows + 1)
     except sqlite3.Warning as exc:  # e.g. two statements at once
         return f"Error: {exc}"
+    except MemoryError:  # SQLite's heap cap (SQLITE_NOMEM)
+        _rollback(db)
+        return f"Error: out of memory: the statement needs more than the {memory_mb} MB the database may use"
     except sqlite3.Error as exc:
-        if "interrupted" in str(exc):
+        text = str(exc)
+        if "interrupted" in text:
             return f"Error: query took longer than {timeout_s} s and was stopped"
+        if "database or disk is full" in text:
+            _rollback(db)
+            return f"Error: database is full: it may hold at most {max_db_mb} MB"
+        if "not authorized" in text:
+            return "Error: not authorized: PRAGMAs that change settings are refused"
         return f"Error: {exc}"
     finally:
         db.set_progress_handler(None, 0)
     return format_rows(header, rows, max_rows)
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    # After a failed statement that hit a cap, its open transaction holds the memory; give it back.
+    with contextlib.suppress(sqlite3.Error):
+        db.rollback()
 
 
 def format_rows(header: list[str], rows: list[tuple], max_rows: int) -> str:
