@@ -196,17 +196,21 @@ def _wait_for_kill_moment(process: subprocess.Popen, scenario: Scenario, work: P
 # ---------------------------------------------------------------- observations
 
 
-def _card_ids(store: Store) -> list[str]:
-    """The trajectory ids a `datasets.load_dataset(store)` would return: those of the parts the card lists."""
+def _card_ids(store: Store) -> tuple[list[str], list[str]]:
+    """(ids, missing part names): the trajectory ids a `datasets.load_dataset(store)` would return, read
+    from the parts the card lists (globs expanded as `datasets` does), and listed parts that do not exist."""
     card = (store.path / "README.md").read_text(encoding="utf-8")
     block = card.split("config_name: annotations")[0]
-    names = re.findall(r"data/trajectories/(part-[^\s]+\.parquet)", block)
+    folder = store.path / "data" / "trajectories"
     ids: list[str] = []
-    for name in names:
-        if "*" in name:
-            continue
-        ids += pq.read_table(store.path / "data" / "trajectories" / name, columns=["id"]).column("id").to_pylist()
-    return ids
+    missing: list[str] = []
+    for name in re.findall(r"data/trajectories/(part-[^\s]+\.parquet)", block):
+        for path in sorted(folder.glob(name)) if "*" in name else [folder / name]:
+            if not path.is_file():
+                missing.append(path.name)
+                continue
+            ids += pq.read_table(path, columns=["id"]).column("id").to_pylist()
+    return ids, missing
 
 
 def observe_trajectories(path: Path, *, card: bool = True, exclude_source: str | None = None,
@@ -226,8 +230,11 @@ def observe_trajectories(path: Path, *, card: bool = True, exclude_source: str |
            if exclude_source is None or s != exclude_source]
     partial = None
     if card:
-        listed, everything = Counter(_card_ids(store)), Counter(table.column("id").to_pylist())
-        if listed - everything or any(n > 1 for n in listed.values()):
+        card_ids, missing = _card_ids(store)
+        listed, everything = Counter(card_ids), Counter(table.column("id").to_pylist())
+        if missing:
+            partial = f"the dataset card lists {len(missing)} part(s) that do not exist (load_dataset fails)"
+        elif listed - everything or any(n > 1 for n in listed.values()):
             partial = f"the dataset card lists rows the store does not hold, or twice ({sum(listed.values())} rows)"
         elif everything - listed and final:
             partial = f"the dataset card lists {sum(listed.values())} rows, the store holds {sum(everything.values())}"
@@ -278,7 +285,8 @@ def append_scenario(rows: int = 5000) -> Scenario:
 
     return Scenario("append", prepare, lambda w: ["store", "append", str(w / "store"), str(w / "rows.jsonl"),
                                                   "--skip-existing"],
-                    lambda w, final=False: observe_trajectories(w / "store", final=final))
+                    lambda w, final=False: observe_trajectories(w / "store", final=final),
+                    progress_hidden=True)  # one part: nothing shows until the commit
 
 
 def import_scenario(records: int = 3000) -> Scenario:
@@ -291,7 +299,8 @@ def import_scenario(records: int = 3000) -> Scenario:
 
     return Scenario("import", prepare, lambda w: ["import", str(w / "chats.jsonl"), "--store", str(w / "store"),
                                                   "--format", "sharegpt"],
-                    lambda w, final=False: observe_trajectories(w / "store", final=final))
+                    lambda w, final=False: observe_trajectories(w / "store", final=final),
+                    progress_hidden=True)  # one part per file
 
 
 def filter_scenario(rows: int = 6000) -> Scenario:
@@ -345,7 +354,7 @@ def iterate_scenario() -> Scenario:
     return Scenario("iterate", prepare, lambda w: ["train", "iterate", "--recipe", str(w / "recipe.yaml")],
                     lambda w, final=False: observe_trajectories(w / "run" / "store", exclude_source="collected:grpo",
                                                           final=final),
-                    finished=lambda w: (w / "run" / "results.json").is_file(), output=("run/store", "trajectories"))
+                    output=("run/store", "trajectories"))  # a finished run re-run is a no-op: no `finished`
 
 
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
