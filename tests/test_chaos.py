@@ -1,0 +1,45 @@
+"""SIGKILL loops over the seven commands that write stores: nothing lost, nothing doubled, nothing half-made.
+
+CI-sized: two kills per command at random moments (benchmarks/chaos.py runs the larger version).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.testing.chaos import (
+    annotate_scenario,
+    append_scenario,
+    collect_scenario,
+    compact_scenario,
+    filter_scenario,
+    import_scenario,
+    iterate_scenario,
+    run_scenario,
+)
+
+SMALL = {
+    "collect": lambda: collect_scenario(tasks=300, samples=2),
+    "append": lambda: append_scenario(rows=1500),
+    "import": lambda: import_scenario(records=2000),
+    "filter": lambda: filter_scenario(rows=2000),
+    "compact": lambda: compact_scenario(rows=2000, parts=30),
+    "annotate": lambda: annotate_scenario(rows=2000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_killed_commands_lose_and_double_nothing(name, tmp_path):
+    result = run_scenario(SMALL[name](), tmp_path, kills=2, seed=7)
+    assert result.kills >= 1, result.to_dict()  # at least one kill landed while the command was working
+    assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
+    assert result.errors == [], result.errors
+    assert result.expected > 0
+
+
+def test_a_killed_iterate_run_resumes_without_losing_or_doubling(tmp_path):
+    pytest.importorskip("trl")
+    result = run_scenario(iterate_scenario(), tmp_path, kills=1, seed=3)
+    assert result.kills == 1, result.to_dict()
+    assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
+    assert result.errors == [], result.errors
