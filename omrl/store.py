@@ -155,6 +155,15 @@ def _replace_card_configs(card: str, configs: str) -> str:
     return f"---\n{configs}" + (f"\n{kept}" if kept else "") + "\n---\n" + card[match.end():]
 
 
+def _card_lists_parts(card: str, table: str) -> list[str] | None:
+    """The part names a card lists for `table` (None when it lists a glob or nothing readable)."""
+    match = re.search(rf"- config_name: {table}\n(?:  .*\n)*?  - split: train\n    path:(.*)\n((?:    - .*\n?)*)",
+                      card)
+    if match is None or match.group(1).strip():
+        return None
+    return re.findall(rf"    - data/{table}/(part-[^\s*]+\.parquet)", match.group(2))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -199,7 +208,8 @@ class Store:
         if not (self.path / MANIFEST).is_file():
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
         self._footers: dict[tuple[str, int, int], _Footer] = {}
-        self._part_ids: dict[tuple[str, int, int], frozenset[str]] = {}
+        # table -> (the part keys whose ids are in the set, the set): the id check's index
+        self._id_index: dict[str, tuple[frozenset[tuple[str, int, int]], set[str]]] = {}
 
     # ------------------------------------------------------------ creation and manifest
 
@@ -335,8 +345,10 @@ class Store:
         if data.num_rows == 0:
             return Appended(None, 0)
         with self._lock("write"):
-            self._finish_cleanup(table)
-            present = pc.is_in(data.column("id"), value_set=pa.array(sorted(self._ids_locked(table)), pa.string()))
+            live, leftovers = self._scan(table, warn=False)
+            self._finish_cleanup(table, leftovers, temporary=False)  # temporary files: compact and repair
+            existing = self._ids_locked(table, live)
+            present = pa.array([i in existing for i in data.column("id").to_pylist()], pa.bool_())
             skipped = pc.sum(present).as_py() or 0
             if skipped and not skip_existing:
                 sample = data.filter(present).column("id").slice(0, 3).to_pylist()
@@ -347,7 +359,7 @@ class Store:
             if data.num_rows == 0:
                 return Appended(None, 0, skipped)
             part = self._write_part(data, table, metadata)
-            self._rewrite_card()
+            self._rewrite_card({table: [p.name for p in live] + [part.name]})
         return Appended(part, data.num_rows, skipped)
 
     def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
@@ -384,47 +396,62 @@ class Store:
                     self._rewrite_card()
                 return
 
-    def _rewrite_card(self) -> None:
-        """List the live parts of every table in README.md (callers hold the write lock)."""
+    def _rewrite_card(self, known: dict[str, list[str]] | None = None) -> None:
+        """List the live parts of every table in README.md (callers hold the write lock).
+
+        `known`: the live part names of the tables a caller has just listed; the other tables keep the
+        names the card lists (every commit rewrites the card under the same lock, so they are current).
+        """
         card_path = self.path / "README.md"
         card = card_path.read_text(encoding="utf-8") if card_path.is_file() else dataset_card(self.path.name)
-        configs = _card_configs({table: [p.name for p in self.parts(table, warn=False)] for table in TABLES})
-        updated = _replace_card_configs(card, configs)
+        names = {}
+        for table in TABLES:
+            if known is not None and table in known:
+                names[table] = known[table]
+            elif known is not None and _card_lists_parts(card, table) is not None:
+                names[table] = _card_lists_parts(card, table)
+            else:
+                names[table] = [p.name for p in self.parts(table, warn=False)]
+        updated = _replace_card_configs(card, _card_configs(names))
         if updated != card:
             _write_atomic_bytes(card_path, updated.encode())
 
-    def _finish_cleanup(self, table: str) -> int:
-        """Remove what crashed writers left: parts a compaction replaced, stale temporary files.
-
-        Callers hold the write lock. Returns the number of files removed.
-        """
+    def _finish_cleanup(self, table: str, leftovers: list[Path] | None = None, temporary: bool = True) -> int:
+        """Remove what crashed writers left: parts a compaction replaced (`leftovers`, listed here when
+        None) and, with `temporary`, stale temporary files. Callers hold the write lock; returns the count."""
         removed = 0
-        for path in self._scan(table, warn=False)[1]:
+        for path in self._scan(table, warn=False)[1] if leftovers is None else leftovers:
             path.unlink(missing_ok=True)
             removed += 1
-        for tmp in self.table_dir(table).glob(".part-*.tmp"):
-            if _is_stale(tmp, _TMP_PID):
-                tmp.unlink(missing_ok=True)
-                removed += 1
+        if temporary:
+            for tmp in self.table_dir(table).glob(".part-*.tmp"):
+                if _is_stale(tmp, _TMP_PID):
+                    tmp.unlink(missing_ok=True)
+                    removed += 1
         return removed
 
-    def _ids_locked(self, table: str) -> set[str]:
-        """The ids of every live part, each part's ids read once per name, size and mtime."""
-        out: set[str] = set()
-        for path in self.parts(table, warn=False):
+    def _ids_locked(self, table: str, parts: list[Path]) -> set[str]:
+        """The ids of the live `parts`. Kept between commits and grown by the parts added since, so a
+        long collect run does not re-read the store for each batch; rebuilt when a part went away."""
+        live = {}
+        for path in parts:
             st = path.stat()
-            key = (str(path), st.st_size, st.st_mtime_ns)
-            ids = self._part_ids.get(key)
-            if ids is None:
-                ids = frozenset(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-                self._part_ids[key] = ids
-            out.update(ids)
-        return out
+            live[(str(path), st.st_size, st.st_mtime_ns)] = path
+        known, ids = self._id_index.get(table, (frozenset(), set()))
+        if not known <= live.keys():  # a compaction replaced parts: start again
+            known, ids = frozenset(), set()
+        for key in live.keys() - known:
+            ids.update(pq.read_table(live[key], columns=["id"]).column("id").to_pylist())
+        self._id_index[table] = (frozenset(live), ids)
+        return ids
 
     # ------------------------------------------------------------ reading
 
     def _all_parts(self, table: str) -> list[Path]:
-        return sorted(self.table_dir(table).glob("part-*.parquet"))
+        directory = self.table_dir(table)
+        with os.scandir(directory) as entries:
+            names = sorted(e.name for e in entries if e.name.startswith("part-") and e.name.endswith(".parquet"))
+        return [directory / name for name in names]
 
     def _footer(self, path: Path) -> _Footer:
         """The part's footer, read once per name, size and mtime (every listing of parts needs it).
