@@ -179,14 +179,17 @@ def _define_views(con: duckdb.DuckDBPyConnection, store: Store) -> None:
         GROUP BY trajectory_id
         """
     )
+    # The one success rate (omrl.schema): solved / known outcomes; failed and unknown success beside it.
+    from omrl.schema import SUCCESS_SQL
+
     con.execute(
-        """
+        f"""
         CREATE VIEW groups AS
         SELECT group_id, any_value(task_id) AS task_id, any_value(run_id) AS run_id,
                any_value(round) AS round, count(*) AS n,
                avg(reward) AS mean_reward, coalesce(stddev_pop(reward), 0) AS std_reward,
                min(reward) AS min_reward, max(reward) AS max_reward,
-               avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate
+               {SUCCESS_SQL}
         FROM trajectories
         GROUP BY group_id
         """

@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROUND_SQL = """
-SELECT round, count(*) AS trajectories,
-       avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+from omrl.schema import SUCCESS_SQL
+
+# Success rate: solved / episodes with a known outcome (omrl.schema); failed and unknown counted beside it.
+ROUND_SQL = f"""
+SELECT round, count(*) AS trajectories, {SUCCESS_SQL},
        avg(reward) AS mean_reward, avg(num_turns) AS mean_turns,
        avg(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0))
            FILTER (WHERE prompt_tokens IS NOT NULL OR completion_tokens IS NOT NULL) AS mean_tokens
@@ -26,7 +28,9 @@ GROUP BY round ORDER BY round
 
 
 def round_stats(store) -> list[dict[str, Any]]:
-    """Per-round counts, success rate, mean reward, mean turns and tokens (eval runs excluded)."""
+    """Per-round counts, success rate (with failed and unknown-success counts), mean reward, turns, tokens.
+
+    Eval runs are excluded."""
     return store.sql(ROUND_SQL).to_pylist()
 
 
@@ -50,7 +54,8 @@ def plot_rounds(stats: list[dict[str, Any]], path: Path) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     rounds = [s["round"] for s in stats]
-    axes[0].plot(rounds, [s["success_rate"] for s in stats], marker="o")
+    axes[0].plot(rounds, [s["success_rate"] if s["success_rate"] is not None else float("nan") for s in stats],
+                 marker="o")
     axes[0].set(title="success rate per round", xlabel="round", ylabel="success", ylim=(0, 1.05))
     axes[1].plot(rounds, [s["mean_reward"] for s in stats], marker="o", color="tab:orange")
     axes[1].set(title="mean reward per round", xlabel="round", ylabel="reward")
@@ -120,7 +125,8 @@ def write_report(store, out: str | Path, results: str | Path | None = None) -> d
         paths["stages"] = plot_stages(stage_rows, out / "stages.png")
 
     md = [f"# omrl report: {store.path.name}", "", "## Rounds", "",
-          _table_md(stats, ["round", "trajectories", "success_rate", "mean_reward", "mean_turns", "mean_tokens"]),
+          _table_md(stats, ["round", "trajectories", "success_rate", "failed", "unknown_success", "mean_reward",
+                           "mean_turns", "mean_tokens"]),
           "", "![success and reward per round](rounds.png)", "",
           "![reward, turns and tokens per round](distributions.png)", ""]
     if stage_rows:

@@ -302,7 +302,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def eval_metrics(rows: list[dict[str, Any]], ks: Iterable[int] = (1,)) -> dict[str, dict[str, Any]]:
-    """Per env: episodes, tasks, success rate (errors count as unsolved), mean reward (scored rows), pass@k, errors."""
+    """Per env: episodes, tasks, success rate, failed, unknown_success, mean reward (scored rows), pass@k, errors.
+
+    The success rate is omrl.schema's one definition: solved / episodes with a known outcome; failed
+    episodes and unknown success are counted beside it (None when no episode has a known outcome).
+    pass@k is over each task's known outcomes.
+    """
+    from omrl.schema import is_failed, success_counts
+
     by_env: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_env.setdefault(row["env"], []).append(row)
@@ -310,19 +317,22 @@ def eval_metrics(rows: list[dict[str, Any]], ks: Iterable[int] = (1,)) -> dict[s
     for env, env_rows in sorted(by_env.items()):
         per_task: dict[str, list[bool]] = {}
         for row in env_rows:
-            per_task.setdefault(row["task_id"], []).append(bool(row["success"]))
+            outcomes = per_task.setdefault(row["task_id"], [])
+            if not is_failed(row.get("status")) and row.get("success") is not None:
+                outcomes.append(bool(row["success"]))
         rewards = [r["reward"] for r in env_rows if r["reward"] is not None]
         metrics: dict[str, Any] = {
             "episodes": len(env_rows), "tasks": len(per_task),
-            "success_rate": sum(bool(r["success"]) for r in env_rows) / len(env_rows),
+            **success_counts(env_rows).as_dict(),
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-            "errors": sum(r["status"] not in ("ok", "truncated") for r in env_rows),
+            "errors": sum(is_failed(r.get("status")) for r in env_rows),
             "truncated": sum(r["status"] == "truncated" for r in env_rows),
         }
-        n_min = min(len(v) for v in per_task.values())
+        known = [v for v in per_task.values() if v]
+        n_min = min((len(v) for v in known), default=0)
         for k in ks:
-            if k <= n_min:
-                metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in per_task.values()) / len(per_task)
+            if 0 < k <= n_min:
+                metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in known) / len(known)
         out[env] = metrics
     return out
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from omrl.schema import success_sql
 from omrl.store import Store
 
-OVERVIEW_SQL = """
+# Success rate: solved / episodes with a known outcome (omrl.schema), failed and unknown counted beside it.
+OVERVIEW_SQL = f"""
 SELECT count(*) AS trajectories, count(DISTINCT task_id) AS tasks, count(DISTINCT group_id) AS groups,
        count(DISTINCT run_id) AS runs, round(avg(reward), 4) AS mean_reward,
-       round(avg(CASE WHEN success THEN 1.0 WHEN success = false THEN 0.0 END), 4) AS success_rate,
+       {success_sql(4)},
        round(avg(num_turns), 2) AS mean_turns, sum(prompt_tokens + completion_tokens) AS tokens
 FROM trajectories
 """
 
-BREAKDOWN_SQL = """
-SELECT {key}, count(*) AS n, round(avg(reward), 4) AS mean_reward,
-       round(avg(CASE WHEN success THEN 1.0 WHEN success = false THEN 0.0 END), 4) AS success_rate,
+BREAKDOWN_SQL = f"""
+SELECT {{key}}, count(*) AS n, round(avg(reward), 4) AS mean_reward,
+       {success_sql(4)},
        round(avg(num_turns), 2) AS mean_turns
-FROM trajectories GROUP BY {key} ORDER BY {key}
+FROM trajectories GROUP BY {{key}} ORDER BY {{key}}
 """
 
 ANNOTATION_SQL = """

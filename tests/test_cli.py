@@ -115,7 +115,8 @@ def test_stats(store):
     tables = json.loads(result.output)
     assert tables["overview"][0]["trajectories"] == 6
     assert tables["overview"][0]["success_rate"] == 0.5
-    assert tables["by env"] == [{"env": "math", "n": 6, "mean_reward": 0.5, "success_rate": 0.5, "mean_turns": 2.0}]
+    assert tables["by env"] == [{"env": "math", "n": 6, "mean_reward": 0.5, "success_rate": 0.5, "failed": 0,
+                                 "unknown_success": 0, "mean_turns": 2.0}]
     pretty = CliRunner().invoke(cli, ["stats", str(store.path)])
     assert pretty.exit_code == 0 and "by status" in pretty.output
 

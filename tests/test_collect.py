@@ -171,9 +171,13 @@ def test_pass_at_k_and_eval_metrics():
             {"env": "e", "task_id": "a", "status": "ok", "reward": 0.0, "success": False},
             {"env": "e", "task_id": "b", "status": "policy_error", "reward": None, "success": None},
             {"env": "e", "task_id": "b", "status": "ok", "reward": 0.0, "success": False}]
+    m = eval_metrics(rows, ks=(1, 2))["e"]  # the policy_error episode is counted beside the rate, not as unsolved
+    assert m["success_rate"] == pytest.approx(1 / 3) and m["mean_reward"] == pytest.approx(1 / 3)
+    assert m["errors"] == m["failed"] == 1 and m["unknown_success"] == 0
+    assert m["pass@1"] == pytest.approx(0.25) and "pass@2" not in m  # task b has one known outcome
+    rows.append({"env": "e", "task_id": "b", "status": "ok", "reward": 1.0, "success": True})
     m = eval_metrics(rows, ks=(1, 2))["e"]
-    assert m["success_rate"] == 0.25 and m["mean_reward"] == pytest.approx(1 / 3) and m["errors"] == 1
-    assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)
+    assert m["pass@1"] == pytest.approx(0.5) and m["pass@2"] == pytest.approx(1.0)
 
 
 def test_evaluate_math_env_with_scripted_and_random(tmp_path: Path):

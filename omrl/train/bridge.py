@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask, to_chat_message
 
-BROKEN_STATUSES = ("env_error", "policy_error")
 MASK_SOURCES = ("auto", "template", "incremental")
 
 
@@ -67,7 +67,7 @@ def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
     rows = select_where(store, where or None, order_by="id").to_pylist()  # `where`: one checked condition
     kept = []
     for row in rows:
-        if skip_broken and row.get("status") in BROKEN_STATUSES:
+        if skip_broken and is_failed(row.get("status")):  # no failed episode is trained on
             if report is not None:
                 report.drop(f"status {row['status']}")
             continue
