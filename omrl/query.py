@@ -22,15 +22,18 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from omrl.errors import OmrlError
 from omrl.schema import SCHEMAS
-from omrl.store import Store
+
+if TYPE_CHECKING:  # a type only: store.py imports this module (Store.sql, Store.connect)
+    from omrl.store import Store
 
 T = TypeVar("T")
 
@@ -51,7 +54,7 @@ _START_CONFIG = {
 }
 
 
-class QueryError(ValueError):
+class QueryError(OmrlError, ValueError):
     """A query that is refused or fails; the message is meant for the user (one line)."""
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from omrl.errors import OmrlError
+
 SUFFIX_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".traj": "json", ".csv": "csv",
                 ".tsv": "tsv", ".parquet": "parquet"}
 _WS = re.compile(r"[ \t\n\r]*")
@@ -29,7 +31,7 @@ _BOM = b"\xef\xbb\xbf"
 _SNIFF_BYTES = 8192
 
 
-class ReadError(ValueError):
+class ReadError(OmrlError, ValueError):
     """A file that cannot be read as records; the message names the file and the line, item or row."""
 
     def __init__(self, message: str, reason: str = "unreadable file"):

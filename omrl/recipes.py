@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from omrl.errors import OmrlError
 
-class RecipeError(ValueError):
+
+class RecipeError(OmrlError, ValueError):
     """A recipe that does not fit its config: the message names the file and the key."""
 
 

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omrl.errors import OmrlError
+
 SANDBOX_UID = 65534          # "nobody": the sandbox's user inside, and outside too when omrl runs as root
 PROJECT_DIR = "/tmp/project"  # where the project is copied inside the sandbox (cwd of the command)
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`, or `make system-deps`)"
@@ -46,11 +48,11 @@ _STAGE = "/tmp/omrl-python"  # root mode: where the outer mount namespace shows 
 _GRACE_S = 1.0               # after the command ends: how long to wait for the rest of its output
 
 
-class SandboxUnavailable(ValueError):
+class SandboxUnavailable(OmrlError, ValueError):
     """The sandbox cannot run on this machine (the message says why and what to install)."""
 
 
-class SandboxError(RuntimeError):
+class SandboxError(OmrlError, RuntimeError):
     """The sandbox failed to start a command (an infrastructure failure, not the command's)."""
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from omrl.errors import OmrlError
+
 SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "truncated", "env_error", "policy_error", "timeout")
@@ -120,7 +122,7 @@ ANNOTATION_SCHEMA = pa.schema(
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "annotations": ANNOTATION_SCHEMA}
 
 
-class SchemaError(ValueError):
+class SchemaError(OmrlError, ValueError):
     """A record that does not fit the schema; the message names the record and the field."""
 
 

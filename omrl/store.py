@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from omrl.errors import OmrlError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
 
 TABLES = ("trajectories", "annotations")
@@ -55,7 +56,7 @@ _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
 _STAGING_PID = re.compile(r"\.(?:staging|creating|replaced)-(\d+)-[0-9a-f]+$")
 
 
-class StoreError(RuntimeError):
+class StoreError(OmrlError, RuntimeError):
     """A store that does not exist or cannot be used; the message says which and why."""
 
 

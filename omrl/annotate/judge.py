@@ -30,6 +30,7 @@ from typing import Any
 from omrl.annotate.cache import JudgeCache, prompt_hash
 from omrl.annotate.render import render_trajectory
 from omrl.annotate.rubric import Rubric
+from omrl.errors import OmrlError
 
 MODES = ("pointwise", "pairwise", "group")
 
@@ -81,7 +82,7 @@ class JudgeStats:
     skipped: int = 0
 
 
-class JudgeError(RuntimeError):
+class JudgeError(OmrlError, RuntimeError):
     """A judge request that failed for good; the message says why."""
 
 
@@ -450,4 +451,3 @@ async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str
     finally:
         await judge.close()
     return rows_out, judge.stats
-

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.annotate.inputs import parse_json
+from omrl.errors import OmrlError
 from omrl.schema import TRAJECTORY_SCHEMA
 from omrl.store import Store
 
@@ -272,7 +273,7 @@ def augmented_id(parent: str, op: str, k: int, seed: int) -> str:
     return hashlib.sha256(json.dumps([parent, op, k, seed]).encode()).hexdigest()[:24]
 
 
-class AugmentError(RuntimeError):
+class AugmentError(OmrlError, RuntimeError):
     """One variant could not be made (e.g. the paraphrasing endpoint failed); counted and reported."""
 
 

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from omrl.envs.base import Environment
+from omrl.errors import OmrlError
 
 ENVIRONMENTS: dict[str, str] = {
     "math": "omrl.envs.math:MathEnv",
@@ -22,7 +23,7 @@ ENVIRONMENTS: dict[str, str] = {
 }
 
 
-class EnvSpecError(ValueError):
+class EnvSpecError(OmrlError, ValueError):
     """An environment name or class path that cannot be used."""
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.toolenv import action_to_text
+from omrl.errors import OmrlError
 
 
-class EnvServerError(RuntimeError):
+class EnvServerError(OmrlError, RuntimeError):
     """The environment server is unreachable or answered with an error (stored as env_error)."""
 
 

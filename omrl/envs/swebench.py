@@ -6,13 +6,14 @@ import shutil
 import subprocess
 
 from omrl.envs.base import Action, Reset, StepResult, Task
+from omrl.errors import OmrlError
 
 DOCKER_HELP = ("swebench tasks need Docker and its images; {reason}. Install Docker, pull the SWE-bench "
                "instance images (e.g. with the swebench harness), or use the `code` environment for the "
                "offline repair tasks shipped in datasets/code_tasks.")
 
 
-class SwebenchUnavailable(RuntimeError):
+class SwebenchUnavailable(OmrlError, RuntimeError):
     """Docker or the task's image is missing: the episode cannot run (stored as env_error)."""
 
 

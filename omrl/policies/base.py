@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from omrl.errors import OmrlError
 
-class PolicyError(RuntimeError):
+
+class PolicyError(OmrlError, RuntimeError):
     """The policy could not produce a reply (endpoint down, retries exhausted, bad output format)."""
 
 

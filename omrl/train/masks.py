@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omrl.errors import OmrlError
 
-class MaskError(ValueError):
+
+class MaskError(OmrlError, ValueError):
     """A conversation that cannot be masked (template not prefix-preserving, nothing to render)."""
 
 
