@@ -1,6 +1,6 @@
 """The arguments a metric may declare, computed from one trajectory row.
 
-Available names: trajectory (the row dict), messages, task (parsed JSON), answer (the gold answer),
+Available names: trajectory (the row dict), messages, task (parsed JSON, payload an object), answer (the gold answer),
 final_answer, reward, success, status, num_turns, turns, tools (parsed JSON), tool_calls (flat list),
 instruction, metadata (parsed JSON), prompt_tokens, completion_tokens.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from omrl.schema import parse_task
 
 # Tool names that submit the final answer; the first argument value (or "answer") is the answer.
 ANSWER_TOOLS = ("answer", "submit", "final_answer", "submit_answer", "finish")
@@ -66,7 +68,7 @@ def final_answer(messages: list[dict[str, Any]], metadata: dict[str, Any] | None
 def metric_inputs(row: dict[str, Any]) -> dict[str, Any]:
     """Every argument a metric may ask for, computed from one trajectory row (as read from a store)."""
     messages = row.get("messages") or []
-    task = parse_json(row.get("task"), {})
+    task = parse_task(row.get("task"))  # payload decoded, also on rows whose payload was encoded twice
     metadata = parse_json(row.get("metadata"), {})
     return {
         "trajectory": row,
