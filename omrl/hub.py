@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
 EXPORT_FORMATS = ("parquet", "jsonl", "openai", "sharegpt")
@@ -118,24 +119,8 @@ def _tools(row: dict[str, Any]) -> list[Any]:
 
 
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Schema messages in the OpenAI chat form (tool calls nested under `function`, arguments as JSON text)."""
-    out = []
-    for m in messages:
-        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
-        if m.get("reasoning") is not None:
-            msg["reasoning_content"] = m["reasoning"]
-        if m.get("tool_calls"):
-            msg["tool_calls"] = [{"id": c["id"], "type": "function",
-                                  "function": {"name": c["name"], "arguments": c["arguments"]}}
-                                 for c in m["tool_calls"]]
-        if m["role"] == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id")
-            if m.get("name"):
-                msg["name"] = m["name"]
-        if m.get("trainable") is not None and m["role"] == "assistant":  # OpenAI allows weight on assistant turns only
-            msg["weight"] = int(m["trainable"])
-        out.append(msg)
-    return out
+    """Schema messages in the OpenAI fine-tuning form (omrl.messages.to_openai with reasoning and weights)."""
+    return to_openai(messages, export=True)
 
 
 def to_openai_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -160,8 +145,8 @@ def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
                 turn["reasoning"] = m["reasoning"]
             conversations.append(turn)
         if m["tool_calls"]:
-            calls = [{"id": c["id"], "name": c["name"], "arguments": _maybe_json(c["arguments"])}
-                     for c in m["tool_calls"]]
+            calls = [{"id": cid, "name": name, "arguments": arguments_value(args)}
+                     for cid, name, args in map(tool_call_parts, m["tool_calls"])]
             value = calls[0] if len(calls) == 1 else calls
             conversations.append({"from": "function_call", "value": json.dumps(value, ensure_ascii=False), **flag})
     out = {"id": row["id"], "conversations": conversations}
@@ -171,13 +156,6 @@ def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("reward") is not None:
         out["reward"] = row["reward"]
     return out
-
-
-def _maybe_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return text
 
 
 # ---------------------------------------------------------------- push

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
+from omrl.messages import to_chat_template  # noqa: E402
 from omrl.schema import Annotation, Message, ToolCall, Trajectory  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.train.bridge import (  # noqa: E402
@@ -23,7 +24,7 @@ from omrl.train.bridge import (  # noqa: E402
     sft_examples,
     token_budget_batches,
 )
-from omrl.train.masks import incremental_mask, is_trainable, template_mask, to_chat_message  # noqa: E402
+from omrl.train.masks import incremental_mask, is_trainable, template_mask  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
     "type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]}}},
@@ -56,7 +57,7 @@ def tokenizer():
 
 def chat(traj: Trajectory):
     row = traj.to_row()
-    return [to_chat_message(m) for m in row["messages"]], [is_trainable(m) for m in row["messages"]]
+    return to_chat_template(row["messages"]), [is_trainable(m) for m in row["messages"]]
 
 
 def test_template_and_incremental_masks_agree(tokenizer):
@@ -84,7 +85,7 @@ def test_only_trainable_assistant_tokens_carry_loss(tokenizer):
     traj = trajectory("a", 3, untrainable=(1,))
     row = traj.to_row()
     row["messages"][3]["trainable"] = True  # a tool result flagged trainable still never trains
-    messages = [to_chat_message(m) for m in row["messages"]]
+    messages = to_chat_template(row["messages"])
     trainable = [is_trainable(m) for m in row["messages"]]
     assert trainable == [False, False, True, False, False, False, True, False, True]
     ids, mask = incremental_mask(tokenizer, messages, TOOLS, trainable)

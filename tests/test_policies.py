@@ -8,8 +8,9 @@ import json
 import pytest
 
 from omrl.envs.base import Task, tool_schema
+from omrl.messages import to_openai
 from omrl.policies import EpisodeContext, PolicyError, PolicyTimeout, make_policy
-from omrl.policies.openai_policy import OpenAIPolicy, api_messages
+from omrl.policies.openai_policy import OpenAIPolicy
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
 from omrl.testing.openai_server import FakeOpenAIServer
 
@@ -64,7 +65,7 @@ def test_parse_plain_text_and_reasoning():
 
 
 def test_api_messages_nest_tool_calls_and_drop_extra_keys():
-    out = api_messages([{"role": "assistant", "content": None, "reasoning": "r",
+    out = to_openai([{"role": "assistant", "content": None, "reasoning": "r",
                          "tool_calls": [{"id": "c", "name": "f", "arguments": "{}"}]},
                         {"role": "tool", "tool_call_id": "c", "name": "f", "content": "ok", "trainable": None}])
     assert out[0] == {"role": "assistant", "content": None,

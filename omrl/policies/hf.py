@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from omrl.messages import to_chat_template
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
 
@@ -132,7 +133,8 @@ class HFPolicy:
     # ------------------------------------------------------------ token-native multi-turn
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+        # The bridge renders stored conversations through the same converter: same text, same token ids.
+        return self.tokenizer.apply_chat_template(to_chat_template(messages), tools=tools or None, tokenize=False,
                                                   add_generation_prompt=generation)
 
     def _encode(self, text: str) -> list[int]:

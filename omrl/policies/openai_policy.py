@@ -16,37 +16,11 @@ import random
 from collections import Counter
 from typing import Any
 
+from omrl.messages import to_openai
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
 
 POOL_SHARD = 32  # connections per HTTP client; see _client
-
-# Keys of our message dicts the chat API understands; anything else (reasoning, trainable) is dropped.
-_API_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
-
-
-def api_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as the chat-completions API expects them (nested function tool calls, no extra keys)."""
-    out = []
-    for msg in messages:
-        item = {k: msg[k] for k in _API_KEYS if msg.get(k) is not None}
-        if item["role"] != "tool":
-            item.pop("name", None)
-        calls = msg.get("tool_calls") or []
-        if calls:
-            item["tool_calls"] = [
-                c if "function" in c else
-                {"id": c.get("id"), "type": "function",
-                 "function": {"name": c["name"], "arguments": c.get("arguments") or "{}"}}
-                for c in calls
-            ]
-        else:
-            item.pop("tool_calls", None)
-        if item["role"] == "assistant" and "content" not in item:
-            item["content"] = None if calls else ""
-        out.append(item)
-    return out
-
 
 class OpenAIPolicy:
     """A chat model behind an OpenAI-compatible HTTP endpoint."""
@@ -104,7 +78,7 @@ class OpenAIPolicy:
         # Messages and tools travel in extra_body: the client's per-request type transform walks every
         # message of the growing conversation (milliseconds of CPU per call at long contexts) and has
         # nothing to change in plain chat dicts. The JSON sent is the same.
-        body: dict[str, Any] = {"messages": api_messages(messages)}
+        body: dict[str, Any] = {"messages": to_openai(messages)}
         request: dict[str, Any] = {"model": self.model, "messages": [], "temperature": context.temperature}
         if tools and self.native_tools:
             body["tools"] = tools

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
-from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask, to_chat_message
+from omrl.messages import to_chat_template
+from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask
 
 MASK_SOURCES = ("auto", "template", "incremental")
 
@@ -90,11 +91,11 @@ def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
-    """(chat messages, tools, trainable flag per message) of one trajectory row."""
+    """(chat-template messages (omrl.messages.to_chat_template), tools, trainable flag per message) of one row."""
     stored = row.get("messages") or []
     if not stored:
         raise ValueError(f"trajectory {row.get('id')!r}: no messages")
-    return [to_chat_message(m) for m in stored], parse_tools(row), [is_trainable(m) for m in stored]
+    return to_chat_template(stored), parse_tools(row), [is_trainable(m) for m in stored]
 
 
 def chat_dataset(rows: Sequence[dict[str, Any]]):

@@ -15,7 +15,6 @@ Both exclude the role header (`<|im_start|>assistant`) and include the end-of-tu
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from omrl.errors import OmrlError
@@ -32,27 +31,6 @@ def is_trainable(message: dict[str, Any]) -> bool:
         # A stored flag cannot make observations trainable: they are the environment's words, not the policy's.
         return False
     return bool(flag) if flag is not None else message.get("role") == "assistant"
-
-
-def to_chat_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A stored message as a chat-template message (tool-call arguments parsed from their JSON text)."""
-    out: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
-    calls = []
-    for call in message.get("tool_calls") or []:
-        arguments = call.get("arguments") or "{}"
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            parsed = arguments  # the model wrote invalid JSON: keep its text rather than invent a fix
-        calls.append({"type": "function", "function": {"name": call.get("name") or "", "arguments": parsed},
-                      **({"id": call["id"]} if call.get("id") else {})})
-    out["tool_calls"] = calls
-    for key in ("tool_call_id", "name"):
-        if message.get(key):
-            out[key] = message[key]
-    if message.get("reasoning"):
-        out["reasoning_content"] = message["reasoning"]
-    return out
 
 
 def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
