@@ -1,12 +1,16 @@
-"""The rollout engine: tasks x samples episodes played concurrently, written to a store as they finish.
+"""The episode runner and the rollout engine: one lifecycle for collect, eval, GRPO, RFT and iterate.
 
-    result = asyncio.run(collect("math", tasks, policy, store, samples=4, concurrency=32))
+    settings = RolloutSettings(env="math", max_turns=8, concurrency=32)
+    episodes = await play_episodes([(task, 0), (task, 1)], None, policy, settings, run_id="r")
+    result = await collect(None, tasks, policy, store, settings, samples=4)
 
-- `concurrency` workers each take the next (task, sample) and play it in a fresh environment
-  instance (made per episode, closed after), so a slow episode never holds up the others.
-- Finished rows are appended in batches (every `batch_size` episodes or `flush_seconds`, and at the
-  end); each append is one atomic part, so a killed run loses at most the episodes in flight and the
-  unflushed batch.
+- `play_episodes` owns an episode's lifecycle: a fresh environment per episode, made in a worker
+  thread and always closed; a per-episode seed; a broken environment becomes an env_error row; at
+  most `concurrency` episodes in flight, so a slow episode never holds up the others. It writes
+  nothing: storing rows is the caller's step.
+- `collect` plays the (task, sample) jobs not yet stored and appends finished rows in batches (every
+  `batch_size` episodes or `flush_seconds`, and at the end); each append is one atomic part, so a
+  killed run loses at most the episodes in flight and the unflushed batch.
 - Resume: ids are deterministic in (run, round, task, sample) and those already in the store are
   skipped, so re-running the same command continues where it stopped and never duplicates.
 """
@@ -15,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import math
 import re
 import threading
 import time
+import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,37 @@ from omrl.schema import trajectory_id
 from omrl.store import Store
 
 EnvFactory = Callable[[], Any]
+
+
+
+@dataclass
+class RolloutSettings:
+    """How episodes are played: the one set of rollout knobs behind collect, eval, GRPO, RFT and iterate.
+
+    The CLI flags of `omrl collect` / `omrl eval` and the `rollout` section of every training recipe
+    are these fields; `flag` in the metadata names the CLI flag.
+    """
+
+    env: str = field(default="grid", metadata={
+        "help": "environment name (see `omrl envs`) or package.module:ClassName", "flag": "--env"})
+    env_options: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the environment's constructor", "flag": "--env-option"})
+    max_turns: int = field(default=16, metadata={
+        "help": "assistant turns before the episode is truncated", "flag": "--max-turns"})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "completion token limit per turn (unset: the policy's own)", "flag": "--max-tokens"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "flag": "--temperature"})
+    seed: int | None = field(default=0, metadata={
+        "help": "base seed; each episode derives its own from (seed, task, sample)", "flag": "--seed"})
+    model_call_timeout: float | None = field(default=None, metadata={
+        "help": "seconds per model request, each retry has its own (unset: the policy's own)",
+        "flag": "--model-call-timeout", "cli_default": 120.0})
+    turn_timeout: float | None = field(default=None, metadata={
+        "help": "seconds per turn (model + environment steps)", "flag": "--turn-timeout"})
+    episode_timeout: float | None = field(default=None, metadata={
+        "help": "seconds per episode", "flag": "--episode-timeout"})
+    concurrency: int = field(default=8, metadata={
+        "help": "episodes in flight at once (batched generation needs many)", "flag": "--concurrency"})
 
 
 @dataclass
@@ -187,16 +224,121 @@ class _Progress:
         self.bar.update(self.task, completed=result.played, stats=stats)
 
 
-async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any, store: Store, *,
-                  samples: int = 1, concurrency: int = 8, max_turns: int = 10, round: int = 0,
-                  run_id: str | None = None, temperature: float = 1.0, seed: int | None = 0,
-                  batch_size: int = 64, flush_seconds: float = 10.0, progress: bool = True,
-                  env_options: dict[str, Any] | None = None, max_tokens: int | None = None,
-                  model_call_timeout: float | None = None, turn_timeout: float | None = None,
-                  episode_timeout: float | None = None, source: str = "collected",
-                  on_episode: Callable[[Episode], None] | None = None) -> CollectResult:
-    """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish."""
-    if samples < 1 or concurrency < 1 or max_turns < 1:
+async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | None, policy: Any,
+                        settings: RolloutSettings, *, run_id: str, round: int = 0, source: str = "collected",
+                        metadata: dict[str, Any] | None = None,
+                        on_episode: Callable[[Episode], Awaitable[None] | None] | None = None,
+                        keep: bool = True) -> list[Episode]:
+    """Play each (task, sample) job: the one episode lifecycle of collect, eval, GRPO, RFT and iterate.
+
+    - Each episode gets a fresh environment from `make_env` (default: `settings.env` with
+      `settings.env_options`), made in a worker thread and always closed, also when the episode, the
+      callback or the whole call fails or is cancelled.
+    - An environment whose constructor raises becomes an `env_error` row; the other episodes go on.
+    - Each episode is seeded with `episode_seed(settings.seed, task.id, sample)`.
+    - At most `settings.concurrency` episodes are in flight; `on_episode` (sync or async) is called as
+      each finishes. Writing rows anywhere is the caller's step (collect writes them through it).
+    Returns the episodes in job order (an empty list with keep=False, for long runs that stream).
+    """
+    if settings.max_turns < 1 or settings.concurrency < 1:
+        raise ValueError("max_turns and concurrency must be at least 1")
+    make = make_env if make_env is not None else env_factory(settings.env, settings.env_options)
+    jobs = list(jobs)
+    episodes: list[Episode | None] = [None] * len(jobs) if keep else []
+    queue: Iterator[tuple[int, tuple[Any, int]]] = iter(enumerate(jobs))
+
+    async def play(task: Any, sample: int) -> Episode:
+        env = await _open(make)
+        try:
+            return await run_episode(
+                env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=settings.max_turns,
+                temperature=settings.temperature, seed=episode_seed(settings.seed, task.id, sample),
+                max_tokens=settings.max_new_tokens, model_call_timeout=settings.model_call_timeout,
+                turn_timeout=settings.turn_timeout, episode_timeout=settings.episode_timeout, source=source,
+                metadata=metadata)
+        finally:
+            await _close(env, task)
+
+    async def worker() -> None:
+        for index, (task, sample) in queue:  # a shared iterator: each job is taken by exactly one worker
+            episode = await play(task, sample)
+            if keep:
+                episodes[index] = episode
+            if on_episode is not None:
+                done = on_episode(episode)
+                if inspect.isawaitable(done):
+                    await done
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(settings.concurrency, len(jobs)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        # Also on failure, cancellation or Ctrl-C: stop the other workers; each closes its environment.
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return episodes  # type: ignore[return-value]
+
+
+async def _open(make: EnvFactory) -> Any:
+    """A new environment, made in a worker thread; a failing constructor gives a _BrokenEnv.
+
+    Cancelled while the constructor runs, the environment it still returns is closed, never leaked.
+    """
+    lock = threading.Lock()
+    state: dict[str, Any] = {"cancelled": False, "env": None}
+
+    def made() -> Any:
+        env = make()
+        with lock:
+            if state["cancelled"]:
+                _close_quietly(env)
+                return None
+            state["env"] = env
+        return env
+
+    try:
+        return await asyncio.to_thread(made)
+    except asyncio.CancelledError:
+        with lock:
+            state["cancelled"] = True
+            env = state["env"]
+        if env is not None:  # made, but the result did not reach us
+            _close_quietly(env)
+        raise
+    except Exception as exc:
+        return _BrokenEnv(f"creating the environment failed: {type(exc).__name__}: {exc}")
+
+
+async def _close(env: Any, task: Any) -> None:
+    try:
+        await asyncio.shield(asyncio.to_thread(env.close))
+    except asyncio.CancelledError:
+        raise  # the close thread still runs to its end
+    except Exception as exc:  # the row is already complete; a failing close is only reported
+        warnings.warn(f"env.close failed for task {task.id!r}: {exc}", stacklevel=1)
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception as exc:
+        warnings.warn(f"env.close failed: {exc}", stacklevel=1)
+
+
+async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], policy: Any, store: Store,
+                  settings: RolloutSettings | None = None, *, samples: int = 1, round: int = 0,
+                  run_id: str | None = None, batch_size: int = 64, flush_seconds: float = 10.0,
+                  progress: bool = True, source: str = "collected",
+                  on_episode: Callable[[Episode], None] | None = None, **knobs: Any) -> CollectResult:
+    """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish.
+
+    The rollout knobs come from `settings` (RolloutSettings); keyword arguments named like its fields
+    (max_turns=..., concurrency=...) replace single values. `env_spec` is an environment name or a
+    factory; None takes `settings.env`.
+    """
+    settings = _settings(settings, env_spec, knobs)
+    if samples < 1 or settings.concurrency < 1 or settings.max_turns < 1:
         raise ValueError("samples, concurrency and max_turns must be at least 1")
     if flush_seconds <= 0:  # the flush timer would spin on sleep(0)
         raise ValueError(f"flush_seconds must be positive, got {flush_seconds}")
@@ -205,9 +347,9 @@ async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any,
     if len(set(ids)) != len(ids):
         dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise ValueError(f"duplicate task ids: {', '.join(dupes[:5])}")
-    make = env_factory(env_spec, env_options)
+    make = env_spec if callable(env_spec) else env_factory(settings.env, settings.env_options)
     if run_id is None:
-        env_name = env_spec if isinstance(env_spec, str) else getattr(env_spec, "__name__", "env")
+        env_name = settings.env if not callable(env_spec) else getattr(env_spec, "__name__", "env")
         run_id = default_run_name(env_name, None, getattr(policy, "name", "policy"))
     done_ids = await asyncio.to_thread(store.ids)
     jobs = [(task, s) for task in tasks for s in range(samples)
@@ -222,53 +364,42 @@ async def collect(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any,
     await asyncio.to_thread(probe.close)
 
     writer = _Writer(store, batch_size, flush_seconds)
-    queue: Iterator[tuple[Any, int]] = iter(jobs)
     started = time.monotonic()
+    with _Progress(len(jobs), f"collect {run_id}", progress) as bar:
 
-    async def play(task: Any, sample: int) -> Episode:
-        env = None
-        try:
-            env = await asyncio.to_thread(make)
-        except Exception as exc:
-            env = _BrokenEnv(f"creating the environment failed: {type(exc).__name__}: {exc}")
-        try:
-            return await run_episode(
-                env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=max_turns,
-                temperature=temperature, seed=episode_seed(seed, task.id, sample), max_tokens=max_tokens,
-                model_call_timeout=model_call_timeout, turn_timeout=turn_timeout,
-                episode_timeout=episode_timeout, source=source)
-        finally:
-            try:
-                await asyncio.to_thread(env.close)
-            except Exception as exc:  # the row is already complete; a failing close is only reported
-                import warnings
-
-                warnings.warn(f"env.close failed for task {task.id!r}: {exc}", stacklevel=1)
-
-    async def worker(bar: _Progress) -> None:
-        for task, sample in queue:  # a shared iterator: each job is taken by exactly one worker
-            episode = await play(task, sample)
+        async def finished(episode: Episode) -> None:
             result.add(episode.row)
             await writer.add(episode.row)  # before the callback: a callback that raises loses no finished row
             if on_episode is not None:
                 on_episode(episode)
             bar.update(result)
 
-    with _Progress(len(jobs), f"collect {run_id}", progress) as bar:
         ticker = asyncio.create_task(writer.every(flush_seconds))
-        workers = [asyncio.create_task(worker(bar)) for _ in range(min(concurrency, len(jobs)))]
         try:
-            await asyncio.gather(*workers)
+            await play_episodes(jobs, make, policy, settings, run_id=run_id, round=round, source=source,
+                                on_episode=finished, keep=False)
         finally:
-            # Also on failure, cancellation or Ctrl-C: stop the other workers, then write what finished.
-            for task in [*workers, ticker]:
-                task.cancel()
-            await asyncio.gather(*workers, ticker, return_exceptions=True)
+            # Also on failure, cancellation or Ctrl-C: write what finished.
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
             await asyncio.shield(writer.flush())
             result.written = writer.written
             result.already_stored = writer.already_stored
             result.duration_s = time.monotonic() - started
     return result
+
+
+def _settings(settings: RolloutSettings | None, env_spec: Any, knobs: dict[str, Any]) -> RolloutSettings:
+    """`settings` (default RolloutSettings()) with the env of `env_spec` and the named knobs replaced."""
+    unknown = sorted(set(knobs) - {f.name for f in fields(RolloutSettings)})
+    if unknown:
+        raise TypeError(f"unknown rollout setting(s): {', '.join(unknown)}")
+    settings = settings or RolloutSettings()
+    if isinstance(env_spec, str):
+        knobs = {"env": env_spec, **knobs}
+    if "env_options" in knobs and knobs["env_options"] is None:
+        knobs["env_options"] = {}
+    return replace(settings, **knobs) if knobs else settings
 
 
 class _BrokenEnv:
@@ -343,12 +474,13 @@ class EvalResult:
     metrics: dict[str, dict[str, Any]]
 
 
-async def evaluate(env_spec: str | EnvFactory, tasks: Iterable[Any], policy: Any, store: Store, *,
+async def evaluate(env_spec: str | EnvFactory | None, tasks: Iterable[Any], policy: Any, store: Store, *,
                    samples: int = 1, run_id: str | None = None, round: int = 0, **options: Any) -> EvalResult:
     """Collect with source "eval", then success rate, mean reward and pass@k over this run's rows."""
     tasks = list(tasks)
     if run_id is None:
-        env_name = env_spec if isinstance(env_spec, str) else getattr(env_spec, "__name__", "env")
+        env_name = (env_spec if isinstance(env_spec, str) else getattr(env_spec, "__name__", None)
+                    or (options["settings"].env if options.get("settings") else "env"))
         run_id = default_run_name(env_name, None, getattr(policy, "name", "policy"), prefix="eval-")
     result = await collect(env_spec, tasks, policy, store, samples=samples, run_id=run_id, round=round,
                            source="eval", **options)

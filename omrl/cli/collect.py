@@ -26,35 +26,49 @@ def env_options(values: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _settings_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """One click option per RolloutSettings field: flag, default and help come from the dataclass."""
+    import dataclasses
+    import typing
+
+    from omrl.rollout import RolloutSettings
+
+    hints = typing.get_type_hints(RolloutSettings)
+    options = []
+    for f in dataclasses.fields(RolloutSettings):
+        flag, text = f.metadata["flag"], f.metadata["help"]
+        help_text = text[0].upper() + text[1:] + "."
+        if f.name == "env":
+            options.append(click.option(flag, "env_spec", required=True, help=help_text))
+        elif f.name == "env_options":
+            options.append(click.option(flag, "env_option", multiple=True, metavar="KEY=VALUE",
+                                        help=help_text[:-1] + " (repeatable)."))
+        else:
+            kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
+            names = [flag, "-c"] if f.name == "concurrency" else [flag]
+            default = f.metadata.get("cli_default", f.default)
+            options.append(click.option(*names, f.name, default=default, type=kind,
+                                        show_default=default is not None, help=help_text))
+    return options
+
+
 def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The flags collect and eval share."""
+    """The flags collect and eval share: the RolloutSettings fields, then the run's own."""
     options = [
-        click.option("--env", "env_spec", required=True,
-                     help="Environment name (see `omrl envs`) or package.module:ClassName."),
+        *_settings_options(),
         click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True, dir_okay=True),
                      help="Tasks file (from `omrl tasks import`)."),
         click.option("--policy", "policy_spec", required=True,
                      help="openai:MODEL, hf:PATH, scripted or random."),
-        click.option("--concurrency", "-c", default=8, show_default=True, help="Episodes in flight at once."),
-        click.option("--max-turns", default=20, show_default=True, help="Assistant turns before truncation."),
         click.option("--round", "round_", default=0, show_default=True, help="Iteration round (iterative training)."),
         click.option("--run", "run_id", default=None,
                      help="Run name; default derived from env, tasks file and policy, so re-runs resume."),
-        click.option("--temperature", default=1.0, show_default=True, help="Sampling temperature."),
-        click.option("--seed", default=0, show_default=True, help="Base seed; each episode derives its own."),
-        click.option("--max-tokens", default=None, type=int, help="Completion token limit per turn."),
         click.option("--base-url", default=None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)."),
         click.option("--limit", default=None, type=int, help="Use only the first N tasks."),
         click.option("--split", default=None, help="Use only tasks of this split."),
-        click.option("--env-option", "env_option", multiple=True, metavar="KEY=VALUE",
-                     help="Option passed to the environment constructor (repeatable)."),
         click.option("--unsafe-no-sandbox", is_flag=True, default=False,
                      help="UNSAFE: run agent-written code (the code env's tests) without the bubblewrap sandbox, "
                           "with your privileges, files and network. Same as --env-option unsafe_no_sandbox=true."),
-        click.option("--model-call-timeout", default=120.0, show_default=True,
-                     help="Seconds per model request (each retry has its own)."),
-        click.option("--turn-timeout", default=None, type=float, help="Seconds per turn (model + env steps)."),
-        click.option("--episode-timeout", default=None, type=float, help="Seconds per episode."),
         click.option("--batch-size", default=64, show_default=True, help="Episodes per store append."),
         click.option("--progress/--no-progress", default=True, help="Show the progress bar."),
     ]
@@ -92,16 +106,21 @@ async def closing(policy: Any, work: Awaitable[Any]) -> Any:
             await close()
 
 
+def rollout_settings(args: dict[str, Any]):
+    """The RolloutSettings the flags describe."""
+    import dataclasses
+
+    from omrl.rollout import RolloutSettings
+
+    values = {f.name: args[f.name] for f in dataclasses.fields(RolloutSettings) if f.name in args}
+    return RolloutSettings(**values, env=args["env_spec"], env_options={
+        **env_options(args["env_option"]), **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})})
+
+
 def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "concurrency": args["concurrency"], "max_turns": args["max_turns"], "round": args["round_"],
-        "temperature": args["temperature"], "seed": args["seed"], "max_tokens": args["max_tokens"],
-        "env_options": {**env_options(args["env_option"]),
-                        **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})},
-        "model_call_timeout": args["model_call_timeout"],
-        "turn_timeout": args["turn_timeout"], "episode_timeout": args["episode_timeout"],
-        "batch_size": args["batch_size"], "progress": args["progress"],
-    }
+    """collect's arguments from the flags: the settings object and the run's own options."""
+    return {"settings": rollout_settings(args), "round": args["round_"], "batch_size": args["batch_size"],
+            "progress": args["progress"]}
 
 
 @click.command()
@@ -122,7 +141,7 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
                             args["concurrency"], args["limit"], args["split"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
-    result = asyncio.run(closing(policy, run_collect(args["env_spec"], tasks, policy, store, samples=samples,
+    result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
                                                      run_id=run_id, **rollout_kwargs(args))))
     statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
     rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"

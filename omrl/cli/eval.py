@@ -33,7 +33,7 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
                                                 prefix="eval-")
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp:
         store = Store.create(store_path or f"{tmp}/store")
-        result = asyncio.run(closing(policy, evaluate(args["env_spec"], tasks, policy, store, samples=samples,
+        result = asyncio.run(closing(policy, evaluate(None, tasks, policy, store, samples=samples,
                                                       run_id=run_id, **rollout_kwargs(args))))
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},

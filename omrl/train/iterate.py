@@ -138,27 +138,41 @@ def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, sto
                         round: int) -> dict[str, Any]:
     """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
     import asyncio
+    from dataclasses import replace
 
     from omrl.policies.hf import HFPolicy
     from omrl.rollout import evaluate
 
     settings = recipe.eval
+    base = replace(rollout_settings(recipe), max_turns=settings.max_turns, max_new_tokens=settings.max_new_tokens,
+                   concurrency=256)
     out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
     modes = [("", settings.temperature, settings.samples)]
     if settings.greedy:
         modes.append(("greedy_", 0.0, 1))
     for prefix, temperature, samples in modes:
         policy = HFPolicy(checkpoint, max_new_tokens=settings.max_new_tokens, name=checkpoint)
-        result = asyncio.run(evaluate(recipe.env, tasks, policy, store, samples=samples, round=round,
+        result = asyncio.run(evaluate(None, tasks, policy, store, samples=samples, round=round,
                                       run_id=f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}",
-                                      temperature=temperature, max_turns=settings.max_turns,
-                                      seed=recipe.seed, env_options=recipe.env_options, progress=False,
-                                      concurrency=256))
+                                      settings=replace(base, temperature=temperature), progress=False))
         metrics = next(iter(result.metrics.values()), {})
         out[f"{prefix}success"] = metrics.get("success_rate")
         out[f"{prefix}mean_reward"] = metrics.get("mean_reward")
         out[f"{prefix}episodes"] = metrics.get("episodes")
     return out
+
+
+def rollout_settings(recipe: IterateRecipe, section: CollectSettings | None = None):
+    """The RolloutSettings of the run's environment, seed and (when given) a collect section's knobs."""
+    from omrl.rollout import RolloutSettings
+
+    settings = RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), seed=recipe.seed)
+    if section is None:
+        return settings
+    from dataclasses import replace
+
+    return replace(settings, max_turns=section.max_turns, max_new_tokens=section.max_new_tokens,
+                   temperature=section.temperature, concurrency=section.concurrency)
 
 
 def round_table(results: list[dict[str, Any]]):
@@ -230,15 +244,15 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     # Stage "sft": scripted-expert demonstrations, then SFT on them.
     if recipe.demos.enabled and not state.done("sft"):
         import asyncio
+        from dataclasses import replace
 
         from omrl.policies.scripted import ScriptedPolicy
         from omrl.rollout import collect
 
         demo_tasks = _subset(train_tasks, recipe.demos.tasks)
-        demos = asyncio.run(collect(recipe.env, demo_tasks, ScriptedPolicy(), store, samples=recipe.demos.samples,
-                                    round=0, run_id="demos", max_turns=recipe.collect.max_turns,
-                                    seed=recipe.seed, env_options=recipe.env_options, progress=False,
-                                    concurrency=64))
+        demo_settings = replace(rollout_settings(recipe, recipe.collect), max_new_tokens=None, concurrency=64)
+        demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
+                                    samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
         where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
         sft = from_dict(_sft_class(), {"seed": recipe.seed, **recipe.sft, "model": state.checkpoint,
                                        "store": str(store.path), "where": where,
@@ -256,12 +270,11 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
         round_dir = out / f"round-{r}"
         tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
         run_id = f"round-{r}"
-        collected = collect_with_model(checkpoint, recipe.env, tasks, store, samples=recipe.collect.samples,
-                                       round=r, run_id=run_id, max_turns=recipe.collect.max_turns,
-                                       max_new_tokens=recipe.collect.max_new_tokens,
-                                       temperature=recipe.collect.temperature, seed=recipe.seed + r,
-                                       concurrency=recipe.collect.concurrency, env_options=recipe.env_options,
-                                       progress=False)
+        from dataclasses import replace
+
+        round_settings = replace(rollout_settings(recipe, recipe.collect), seed=recipe.seed + r)
+        collected = collect_with_model(checkpoint, tasks, store, round_settings, samples=recipe.collect.samples,
+                                       round=r, run_id=run_id, progress=False)
         where = f"run_id = {quote_literal(run_id)} AND round = {r}"
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
                                               drop_flat=recipe.filter.drop_flat,

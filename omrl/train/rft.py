@@ -65,17 +65,26 @@ class RFTResult:
     mean_reward: float | None
 
 
-def collect_with_model(model: str, env: str, tasks: list, store, *, samples: int, round: int, run_id: str,
-                       max_turns: int, max_new_tokens: int, temperature: float, seed: int, concurrency: int = 64,
-                       env_options: dict[str, Any] | None = None, progress: bool = True):
-    """Play tasks x samples episodes with the checkpoint (HFPolicy, batched) into `store`."""
+def collect_with_model(model: str, tasks: list, store, settings, *, samples: int, round: int, run_id: str,
+                       progress: bool = True):
+    """Play tasks x samples episodes with the checkpoint (HFPolicy, batched) into `store`, as `settings`
+    (omrl.rollout.RolloutSettings) say; omrl.rollout.collect owns the episodes and the writing."""
     from omrl.policies.hf import HFPolicy
     from omrl.rollout import collect
 
-    policy = HFPolicy(model, max_new_tokens=max_new_tokens, name=str(model))
-    return asyncio.run(collect(env, tasks, policy, store, samples=samples, concurrency=concurrency,
-                               max_turns=max_turns, round=round, run_id=run_id, temperature=temperature,
-                               seed=seed, env_options=env_options, progress=progress))
+    options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
+    policy = HFPolicy(model, name=str(model), **options)
+    return asyncio.run(collect(None, tasks, policy, store, settings, samples=samples, round=round, run_id=run_id,
+                               progress=progress))
+
+
+def rollout_settings(recipe: RFTRecipe):
+    """The RolloutSettings of an RFT recipe."""
+    from omrl.rollout import RolloutSettings
+
+    return RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), max_turns=recipe.max_turns,
+                           max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
+                           seed=recipe.seed, concurrency=recipe.concurrency)
 
 
 def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
@@ -103,10 +112,8 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise ValueError(f"{recipe.tasks}: no tasks")
-    collected = collect_with_model(recipe.model, recipe.env, tasks, store, samples=recipe.samples,
-                                   round=recipe.round, run_id=recipe.run_id, max_turns=recipe.max_turns,
-                                   max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
-                                   seed=recipe.seed, concurrency=recipe.concurrency, env_options=recipe.env_options)
+    collected = collect_with_model(recipe.model, tasks, store, rollout_settings(recipe), samples=recipe.samples,
+                                   round=recipe.round, run_id=recipe.run_id)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
     kept_path = out / "kept"
     if kept_path.exists():  # a re-run rebuilds the selection from the (resumed) collection

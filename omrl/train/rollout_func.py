@@ -16,7 +16,8 @@ from omrl.envs.base import Task
 
 
 class AgentRollout:
-    """Callable passed to GRPOTrainer as rollout_func; writes every rollout group to the store."""
+    """Callable passed to GRPOTrainer as rollout_func: plays the step's episodes with omrl.rollout's
+    play_episodes (environments made in threads, closed, seeded per episode), then stores the rows."""
 
     def __init__(self, recipe: Any, tasks: list[Task], tokenizer: Any) -> None:
         self.recipe = recipe
@@ -24,7 +25,8 @@ class AgentRollout:
         self.tokenizer = tokenizer
         from omrl.rollout import env_factory
 
-        self.make_env = env_factory(recipe.env, recipe.env_options)
+        rollout = rollout_settings(recipe)
+        self.make_env = env_factory(rollout.env, rollout.env_options)
         self.store = None
         self.run_prefix = f"{recipe.run_name}/round-{recipe.round}"
         if recipe.store:
@@ -45,18 +47,31 @@ class AgentRollout:
 
         step = int(trainer.state.global_step)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        policy = HFPolicy(model, self.tokenizer, max_new_tokens=self.recipe.max_new_tokens,
-                          name=f"{self.recipe.run_name}@round{self.recipe.round}")
-        episodes = asyncio.run(self._play(prompts, policy, step))
+        settings = self.settings(step, len(prompts))
+        options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
+        policy = HFPolicy(model, self.tokenizer, name=f"{self.recipe.run_name}@round{self.recipe.round}", **options)
+        episodes = asyncio.run(self._play(prompts, policy, settings, step))
         self.calls += 1
+        self._store(episodes)  # before the all-failed check: a broken setup's rows are kept to inspect
         return self._to_trl(episodes, step)
+
+    def settings(self, step: int, episodes: int):
+        """The step's RolloutSettings: the recipe's, every episode of the step in flight (one generation
+        batch), and a base seed of its own per (round, step) from which each episode derives its seed."""
+        from dataclasses import replace
+
+        from omrl.rollout import episode_seed
+
+        base = rollout_settings(self.recipe)
+        seed = episode_seed(base.seed, f"grpo/round-{self.recipe.round}", step)
+        return replace(base, seed=seed, concurrency=max(base.concurrency, episodes))
 
     def _run_id(self, step: int) -> str:
         # One run id per step: (run, round, task) is then exactly the GRPO group TRL normalises over.
         return f"{self.run_prefix}/step-{step:05d}"
 
-    async def _play(self, prompts: list[str], policy: Any, step: int) -> list[Any]:
-        from omrl.agent import run_episode
+    async def _play(self, prompts: list[str], policy: Any, settings: Any, step: int) -> list[Any]:
+        from omrl.rollout import play_episodes
 
         seen: dict[str, int] = {}
         jobs = []
@@ -65,12 +80,15 @@ class AgentRollout:
                 raise ValueError(f"rollout prompt {task_id!r} is not a task id of {self.recipe.tasks}")
             sample = seen.get(task_id, 0)
             seen[task_id] = sample + 1
-            jobs.append(run_episode(
-                self.make_env(), self.tasks[task_id], policy, run_id=self._run_id(step), round=self.recipe.round,
-                sample=sample, max_turns=self.recipe.max_turns, temperature=self.recipe.temperature,
-                seed=self.recipe.seed, source="collected:grpo",
-                metadata={"grpo_step": step, "grpo_round": self.recipe.round}))
-        return await asyncio.gather(*jobs)
+            jobs.append((self.tasks[task_id], sample))
+        return await play_episodes(jobs, self.make_env, policy, settings, run_id=self._run_id(step),
+                                   round=self.recipe.round, source="collected:grpo",
+                                   metadata={"grpo_step": step, "grpo_round": self.recipe.round})
+
+    def _store(self, episodes: list[Any]) -> None:
+        if self.store is not None and episodes:
+            self.store.append([e.row for e in episodes])
+            self.stored += len(episodes)
 
     def _to_trl(self, episodes: list[Any], step: int) -> dict[str, list]:
         from omrl.policies.hf import token_trace
@@ -95,9 +113,6 @@ class AgentRollout:
             out["omrl_success"].append(row["success"])
             out["omrl_trajectory_id"].append(row["id"])
         self.episodes += len(episodes)
-        if self.store is not None:
-            self.store.append([e.row for e in episodes])
-            self.stored += len(episodes)
         failed = [e.row for e in episodes if e.row["status"] not in ("ok", "truncated")]
         if episodes and len(failed) == len(episodes):
             # Nothing to learn from and a setup that is broken: stop loudly (the rows are stored to inspect).
@@ -105,6 +120,17 @@ class AgentRollout:
                                f"({failed[0]['status']}): {failed[0]['error']}")
         return out
 
+
+def rollout_settings(recipe: Any):
+    """The RolloutSettings of a GRPO recipe."""
+    from omrl.rollout import RolloutSettings
+
+    rollout = getattr(recipe, "rollout", None)
+    if rollout is not None:
+        return rollout
+    return RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), max_turns=recipe.max_turns,
+                           max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
+                           seed=recipe.seed)
 
 
 def _free_prefix(store: Any, prefix: str) -> str:

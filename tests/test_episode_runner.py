@@ -1,0 +1,224 @@
+"""The one episode runner (omrl.rollout.play_episodes) under collect, GRPO and RFT: every environment it
+opens is closed, each episode gets its own seed, a broken environment becomes env_error rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_agent import CountEnv, count_tasks
+
+from omrl.envs.base import Reset, StepResult, Task
+from omrl.envs.grid import GridEnv
+from omrl.policies import make_policy
+from omrl.rollout import RolloutSettings, collect, play_episodes
+from omrl.store import Store
+
+
+class Ledger:
+    """What the counting environments wrote to their log file: made / closed / open-at-once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def events(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def count(self, event: str) -> int:
+        return sum(e["event"] == event for e in self.events())
+
+    def max_open(self) -> int:
+        open_now = peak = 0
+        for e in self.events():
+            open_now += {"made": 1, "closed": -1}.get(e["event"], 0)
+            peak = max(peak, open_now)
+        return peak
+
+
+_LOCK = threading.Lock()
+
+
+def _log(path: str, **event) -> None:
+    with _LOCK, open(path, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+class Counting:
+    """Mixin: logs construction (and its thread) and close to `log`; optionally slow or failing to construct."""
+
+    def _made(self, log: str, make_sleep: float = 0.0, fail: bool = False) -> None:
+        if make_sleep:
+            time.sleep(make_sleep)
+        if fail:
+            raise OSError("no server for this environment")
+        self.log = log
+        _log(log, event="made", main_thread=threading.current_thread() is threading.main_thread())
+
+    def close(self) -> None:
+        _log(self.log, event="closed")
+
+
+class CountingCountEnv(Counting, CountEnv):
+    def __init__(self, log: str, make_sleep: float = 0.0, fail: bool = False, **options):
+        self._made(log, make_sleep, fail)
+        CountEnv.__init__(self, **options)
+
+
+class CountingLetterEnv(Counting):
+    """One-turn text env whose reward varies across samples of an untrained model (as test_grpo's)."""
+
+    name = "letter"
+
+    def __init__(self, log: str):
+        self._made(log)
+
+    def reset(self, task):
+        return Reset(observation="say something", system_prompt="Reply.")
+
+    def step(self, action):
+        reward = float(sum(map(ord, action.text)) % 2)
+        return StepResult("ok", reward, True, {"success": reward >= 1})
+
+
+class CountingGridEnv(Counting, GridEnv):
+    def __init__(self, log: str, **options):
+        self._made(log)
+        GridEnv.__init__(self, **options)
+
+
+def seeds(store: Store) -> list[int]:
+    return [json.loads(r["metadata"])["seed"] for r in store.read(columns=["metadata"]).to_pylist()]
+
+
+def test_play_episodes_closes_every_env_seeds_each_episode_and_limits_concurrency(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+    tasks = count_tasks(5, target=2)
+    jobs = [(t, s) for t in tasks for s in range(3)]
+    settings = RolloutSettings(env="unused", max_turns=5, concurrency=4, seed=7)
+    episodes = asyncio.run(play_episodes(jobs, lambda: CountingCountEnv(str(ledger.path), step_sleep=0.01),
+                                         make_policy("scripted"), settings, run_id="r"))
+    assert [(e.row["task_id"], e.row["sample"]) for e in episodes] == [(t.id, s) for t, s in jobs]  # job order
+    assert all(e.status == "ok" and e.success for e in episodes)
+    assert ledger.count("made") == ledger.count("closed") == 15
+    assert not any(e["main_thread"] for e in ledger.events() if e["event"] == "made")  # made in worker threads
+    assert 1 < ledger.max_open() <= 4
+    episode_seeds = [json.loads(e.row["metadata"])["seed"] for e in episodes]
+    assert len(set(episode_seeds)) == 15 and [e.context.seed for e in episodes] == episode_seeds
+
+
+def test_an_env_whose_constructor_raises_becomes_env_error_rows(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+    settings = RolloutSettings(env="unused", max_turns=3)
+    episodes = asyncio.run(play_episodes([(t, 0) for t in count_tasks(3)],
+                                         lambda: CountingCountEnv(str(ledger.path), fail=True),
+                                         make_policy("scripted"), settings, run_id="r"))
+    assert [e.status for e in episodes] == ["env_error"] * 3
+    assert all("creating the environment failed: OSError: no server" in e.row["error"] for e in episodes)
+    assert all(e.reward is None and e.success is None for e in episodes)
+
+    # Under collect (whose first probe works), the episodes whose environment fails are stored as env_error.
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        return CountingCountEnv(str(ledger.path), fail=calls["n"] % 2 == 0)
+
+    store = Store.create(tmp_path / "s")
+    result = asyncio.run(collect(flaky, count_tasks(6, target=1), make_policy("scripted"), store, run_id="r",
+                                 concurrency=1, progress=False))
+    assert result.statuses == {"ok": 3, "env_error": 3} and store.count() == 6
+    assert ledger.count("made") == ledger.count("closed") == 4  # the probe and the 3 that worked
+
+
+def test_cancelled_while_environments_are_being_made_leaks_none(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+
+    async def cancel_early():
+        job = asyncio.create_task(play_episodes(
+            [(t, 0) for t in count_tasks(4)], lambda: CountingCountEnv(str(ledger.path), make_sleep=0.3),
+            make_policy("scripted"), RolloutSettings(env="unused", concurrency=4), run_id="r"))
+        await asyncio.sleep(0.1)  # every constructor is still running
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    asyncio.run(cancel_early())  # asyncio.run waits for the constructor threads
+    assert ledger.count("made") == ledger.count("closed") == 4
+
+
+def test_collect_resumes_after_a_cancel_and_closes_every_environment(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+    store = Store.create(tmp_path / "s")
+    tasks = count_tasks(12, target=2)
+
+    def make():
+        return CountingCountEnv(str(ledger.path), step_sleep=0.05)
+
+    async def cancel_midway():
+        job = asyncio.create_task(collect(make, tasks, make_policy("scripted"), store, concurrency=3, run_id="r",
+                                          batch_size=100, progress=False))
+        await asyncio.sleep(0.5)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    asyncio.run(cancel_midway())
+    kept = store.count()
+    assert 0 < kept < 12
+    assert ledger.count("made") == ledger.count("closed")  # also the episodes cut off by the cancel
+    result = asyncio.run(collect(make, tasks, make_policy("scripted"), store, run_id="r", progress=False))
+    assert result.played == 12 - kept and store.count() == 12 and store.check() == []
+    assert ledger.count("made") == ledger.count("closed")
+    assert len(set(seeds(store))) == 12
+
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+
+def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
+    from omrl.models import build_tiny_model
+    from omrl.tasks import write_tasks
+    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.rollout_func import AgentRollout
+
+    ledger = Ledger(tmp_path / "log")
+    model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
+    tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(2)],
+                        tmp_path / "tasks.jsonl")
+    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
+                        env="test_episode_runner:CountingLetterEnv", env_options={"log": str(ledger.path)},
+                        store=str(tmp_path / "store"), max_steps=1, tasks_per_step=2, samples_per_task=4,
+                        warmup_steps=0, max_turns=1, max_new_tokens=4, quiet=True, seed=5)
+    train_grpo(recipe)
+    assert ledger.count("made") == ledger.count("closed") == 8  # 2 tasks x 4 samples, all closed
+    assert not any(e["main_thread"] for e in ledger.events() if e["event"] == "made")
+    stored = seeds(Store(tmp_path / "store"))
+    assert len(stored) == 8 and len(set(stored)) == 8 and 5 not in stored
+    rollout = AgentRollout(recipe, [], None)  # the next step draws other seeds
+    assert rollout.settings(0, 8).seed != rollout.settings(1, 8).seed
+
+
+def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
+    from omrl.envs.grid import grid_tasks
+    from omrl.tasks import write_tasks
+    from omrl.train.rft import train_rft
+    from tests.train_helpers import random_mover_model
+
+    ledger = Ledger(tmp_path / "log")
+    model = random_mover_model(tmp_path / "mover")
+    tasks_file = write_tasks(grid_tasks(4, seed=2), tmp_path / "tasks.jsonl")
+    result = train_rft({"model": str(model), "tasks": str(tasks_file), "output_dir": str(tmp_path / "rft"),
+                        "env": "test_episode_runner:CountingGridEnv", "env_options": {"log": str(ledger.path)},
+                        "samples": 3, "max_turns": 2, "max_new_tokens": 4, "threshold": -100.0, "seed": 1,
+                        "sft": {"max_steps": 1, "batch_size": 4, "quiet": True}})
+    assert result.attempts == 12
+    assert ledger.count("made") == ledger.count("closed") == 12 + 1  # the episodes and collect's probe
+    stored = seeds(Store(tmp_path / "rft" / "store"))
+    assert len(stored) == 12 and len(set(stored)) == 12
