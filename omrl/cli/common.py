@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import linecache
+import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,15 +15,33 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from omrl.schema import SchemaError
-from omrl.store import StoreError
+from omrl.errors import OmrlError
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _console(**options: Any) -> Console:
+    """A console that wraps lines only on a terminal: piped output keeps each line whole (`| grep` works)."""
+    out = Console(**options)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+# What a user causes and can fix: omrl's own errors, and files, folders or connections that are missing,
+# refused or failing. Any other exception is a bug and keeps its traceback.
+USER_ERRORS = (OmrlError, OSError)
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def debug_enabled() -> bool:
+    """`omrl --debug VERB` (or OMRL_DEBUG=1): show the traceback of every error, user errors included."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get("omrl.debug")) or os.environ.get("OMRL_DEBUG", "") not in ("", "0")
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Report expected failures (bad input, missing store, refused SQL) as one clean error line."""
+    """Report user errors (OmrlError, OSError) as one clean error line; let bugs show their traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -29,11 +50,38 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
                 warnings.simplefilter("default")
                 warnings.showwarning = _show_warning
                 return func(*args, **kwargs)
-        # ValueError covers omrl.query.QueryError (refused SQL), whose import would load DuckDB for `--help`.
-        except (StoreError, SchemaError, FileNotFoundError, ValueError) as exc:
-            raise click.ClickException(str(exc)) from None
+        except USER_ERRORS as exc:
+            if debug_enabled():
+                raise
+            raise click.ClickException(error_line(exc)) from None
+        except ValueError as exc:
+            if debug_enabled() or not _deliberate_value_error(exc):
+                raise
+            raise click.ClickException(error_line(exc)) from None
 
     return wrapper
+
+
+def _deliberate_value_error(exc: ValueError) -> bool:
+    """Transitional: a plain ValueError raised by a `raise ValueError(...)` statement in omrl's own code is a
+    refusal of bad input written before UsageError existed, so it stays one line. A ValueError from a
+    library, a builtin call or a test is a bug. Drop this once those raises are UsageError."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if type(exc) is not ValueError or tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    if not Path(filename).resolve().is_relative_to(_PACKAGE):
+        return False
+    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise ValueError(")
+
+
+def error_line(exc: BaseException) -> str:
+    """The message of a user error; an OSError from the system as "PATH: reason"."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and not isinstance(exc, OmrlError):
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -52,7 +52,9 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="omrl")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of every error, not only of bugs (or OMRL_DEBUG=1).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """omrl: collect, annotate, filter and train on agent trajectories.
 
     \b
@@ -62,3 +64,4 @@ def cli() -> None:
 
     Example:  omrl stats demo-store
     """
+    ctx.meta["omrl.debug"] = debug

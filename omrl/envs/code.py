@@ -22,6 +22,7 @@ from typing import Any
 from omrl import sandbox
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.shipped import shipped_datasets_dir
 
 MAX_FILE_CHARS = 20_000     # what read_file shows
 MAX_OUTPUT_CHARS = 4_000    # tail of the test output shown
@@ -245,13 +246,11 @@ class CodeEnv(ToolEnv):
 
 def project_files(task: Task) -> dict[str, str]:
     """The task's project: payload["files"] (path -> text), or a folder named by payload["project_dir"] or
-    payload["project"] (looked up in the shipped datasets/code_tasks/)."""
+    payload["project"] (looked up in the shipped code_tasks/: omrl/data, a checkout's datasets/)."""
     if isinstance(task.payload.get("files"), dict):
         return {str(k): str(v) for k, v in task.payload["files"].items()}
     folder = task.payload.get("project_dir")
     if folder is None and task.payload.get("project"):
-        from omrl.tasks import shipped_datasets_dir
-
         folder = shipped_datasets_dir() / "code_tasks" / str(task.payload["project"])
     if folder is None:
         raise ValueError(f"code task {task.id!r} names no project (payload needs files, project or project_dir)")

@@ -3,6 +3,9 @@
 A tasks file has one row per task with the columns of TASK_SCHEMA:
 id, instruction, answer (gold, text; lists/objects as JSON), env, split, payload (JSON text holding every
 other source column). Environments receive rows as `omrl.envs.base.Task`.
+
+The row schema and checks are in omrl.tasks.rows, the benchmark converters (GSM8K, DBBench, SWE-bench) in
+omrl.tasks.benchmarks, the shipped task sets (`shipped:NAME`) in omrl.shipped.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,28 @@ import pyarrow.parquet as pq
 
 from omrl import readers
 from omrl.envs.base import Task
+from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
+from omrl.tasks.benchmarks import CONVERTERS, detect_format, extract_gsm8k_answer
+from omrl.tasks.rows import (
+    TASK_COLUMNS,
+    TASK_SCHEMA,
+    Mapping,
+    TaskError,
+    env_split,
+    json_kind,
+    short_repr,
+    slug,
+    task_row,
+    tasks_table,
+    validate_row,
+)
 
-TASK_SCHEMA = pa.schema([
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("instruction", pa.string(), nullable=False),
-    pa.field("answer", pa.string()),
-    pa.field("env", pa.string()),
-    pa.field("split", pa.string()),
-    pa.field("payload", pa.string()),
-])
-TASK_COLUMNS = [f.name for f in TASK_SCHEMA]
+__all__ = [
+    "FORMATS", "TASK_COLUMNS", "TASK_SCHEMA", "Mapping", "Task", "TaskError", "convert_rows", "detect_format",
+    "extract_gsm8k_answer", "generate_tasks", "import_tasks", "load_tasks", "read_rows", "shipped_datasets_dir",
+    "shipped_task_sets", "summarize", "tasks_table", "write_tasks",
+]
+
 FORMATS = ("auto", "plain", "gsm8k", "dbbench", "swebench")
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 
@@ -41,41 +55,6 @@ _GUESS = {
                     "task", "input"],
     "answer": ["answer", "label", "gold", "target", "solution", "ground_truth", "output"],
 }
-_GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
-
-
-class TaskError(ValueError):
-    """A task dataset that cannot be imported; the message names the row and the field."""
-
-
-@dataclass
-class Mapping:
-    """Which source columns hold id/instruction/answer; env and split are constants (or taken from columns
-    named env/split when not given)."""
-
-    id: str | None = None
-    instruction: str | None = None
-    answer: str | None = None
-    env: str | None = None
-    split: str | None = None
-    format: str = "auto"
-    id_prefix: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> Mapping:
-        """A YAML mapping file (keys: id, instruction, answer, env, split, format, id_prefix); flags override it."""
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise TaskError(f"{path}: a mapping file must be a YAML mapping of key: value")
-        known = {"id", "instruction", "answer", "env", "split", "format", "id_prefix"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TaskError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(known)}")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**data)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -84,7 +63,8 @@ class Mapping:
 def read_rows(src: str | Path) -> tuple[list[dict[str, Any]], str]:
     """Rows of a source as dicts plus a short name for it. Files by extension (read by omrl.readers: errors
     name the file and line, item or row group); a folder saved by `datasets.save_to_disk`; otherwise a Hub
-    dataset name (needs the network)."""
+    dataset name (needs the network); `shipped:NAME` names a task set shipped with omrl."""
+    src = resolve_tasks(src)
     path = Path(src)
     if path.is_dir():
         return _read_saved_dataset(path), path.name
@@ -94,7 +74,7 @@ def read_rows(src: str | Path) -> tuple[list[dict[str, Any]], str]:
         rows = []
         for record in readers.iter_records(path, allowed=SUFFIXES, error=TaskError):
             if not isinstance(record.value, dict):
-                raise TaskError(f"{record.where} is not a JSON object (got {_kind(record.value)})")
+                raise TaskError(f"{record.where} is not a JSON object (got {json_kind(record.value)})")
             rows.append(record.value)
         return rows, path.stem
     if re.fullmatch(r"[\w.-]+(/[\w.-]+)?(:[\w.-]+)?", str(src)) and not str(src).startswith((".", "/")):
@@ -112,10 +92,10 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
             keys = list(data)
             return [dict(zip(keys, values, strict=True)) for values in zip(*data.values(), strict=True)]  # column-oriented
     if not isinstance(data, list):
-        raise TaskError(f"{path.name}: expected a list of objects, got {_kind(data)}")
+        raise TaskError(f"{path.name}: expected a list of objects, got {json_kind(data)}")
     for number, row in enumerate(data):
         if not isinstance(row, dict):
-            raise TaskError(f"{path.name} item {number} (row {number + 1}) is not a JSON object (got {_kind(row)})")
+            raise TaskError(f"{path.name} item {number} (row {number + 1}) is not a JSON object (got {json_kind(row)})")
     return data
 
 
@@ -154,35 +134,13 @@ def _read_hub(name: str) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- converting
 
 
-def detect_format(rows: list[dict[str, Any]]) -> str:
-    """gsm8k, dbbench, swebench or plain, from the first row's columns."""
-    if not rows:
-        return "plain"
-    first = rows[0]
-    if {"description", "label", "table"} <= set(first):
-        return "dbbench"
-    if {"instance_id", "problem_statement", "repo"} <= set(first):
-        return "swebench"
-    if {"question", "answer"} <= set(first) and "####" in str(first.get("answer")):
-        return "gsm8k"
-    return "plain"
-
-
-def extract_gsm8k_answer(solution: str) -> str | None:
-    """The number after '####' in a GSM8K solution, thousands separators removed ('#### 1,000' -> '1000')."""
-    match = _GSM8K_FINAL.search(str(solution or ""))
-    if not match:
-        return None
-    return match.group(1).replace(",", "").replace("$", "").strip()
-
-
 def convert_rows(rows: list[dict[str, Any]], mapping: Mapping, name: str = "task") -> list[dict[str, Any]]:
     """Source rows -> task rows (dicts with TASK_COLUMNS, payload as JSON text), validated."""
     fmt = detect_format(rows) if mapping.format == "auto" else mapping.format
     if fmt not in FORMATS:
         raise TaskError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    converter = {"gsm8k": _gsm8k_row, "dbbench": _dbbench_row, "swebench": _swebench_row}.get(fmt, _plain_row)
-    prefix = mapping.id_prefix or (fmt if fmt != "plain" else _slug(name))
+    converter = CONVERTERS.get(fmt, _plain_row)
+    prefix = mapping.id_prefix or (fmt if fmt != "plain" else slug(name))
     columns = _resolve_columns(rows, mapping, fmt)
     out, seen = [], {}
     for index, row in enumerate(rows):
@@ -192,8 +150,8 @@ def convert_rows(rows: list[dict[str, Any]], mapping: Mapping, name: str = "task
             raise
         except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as exc:  # a column of the wrong type
             raise TaskError(f"row {index + 1}: cannot read it as a {fmt} row ({type(exc).__name__}: "
-                            f"{_short(str(exc), 120)})") from None
-        _validate(task, index, seen)
+                            f"{short_repr(str(exc), 120)})") from None
+        validate_row(task, index, seen)
         out.append(task)
     return out
 
@@ -216,34 +174,6 @@ def _resolve_columns(rows: list[dict[str, Any]], mapping: Mapping, fmt: str) -> 
     return columns
 
 
-def _task(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
-          payload: dict[str, Any]) -> dict[str, Any]:
-    """A task row; id, instruction, env and split stay as given until `_validate` checks their types."""
-    try:
-        payload_text = json.dumps(payload, ensure_ascii=False, default=str)
-    except (RecursionError, ValueError):
-        payload_text = None  # refused by _validate, which knows the row
-    return {"id": row_id, "instruction": instruction, "answer": _answer_text(answer), "env": env, "split": split,
-            "payload": payload_text}
-
-
-def _answer_text(answer: Any) -> str | None:
-    if answer is None:
-        return None
-    if isinstance(answer, (list, dict)):
-        try:
-            return json.dumps(answer, ensure_ascii=False, default=str)
-        except (RecursionError, ValueError):
-            return None
-    return str(answer)
-
-
-def _env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) -> tuple[Any, Any]:
-    env = mapping.env or row.get("env") or default_env
-    split = mapping.split or row.get("split") or "train"
-    return env, split
-
-
 def _plain_row(row, index, columns, mapping, prefix):
     used = {c for c in columns.values() if c} | {"env", "split"}
     row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
@@ -252,133 +182,11 @@ def _plain_row(row, index, columns, mapping, prefix):
     if isinstance(answer, str) and "####" in answer:
         payload["solution"] = answer  # GSM8K-style: keep the worked solution, answer the number
         answer = extract_gsm8k_answer(answer)
-    env, split = _env_split(row, mapping, None)
-    return _task(row_id, row.get(columns["instruction"]), answer, env, split, payload)
-
-
-def _gsm8k_row(row, index, columns, mapping, prefix):
-    instruction_col = columns.get("instruction") or "question"
-    answer_col = columns.get("answer") or "answer"
-    if answer_col not in row:
-        raise TaskError(f"row {index + 1}: missing column {answer_col!r}")
-    solution = row.get(answer_col)
-    if not isinstance(solution, str):
-        raise TaskError(f"row {index + 1}: answer must be text ending in '#### <number>', got {_kind(solution)}")
-    answer = extract_gsm8k_answer(solution)
-    if answer is None:
-        raise TaskError(f"row {index + 1}: answer has no '#### <number>' final line: {str(solution)[:80]!r}")
-    payload = {k: v for k, v in row.items() if k not in (instruction_col, answer_col, columns.get("id"))}
-    payload["solution"] = solution
-    row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
-    env, split = _env_split(row, mapping, "math")
-    return _task(row_id, row.get(instruction_col), answer, env, split, payload)
-
-
-def _dbbench_row(row, index, columns, mapping, prefix):
-    for key in ("description", "label", "table"):
-        if key not in row:
-            raise TaskError(f"row {index + 1}: missing column {key!r} (DBBench rows need description, label, table)")
-    table = row["table"]
-    info = table.get("table_info") if isinstance(table, dict) else None
-    if not isinstance(info, dict) or "columns" not in info or "rows" not in info or "table_name" not in table:
-        raise TaskError(f"row {index + 1}: 'table' must hold table_name and table_info{{columns, rows}}")
-    label = row["label"] if isinstance(row["label"], list) else [row["label"]]
-    kinds = row.get("type") or []
-    kinds = [str(t).upper() for t in (kinds if isinstance(kinds, list) else [kinds])]
-    payload = {k: v for k, v in row.items() if k not in ("description", "label")}
-    payload["label"] = label
-    payload["kind"] = "mutation" if {"INSERT", "UPDATE", "DELETE"} & set(kinds) else "query"
-    instruction = row["description"]
-    if row.get("add_description") and isinstance(instruction, str):
-        instruction = f"{instruction}\n{row['add_description']}"
-    row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
-    env, split = _env_split(row, mapping, "sql")
-    return _task(row_id, instruction, label, env, split, payload)
-
-
-def _swebench_row(row, index, columns, mapping, prefix):
-    for key in ("instance_id", "problem_statement", "repo", "base_commit"):
-        if key not in row:
-            raise TaskError(f"row {index + 1}: missing column {key!r} (SWE-bench rows need instance_id, repo, "
-                            "base_commit, problem_statement)")
-    payload = {k: v for k, v in row.items() if k not in ("problem_statement",)}
-    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-        if isinstance(payload.get(key), str):  # SWE-bench stores these lists as JSON text
-            try:
-                payload[key] = json.loads(payload[key])
-            except json.JSONDecodeError:
-                raise TaskError(f"row {index + 1}: {key} is not a JSON list") from None
-    env, split = _env_split(row, mapping, "swebench")
-    return _task(row["instance_id"], row["problem_statement"], row.get("patch"), env, split, payload)
-
-
-def _kind(value: Any) -> str:
-    """A value's JSON type for messages (never its repr: no dict or list becomes an id or instruction)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, float):
-        return f"a number ({value!r})"
-    if isinstance(value, int):
-        return "an integer"
-    return "null" if value is None else type(value).__name__
-
-
-def _key_text(value: Any, where: str, field_name: str) -> str | None:
-    """An id, env or split: text, or an integer taken as its digits; floats, booleans and objects refused."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise TaskError(f"{where}: {field_name} must be a string, got {_kind(value)}")
-
-
-def _validate(task: dict[str, Any], index: int, seen: dict[str, int]) -> None:
-    """Check a task row in place: types first (converting integer ids to text), then empty and duplicate ids."""
-    task["id"] = _key_text(task["id"], f"row {index + 1}", "id")
-    where = f"row {index + 1}" + (f" (id {_short(task['id'])})" if task["id"] else "")
-    for name in ("env", "split"):
-        task[name] = _key_text(task.get(name), where, name)
-    instruction = task["instruction"]
-    if instruction is not None and not isinstance(instruction, str):
-        raise TaskError(f"{where}: instruction must be text, got {_kind(instruction)}")
-    task["instruction"] = instruction or ""
-    if task.get("payload", "") is None:
-        raise TaskError(f"{where}: the row's other columns are nested too deeply to store as JSON")
-    if not task["id"]:
-        raise TaskError(f"{where}: empty id")
-    if not task["instruction"].strip():
-        raise TaskError(f"{where}: empty instruction")
-    if task["id"] in seen:
-        raise TaskError(f"{where}: duplicate id {task['id']!r} (first seen at row {seen[task['id']] + 1})")
-    seen[task["id"]] = index
-
-
-def _short(value: str, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "task"
+    env, split = env_split(row, mapping, None)
+    return task_row(row_id, row.get(columns["instruction"]), answer, env, split, payload)
 
 
 # ----------------------------------------------------------------------------------------------- public API
-
-
-def tasks_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Task rows (dicts, payload as dict or JSON text) -> an Arrow table with TASK_SCHEMA."""
-    clean = []
-    for row in rows:
-        payload = row.get("payload")
-        if not isinstance(payload, str):
-            payload = json.dumps(payload or {}, ensure_ascii=False, default=str)
-        clean.append({"id": str(row["id"]), "instruction": row["instruction"], "answer": _answer_text(row.get("answer")),
-                      "env": row.get("env"), "split": row.get("split"), "payload": payload})
-    return pa.Table.from_pylist(clean, schema=TASK_SCHEMA)
 
 
 def write_tasks(table_or_rows: pa.Table | list[dict[str, Any]] | list[Task], out: str | Path) -> Path:
@@ -416,6 +224,7 @@ def import_tasks(src: str | Path, out: str | Path | None = None, mapping: Mappin
     """
     # A copy: the caller's mapping is not changed by the flags.
     mapping = dataclasses.replace(mapping or Mapping(), **{k: v for k, v in flags.items() if v is not None})
+    src = resolve_tasks(src)
     rows, name = read_rows(src)
     label = Path(src).name if Path(src).exists() else str(src)
     if not rows:
@@ -431,8 +240,9 @@ def import_tasks(src: str | Path, out: str | Path | None = None, mapping: Mappin
 
 def load_tasks(path: str | Path, split: str | None = None, env: str | None = None) -> list[Task]:
     """Tasks from a tasks file (Parquet or JSONL in task-row format, e.g. datasets/tasks/*.jsonl); other
-    sources are imported on the fly. Optionally keep one split / env."""
-    path = Path(path)
+    sources are imported on the fly; `shipped:NAME` is a task set shipped with omrl (`shipped:math_arith`).
+    Optionally keep one split / env."""
+    path = Path(resolve_tasks(path))
     if path.suffix.lower() == ".parquet" and path.is_file() and \
             set(TASK_COLUMNS) <= set(readers.parquet_schema(path, error=TaskError).names):
         rows = [record.value for record in readers.iter_parquet(path, error=TaskError)]
@@ -456,8 +266,8 @@ def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
     for index, row in enumerate(rows):
         check = {"id": row.get("id"), "instruction": row.get("instruction"), "env": row.get("env"),
                  "split": row.get("split")}
-        _validate(check, index, seen)
-        where = f"row {index + 1} (id {_short(check['id'])})"
+        validate_row(check, index, seen)
+        where = f"row {index + 1} (id {short_repr(check['id'])})"
         payload = row.get("payload")
         try:
             payload = json.loads(payload) if isinstance(payload, str) else payload
@@ -466,7 +276,7 @@ def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
         except (RecursionError, ValueError):
             raise TaskError(f"{where}: payload is not readable JSON (nested too deeply or a huge number)") from None
         if payload is not None and not isinstance(payload, dict):
-            raise TaskError(f"{where}: payload must be a JSON object, got {_kind(payload)}")
+            raise TaskError(f"{where}: payload must be a JSON object, got {json_kind(payload)}")
         tasks.append(Task.from_row({**row, **check, "payload": payload or {}}))
     return tasks
 
@@ -479,11 +289,6 @@ def summarize(tasks: list[Task]) -> dict[str, Any]:
         counts[key] = counts.get(key, 0) + 1
     return {"count": len(tasks), "by_env_split": counts,
             "with_answer": sum(1 for t in tasks if t.answer not in (None, ""))}
-
-
-def shipped_datasets_dir() -> Path:
-    """The project's datasets/ folder (task files and code-repair projects shipped with omrl)."""
-    return Path(__file__).resolve().parents[1] / "datasets"
 
 
 def generate_tasks(kind: str, n: int = 50, seed: int = 0, split: str = "train") -> list[Task]:

@@ -1,0 +1,154 @@
+"""Task rows: the task-file schema, the column mapping, and the checks every task row passes.
+
+Shared by plain and benchmark conversion (omrl.tasks, omrl.tasks.benchmarks) and by loading task files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from omrl.errors import OmrlError
+
+TASK_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("instruction", pa.string(), nullable=False),
+    pa.field("answer", pa.string()),
+    pa.field("env", pa.string()),
+    pa.field("split", pa.string()),
+    pa.field("payload", pa.string()),
+])
+TASK_COLUMNS = [f.name for f in TASK_SCHEMA]
+
+
+class TaskError(OmrlError, ValueError):
+    """A task dataset that cannot be imported; the message names the row and the field."""
+
+
+@dataclass
+class Mapping:
+    """Which source columns hold id/instruction/answer; env and split are constants (or taken from columns
+    named env/split when not given)."""
+
+    id: str | None = None
+    instruction: str | None = None
+    answer: str | None = None
+    env: str | None = None
+    split: str | None = None
+    format: str = "auto"
+    id_prefix: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> Mapping:
+        """A YAML mapping file (keys: id, instruction, answer, env, split, format, id_prefix); flags override it."""
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise TaskError(f"{path}: a mapping file must be a YAML mapping of key: value")
+        known = {"id", "instruction", "answer", "env", "split", "format", "id_prefix"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TaskError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
+
+
+def task_row(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
+          payload: dict[str, Any]) -> dict[str, Any]:
+    """A task row; id, instruction, env and split stay as given until `validate_row` checks their types."""
+    try:
+        payload_text = json.dumps(payload, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        payload_text = None  # refused by validate_row, which knows the row
+    return {"id": row_id, "instruction": instruction, "answer": answer_text(answer), "env": env, "split": split,
+            "payload": payload_text}
+
+
+def answer_text(answer: Any) -> str | None:
+    if answer is None:
+        return None
+    if isinstance(answer, (list, dict)):
+        try:
+            return json.dumps(answer, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):
+            return None
+    return str(answer)
+
+
+def env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) -> tuple[Any, Any]:
+    env = mapping.env or row.get("env") or default_env
+    split = mapping.split or row.get("split") or "train"
+    return env, split
+
+
+def json_kind(value: Any) -> str:
+    """A value's JSON type for messages (never its repr: no dict or list becomes an id or instruction)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return f"a number ({value!r})"
+    if isinstance(value, int):
+        return "an integer"
+    return "null" if value is None else type(value).__name__
+
+
+def _key_text(value: Any, where: str, field_name: str) -> str | None:
+    """An id, env or split: text, or an integer taken as its digits; floats, booleans and objects refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TaskError(f"{where}: {field_name} must be a string, got {json_kind(value)}")
+
+
+def validate_row(task: dict[str, Any], index: int, seen: dict[str, int]) -> None:
+    """Check a task row in place: types first (converting integer ids to text), then empty and duplicate ids."""
+    task["id"] = _key_text(task["id"], f"row {index + 1}", "id")
+    where = f"row {index + 1}" + (f" (id {short_repr(task['id'])})" if task["id"] else "")
+    for name in ("env", "split"):
+        task[name] = _key_text(task.get(name), where, name)
+    instruction = task["instruction"]
+    if instruction is not None and not isinstance(instruction, str):
+        raise TaskError(f"{where}: instruction must be text, got {json_kind(instruction)}")
+    task["instruction"] = instruction or ""
+    if task.get("payload", "") is None:
+        raise TaskError(f"{where}: the row's other columns are nested too deeply to store as JSON")
+    if not task["id"]:
+        raise TaskError(f"{where}: empty id")
+    if not task["instruction"].strip():
+        raise TaskError(f"{where}: empty instruction")
+    if task["id"] in seen:
+        raise TaskError(f"{where}: duplicate id {task['id']!r} (first seen at row {seen[task['id']] + 1})")
+    seen[task["id"]] = index
+
+
+def short_repr(value: str, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "task"
+
+
+def tasks_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Task rows (dicts, payload as dict or JSON text) -> an Arrow table with TASK_SCHEMA."""
+    clean = []
+    for row in rows:
+        payload = row.get("payload")
+        if not isinstance(payload, str):
+            payload = json.dumps(payload or {}, ensure_ascii=False, default=str)
+        clean.append({"id": str(row["id"]), "instruction": row["instruction"], "answer": answer_text(row.get("answer")),
+                      "env": row.get("env"), "split": row.get("split"), "payload": payload})
+    return pa.Table.from_pylist(clean, schema=TASK_SCHEMA)
