@@ -152,6 +152,22 @@ def test_shipped_task_files_load():
     assert counts == {"math_arith.jsonl": 50, "shop.jsonl": 30, "code.jsonl": 13}
 
 
+def test_shipped_task_sets_are_named_without_a_path(tmp_path):
+    root = Path(__file__).resolve().parents[1] / "datasets" / "tasks"
+    assert [t.to_row() for t in load_tasks("shipped:math_arith")] == [t.to_row() for t in load_tasks(root / "math_arith.jsonl")]
+    assert load_tasks("shipped:grid_eval.jsonl", split="eval")
+    assert import_tasks("shipped:shop", tmp_path / "shop.parquet").num_rows == 30
+    with pytest.raises(FileNotFoundError, match="no such shipped task set; shipped: shipped:code, "):
+        load_tasks("shipped:nope")
+
+
+def test_benchmark_converters_live_in_their_own_module():
+    from omrl.tasks import benchmarks, detect_format
+
+    assert detect_format is benchmarks.detect_format and set(benchmarks.CONVERTERS) == {"gsm8k", "dbbench", "swebench"}
+    assert benchmarks.extract_gsm8k_answer("so\n#### 1,000") == "1000"
+
+
 def test_parquet_task_files_are_validated_like_jsonl(tmp_path):
     rows = [{"id": "a", "instruction": "x", "answer": None, "env": None, "split": None, "payload": "{}"},
             {"id": "a", "instruction": "y", "answer": None, "env": None, "split": None, "payload": "{}"}]

@@ -1,0 +1,143 @@
+"""omrl as a user installs it: a wheel (not editable) in a fresh virtual environment, run outside the checkout.
+
+Also the package layout: the shipped data is found both here and installed, and no module imports itself
+back through another (no import cycles).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "omrl"
+
+
+def _run(args: list[str], cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(map(str, args))}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment holding omrl from a wheel; its dependencies come from this environment
+    (a .pth file naming our site-packages: no network, no CUDA torch), but not our editable omrl."""
+    pytest.importorskip("setuptools", minversion="77")
+    base = tmp_path_factory.mktemp("install")
+    src = base / "src"  # build from a copy: the checkout gets no build/ or egg-info
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(PACKAGE, src / "omrl", symlinks=True, ignore=ignore)
+    shutil.copytree(ROOT / "datasets", src / "datasets", ignore=ignore)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(base / "dist"),
+          str(src)], base, timeout=300)
+    wheel = next((base / "dist").glob("omrl-*.whl"))
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], base)
+    python = venv / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], base,
+         timeout=300)
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], base)
+                .stdout.strip())
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (site / "_omrl_test_deps.pth").write_text("".join(f"{p}\n" for p in ours))  # paths only: their .pth files
+    return venv                                                                   # (the editable omrl) stay unread
+
+
+def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
+    work = tmp_path / "empty"
+    work.mkdir()
+    python, omrl = installed / "bin" / "python", installed / "bin" / "omrl"
+    where = _run([str(python), "-c", "import omrl, omrl.shipped; print(omrl.__file__); "
+                  "print(omrl.shipped.shipped_datasets_dir())"], work).stdout.split()
+    assert all(Path(p).is_relative_to(installed) for p in where), where  # the wheel's omrl, its own data
+    assert Path(where[1], "tasks", "math_arith.jsonl").is_file() and Path(where[1], "code_tasks").is_dir()
+
+    _run([str(omrl), "tasks", "generate", "math", "--n", "4", "--out", "tasks.jsonl"], work)
+    out = _run([str(omrl), "collect", "--env", "math", "--tasks", "tasks.jsonl", "--policy", "scripted",
+                "--store", "store"], work).stdout
+    assert "4 written to store" in out and "success 100.0%" in out, out
+
+    # The shipped code-repair tasks name their projects; the installed package finds them.
+    shipped_code = Path(where[1], "tasks", "code.jsonl")
+    sandbox = [] if shutil.which("bwrap") else ["--unsafe-no-sandbox"]
+    out = _run([str(omrl), "collect", "--env", "code", "--tasks", str(shipped_code), "--policy", "scripted",
+                "--store", "code-store", "--limit", "2", *sandbox], work).stdout
+    assert "2 written to code-store" in out and "success 100.0%" in out, out
+    tasks = _run([str(python), "-c", "from omrl.tasks import load_tasks; from omrl.envs.code import project_files; "
+                  "tasks = load_tasks('shipped:code'); print(len(tasks), all(project_files(t) for t in tasks))"],
+                 work).stdout.split()
+    assert tasks == ["13", "True"]
+
+    assert "Usage: omrl demo" in _run([str(omrl), "demo", "--help"], work).stdout
+    assert list(work.iterdir()) and not (work / "datasets").exists()
+
+
+def test_shipped_data_is_found_in_the_checkout():
+    assert shipped_datasets_dir().resolve() == (ROOT / "datasets").resolve()
+    assert {"code", "grid_eval", "grid_train", "math_arith", "shop"} <= set(shipped_task_sets())
+    assert resolve_tasks("shipped:math_arith") == shipped_datasets_dir() / "tasks" / "math_arith.jsonl"
+    assert resolve_tasks("gsm8k:main") == "gsm8k:main"
+    with pytest.raises(FileNotFoundError, match="shipped:math_arith"):
+        resolve_tasks("shipped:nope")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(name: str, path: Path, modules: set[str]) -> set[str]:
+    """omrl modules `path` imports, at module level or inside functions, leaving out `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for sub in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_no_import_cycles():
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "data" not in p.relative_to(PACKAGE).parts[:1]}
+    graph = {name: _imports(name, path, set(files)) for name, path in files.items()}
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], {start}
+        while stack:
+            route = stack.pop()
+            for nxt in sorted(graph[route[-1]]):
+                if nxt == goal:
+                    return route + [nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(route + [nxt])
+        return None
+
+    cycles = [route for name in sorted(graph) if (route := reaches(name, name))]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(route) for route in cycles)
+    assert "omrl.tasks" not in graph["omrl.envs.code"] and "omrl.query" in graph["omrl.store"]  # the two we broke
