@@ -36,8 +36,7 @@ def pointwise_responder(request: dict) -> dict:
 
 
 def config(server: FakeOpenAIServer, mode: str = "pointwise", **kw) -> JudgeConfig:
-    return JudgeConfig(rubric=RUBRIC, model="judge-m", base_url=server.base_url, mode=mode,
-                       backoff_s=0.01, **kw)
+    return JudgeConfig(rubric=RUBRIC, model="judge-m", base_url=server.base_url, mode=mode, **kw)
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def act(policy, context=None, tools=TOOLS):
 
 def fast_policy(server, **kw) -> OpenAIPolicy:
     kw.setdefault("retries", 2)
-    return OpenAIPolicy("m", base_url=server.base_url, api_key="k", backoff=0.01, **kw)
+    return OpenAIPolicy("m", base_url=server.base_url, api_key="k", **kw)
 
 
 def test_openai_native_tool_calls_and_request():
@@ -150,7 +150,7 @@ def test_openai_hanging_server_times_out_per_call():
 def test_openai_connection_refused_is_retried_then_fails():
     with FakeOpenAIServer() as server:
         url = server.base_url
-    policy = OpenAIPolicy("m", base_url=url, retries=2, backoff=0.01)
+    policy = OpenAIPolicy("m", base_url=url, retries=2)
     with pytest.raises(PolicyError, match="3 attempts.*Connection"):
         act(policy)
     assert policy.stats["connection"] == 3
@@ -163,6 +163,62 @@ def test_openai_policy_works_across_event_loops(monkeypatch):
         policy = make_policy("openai:m", retries=0)
         assert policy.base_url == server.base_url and policy.api_key
         assert act(policy).content == "hi" and act(policy).content == "hi"  # two asyncio.run loops
+
+
+# ---------------------------------------------------------------- the one LLM client (omrl/llm.py)
+
+
+def test_llm_client_caps_requests_in_flight():
+    import threading
+    import time
+
+    from omrl.llm import LLMClient
+
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    def responder(request):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return {"content": "ok"}
+
+    async def main(client):
+        try:
+            return await asyncio.gather(*[client.chat(model="m", messages=MESSAGES) for _ in range(24)])
+        finally:
+            await client.aclose()
+
+    with FakeOpenAIServer(responder=responder) as server:
+        client = LLMClient(server.base_url, max_connections=4)
+        replies = asyncio.run(main(client))
+    assert [r.choices[0].message.content for r in replies] == ["ok"] * 24
+    assert 1 < peak[0] <= 4 and client.stats["requests"] == client.stats["calls"] == 24
+
+
+def test_llm_client_classifies_what_failed():
+    from omrl.llm import LLMClient, LLMMalformed, LLMStatusError
+
+    def call(client):
+        async def once():
+            try:
+                return await client.chat(model="m", messages=MESSAGES)
+            finally:
+                await client.aclose()
+        return asyncio.run(once())
+
+    with FakeOpenAIServer() as server:
+        client = LLMClient(server.base_url, max_retries=1)
+        server.enqueue({"raw": '{"choices": []}'}, {"raw": "<html>"})
+        with pytest.raises(LLMMalformed, match="not JSON") as malformed:
+            call(client)
+        server.enqueue({"status": 404, "message": "no such model"})
+        with pytest.raises(LLMStatusError, match="HTTP 404: no such model") as refused:
+            call(client)
+    assert malformed.value.attempts == 2 and refused.value.attempts == 1 and not refused.value.retried
+    assert client.stats["malformed"] == 2 and client.stats["http_404"] == 1 and client.stats["retries"] == 1
 
 
 # ---------------------------------------------------------------- make_policy

@@ -11,8 +11,9 @@ Modes:
 
 Replies must be JSON (```json fences tolerated). An unparseable or out-of-range reply is re-asked
 (`max_invalid` times, telling the judge what was wrong), then stored as an error annotation. 429, 5xx,
-timeouts and connection errors are retried with exponential backoff (`max_retries`). Valid replies are
-cached by prompt hash (cache.py), so a second run makes no calls.
+timeouts, connection errors and malformed bodies are retried by the one LLM client (omrl/llm.py: the openai
+client's own exponential backoff, `max_retries`); a call that still fails is an error annotation, never a
+score. Valid replies are cached by prompt hash (cache.py), so a second run makes no calls.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import random
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +31,7 @@ from omrl.annotate.cache import JudgeCache, prompt_hash
 from omrl.annotate.render import render_trajectory
 from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError
+from omrl.llm import LLMClient, LLMError, LLMStatusError
 
 MODES = ("pointwise", "pairwise", "group")
 
@@ -43,10 +44,9 @@ class JudgeConfig:
     api_key: str = "EMPTY"
     mode: str = "pointwise"
     concurrency: int = 16  # requests in flight at once
-    max_retries: int = 4  # transport retries per call (429, 5xx, timeouts, malformed bodies)
+    max_retries: int = 4  # transport retries per call (429, 5xx, timeouts, malformed bodies); see omrl/llm.py
     max_invalid: int = 2  # re-asks after an unparseable or out-of-range reply
     timeout_s: float = 60.0
-    backoff_s: float = 0.5  # first retry waits about this long, doubling each time
     temperature: float = 0.0
     max_chars: int = 12000  # judge rendering budget per trajectory (see render.py)
     keep_last: int = 6
@@ -209,61 +209,40 @@ def group_messages(rubric: Rubric, renderings: list[str]) -> list[dict[str, Any]
 
 
 class Judge:
-    """Sends judge requests with bounded concurrency, retries and a reply cache."""
+    """Sends judge requests through the one LLM client (omrl.llm) with bounded concurrency and a reply cache."""
 
     def __init__(self, config: JudgeConfig, cache: JudgeCache | None = None):
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-        from openai._constants import DEFAULT_CONNECTION_LIMITS
-
-        Limits = type(DEFAULT_CONNECTION_LIMITS)  # the httpx flavour this openai version ships with
-
         self.config = config
         self.cache = cache or JudgeCache(None)
         self.stats = JudgeStats()
-        # A pool the size of the semaphore: the default 1000-connection pool costs CPU per request to scan.
-        http = DefaultAsyncHttpxClient(limits=Limits(max_connections=config.concurrency,
-                                                     max_keepalive_connections=config.concurrency))
-        self.client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, http_client=http,
-                                  max_retries=0, timeout=config.timeout_s)  # we retry ourselves
-        self._sem = asyncio.Semaphore(config.concurrency)
+        # At most `concurrency` requests in flight; a call backing off between attempts holds no slot.
+        self.client = LLMClient(config.base_url, config.api_key, timeout=config.timeout_s,
+                                max_retries=config.max_retries, max_connections=config.concurrency)
 
     async def close(self) -> None:
-        await self.client.close()
+        await self.client.aclose()
 
     async def _complete(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
-        """One chat completion with transport retries; raises JudgeError when they run out."""
-        import openai
-
-        # 429 and 5xx are APIStatusErrors, handled below; the last three mean a malformed body.
-        retryable = (openai.APITimeoutError, openai.APIConnectionError, ValueError, AttributeError, TypeError)
-        last: Exception | None = None
-        for attempt in range(self.config.max_retries + 1):
-            if attempt:
-                self.stats.transport_retries += 1
-                await asyncio.sleep(self.config.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random()))
-            try:
-                async with self._sem:  # held only while a request is in flight, not while backing off
-                    self.stats.calls += 1
-                    resp = await self.client.chat.completions.create(
-                        model=self.config.model, messages=messages, temperature=self.config.temperature)
-                if not getattr(resp, "choices", None):  # e.g. {"choices": []}: retried like any malformed body
-                    raise ValueError(f"the response has no choices: {str(resp)[:200]}")
-                content = resp.choices[0].message.content or ""
-                usage = resp.usage
-                pt = int(usage.prompt_tokens) if usage else 0
-                ct = int(usage.completion_tokens) if usage else 0
-                self.stats.prompt_tokens += pt
-                self.stats.completion_tokens += ct
-                return content, pt, ct
-            except openai.APIStatusError as exc:
-                if exc.status_code == 429 or exc.status_code >= 500:
-                    last = exc
-                    continue
-                raise JudgeError(f"judge endpoint refused the request: HTTP {exc.status_code}: {exc.message}") from None
-            except retryable as exc:
-                last = exc
-        raise JudgeError(f"judge call failed after {self.config.max_retries + 1} attempts: "
-                         f"{type(last).__name__}: {last}")
+        """One chat completion (the client retries transport failures); raises JudgeError when they run out."""
+        try:
+            resp = await self.client.chat(model=self.config.model, messages=messages,
+                                          temperature=self.config.temperature)
+        except LLMStatusError as exc:
+            if not exc.retried:
+                raise JudgeError(f"judge endpoint refused the request: {exc}") from None
+            raise JudgeError(f"judge call failed after {exc.attempts} attempts: {exc}") from None
+        except LLMError as exc:
+            raise JudgeError(f"judge call failed after {exc.attempts} attempts: {type(exc).__name__}: {exc}") from None
+        finally:
+            self.stats.calls = self.client.stats["requests"]
+            self.stats.transport_retries = self.client.stats["retries"]
+        content = resp.choices[0].message.content or ""
+        usage = resp.usage
+        pt = int(usage.prompt_tokens) if usage else 0
+        ct = int(usage.completion_tokens) if usage else 0
+        self.stats.prompt_tokens += pt
+        self.stats.completion_tokens += ct
+        return content, pt, ct
 
     async def ask(self, messages: list[dict[str, Any]], validate: Callable[[str], Any]) -> Answer:
         """A validated reply for a prompt: from the cache, or asked (re-asked while invalid)."""

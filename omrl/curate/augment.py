@@ -277,22 +277,24 @@ class AugmentError(OmrlError, RuntimeError):
     """One variant could not be made (e.g. the paraphrasing endpoint failed); counted and reported."""
 
 
-def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperature: float = 0.9
-                    ) -> Callable[[str, int], str]:
-    """A paraphraser asking an OpenAI-compatible endpoint; raises AugmentError when the call fails."""
-    from openai import OpenAI
+def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperature: float = 0.9,
+                    timeout: float = 60.0, max_retries: int = 2) -> Callable[[str, int], str]:
+    """A paraphraser asking an OpenAI-compatible endpoint through the one LLM client (omrl/llm.py: its
+    retries, backoff and timeout); raises AugmentError when the call fails for good."""
+    from omrl.llm import LLMClient, LLMError
 
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+    client = LLMClient(base_url, api_key, timeout=timeout, max_retries=max_retries, max_connections=1)
 
     def paraphrase(text: str, k: int) -> str:
         try:
-            resp = client.chat.completions.create(model=model, temperature=temperature, messages=[
+            resp = client.chat_sync(model=model, temperature=temperature, messages=[
                 {"role": "system", "content": "Paraphrase the user's task instruction. Keep every fact, number, "
                                               "name and constraint. Reply with the paraphrase only."},
                 {"role": "user", "content": f"(variant {k + 1})\n{text}"}])
-            text = (resp.choices[0].message.content or "").strip()
-        except Exception as exc:  # any client failure: augment_store counts it and carries on
-            raise AugmentError(f"paraphrase endpoint failed: {type(exc).__name__}: {exc}") from exc
+        except LLMError as exc:  # counted by augment_store, which carries on
+            raise AugmentError(f"paraphrase endpoint failed after {exc.attempts} attempts: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        text = (resp.choices[0].message.content or "").strip()
         if not text:  # a failed reply, not "nothing to paraphrase": counted as failed with its reason
             raise AugmentError("paraphrase endpoint returned an empty reply")
         return text

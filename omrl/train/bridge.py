@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
 from omrl.messages import to_chat_template
+from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask
 
 MASK_SOURCES = ("auto", "template", "incremental")

@@ -1,0 +1,229 @@
+"""The one LLM client: `openai.AsyncOpenAI`, as the OpenAI policy, the judge and the paraphraser use it.
+
+    client = LLMClient(base_url, api_key, timeout=60.0, max_retries=4, max_connections=16)
+    response = await client.chat(model="m", messages=[...], temperature=0.0)   # a ChatCompletion
+    client.stats      # Counter: calls, requests, retries, timeout, connection, http_<status>, malformed
+    await client.aclose()
+
+Retries are the openai client's own (`max_retries`): exponential backoff with jitter (0.5 s doubling to at
+most 8 s; a server's Retry-After is honoured) after connection errors, timeouts, 408, 409, 429 and 5xx;
+other HTTP errors (400, 401, 404, 422) fail at once. A 200 whose body is not a chat completion (a proxy's
+HTML page, `{}`, no choices) is a fault of the server like a 502, and the transport reports it as one, so
+the same loop retries it. A call that still fails raises an LLMError, which each caller maps to its own
+outcome (the policy to PolicyError / PolicyTimeout, the judge to an error annotation, the paraphraser to
+a failed variant; never a score):
+
+    LLMTimeout          the last attempt got no reply in time
+    LLMConnectionError  the endpoint could not be reached
+    LLMStatusError      an HTTP error (.status; .retried: whether it was a kind worth retrying)
+    LLMMalformed        the reply was not a chat completion
+
+Every attempt passes through the transport, which counts it (`stats`, and `LLMError.attempts` per call).
+
+Connections: at most `max_connections` requests in flight. The transport holds a slot only while a request
+is on the wire (not while backing off) and the httpx pool has as many connections. Large limits are split
+over clients of at most POOL_SHARD connections, each call going to the least busy one: httpcore scans its
+whole pool on every request, so one pool of 1024 connections costs O(concurrency) CPU per call. httpx pools
+cannot cross event loops, so the clients are made per running loop, on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import math
+from collections import Counter
+from typing import Any
+
+try:
+    import httpx2 as httpx  # the HTTP library of openai >= 3
+except ImportError:  # pragma: no cover - older openai releases are built on httpx
+    import httpx
+
+POOL_SHARD = 32  # connections per HTTP client; see the module docstring
+MALFORMED = "x-omrl-malformed"  # marks the 502 the transport makes of a body that is not a chat completion
+_RETRIED_STATUSES = (408, 409, 429)  # and every 5xx: what the openai client retries
+
+_attempts: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("omrl_llm_attempts", default=None)
+
+
+class LLMError(RuntimeError):
+    """A chat call that failed for good; `attempts` is how many requests it sent."""
+
+    def __init__(self, message: str, attempts: int = 1):
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class LLMTimeout(LLMError):
+    """No reply within the timeout (on the last attempt)."""
+
+
+class LLMConnectionError(LLMError):
+    """The endpoint could not be reached."""
+
+
+class LLMStatusError(LLMError):
+    """The endpoint answered with an HTTP error."""
+
+    def __init__(self, message: str, attempts: int, status: int):
+        super().__init__(message, attempts)
+        self.status = status
+        self.retried = status in _RETRIED_STATUSES or status >= 500
+
+
+class LLMMalformed(LLMError):
+    """The reply was not a chat completion."""
+
+
+def _problem(body: bytes) -> str | None:
+    """Why a 2xx chat-completions body is not a chat completion, or None when it is one."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        return f"the reply is not JSON ({type(exc).__name__}: {exc}): {body[:200]!r}"
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return f"the reply has no choices: {body[:200]!r}"
+    first = choices[0]
+    if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+        return f"the reply's first choice has no message: {body[:200]!r}"
+    return None
+
+
+class _Transport(httpx.AsyncBaseTransport):
+    """httpx's own transport, with a cap on requests in flight, a count of every attempt's outcome, and
+    bodies that are not chat completions turned into retryable 502s."""
+
+    def __init__(self, limit: int, stats: Counter):
+        self._inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=limit,
+                                                                   max_keepalive_connections=limit))
+        self._slots = asyncio.Semaphore(limit)
+        self._stats = stats
+
+    def _count(self, kind: str | None) -> None:
+        per_call = _attempts.get()
+        for counter in (self._stats, per_call) if per_call is not None else (self._stats,):
+            counter["requests"] += 1
+            if kind:
+                counter[kind] += 1
+
+    async def handle_async_request(self, request):
+        async with self._slots:
+            try:
+                response = await self._inner.handle_async_request(request)
+            except httpx.TimeoutException:
+                self._count("timeout")
+                raise
+            except httpx.TransportError:
+                self._count("connection")
+                raise
+            if response.status_code >= 400:
+                self._count(f"http_{response.status_code}")
+                return response
+            if request.method == "POST" and request.url.path.endswith("/chat/completions"):
+                await response.aread()
+                problem = _problem(response.content)
+                if problem is not None:
+                    self._count("malformed")
+                    return httpx.Response(502, headers={MALFORMED: "1"}, request=request,
+                                          json={"error": {"message": problem, "type": "malformed_reply"}})
+            self._count(None)
+            return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class LLMClient:
+    """Chat completions from an OpenAI-compatible endpoint, with retries, timeouts and connection limits."""
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 60.0,
+                 max_retries: int = 2, max_connections: int = 64):
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        self.base_url = base_url
+        self.api_key = api_key or "EMPTY"  # local servers accept any key; the client refuses to start without one
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_connections = max_connections
+        self.stats: Counter[str] = Counter()
+        self._clients: dict[int, list[Any]] = {}  # event loop id -> openai clients
+        self._busy: list[int] = []
+
+    def _clients_here(self) -> list[Any]:
+        import openai
+
+        loop = id(asyncio.get_running_loop())
+        clients = self._clients.get(loop)
+        if clients is None:
+            shards = max(1, math.ceil(self.max_connections / POOL_SHARD))
+            per_shard = math.ceil(self.max_connections / shards)
+            clients = [openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries,
+                http_client=openai.DefaultAsyncHttpxClient(transport=_Transport(per_shard, self.stats)))
+                for _ in range(shards)]
+            self._clients = {loop: clients}  # a finished loop's clients go with their pools
+            self._busy = [0] * shards
+        return clients
+
+    async def chat(self, *, timeout: float | None = None, **request: Any) -> Any:
+        """One chat completion (`request`: the arguments of `chat.completions.create`); raises LLMError."""
+        import openai
+
+        clients = self._clients_here()
+        shard = min(range(len(clients)), key=self._busy.__getitem__)
+        attempts: Counter[str] = Counter()
+        token = _attempts.set(attempts)
+        self._busy[shard] += 1
+        self.stats["calls"] += 1
+        try:
+            return await clients[shard].chat.completions.create(**request, timeout=timeout or self.timeout)
+        except openai.APITimeoutError:
+            raise LLMTimeout(f"no reply within {timeout or self.timeout}s", _tries(attempts)) from None
+        except openai.APIConnectionError as exc:
+            raise LLMConnectionError(f"{type(exc).__name__}: {exc}", _tries(attempts)) from None
+        except openai.APIStatusError as exc:
+            if exc.response.headers.get(MALFORMED):
+                raise LLMMalformed(_message(exc), _tries(attempts)) from None
+            raise LLMStatusError(f"HTTP {exc.status_code}: {_message(exc)}", _tries(attempts),
+                                 exc.status_code) from None
+        except (openai.APIResponseValidationError, ValueError) as exc:  # a body the openai types cannot read
+            raise LLMMalformed(f"{type(exc).__name__}: {exc}", _tries(attempts)) from None
+        finally:
+            self._busy[shard] -= 1
+            self.stats["retries"] += max(0, attempts["requests"] - 1)
+            _attempts.reset(token)
+
+    def chat_sync(self, **request: Any) -> Any:
+        """`chat` from synchronous code (no event loop running): one loop, closed with its connections."""
+        async def once():
+            try:
+                return await self.chat(**request)
+            finally:
+                await self.aclose()
+
+        return asyncio.run(once())
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients of the running loop."""
+        for client in self._clients.pop(id(asyncio.get_running_loop()), []):
+            await client.close()
+
+
+def _tries(attempts: Counter) -> int:
+    return max(1, attempts["requests"])
+
+
+def _message(exc: Any) -> str:
+    """The server's error message (OpenAI error bodies nest it under "error")."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        return json.dumps(body)[:300]
+    return str(getattr(exc, "message", exc))[:300]
