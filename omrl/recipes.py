@@ -3,12 +3,15 @@
     recipe = load_recipe("recipes/sft_tiny.yaml", SFTRecipe, ["learning_rate=1e-4", "lora.r=8"])
 
 A config is a dataclass whose fields carry `metadata={"help": ...}`; nested dataclasses are sections
-(`lora.r`). Values are converted to the field's type (a YAML `"1e-4"` string becomes a float); an unknown
-key is an error naming the key and the file.
+(`lora.r`, `rollout.max_turns`). A section given in part keeps the field's own defaults for the rest.
+Values are converted to the field's type (a YAML `"1e-4"` string becomes a float); an unknown key is an
+error naming the key and the file. A config may map keys it moved to their new place in `LEGACY_KEYS`
+({"max_turns": "rollout.max_turns"}): recipes written before the move still load.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -92,6 +95,7 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix:
     """An instance of dataclass `cls` from a mapping; unknown keys and missing required keys are errors."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    data = fold_legacy(cls, data, where=where, prefix=prefix)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -102,13 +106,56 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix:
     values = {}
     for name, f in fields.items():
         if name in data:
-            values[name] = _convert(data[name], hints[name], prefix + name, where)
+            value = data[name]
+            if (dataclasses.is_dataclass(hints[name]) and isinstance(value, dict)
+                    and f.default_factory is not dataclasses.MISSING):
+                value = merge(dataclasses.asdict(f.default_factory()), value)  # the field's defaults for the rest
+            values[name] = _convert(value, hints[name], prefix + name, where)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise RecipeError(f"{where}: missing required key {prefix}{name} ({help_of(f)})")
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise RecipeError(f"{where}: {exc}") from None
+
+
+def fold_legacy(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix: str = "") -> dict[str, Any]:
+    """`data` with the keys `cls.LEGACY_KEYS` moved ("old.path": "new.path") put at their new place.
+
+    An old key and its new place both set to different values is a RecipeError naming both.
+    """
+    moves: dict[str, str] = getattr(cls, "LEGACY_KEYS", {})
+    if not moves or not any(_has(data, old) for old in moves):
+        return data
+    data = copy.deepcopy(data)
+    for old, new in moves.items():
+        if not _has(data, old):
+            continue
+        *parents, leaf = old.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        value = node.pop(leaf)
+        *parents, leaf = new.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RecipeError(f"{where}: {prefix}{part} must be a mapping of settings")
+        if leaf in node and node[leaf] != value:
+            raise RecipeError(f"{where}: {prefix}{old} moved to {prefix}{new}, and the two disagree "
+                              f"({value!r} and {node[leaf]!r}); set only {prefix}{new}")
+        node[leaf] = value
+    return data
+
+
+def _has(data: dict[str, Any], path: str) -> bool:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def help_of(f: dataclasses.Field) -> str:

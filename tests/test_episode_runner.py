@@ -192,10 +192,11 @@ def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
     tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(2)],
                         tmp_path / "tasks.jsonl")
-    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
-                        env="test_episode_runner:CountingLetterEnv", env_options={"log": str(ledger.path)},
+    rollout = RolloutSettings(env="test_episode_runner:CountingLetterEnv", env_options={"log": str(ledger.path)},
+                              max_turns=1, max_new_tokens=4, seed=5)
+    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"), rollout=rollout,
                         store=str(tmp_path / "store"), max_steps=1, tasks_per_step=2, samples_per_task=4,
-                        warmup_steps=0, max_turns=1, max_new_tokens=4, quiet=True, seed=5)
+                        warmup_steps=0, quiet=True)
     train_grpo(recipe)
     assert ledger.count("made") == ledger.count("closed") == 8  # 2 tasks x 4 samples, all closed
     assert not any(e["main_thread"] for e in ledger.events() if e["event"] == "made")
@@ -215,8 +216,9 @@ def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
     model = random_mover_model(tmp_path / "mover")
     tasks_file = write_tasks(grid_tasks(4, seed=2), tmp_path / "tasks.jsonl")
     result = train_rft({"model": str(model), "tasks": str(tasks_file), "output_dir": str(tmp_path / "rft"),
-                        "env": "test_episode_runner:CountingGridEnv", "env_options": {"log": str(ledger.path)},
-                        "samples": 3, "max_turns": 2, "max_new_tokens": 4, "threshold": -100.0, "seed": 1,
+                        "rollout": {"env": "test_episode_runner:CountingGridEnv", "env_options": {"log": str(ledger.path)},
+                                    "max_turns": 2, "max_new_tokens": 4, "seed": 1},
+                        "samples": 3, "threshold": -100.0,
                         "sft": {"max_steps": 1, "batch_size": 4, "quiet": True}})
     assert result.attempts == 12
     assert ledger.count("made") == ledger.count("closed") == 12 + 1  # the episodes and collect's probe

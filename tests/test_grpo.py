@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ pytest.importorskip("trl")
 
 from omrl.envs.base import Reset, StepResult, Task  # noqa: E402
 from omrl.models import build_tiny_model  # noqa: E402
+from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402
 from omrl.train.grpo import GRPORecipe, train_grpo  # noqa: E402
@@ -39,9 +41,9 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(4)],
                         tmp_path / "tasks.jsonl")
     recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
-                        env="test_grpo:LetterEnv", store=str(tmp_path / "store"), run_name="t", round=3,
-                        max_steps=1, tasks_per_step=2, samples_per_task=4, warmup_steps=0,
-                        learning_rate=1e-2, max_turns=1, max_new_tokens=12, logging_steps=1, quiet=True)
+                        rollout=RolloutSettings(env="test_grpo:LetterEnv", max_turns=1, max_new_tokens=12),
+                        store=str(tmp_path / "store"), run_name="t", round=3, max_steps=1, tasks_per_step=2,
+                        samples_per_task=4, warmup_steps=0, learning_rate=1e-2, logging_steps=1, quiet=True)
     out = train_grpo(recipe)
 
     before, after = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
@@ -58,7 +60,7 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     from omrl.train.rollout_func import AgentRollout
 
     assert AgentRollout(recipe, [], None)._run_id(0) == "t/round-3/attempt-2/step-00000"
-    fresh = GRPORecipe(**{**recipe.__dict__, "store": str(tmp_path / "other-store")})
+    fresh = dataclasses.replace(recipe, store=str(tmp_path / "other-store"))
     assert AgentRollout(fresh, [], None)._run_id(7) == "t/round-3/step-00007"
     rows = store.read().to_pylist()
     assert all(json.loads(r["metadata"])["grpo_step"] == 0 for r in rows)
@@ -84,3 +86,13 @@ def test_a_step_whose_rollouts_all_fail_stops_with_the_error(tmp_path):
         train_grpo(recipe)
     statuses = Store(tmp_path / "store").sql("SELECT DISTINCT status FROM trajectories").to_pylist()
     assert statuses == [{"status": "env_error"}]  # the failed rollouts are stored, as errors
+
+
+def test_flat_rollout_keywords_and_keys_still_fill_the_rollout_section():
+    # omrl/demo.py and recipes written before the rollout section pass these flat.
+    flat = GRPORecipe(model="m", tasks="t", output_dir="o", env="math", max_turns=3, temperature=0.5)
+    assert (flat.rollout.env, flat.rollout.max_turns, flat.rollout.temperature) == ("math", 3, 0.5)
+    assert flat.rollout.max_new_tokens == 16  # the rest keeps GRPO's defaults
+    loaded = GRPORecipe.from_dict({"model": "m", "tasks": "t", "output_dir": "o", "env": "math", "max_turns": 3,
+                                   "temperature": 0.5})
+    assert loaded.rollout == flat.rollout

@@ -24,13 +24,14 @@ def recipe(tmp_path, tiny):
 
     return load_recipe({
         "output_dir": str(tmp_path / "run"), "model": str(tiny), "train_tasks": str(TASKS / "grid_train.jsonl"),
-        "eval_tasks": str(TASKS / "grid_eval.jsonl"), "env": "grid", "rounds": 2,
+        "eval_tasks": str(TASKS / "grid_eval.jsonl"), "rounds": 2,
+        "rollout": {"env": "grid", "max_turns": 4, "max_new_tokens": 4},
         # only_success off: in 4 turns the noisy expert often fails every demo, leaving nothing to imitate
         "demos": {"tasks": 6, "only_success": False}, "sft": {"max_steps": 2, "batch_size": 4, "quiet": True},
-        "collect": {"tasks": 4, "samples": 2, "max_turns": 4, "max_new_tokens": 4},
-        "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "max_turns": 4, "max_new_tokens": 4,
-                 "warmup_steps": 0, "quiet": True, "logging_steps": 1},
-        "eval": {"tasks": 3, "samples": 1, "greedy": False, "max_turns": 4, "max_new_tokens": 4},
+        "collect": {"tasks": 4, "samples": 2},
+        "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "warmup_steps": 0, "quiet": True,
+                 "logging_steps": 1},
+        "eval": {"tasks": 3, "samples": 1, "greedy": False},
     }, IterateRecipe)
 
 
@@ -95,6 +96,29 @@ def test_bad_nested_settings_are_named(tmp_path):
         load_recipe({**base, "grpo": {"learnin_rate": 1e-4}}, IterateRecipe)
     with pytest.raises(RecipeError, match="grpo: max_steps must be int"):
         load_recipe({**base, "grpo": {"max_steps": "many"}}, IterateRecipe)
+
+
+def test_rollout_settings_are_one_section_and_old_flat_keys_still_load(tmp_path):
+    from omrl.recipes import RecipeError
+    from omrl.train.iterate import IterateRecipe, grpo_recipe
+
+    base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
+    new = load_recipe({**base, "rollout": {"env": "math", "max_turns": 4, "max_new_tokens": 6}},
+                      IterateRecipe, ["rollout.temperature=0.5", "grpo.rollout.max_turns=3"])
+    assert (new.rollout.env, new.rollout.max_turns, new.rollout.temperature) == ("math", 4, 0.5)
+    assert new.rollout.concurrency == 64  # a section given in part keeps the recipe's defaults for the rest
+    grpo = grpo_recipe(new, {"model": "m", "tasks": "t", "output_dir": "o"}, round=2)
+    assert (grpo.rollout.env, grpo.rollout.max_turns, grpo.rollout.max_new_tokens) == ("math", 3, 6)
+    assert grpo.rollout.seed == new.rollout.seed + 2 and grpo.seed == new.seed + 2
+    # A recipe written before the rollout section (knobs in collect, eval and grpo) loads to the same place.
+    old = load_recipe({**base, "env": "math", "collect": {"max_turns": 4, "max_new_tokens": 6, "temperature": 0.5},
+                       "eval": {"max_turns": 4}, "grpo": {"max_turns": 3}}, IterateRecipe)
+    assert old.rollout == new.rollout
+    assert grpo_recipe(old, {"model": "m", "tasks": "t", "output_dir": "o"}, round=2).rollout == grpo.rollout
+    with pytest.raises(RecipeError, match="collect.max_turns moved to rollout.max_turns"):
+        load_recipe({**base, "collect": {"max_turns": 4}, "rollout": {"max_turns": 5}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="grpo.env is set by the iterate run"):
+        load_recipe({**base, "grpo": {"rollout": {"env": "math"}}}, IterateRecipe)
 
 
 def test_grpo_settings_are_converted_to_their_types():

@@ -90,11 +90,12 @@ def test_unknown_and_bad_keys_are_named():
 
 
 def test_every_setting_has_help():
+    from omrl.train.grpo import GRPORecipe
     from omrl.train.iterate import IterateRecipe
     from omrl.train.rft import RFTRecipe
     from omrl.train.sft import SFTRecipe
 
-    for cls in (SFTRecipe, RFTRecipe, IterateRecipe):
+    for cls in (SFTRecipe, GRPORecipe, RFTRecipe, IterateRecipe):
         for key, _default, text in describe(cls):
             assert text, f"{cls.__name__}.{key} has no help"
 
@@ -110,3 +111,18 @@ def test_train_cli_prints_resolved_config():
     assert '"epochs": 2' in result.output
     result = CliRunner().invoke(cli, ["train", "sft", "--recipe", str(RECIPES / "sft_tiny.yaml"), "bogus=1"])
     assert result.exit_code != 0 and "unknown key bogus" in result.output
+
+
+def test_rollout_settings_are_a_section_of_every_training_recipe():
+    pytest.importorskip("trl")
+    from omrl.rollout import RolloutSettings
+    from omrl.train.grpo import GRPORecipe
+    from omrl.train.iterate import IterateRecipe
+    from omrl.train.rft import RFTRecipe
+
+    for name, cls in (("grpo_grid", GRPORecipe), ("rft_grid", RFTRecipe), ("iterate_grid", IterateRecipe)):
+        config = load_recipe(RECIPES / f"{name}.yaml", cls, ["rollout.max_turns=4", "rollout.env_options.noise=0"])
+        assert isinstance(config.rollout, RolloutSettings)
+        assert config.rollout.max_turns == 4 and config.rollout.env_options == {"noise": 0}
+        assert config.rollout.max_new_tokens == 8  # the rest as the file says
+        assert {k for k, _, _ in describe(cls)} >= {f"rollout.{k}" for k in ("env", "max_turns", "seed")}

@@ -29,7 +29,7 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
              if sum(abs(a - b) for a, b in zip(t.payload["start"], t.payload["goal"], strict=True)) == 2][:8]
     tasks_file = write_tasks(tasks, tmp_path / "tasks.parquet")
     result = train_rft({"model": str(model), "tasks": str(tasks_file), "output_dir": str(tmp_path / "rft"),
-                        "env": "grid", "samples": 12, "max_turns": 4, "max_new_tokens": 4, "threshold": 0.5,
+                        "rollout": {"env": "grid", "max_turns": 4, "max_new_tokens": 4}, "samples": 12, "threshold": 0.5,
                         "keep_per_group": 1, "seed": 0,
                         "sft": {"epochs": 1, "batch_size": 4, "learning_rate": 1e-2, "quiet": True,
                                 "logging_steps": 1}})

@@ -20,20 +20,33 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from omrl.rollout import RolloutSettings
+
+# The rollout knobs a training recipe declared itself before they moved to its `rollout` section.
+LEGACY_ROLLOUT_KEYS = ("env", "env_options", "temperature", "max_turns", "max_new_tokens")
+
+
+def _grpo_rollout():
+    from omrl.rollout import RolloutSettings
+
+    return RolloutSettings(env="grid", max_turns=16, max_new_tokens=16, concurrency=64)
 
 
 @dataclass
 class GRPORecipe:
     """Settings of one GRPO run; defaults are the ones the CPU feasibility probe found stable."""
 
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.{k}" for k in LEGACY_ROLLOUT_KEYS}
+
     model: str = field(metadata={"help": "starting checkpoint folder (model + tokenizer)"})
     tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL task rows)"})
     output_dir: str = field(metadata={"help": "where the trained checkpoint is saved"})
-    env: str = field(default="grid", metadata={"help": "environment name, or package.module:Class"})
-    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "keyword args of the env"})
+    rollout: RolloutSettings = field(default_factory=_grpo_rollout, metadata={
+        "help": "how rollouts are played (omrl.rollout.RolloutSettings); every episode of a step is in flight"})
     split: str | None = field(default=None, metadata={"help": "keep only this split of the tasks file"})
     store: str | None = field(default=None, metadata={"help": "store that receives every rollout group"})
     run_name: str = field(default="grpo", metadata={"help": "run id prefix of the stored rollouts"})
@@ -46,17 +59,21 @@ class GRPORecipe:
     lr_scheduler_type: str = field(default="constant_with_warmup", metadata={"help": "TRL/transformers name"})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 skips the reference model"})
     loss_type: str = field(default="dapo", metadata={"help": "TRL GRPO loss type"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts"})
-    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
-    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
     max_completion_length: int = field(default=160, metadata={"help": "TRL's completion budget (logging)"})
     reward: str | None = field(default=None, metadata={"help": "combined-reward recipe; only None (the "
                                                                "environment's reward) is supported online yet"})
-    seed: int = field(default=0, metadata={"help": "seeds torch, the sampler and the environments"})
+    seed: int = field(default=0, metadata={"help": "seeds torch and the sampler (rollout.seed: the episodes)"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
     use_vllm: bool = field(default=False, metadata={"help": "TRL vLLM generation (GPU only; see module doc)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
+    # Flat rollout keywords of the constructor, before `rollout` existed (omrl/demo.py and scripts/gpu_check.py
+    # still pass them); YAML and from_dict move them through LEGACY_KEYS instead.
+    env: InitVar[str | None] = None
+    env_options: InitVar[dict[str, Any] | None] = None
+    temperature: InitVar[float | None] = None
+    max_turns: InitVar[int | None] = None
+    max_new_tokens: InitVar[int | None] = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str = "grpo") -> GRPORecipe:
@@ -66,7 +83,12 @@ class GRPORecipe:
 
         return from_dict(cls, values, where=where)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, env, env_options, temperature, max_turns, max_new_tokens) -> None:
+        flat = {"env": env, "env_options": env_options, "temperature": temperature, "max_turns": max_turns,
+                "max_new_tokens": max_new_tokens}
+        flat = {k: v for k, v in flat.items() if v is not None}
+        if flat:
+            self.rollout = replace(self.rollout, **flat)
         if self.reward is not None:  # refuse rather than silently train on a different reward
             raise ValueError("GRPO trains on the environment's reward: a combined-reward recipe is not wired "
                              "into online rollouts yet (use it to select data: omrl filter/rft/iterate)")
@@ -94,7 +116,7 @@ def _trl_config(recipe: GRPORecipe):
         lr_scheduler_type=recipe.lr_scheduler_type,
         beta=recipe.beta,
         loss_type=recipe.loss_type,
-        temperature=recipe.temperature,
+        temperature=recipe.rollout.temperature,
         max_completion_length=recipe.max_completion_length,
         seed=recipe.seed,
         data_seed=recipe.seed,

@@ -21,8 +21,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from omrl.rollout import RolloutSettings
 from omrl.train.rft import check_sft_settings
 
 
@@ -45,10 +46,6 @@ class DemoSettings:
 class CollectSettings:
     tasks: int = field(default=64, metadata={"help": "training tasks attempted per round (0 = all)"})
     samples: int = field(default=8, metadata={"help": "attempts per task: the group size"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
-    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
-    concurrency: int = field(default=64, metadata={"help": "episodes in flight (batched generation)"})
 
 
 @dataclass
@@ -66,29 +63,41 @@ class EvalSettings:
     samples: int = field(default=4, metadata={"help": "sampled episodes per task"})
     temperature: float = field(default=1.0, metadata={"help": "temperature of the sampled evaluation"})
     greedy: bool = field(default=True, metadata={"help": "also evaluate greedily (temperature 0, 1 episode)"})
-    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
-    max_new_tokens: int = field(default=16, metadata={"help": "tokens per assistant turn"})
+    concurrency: int = field(default=256, metadata={"help": "episodes in flight (one evaluation is one batch)"})
+
+
+def _iterate_rollout():
+    from omrl.rollout import RolloutSettings
+
+    return RolloutSettings(env="grid", max_turns=16, max_new_tokens=16, concurrency=64)
 
 
 @dataclass
 class IterateRecipe:
     """Settings of an iterative run (the learning demo is one)."""
 
+    # Where the rollout knobs lived before the `rollout` section (old recipes still load).
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {
+        "env": "rollout.env", "env_options": "rollout.env_options",
+        **{f"collect.{k}": f"rollout.{k}" for k in ("temperature", "max_turns", "max_new_tokens", "concurrency")},
+        **{f"eval.{k}": f"rollout.{k}" for k in ("max_turns", "max_new_tokens")}}
+
     output_dir: str = field(metadata={"help": "run folder: checkpoints, store, state.json, results.json"})
     train_tasks: str = field(metadata={"help": "training tasks file"})
     eval_tasks: str = field(metadata={"help": "held-out tasks file"})
-    env: str = field(default="grid", metadata={"help": "environment name or package.module:Class"})
-    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "environment keyword args"})
+    rollout: RolloutSettings = field(default_factory=_iterate_rollout, metadata={
+        "help": "how every stage plays episodes (omrl.rollout.RolloutSettings); round r seeds with seed + r"})
     model: str | None = field(default=None, metadata={"help": "starting checkpoint; None = build the tiny model"})
     tiny: TinySettings = field(default_factory=TinySettings, metadata={"help": "the tiny model, when model is None"})
     store: str | None = field(default=None, metadata={"help": "store of every stage's data (default output_dir/store)"})
     rounds: int = field(default=3, metadata={"help": "GRPO rounds"})
-    seed: int = field(default=0, metadata={"help": "seeds everything"})
+    seed: int = field(default=0, metadata={"help": "seeds the training stages (rollout.seed: the episodes)"})
     demos: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "expert demonstrations"})
     sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the demo SFT"})
     collect: CollectSettings = field(default_factory=CollectSettings, metadata={"help": "per-round collection"})
     filter: FilterSettings = field(default_factory=FilterSettings, metadata={"help": "per-round selection"})
-    grpo: dict[str, Any] = field(default_factory=dict, metadata={"help": "GRPO settings (omrl.train.grpo)"})
+    grpo: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "GRPO settings (omrl.train.grpo); its rollout keys, if any, override the run's rollout"})
     sft_best: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the best-of SFT"})
     eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
 
@@ -98,12 +107,27 @@ class IterateRecipe:
         from omrl.recipes import RecipeError
 
         reserved = {"model", "tasks", "output_dir", "store", "round", "env", "env_options"}
-        clash = sorted(reserved & set(self.grpo))
+        clash = sorted(reserved & set(self.grpo) | reserved & set(self.grpo.get("rollout") or {}))
         if clash:
             raise RecipeError(f"grpo.{clash[0]} is set by the iterate run itself; remove it")
-        from omrl.train.grpo import GRPORecipe  # torch/trl are imported only when GRPO runs
+        grpo_recipe(self, {"model": "-", "tasks": "-", "output_dir": "-"}, round=0)
 
-        GRPORecipe.from_dict({**self.grpo, "model": "-", "tasks": "-", "output_dir": "-"}, where="grpo")
+
+def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
+    """The GRPORecipe of one round: the grpo section and `values`, rollouts as the run's rollout section
+    (overridden by any rollout keys the grpo section sets), seeded per round."""
+    from omrl.recipes import fold_legacy, merge, to_dict
+    from omrl.train.grpo import GRPORecipe
+
+    section = fold_legacy(GRPORecipe, dict(recipe.grpo), where="grpo")
+    rollout = merge({**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)},
+                    section.pop("rollout", None) or {})
+    return GRPORecipe.from_dict({"seed": recipe.seed + round, **section, **values, "rollout": rollout},
+                                where="grpo")
+
+
+def _round_seed(seed: int | None, round: int) -> int | None:
+    return None if seed is None else seed + round
 
 
 class IterateState:
@@ -144,14 +168,14 @@ def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, sto
     from omrl.rollout import evaluate
 
     settings = recipe.eval
-    base = replace(rollout_settings(recipe), max_turns=settings.max_turns, max_new_tokens=settings.max_new_tokens,
-                   concurrency=256)
+    base = replace(recipe.rollout, concurrency=settings.concurrency)
     out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
     modes = [("", settings.temperature, settings.samples)]
     if settings.greedy:
         modes.append(("greedy_", 0.0, 1))
     for prefix, temperature, samples in modes:
-        policy = HFPolicy(checkpoint, max_new_tokens=settings.max_new_tokens, name=checkpoint)
+        options = {"max_new_tokens": base.max_new_tokens} if base.max_new_tokens else {}
+        policy = HFPolicy(checkpoint, name=checkpoint, **options)
         result = asyncio.run(evaluate(None, tasks, policy, store, samples=samples, round=round,
                                       run_id=f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}",
                                       settings=replace(base, temperature=temperature), progress=False))
@@ -160,19 +184,6 @@ def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, sto
         out[f"{prefix}mean_reward"] = metrics.get("mean_reward")
         out[f"{prefix}episodes"] = metrics.get("episodes")
     return out
-
-
-def rollout_settings(recipe: IterateRecipe, section: CollectSettings | None = None):
-    """The RolloutSettings of the run's environment, seed and (when given) a collect section's knobs."""
-    from omrl.rollout import RolloutSettings
-
-    settings = RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), seed=recipe.seed)
-    if section is None:
-        return settings
-    from dataclasses import replace
-
-    return replace(settings, max_turns=section.max_turns, max_new_tokens=section.max_new_tokens,
-                   temperature=section.temperature, concurrency=section.concurrency)
 
 
 def round_table(results: list[dict[str, Any]]):
@@ -250,7 +261,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
         from omrl.rollout import collect
 
         demo_tasks = _subset(train_tasks, recipe.demos.tasks)
-        demo_settings = replace(rollout_settings(recipe, recipe.collect), max_new_tokens=None, concurrency=64)
+        demo_settings = replace(recipe.rollout, max_new_tokens=None)
         demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
                                     samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
         where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
@@ -272,7 +283,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
         run_id = f"round-{r}"
         from dataclasses import replace
 
-        round_settings = replace(rollout_settings(recipe, recipe.collect), seed=recipe.seed + r)
+        round_settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
         collected = collect_with_model(checkpoint, tasks, store, round_settings, samples=recipe.collect.samples,
                                        round=r, run_id=run_id, progress=False)
         where = f"run_id = {quote_literal(run_id)} AND round = {r}"
@@ -280,16 +291,15 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter.reward_recipe)
         grpo_tasks = [t for t in tasks if t.id in informative]
-        per_step = int(recipe.grpo.get("tasks_per_step", 8))
+        per_step = grpo_recipe(recipe, {"model": "-", "tasks": "-", "output_dir": "-"}, round=r).tasks_per_step
         if len(grpo_tasks) < per_step:  # too few informative groups this round: GRPO still needs full steps
             grpo_tasks = tasks
         tasks_file = write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl")
-        from omrl.train.grpo import GRPORecipe, train_grpo
+        from omrl.train.grpo import train_grpo
 
-        grpo = GRPORecipe.from_dict({"seed": recipe.seed + r, **recipe.grpo, "model": checkpoint,
-                                     "tasks": str(tasks_file), "output_dir": str(round_dir / "grpo"),
-                                     "store": str(store.path), "round": r, "env": recipe.env,
-                                     "env_options": recipe.env_options})
+        grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": str(tasks_file),
+                                    "output_dir": str(round_dir / "grpo"), "store": str(store.path), "round": r},
+                           round=r)
         checkpoint = str(train_grpo(grpo))
         if recipe.filter.sft_best:
             from omrl.train.rft import select_best

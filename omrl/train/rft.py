@@ -13,7 +13,9 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from omrl.rollout import RolloutSettings
 
 
 def check_sft_settings(settings: dict[str, Any], where: str = "sft") -> None:
@@ -27,28 +29,33 @@ def check_sft_settings(settings: dict[str, Any], where: str = "sft") -> None:
     from_dict(SFTRecipe, {**settings, "model": "-", "store": "-", "output_dir": "-"}, where=where)
 
 
+def _rft_rollout():
+    from omrl.rollout import RolloutSettings
+
+    return RolloutSettings(env="grid", max_turns=16, max_new_tokens=32, concurrency=64)
+
+
 @dataclass
 class RFTRecipe:
     """Settings of one rejection-sampling fine-tuning run."""
 
+    LEGACY_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.{k}" for k in (
+        "env", "env_options", "max_turns", "max_new_tokens", "temperature", "concurrency")}
+
     model: str = field(metadata={"help": "checkpoint that samples the attempts and is fine-tuned"})
     tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL)"})
     output_dir: str = field(metadata={"help": "run folder: checkpoint, stores, record"})
-    env: str = field(default="grid", metadata={"help": "environment name or package.module:Class"})
-    env_options: dict[str, Any] = field(default_factory=dict, metadata={"help": "environment keyword args"})
+    rollout: RolloutSettings = field(default_factory=_rft_rollout, metadata={
+        "help": "how the attempts are played (omrl.rollout.RolloutSettings)"})
     split: str | None = field(default=None, metadata={"help": "keep only this split of the tasks file"})
     store: str | None = field(default=None, metadata={"help": "store for the attempts (default output_dir/store)"})
     run_id: str = field(default="rft", metadata={"help": "run id of the collected attempts"})
     round: int = field(default=0, metadata={"help": "round number stored with the attempts"})
     samples: int = field(default=8, metadata={"help": "attempts per task (the group)"})
-    max_turns: int = field(default=16, metadata={"help": "turn budget of one episode"})
-    max_new_tokens: int = field(default=32, metadata={"help": "tokens per assistant turn"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the attempts"})
-    concurrency: int = field(default=64, metadata={"help": "episodes in flight (batched generation)"})
     threshold: float = field(default=1.0, metadata={"help": "minimum reward of a kept attempt"})
     keep_per_group: int = field(default=1, metadata={"help": "best attempts kept per task"})
     reward_recipe: str | None = field(default=None, metadata={"help": "combined-reward recipe; None = env reward"})
-    seed: int = field(default=0, metadata={"help": "seeds sampling and SFT"})
+    seed: int = field(default=0, metadata={"help": "seeds SFT (rollout.seed: the attempts)"})
     sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings (see omrl.train.sft)"})
 
     def __post_init__(self) -> None:
@@ -78,15 +85,6 @@ def collect_with_model(model: str, tasks: list, store, settings, *, samples: int
                                progress=progress))
 
 
-def rollout_settings(recipe: RFTRecipe):
-    """The RolloutSettings of an RFT recipe."""
-    from omrl.rollout import RolloutSettings
-
-    return RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), max_turns=recipe.max_turns,
-                           max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
-                           seed=recipe.seed, concurrency=recipe.concurrency)
-
-
 def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
                 reward_recipe: str | None = None):
     """The best `keep_per_group` attempts of each group with reward >= threshold, as a filtered store."""
@@ -112,7 +110,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise ValueError(f"{recipe.tasks}: no tasks")
-    collected = collect_with_model(recipe.model, tasks, store, rollout_settings(recipe), samples=recipe.samples,
+    collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
                                    round=recipe.round, run_id=recipe.run_id)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
     kept_path = out / "kept"

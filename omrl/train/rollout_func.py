@@ -25,8 +25,7 @@ class AgentRollout:
         self.tokenizer = tokenizer
         from omrl.rollout import env_factory
 
-        rollout = rollout_settings(recipe)
-        self.make_env = env_factory(rollout.env, rollout.env_options)
+        self.make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
         self.store = None
         self.run_prefix = f"{recipe.run_name}/round-{recipe.round}"
         if recipe.store:
@@ -62,7 +61,7 @@ class AgentRollout:
 
         from omrl.rollout import episode_seed
 
-        base = rollout_settings(self.recipe)
+        base = self.recipe.rollout
         seed = episode_seed(base.seed, f"grpo/round-{self.recipe.round}", step)
         return replace(base, seed=seed, concurrency=max(base.concurrency, episodes))
 
@@ -119,18 +118,6 @@ class AgentRollout:
             raise RuntimeError(f"GRPO step {step}: all {len(episodes)} rollouts failed; first error "
                                f"({failed[0]['status']}): {failed[0]['error']}")
         return out
-
-
-def rollout_settings(recipe: Any):
-    """The RolloutSettings of a GRPO recipe."""
-    from omrl.rollout import RolloutSettings
-
-    rollout = getattr(recipe, "rollout", None)
-    if rollout is not None:
-        return rollout
-    return RolloutSettings(env=recipe.env, env_options=dict(recipe.env_options), max_turns=recipe.max_turns,
-                           max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
-                           seed=recipe.seed)
 
 
 def _free_prefix(store: Any, prefix: str) -> str:
