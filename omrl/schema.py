@@ -10,7 +10,8 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,11 +30,21 @@ ROLES = ("system", "user", "assistant", "tool")
 ANNOTATION_KINDS = ("score", "label", "rank", "pairwise")
 ANNOTATION_STATUSES = ("ok", "error")
 
+# What a string or float column holds beyond its Arrow type, kept on the field ("omrl.kind") so the
+# normalisers are derived from the schema: json (JSON text; objects and lists are serialised), raw (text
+# kept as written, objects serialised), key (id-like: text, or an integer as its digits), text (text only),
+# finite (a finite number or null).
+JSON_TEXT = {"omrl.kind": "json"}
+RAW_JSON = {"omrl.kind": "raw"}
+KEY = {"omrl.kind": "key"}
+TEXT = {"omrl.kind": "text"}
+FINITE = {"omrl.kind": "finite"}
+
 TOOL_CALL_TYPE = pa.struct(
     [
         pa.field("id", pa.string()),
         pa.field("name", pa.string()),
-        pa.field("arguments", pa.string()),  # JSON text, exactly as the model wrote it
+        pa.field("arguments", pa.string(), metadata=RAW_JSON),  # JSON text, exactly as the model wrote it
     ]
 )
 
@@ -52,12 +63,12 @@ MESSAGE_TYPE = pa.struct(
 TURN_TYPE = pa.struct(
     [
         pa.field("index", pa.int32()),
-        pa.field("reward", pa.float64()),
+        pa.field("reward", pa.float64(), metadata=FINITE),
         pa.field("done", pa.bool_()),
         pa.field("latency_s", pa.float64()),
         pa.field("prompt_tokens", pa.int32()),
         pa.field("completion_tokens", pa.int32()),
-        pa.field("info", pa.string()),  # JSON
+        pa.field("info", pa.string(), metadata=JSON_TEXT),
         pa.field("completion_ids", pa.list_(pa.int32())),
         pa.field("logprobs", pa.list_(pa.float32())),
     ]
@@ -70,17 +81,17 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("id", pa.string(), nullable=False),
         pa.field("run_id", pa.string()),
         pa.field("round", pa.int32()),
-        pa.field("task_id", pa.string()),
+        pa.field("task_id", pa.string(), metadata=KEY),
         pa.field("group_id", pa.string()),
         pa.field("sample", pa.int32()),
         pa.field("env", pa.string()),
         pa.field("model", pa.string()),
-        pa.field("instruction", pa.string()),
-        pa.field("task", pa.string()),  # JSON, gold answers included; never shown to the policy
-        pa.field("tools", pa.string()),  # JSON list of OpenAI function schemas
+        pa.field("instruction", pa.string(), metadata=TEXT),
+        pa.field("task", pa.string(), metadata=JSON_TEXT),  # gold answers included; never shown to the policy
+        pa.field("tools", pa.string(), metadata=JSON_TEXT),  # a list of OpenAI function schemas
         pa.field("messages", pa.list_(MESSAGE_TYPE)),
         pa.field("turns", pa.list_(TURN_TYPE)),
-        pa.field("reward", pa.float64()),
+        pa.field("reward", pa.float64(), metadata=FINITE),
         pa.field("success", pa.bool_()),
         pa.field("status", pa.string()),
         pa.field("error", pa.string()),
@@ -90,7 +101,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("duration_s", pa.float64()),
         pa.field("source", pa.string()),
         pa.field("parent_id", pa.string()),
-        pa.field("metadata", pa.string()),  # JSON
+        pa.field("metadata", pa.string(), metadata=JSON_TEXT),
         pa.field("created_at", TIMESTAMP),
     ],
     metadata={"omrl.schema_version": str(SCHEMA_VERSION), "omrl.table": "trajectories"},
@@ -102,7 +113,7 @@ ANNOTATION_SCHEMA = pa.schema(
         pa.field("trajectory_id", pa.string(), nullable=False),
         pa.field("annotator", pa.string(), nullable=False),
         pa.field("kind", pa.string()),
-        pa.field("score", pa.float64()),
+        pa.field("score", pa.float64(), metadata=FINITE),
         pa.field("label", pa.string()),
         pa.field("rationale", pa.string()),
         pa.field("status", pa.string()),  # ok, or error: a failed judge or metric is never a score of 0
@@ -114,7 +125,7 @@ ANNOTATION_SCHEMA = pa.schema(
         pa.field("completion_tokens", pa.int64()),
         pa.field("cost_usd", pa.float64()),
         pa.field("run_id", pa.string()),
-        pa.field("metadata", pa.string()),  # JSON
+        pa.field("metadata", pa.string(), metadata=JSON_TEXT),
         pa.field("created_at", TIMESTAMP),
     ],
     metadata={"omrl.schema_version": str(SCHEMA_VERSION), "omrl.table": "annotations"},
@@ -518,66 +529,213 @@ def _converts(kind: type, value: Any) -> bool:
     return True
 
 
-def _tool_call(call: Any, where: str) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise SchemaError(f"field '{where}' must be an object with name and arguments")
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call  # OpenAI nesting
-    name = fn.get("name")
-    if not isinstance(name, str) or not name:
-        raise SchemaError(f"field '{where}.name' must be a non-empty string")
-    arguments = fn.get("arguments", "{}")
-    if not isinstance(arguments, str):  # some sources give an object; store its JSON text
-        arguments = _json_text(arguments, f"{where}.arguments", "{}")
-    return {"id": _opt_str(call.get("id"), f"{where}.id"), "name": name, "arguments": arguments}
+# ---------------------------------------------------------------- normalisers, derived from the Arrow schema
+#
+# Each table's columns are listed once, in its Arrow schema. A normaliser is built from it: a converter per
+# field chosen by the Arrow type and the field's "omrl.kind" (json, raw, key, text, finite), defaults taken
+# from the record dataclass (Trajectory, Message, ...). Only real rules are written by hand below (a role
+# must be known, a tool call needs a name, group_id and num_turns are derived).
+
+Converter = Callable[[Any, str], Any]
 
 
-def _message(msg: Any, where: str) -> dict[str, Any]:
-    if not isinstance(msg, dict):
-        raise SchemaError(f"field '{where}' must be an object with a role")
-    role = msg.get("role")
-    if role not in ROLES:
-        raise SchemaError(f"field '{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}")
-    calls = msg.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise SchemaError(f"field '{where}.tool_calls' must be a list")
-    return {
-        "role": role,
-        "content": _opt_str(msg.get("content"), f"{where}.content"),
-        "reasoning": _opt_str(msg.get("reasoning"), f"{where}.reasoning"),
-        "tool_calls": [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)],
-        "tool_call_id": _opt_str(msg.get("tool_call_id"), f"{where}.tool_call_id"),
-        "name": _opt_str(msg.get("name"), f"{where}.name"),
-        "trainable": _opt_bool(msg.get("trainable"), f"{where}.trainable"),
-    }
+def _kind(f: pa.Field) -> str | None:
+    value = (f.metadata or {}).get(b"omrl.kind")
+    return value.decode() if value else None
 
 
-def _turn(turn: Any, where: str, position: int) -> dict[str, Any]:
-    if not isinstance(turn, dict):
-        raise SchemaError(f"field '{where}' must be an object")
-    index = _opt_int(turn.get("index"), f"{where}.index")
-    return {
-        "index": position if index is None else index,
-        "reward": _finite(turn.get("reward"), f"{where}.reward"),
-        "done": bool(turn.get("done", False)),
-        "latency_s": _opt_float(turn.get("latency_s"), f"{where}.latency_s"),
-        "prompt_tokens": _opt_int(turn.get("prompt_tokens"), f"{where}.prompt_tokens"),
-        "completion_tokens": _opt_int(turn.get("completion_tokens"), f"{where}.completion_tokens"),
-        "info": _json_text(turn.get("info"), f"{where}.info", "{}"),
-        "completion_ids": _numbers(turn.get("completion_ids"), f"{where}.completion_ids", int),
-        "logprobs": _numbers(turn.get("logprobs"), f"{where}.logprobs", float),
-    }
+def _defaults(record: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        out[f.name] = f.default if f.default is not MISSING else None  # list fields (default_factory): []
+    return out
+
+
+def _or_default(convert: Converter, default: Any) -> Converter:
+    if default is None:
+        return convert
+    return lambda value, where: convert(value, where) or default
+
+
+def _list_of(item: Callable[[Any, str, int], Any]) -> Converter:
+    def convert(value: Any, where: str) -> list[Any]:
+        if not value:
+            return []
+        if not isinstance(value, list):
+            raise SchemaError(f"field '{where}' must be a list")
+        return [item(v, f"{where}[{i}]", i) for i, v in enumerate(value)]
+
+    return convert
+
+
+def _converter(f: pa.Field, default: Any) -> Converter:
+    """The converter of one Arrow field: by type and "omrl.kind"; `default` replaces null (and "" or 0)."""
+    dtype, kind = f.type, _kind(f)
+    if pa.types.is_string(dtype):
+        if kind == "json":  # JSON text: checked to parse; objects and lists serialised
+            return lambda value, where: _json_text(value, where, default)
+        if kind == "raw":  # text kept exactly as written (a model's tool-call arguments); objects serialised
+            return lambda value, where: value if isinstance(value, str) else _json_text(value, where, default)
+        return _or_default({"key": _key, "text": _text}.get(kind or "", _opt_str), default)
+    if pa.types.is_integer(dtype):
+        bits = dtype.bit_width
+        return _or_default(lambda value, where: _opt_int(value, where, bits), default)
+    if pa.types.is_floating(dtype):
+        return _finite if kind == "finite" else _opt_float
+    if pa.types.is_boolean(dtype):
+        return _opt_bool
+    if pa.types.is_timestamp(dtype):
+        return _timestamp
+    if pa.types.is_list(dtype):
+        item = dtype.value_type
+        if pa.types.is_struct(item):
+            return _list_of(_STRUCTS[item])
+        number = int if pa.types.is_integer(item) else float
+        return lambda value, where: _numbers(value, where, number)
+    raise TypeError(f"no converter for {f.name}: {dtype}")  # pragma: no cover - the schemas use only these
+
+
+def _field_converters(fields_of: Any, record: type, overrides: dict[str, Converter] | None = None
+                      ) -> list[tuple[str, Converter]]:
+    defaults, overrides = _defaults(record), overrides or {}
+    return [(f.name, overrides.get(f.name) or _converter(f, defaults.get(f.name))) for f in fields_of]
+
+
+def _struct(dtype: pa.StructType, record: type, what: str, overrides: dict[str, Converter] | None = None,
+            prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+            finish: Callable[[dict[str, Any], int], None] | None = None) -> Callable[[Any, str, int], Any]:
+    """The normaliser of one struct type (a list item): refuses a non-object, converts every field."""
+    converters = _field_converters(dtype, record, overrides)
+
+    def normalize(value: Any, where: str, position: int = 0) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise SchemaError(f"field '{where}' must be {what}")
+        if prepare is not None:
+            value = prepare(value)
+        out = {name: convert(value.get(name), f"{where}.{name}") for name, convert in converters}
+        if finish is not None:
+            finish(out, position)
+        return out
+
+    return normalize
+
+
+def _role(value: Any, where: str) -> str:
+    if value not in ROLES:
+        raise SchemaError(f"field '{where}' must be one of {', '.join(ROLES)}, got {_short(value)}")
+    return value
+
+
+def _tool_name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"field '{where}' must be a non-empty string")
+    return value
+
+
+def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI nests name and arguments under "function"; the id stays on the call."""
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        return call
+    return {"id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments", "{}")}
+
+
+def _turn_index(out: dict[str, Any], position: int) -> None:
+    if out["index"] is None:
+        out["index"] = position
+
+
+_STRUCTS: dict[pa.DataType, Callable[[Any, str, int], Any]] = {}
+_STRUCTS[TOOL_CALL_TYPE] = _struct(TOOL_CALL_TYPE, ToolCall, "an object with name and arguments",
+                                   {"name": _tool_name}, prepare=_openai_call)
+_STRUCTS[MESSAGE_TYPE] = _struct(MESSAGE_TYPE, Message, "an object with a role", {"role": _role})
+_STRUCTS[TURN_TYPE] = _struct(TURN_TYPE, Turn, "an object", {"done": lambda value, where: bool(value)},
+                              finish=_turn_index)
+
+
+def _tools(value: Any, where: str) -> str:
+    tools = _json_text(value, where, "[]")
+    if not isinstance(json.loads(tools), list):
+        raise SchemaError("field 'tools' must be a JSON list of function schemas")
+    return tools
+
+
+_TRAJECTORY_FIELDS = _field_converters(TRAJECTORY_SCHEMA, Trajectory,
+                                       {"task": lambda value, where: _task_text(value), "tools": _tools})
+_ANNOTATION_FIELDS = _field_converters(ANNOTATION_SCHEMA, Annotation,
+                                       {"id": lambda value, where: _opt_str(value, where) or new_id()})
+_TRAJECTORY_NAMES = frozenset(TRAJECTORY_SCHEMA.names)
+_ANNOTATION_NAMES = frozenset(ANNOTATION_SCHEMA.names)
+
+
+class NormalizedRow(dict):
+    """A row as a normaliser returned it. Normalising it again (Store.append does) returns it as is, unless a
+    key was set or deleted since; a change inside a nested value is not seen, so normalise a copy instead."""
+
+    __slots__ = ("table", "changed")
+
+    def __init__(self, values: dict[str, Any], table: str) -> None:
+        super().__init__(values)
+        self.table, self.changed = table, False
+
+    def __setitem__(self, key, value):
+        self.changed = True
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        self.changed = True
+        super().__delitem__(key)
+
+    def __ior__(self, other):
+        self.changed = True
+        return super().__ior__(other)
+
+    def update(self, *args, **kwargs):
+        self.changed = True
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        self.changed = True
+        return super().setdefault(key, default)
+
+    def pop(self, *args):
+        self.changed = True
+        return super().pop(*args)
+
+    def popitem(self):
+        self.changed = True
+        return super().popitem()
+
+    def clear(self):
+        self.changed = True
+        super().clear()
+
+
+def is_normalized(row: Any, table: str = "trajectories") -> bool:
+    """Whether `row` is a normaliser's output for `table`, unchanged since: it need not be checked again."""
+    return type(row) is NormalizedRow and row.table == table and not row.changed
+
+
+def _convert(row: dict[str, Any], converters: list[tuple[str, Converter]], label: str) -> dict[str, Any]:
+    try:
+        return {name: convert(row.get(name), name) for name, convert in converters}
+    except SchemaError as exc:
+        raise SchemaError(f"{label}: {exc}") from None
 
 
 def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
     """Check one trajectory record and return it in the exact shape of TRAJECTORY_SCHEMA.
 
-    Raises SchemaError naming the trajectory id and the field at fault.
+    Raises SchemaError naming the trajectory id and the field at fault. A row this function returned
+    (unchanged) is returned as is.
     """
+    if is_normalized(row, "trajectories"):
+        return row
     if not isinstance(row, dict):
         raise SchemaError(f"a trajectory must be an object, got {type(row).__name__}")
     tid = row.get("id")
     label = f"trajectory {_short(tid)}" if isinstance(tid, str) and tid else "trajectory (no id)"
-    unknown = set(row) - set(TRAJECTORY_SCHEMA.names)
+    unknown = set(row) - _TRAJECTORY_NAMES
     if unknown:
         raise SchemaError(f"{label}: unknown field(s) {_names(unknown)}")
     if not isinstance(tid, str) or not tid:
@@ -589,59 +747,23 @@ def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
     status = row.get("status") or "ok"
     if status not in STATUSES:
         raise SchemaError(f"{label}: field 'status' must be one of {', '.join(STATUSES)}, got {_short(status)}")
-    messages = row.get("messages") or []
-    turns = row.get("turns") or []
-    if not isinstance(messages, list):
-        raise SchemaError(f"{label}: field 'messages' must be a list")
-    if not isinstance(turns, list):
-        raise SchemaError(f"{label}: field 'turns' must be a list")
-    try:
-        tools = _json_text(row.get("tools"), "tools", "[]")
-        if not isinstance(json.loads(tools), list):
-            raise SchemaError("field 'tools' must be a JSON list of function schemas")
-        out = {
-            "id": tid,
-            "run_id": _opt_str(row.get("run_id"), "run_id") or "",
-            "round": _opt_int(row.get("round"), "round") or 0,
-            "task_id": _key(task_id, "task_id"),
-            "group_id": _opt_str(row.get("group_id"), "group_id"),
-            "sample": _opt_int(row.get("sample"), "sample") or 0,
-            "env": _opt_str(row.get("env"), "env") or "",
-            "model": _opt_str(row.get("model"), "model") or "",
-            "instruction": _text(row.get("instruction"), "instruction") or "",
-            "task": _task_text(row.get("task")),
-            "tools": tools,
-            "messages": [_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
-            "turns": [_turn(t, f"turns[{i}]", i) for i, t in enumerate(turns)],
-            "reward": _finite(row.get("reward"), "reward"),
-            "success": _opt_bool(row.get("success"), "success"),
-            "status": status,
-            "error": _opt_str(row.get("error"), "error"),
-            "num_turns": _opt_int(row.get("num_turns"), "num_turns"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens", 64),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens", 64),
-            "duration_s": _opt_float(row.get("duration_s"), "duration_s"),
-            "source": _opt_str(row.get("source"), "source") or "collected",
-            "parent_id": _opt_str(row.get("parent_id"), "parent_id"),
-            "metadata": _json_text(row.get("metadata"), "metadata", "{}"),
-            "created_at": _timestamp(row.get("created_at"), "created_at"),
-        }
-    except SchemaError as exc:
-        raise SchemaError(f"{label}: {exc}") from None
+    out = _convert(row, _TRAJECTORY_FIELDS, label)
     if out["num_turns"] is None:
         out["num_turns"] = sum(1 for m in out["messages"] if m["role"] == "assistant")
     if out["group_id"] is None:
         out["group_id"] = group_id(out["run_id"], out["round"], out["task_id"])
-    return out
+    return NormalizedRow(out, "trajectories")
 
 
 def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
     """Check one annotation record and return it in the exact shape of ANNOTATION_SCHEMA."""
+    if is_normalized(row, "annotations"):
+        return row
     if not isinstance(row, dict):
         raise SchemaError(f"an annotation must be an object, got {type(row).__name__}")
     tid = row.get("trajectory_id")
     label = f"annotation of trajectory {_short(tid)}"
-    unknown = set(row) - set(ANNOTATION_SCHEMA.names)
+    unknown = set(row) - _ANNOTATION_NAMES
     if unknown:
         raise SchemaError(f"{label}: unknown field(s) {_names(unknown)}")
     if not isinstance(tid, str) or not tid:
@@ -657,29 +779,7 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
         raise SchemaError(f"{label}: field 'status' must be ok or error, got {_short(status)}")
     if status == "error" and not row.get("error"):
         raise SchemaError(f"{label}: an error annotation needs field 'error' saying what went wrong")
-    try:
-        return {
-            "id": _opt_str(row.get("id"), "id") or new_id(),
-            "trajectory_id": tid,
-            "annotator": annotator,
-            "kind": kind,
-            "score": _finite(row.get("score"), "score"),
-            "label": _opt_str(row.get("label"), "label"),
-            "rationale": _opt_str(row.get("rationale"), "rationale"),
-            "status": status,
-            "error": _opt_str(row.get("error"), "error"),
-            "judge_model": _opt_str(row.get("judge_model"), "judge_model"),
-            "rubric": _opt_str(row.get("rubric"), "rubric"),
-            "prompt_hash": _opt_str(row.get("prompt_hash"), "prompt_hash"),
-            "prompt_tokens": _opt_int(row.get("prompt_tokens"), "prompt_tokens", 64),
-            "completion_tokens": _opt_int(row.get("completion_tokens"), "completion_tokens", 64),
-            "cost_usd": _opt_float(row.get("cost_usd"), "cost_usd"),
-            "run_id": _opt_str(row.get("run_id"), "run_id"),
-            "metadata": _json_text(row.get("metadata"), "metadata", "{}"),
-            "created_at": _timestamp(row.get("created_at"), "created_at"),
-        }
-    except SchemaError as exc:
-        raise SchemaError(f"{label}: {exc}") from None
+    return NormalizedRow(_convert(row, _ANNOTATION_FIELDS, label), "annotations")
 
 
 NORMALIZERS = {"trajectories": normalize_trajectory, "annotations": normalize_annotation}

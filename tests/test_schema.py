@@ -178,3 +178,51 @@ def test_polars_reads_parts_with_explicit_superset_schema(tmp_path):
         "role": pl.String, "content": pl.String, "reasoning": pl.String,
         "tool_calls": pl.List(pl.Struct({"id": pl.String, "name": pl.String, "arguments": pl.String})),
         "tool_call_id": pl.String, "name": pl.String, "trainable": pl.Boolean}))
+
+
+def test_record_types_and_structs_name_the_arrow_columns():
+    """The Arrow schema is the one column list: record dataclasses carry the same names."""
+    from dataclasses import fields
+
+    from omrl.schema import (
+        MESSAGE_TYPE,
+        TOOL_CALL_TYPE,
+        TURN_TYPE,
+        Annotation,
+        Message,
+        ToolCall,
+        Trajectory,
+        Turn,
+    )
+
+    pairs = [(TRAJECTORY_SCHEMA, Trajectory), (ANNOTATION_SCHEMA, Annotation), (MESSAGE_TYPE, Message),
+             (TOOL_CALL_TYPE, ToolCall), (TURN_TYPE, Turn)]
+    for arrow, record in pairs:
+        assert sorted(f.name for f in arrow) == sorted(f.name for f in fields(record)), record.__name__
+    assert list(normalize_trajectory(MINIMAL_ROW)) == TRAJECTORY_SCHEMA.names
+    full = normalize_trajectory(FULL_ROW)
+    assert list(full["messages"][2]) == [f.name for f in MESSAGE_TYPE]
+    assert list(full["turns"][0]) == [f.name for f in TURN_TYPE]
+
+
+def test_a_normalised_row_is_not_checked_again_until_changed():
+    import pickle
+
+    from omrl.schema import is_normalized
+
+    row = normalize_trajectory(FULL_ROW)
+    assert is_normalized(row) and not is_normalized(row, "annotations") and not is_normalized(dict(row))
+    assert normalize_trajectory(row) is row
+    assert is_normalized(pickle.loads(pickle.dumps(row)))  # rows sent to worker processes stay checked
+    assert to_table([row]).equals(to_table([FULL_ROW]))
+    row["reward"] = "high"  # a changed row is checked again
+    assert not is_normalized(row)
+    with pytest.raises(SchemaError, match="field 'reward' must be a number"):
+        to_table([row])
+    for change in (lambda r: r.update(reward="x"), lambda r: r.pop("reward"), lambda r: r.setdefault("x", 1)):
+        changed = normalize_trajectory(FULL_ROW)
+        change(changed)
+        assert not is_normalized(changed)
+    note = normalize_annotation({"trajectory_id": "t", "annotator": "judge", "score": 1})
+    assert is_normalized(note, "annotations") and normalize_annotation(note) is note
+    assert not is_normalized(note, "trajectories")
