@@ -1,5 +1,6 @@
 """omrl: a data-centric toolkit for training LLM agents with reinforcement learning."""
 
+from omrl.errors import OmrlError
 from omrl.schema import SCHEMA_VERSION, Annotation, Message, SchemaError, ToolCall, Trajectory, Turn
 from omrl.store import Store, StoreError
 
@@ -9,6 +10,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Annotation",
     "Message",
+    "OmrlError",
     "SchemaError",
     "Store",
     "StoreError",

@@ -31,6 +31,7 @@ def broken_tasks(tmp_path: Path) -> Path:
 
 
 def test_user_errors_derive_from_one_base_and_keep_their_builtin_base():
+    import omrl
     from omrl.envs import EnvSpecError
     from omrl.formats.common import FormatError
     from omrl.policies.base import PolicyError
@@ -47,6 +48,7 @@ def test_user_errors_derive_from_one_base_and_keep_their_builtin_base():
         assert issubclass(cls, OmrlError) and issubclass(cls, ValueError), cls
     for cls in (StoreError, PolicyError):
         assert issubclass(cls, OmrlError) and issubclass(cls, RuntimeError), cls
+    assert omrl.OmrlError is OmrlError
 
 
 def test_a_user_error_is_one_line(tmp_path, broken_tasks):
