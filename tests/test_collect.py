@@ -244,3 +244,31 @@ def test_cli_rejects_bad_input(tmp_path: Path):
     out = CliRunner().invoke(cli, ["collect", "--env", "math", "--tasks", str(tasks_file), "--policy", "what",
                                    "--store", str(tmp_path / "s")])
     assert out.exit_code != 0 and "unknown policy" in out.output
+
+
+def test_collect_and_eval_flags_are_the_rollout_settings(tmp_path: Path, monkeypatch):
+    import dataclasses
+
+    import omrl.rollout
+    from omrl.rollout import CollectResult, RolloutSettings
+
+    seen = {}
+
+    async def fake_collect(env_spec, tasks, policy, store, settings=None, **kwargs):
+        seen["settings"] = settings
+        return CollectResult(run_id="r", round=kwargs.get("round", 0), total=0, skipped=0)
+
+    monkeypatch.setattr(omrl.rollout, "collect", fake_collect)
+    tasks_file = write_tasks(tmp_path / "t.jsonl", count_tasks(1))
+    out = CliRunner().invoke(cli, ["collect", "--env", "math", "--tasks", str(tasks_file), "--policy", "scripted",
+                                   "--store", str(tmp_path / "s"), "--max-turns", "3", "--max-tokens", "7",
+                                   "--temperature", "0.5", "--seed", "9", "--turn-timeout", "2.5", "-c", "2",
+                                   "--env-option", "level=3", "--unsafe-no-sandbox", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert seen["settings"] == RolloutSettings(env="math", env_options={"level": 3, "unsafe_no_sandbox": True},
+                                               max_turns=3, max_new_tokens=7, temperature=0.5, seed=9,
+                                               model_call_timeout=120.0, turn_timeout=2.5, concurrency=2)
+    for command in ("collect", "eval"):
+        text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output
+        for f in dataclasses.fields(RolloutSettings):
+            assert f.metadata["flag"] in text, f"{command} has no flag for {f.name}"

@@ -1,15 +1,17 @@
 """GRPO on a tasks file with TRL's `GRPOTrainer`, rollouts played by omrl's own agent loop.
 
     checkpoint = train_grpo(GRPORecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
-                                       env="grid", output_dir="runs/grpo-1", store="runs/store"))
+                                       output_dir="runs/grpo-1", store="runs/store",
+                                       rollout=RolloutSettings(env="grid", max_turns=14)))
 
 Each training step TRL hands `rollout_func` (omrl/train/rollout_func.py) the step's prompts: task ids,
-each repeated `samples_per_task` times. The agent loop (omrl.agent.run_episode) plays those episodes
-concurrently with an `HFPolicy` wrapping the live model, whose token traces become prompt_ids,
-completion_ids (model and environment tokens), env_mask (environment tokens carry no loss) and
-logprobs. The environment's reward (or the combined reward of omrl.annotate, when configured) is the
-reward; the group-relative advantages are TRL's. Every rollout group is appended to the store with
-its round and step, so GRPO data can be queried like any collection.
+each repeated `samples_per_task` times. omrl.rollout.play_episodes, the episode runner collect uses
+too (environments made in threads and always closed, a seed per episode), plays them as the recipe's
+`rollout` section says, all in flight at once, with an `HFPolicy` wrapping the live model, whose token
+traces become prompt_ids, completion_ids (model and environment tokens), env_mask (environment tokens
+carry no loss) and logprobs. The environment's reward (or the combined reward of omrl.annotate, when
+configured) is the reward; the group-relative advantages are TRL's. After each step's play its rows
+are appended to the store with their round and step, so GRPO data can be queried like any collection.
 
 On a CPU generation runs through transformers (HFPolicy). On a GPU, TRL's vLLM modes
 (`use_vllm=True`, colocate or server) plug in at the policy: rollout_func would hand the agent loop a

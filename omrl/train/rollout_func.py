@@ -1,4 +1,5 @@
-"""TRL's `rollout_func` for GRPO, played by omrl's agent loop (never a second loop inside the trainer).
+"""TRL's `rollout_func` for GRPO, played by omrl's agent loop and episode runner (omrl.rollout.play_episodes),
+never a second loop inside the trainer.
 
 Contract (trl 1.16 GRPOTrainer): `rollout_func(prompts, trainer) -> dict` with, per prompt, one
 episode's `prompt_ids`, `completion_ids` and `logprobs`; extra keys go to the reward functions except
