@@ -1,35 +1,42 @@
 """`omrl query`, `Store.sql` and every `--where` are confined by construction: no statement, however it is
 wrapped (`EXPLAIN ANALYZE` runs what it wraps, `;` chains), writes anything, reads a file outside the
-store's views, reaches the network, loads an extension, changes a setting or runs past its time limit."""
+store's views, reaches the network, loads an extension, changes a setting or runs past its time limit.
+
+The attacks, the --where tricks and the --where entry points are defined once, in omrl/testing/escapes.py,
+whose report (every attack through every entry point, counted) is checked here too."""
 
 from __future__ import annotations
 
-import http.server
 import json
+import os
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from conftest import make_trajectory
 
 import omrl.query as query_module
+import omrl.testing.escapes as escapes
 from omrl.cli.main import cli
 from omrl.query import QueryError, connect, run_query, select_ids, select_where
 from omrl.schema import Annotation
 from omrl.store import Store
-
-SECRET = "TOPSECRET-7d1f0a"
-ENV_SECRET = "sk-ENVSECRET-93b2c"
-# A long query: a cross join of 10^16 rows, far past any small limit.
-SLOW_SQL = "SELECT sum(a.range * b.range) AS s FROM range(100000000) a, range(100000000) b"
-# A long --where (one condition over the views only): 36 messages joined with themselves 8 times.
-SLOW_WHERE = ("(SELECT count(*) FROM messages a, messages b, messages c, messages d, messages e, messages f, "
-              "messages g, messages h) > 0")
-
+from omrl.testing.escapes import (
+    ENV_SECRET,
+    SECRET,
+    SLOW_SQL,
+    SLOW_WHERE,
+    WHERE_REQUIRED,
+    attack_groups,
+    attacks,
+    snapshot,
+    where_attacks,
+    where_paths,
+)
 
 # ------------------------------------------------------------------------------------------- fixtures
 
@@ -50,20 +57,10 @@ def store(tmp_path: Path) -> Store:
 def outside(tmp_path: Path, monkeypatch) -> Path:
     """A folder outside the store with secret files in every format DuckDB reads, the secret in the
     environment too, and HOME moved here (an extension install would land in HOME/.duckdb)."""
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    (folder / "secret.txt").write_text(SECRET + "\n")
-    (folder / "secret.csv").write_text(f"key\n{SECRET}\n")
-    (folder / "secret.json").write_text(json.dumps({"key": SECRET}) + "\n")
-    pq.write_table(pa.table({"key": [SECRET]}), folder / "secret.parquet")
-    monkeypatch.setenv("OMRL_TEST_SECRET", ENV_SECRET)
+    folder = escapes.write_secret_files(tmp_path / "outside")
+    monkeypatch.setenv(escapes.SECRET_ENV_VAR, ENV_SECRET)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return folder
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under `root` with its bytes."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def run_cli(*args: str):
@@ -80,52 +77,7 @@ def assert_clean(store: Store, outside: Path, before: dict[str, bytes], outside_
 
 
 # ------------------------------------------------------------------------------ the attack statements
-
-
-def attacks(store: Path, outside: Path) -> list[str]:
-    data = store / "data" / "trajectories"
-    forged = ("SELECT * REPLACE (1.0 AS reward, true AS success, id || '-x' AS id) FROM trajectories")
-    return [
-        # writes: a forged part in the store, omrl.json overwritten, files anywhere
-        f"EXPLAIN ANALYZE COPY ({forged}) TO '{data}/part-9.parquet' (FORMAT parquet)",
-        f"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{store}/omrl.json' (FORMAT csv, USE_TMP_FILE false)",
-        f"EXPLAIN (ANALYZE) COPY (SELECT 1 AS x) TO '{store}/omrl.json' (FORMAT csv)",
-        f"COPY (SELECT * FROM trajectories) TO '{outside}/leak.csv'",
-        f"EXPLAIN ANALYZE COPY (SELECT * FROM trajectories) TO '{outside}/leak.csv'",
-        f"SELECT 1; EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{outside}/chained.csv'",
-        f"SELECT 1; COPY (SELECT 1 AS x) TO '{outside}/chained.csv'",
-        f"EXPLAIN ANALYZE ATTACH '{outside}/new.db' AS x",
-        f"EXPORT DATABASE '{outside}/export'",
-        f"EXPLAIN ANALYZE EXPORT DATABASE '{outside}/export'",
-        "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO ':memory:.wal' (FORMAT csv)",  # DuckDB's own default paths
-        # extensions
-        "INSTALL httpfs",
-        "LOAD httpfs",
-        "EXPLAIN ANALYZE INSTALL httpfs",
-        "EXPLAIN ANALYZE LOAD httpfs",
-        # reads outside the store
-        f"SELECT * FROM read_text('{outside}/secret.txt')",
-        f"SELECT * FROM read_blob('{outside}/secret.txt')",
-        f"SELECT * FROM read_csv('{outside}/secret.csv')",
-        f"SELECT * FROM read_json('{outside}/secret.json')",
-        f"SELECT * FROM read_parquet('{outside}/secret.parquet')",
-        f"SELECT * FROM '{outside}/secret.csv'",
-        f"SELECT 1; SELECT * FROM read_text('{outside}/secret.txt')",
-        f"EXPLAIN ANALYZE SELECT * FROM read_text('{outside}/secret.txt')",
-        "SELECT * FROM read_text('/proc/self/environ')",
-        f"SELECT * FROM glob('{outside}/*')",
-        "SELECT * FROM glob('~/*')",
-        # even the store's own files are not readable as files (only through the views)
-        f"SELECT * FROM read_blob('{data}/*.parquet')",
-        # settings
-        "SET enable_external_access = true",
-        "RESET lock_configuration",
-        "SET lock_configuration = false",
-        "PRAGMA threads = 1",
-        "SET threads = 1",
-        f"SET temp_directory = '{outside}'",
-        "SET autoinstall_known_extensions = true",
-    ]
+# attacks(), by kind in attack_groups(): writes, extensions, reads, settings, network, a caller's variable
 
 
 def test_attacks_through_store_sql_write_nothing_and_read_nothing(store, outside):
@@ -165,14 +117,11 @@ def test_raw_connection_from_store_connect_is_confined(store, outside):
 
     before, outside_before = snapshot(store.path), snapshot(outside)
     con = store.connect()
-    for sql in [f"COPY (SELECT 1) TO '{outside}/raw.csv'",
-                f"EXPLAIN ANALYZE COPY (SELECT 1) TO '{store.path}/data/trajectories/part-9.parquet' (FORMAT parquet)",
-                f"SELECT * FROM read_text('{outside}/secret.txt')", "SELECT * FROM read_text('/proc/self/environ')",
-                "INSTALL httpfs", "LOAD httpfs", "SET enable_external_access = true", "RESET lock_configuration",
-                "SET allowed_directories = ['/']", "SET allowed_paths = ['/proc/self/environ']",
-                "SET python_enable_replacements = true"]:
+    for sql in attacks(store.path, outside):
         with pytest.raises(duckdb.Error):
-            con.sql(sql).fetchall()
+            relation = con.sql(sql)
+            if relation is not None:
+                relation.fetchall()
     settings = dict(con.sql("SELECT name, value FROM duckdb_settings() WHERE name IN ('enable_external_access', "
                             "'lock_configuration', 'autoload_known_extensions', 'autoinstall_known_extensions', "
                             "'allowed_paths', 'python_enable_replacements')").fetchall())
@@ -199,8 +148,7 @@ def test_a_query_cannot_scan_the_callers_python_variables(store):
 def test_settings_stay_as_they_were_after_set_reset_pragma(store):
     con = store.connect()
     before = con.sql("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall()
-    for sql in ["SET threads = 1", "RESET threads", "PRAGMA threads = 1", "SET memory_limit = '1GB'",
-                "RESET ALL", "PRAGMA enable_profiling", f"PRAGMA profiling_output = '{store.path}/p.txt'"]:
+    for sql in attack_groups(store.path, store.path / "outside")["settings"]:
         with pytest.raises(QueryError):
             run_query(store, sql, con=con)
     assert con.sql("SELECT name, value FROM duckdb_settings() ORDER BY name").fetchall() == before
@@ -215,43 +163,18 @@ def test_a_connection_not_made_by_connect_is_refused(store):
 
 
 def test_network_urls_are_refused_without_a_request_or_an_install(store, outside):
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            hits.append(self.path)
-            body = f"key\n{SECRET}\n".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_HEAD(self):  # noqa: N802
-            hits.append(self.path)
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/secret.csv"
-    before, outside_before = snapshot(store.path), snapshot(outside)
-    try:
-        for sql in [f"SELECT * FROM read_csv('{url}')", f"SELECT * FROM '{url}'",
-                    "SELECT * FROM read_parquet('s3://omrl-test-bucket/x.parquet')",
-                    "SELECT * FROM 'https://example.com/x.parquet'", "SELECT * FROM read_text('hf://datasets/x/y')"]:
+    with escapes.secret_http_server() as (url, hits):
+        before, outside_before = snapshot(store.path), snapshot(outside)
+        for sql in attack_groups(store.path, outside, url)["network"]:
             with pytest.raises(QueryError, match="no files, network or extensions") as info:
                 store.sql(sql)
             result = run_cli("query", str(store.path), sql)
             assert result.exit_code == 1 and "no files, network or extensions" in result.output
             assert_clean(store, outside, before, outside_before, str(info.value) + result.output)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert hits == []
+        assert hits == []
+        with urllib.request.urlopen(url, timeout=10) as response:  # the server does see a request
+            assert SECRET in response.read().decode()
+        assert len(hits) == 1
 
 
 # ------------------------------------------------------------------------------------------- time limit
@@ -303,59 +226,7 @@ def test_a_long_where_is_stopped(store, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- --where
 
 
-def where_attacks(store: Path, outside: Path) -> list[str]:
-    return [
-        "1=1) UNION (SELECT 'forged'",
-        "1=1 UNION SELECT 'forged'",
-        "1=1 UNION ALL SELECT content FROM read_text('/proc/self/environ')",
-        f"true; COPY (SELECT 1) TO '{outside}/w.csv'",
-        f"true; COPY (SELECT 1) TO '{store}/data/trajectories/part-9.parquet' (FORMAT parquet)",
-        "success -- and the rest is a comment",
-        "success /* a comment */",
-        "success ORDER BY id LIMIT 1",
-        "success LIMIT 1",
-        "success GROUP BY id",
-        "true) OR (false",
-        f"id IN (SELECT content FROM read_text('{outside}/secret.txt'))",
-        "EXISTS (SELECT * FROM read_text('/proc/self/environ'))",
-        f"id IN (SELECT key FROM '{outside}/secret.csv')",
-        f"id IN (SELECT key FROM read_parquet('{outside}/secret.parquet'))",
-        f"(SELECT count(*) FROM glob('{outside}/*')) > 0",
-        "id IN (SELECT 'x' FROM information_schema.tables)",
-        "id IN (SELECT * FROM query('SELECT 1'))",
-        "",
-        "   ",
-    ]
-
-
-def where_paths(tmp_path: Path):
-    """Every library entry that takes a user's --where, as (name, call(store, where))."""
-    from omrl.annotate.runner import annotate
-    from omrl.annotate.runner import select_rows as annotate_rows
-    from omrl.curate.augment import augment_store
-    from omrl.curate.filters import FilterOptions, WhereFilter, filter_store
-    from omrl.hub import export_store
-    from omrl.hub import select_rows as hub_rows
-    from omrl.train.bridge import load_rows
-
-    counter = iter(range(10**6))
-
-    def fresh() -> Path:
-        return tmp_path / f"out-{next(counter)}"
-
-    return [
-        ("select_ids", lambda s, w: select_ids(s, w)),
-        ("groups", lambda s, w: select_ids(s, w, view="groups", column="group_id")),
-        ("WhereFilter", lambda s, w: WhereFilter(s, w).ids),
-        ("filter_store", lambda s, w: filter_store(s, fresh(), FilterOptions(where=w)).kept),
-        ("annotate select_rows", lambda s, w: annotate_rows(s, w)),
-        ("annotate", lambda s, w: annotate(s, ["num_turns"], where=w).written),
-        ("augment", lambda s, w: augment_store(s, fresh(), ["tool_rename"], where=w).source_rows),
-        ("hub select_rows", lambda s, w: hub_rows(s, w).num_rows),
-        ("export jsonl", lambda s, w: export_store(s, fresh().with_suffix(".jsonl"), where=w).rows),
-        ("export parquet", lambda s, w: export_store(s, fresh(), fmt="parquet", where=w).rows),
-        ("load_rows", lambda s, w: load_rows(s, w)),
-    ]
+# where_attacks(): the --where tricks; where_paths(): every library entry that takes a user's --where
 
 
 def test_where_tricks_are_refused_on_every_path(store, outside, tmp_path):
@@ -365,9 +236,9 @@ def test_where_tricks_are_refused_on_every_path(store, outside, tmp_path):
     sample = [every[i] for i in (0, 1, 3, 5, 7, 11, 12, 18)]  # one of each kind, through every caller
     for where in every:
         for name, call in paths:
-            if name not in ("select_ids", "groups", "WhereFilter") and where not in sample:
+            if name not in WHERE_REQUIRED and where not in sample:
                 continue
-            if not where.strip() and name not in ("select_ids", "groups", "WhereFilter"):
+            if not where.strip() and name not in WHERE_REQUIRED:
                 continue  # elsewhere an empty --where means "no condition"
             with pytest.raises(QueryError) as info:
                 call(store, where)
@@ -380,6 +251,7 @@ def test_where_tricks_are_refused_on_every_path(store, outside, tmp_path):
 
 @pytest.mark.parametrize("verb", ["filter", "export", "augment", "annotate"])
 def test_where_tricks_are_refused_by_the_cli(store, outside, tmp_path, verb):
+    """The CLI verbs hand --where to the library paths above (the report covers those): one of each kind."""
     before, outside_before = snapshot(store.path), snapshot(outside)
     for where in ["1=1 UNION SELECT 'forged'", f"true; COPY (SELECT 1) TO '{outside}/w.csv'", "success -- x",
                   f"id IN (SELECT content FROM read_text('{outside}/secret.txt'))"]:
@@ -505,3 +377,72 @@ def test_temporary_folder_is_the_connections_own_and_is_removed(store, monkeypat
     monkeypatch.setattr(query_module, "connect", spy)
     run_query(store, "SELECT 1")
     assert len(made) == 1 and not made[0].exists()  # a connection run_query made is removed at once
+
+
+# ------------------------------------------------------------------------------ the whole report, counted
+
+
+def test_no_attack_escapes_through_any_entry_point(tmp_path):
+    """The report behind benchmarks/chaos.py's query_escapes: every attack through Store.sql, `omrl query`,
+    run_query on a caller's connection and a raw Store.connect() connection, every --where trick through
+    every --where path, the long queries under their limits; and it cleans up after itself."""
+    home, cwd, secret = os.environ.get("HOME"), os.getcwd(), os.environ.get(escapes.SECRET_ENV_VAR)
+    threads = {t.name for t in threading.enumerate()}
+    report = escapes.run_query_escapes(tmp_path / "work")
+    assert report.escapes == 0 and report.details == [], "\n".join(report.details)
+    statements = len(attacks(Path("s"), Path("o")))
+    wheres = len(where_attacks(Path("s"), Path("o")))
+    assert statements >= 45 and wheres >= 20
+    assert report.cases >= 4 * statements + len(where_paths(tmp_path)) * (wheres - 2)
+    assert report.to_dict() == {"suite": "query", "cases": report.cases, "escapes": 0, "details": []}
+    assert (os.environ.get("HOME"), os.getcwd(), os.environ.get(escapes.SECRET_ENV_VAR)) == (home, cwd, secret)
+    assert list((tmp_path / "work").iterdir()) == []  # its scratch folder is gone
+    assert {t.name for t in threading.enumerate()} <= threads  # its HTTP server is closed
+
+
+def test_the_query_report_counts_what_leaks(tmp_path, monkeypatch):
+    """Each kind of leak is counted (and undone); a clean refusal is not; a traceback is noted."""
+    import duckdb
+
+    monkeypatch.setattr(escapes, "SLOW_GRACE_S", 0.3)
+    with escapes.query_world(tmp_path) as world:
+        parts = world.store.path / "data" / "trajectories"
+        unconfined = duckdb.connect()  # replacement scans on: finds the variable a caller's frame holds
+        cases = [
+            ("writes outside", lambda: (world.outside / "leak.csv").write_text("x")),
+            ("writes in the working folder", lambda: Path(":memory:.wal").write_text("x")),
+            ("forges a part", lambda: (parts / "part-9.parquet").write_bytes(b"x")),
+            ("returns the secret", lambda: [SECRET]),
+            ("returns the env secret", lambda: os.environ[escapes.SECRET_ENV_VAR]),
+            ("asks the server", lambda: urllib.request.urlopen(world.url, timeout=10).read()),
+            ("installs", lambda: (world.home / ".duckdb").mkdir(parents=True)),
+            ("reads a caller's variable", lambda: escapes._raw(unconfined, f"SELECT * FROM {escapes.PYTHON_VARIABLE}")),
+        ]
+        for name, call in cases:
+            world.check("fake", name, call)
+        world.check("fake", "changes a setting", lambda: unconfined.execute("SET threads = 1"), con=unconfined)
+        world.check("fake", "runs on", lambda: time.sleep(1.5), limit=0.1)
+        world.check("fake", "refused", lambda: run_query(world.store, "INSTALL httpfs"))
+        world.check("fake", "crashes", lambda: 1 / 0)
+        world.check("fake", "accepted", lambda: run_query(world.store, "SELECT 1 AS one"))
+        world.check("fake", "stopped", lambda: run_query(world.store, SLOW_SQL, timeout=0.1), limit=0.1)
+        assert sorted(snapshot(world.outside)) == ["secret.csv", "secret.json", "secret.parquet", "secret.txt"]
+        assert not (world.outside / "leak.csv").exists() and not (parts / "part-9.parquet").exists()
+        assert not world.home.exists() and not (world.cwd / ":memory:.wal").exists()  # each escape undone
+        unconfined.close()
+    report = world.report
+    assert report.escapes == len(cases) + 2 and report.cases == len(cases) + 6, report.details
+    escaped = [line for line in report.details if line.startswith("ESCAPE fake: ")]
+    assert len(escaped) == len(cases) + 2, report.details
+    for line, needle in zip(escaped, ["wrote outside the store (added outside/leak.csv)",
+                                      "wrote outside the store (added cwd/:memory:.wal)",
+                                      "changed the store (added data/trajectories/part-9.parquet)",
+                                      "returned the secret file's content", "returned the env secret",
+                                      "the HTTP server saw GET /secret.csv", "installed something",
+                                      "returned the secret file's content", "changed setting threads",
+                                      "was not stopped"], strict=True):
+        assert needle in line, (needle, line)
+    assert [line for line in report.details if not line.startswith("ESCAPE")] == [
+        "NOT CLEAN fake: crashes: raised ZeroDivisionError: division by zero instead of a clean refusal "
+        "(nothing leaked; not counted as an escape)",
+        "NOT REFUSED fake: accepted: accepted, returned [{'one': 1}] (nothing leaked; not counted as an escape)"]

@@ -1,13 +1,14 @@
 """The sandbox for agent-written code: each escape an attacker probe found, tried by a test file the agent
-wrote, run through CodeEnv.run_tests inside the bubblewrap sandbox."""
+wrote, run through CodeEnv.run_tests inside the bubblewrap sandbox.
+
+The attempts (the agent's test bodies and judges of what they got) are defined once, in
+omrl/testing/escapes.py, whose report (every attempt, counted) is checked here too."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import socket
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,194 +23,90 @@ from omrl.envs.base import Action, Task
 from omrl.envs.toolenv import play_episode
 from omrl.store import Store
 from omrl.tasks import load_tasks, shipped_datasets_dir
+from omrl.testing import escapes
+from omrl.testing.escapes import SANDBOX_SECRET as SECRET
+from omrl.testing.escapes import SandboxProbe, SandboxRun, agent_test, processes_with, run_agent_test
 
 AVAILABLE, WHY = sandbox.sandbox_status()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")
-SECRET = "sk-omrl-test-secret-4f1c9a"
 SHIPPED = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
 
 
-def agent_test(body: str) -> str:
-    """A unittest file whose one test runs `body` (indented into the method) and always passes."""
-    return ("import os, socket, subprocess, sys, time, unittest\n\n"
-            "class T(unittest.TestCase):\n    def test_probe(self):\n"
-            + textwrap.indent(textwrap.dedent(body).strip() + "\n", " " * 8))
-
-
-def run_agent_test(body: str, **options) -> tuple[str, dict, object]:
-    """Write the test with the agent's write_file tool, run it with run_tests; (observation, info, env)."""
-    env = make_env("code", **options)
-    env.reset(Task(id="probe", instruction="probe", env="code", payload={"files": {"README": "x\n"}}))
-    wrote = env.step(Action(tool="write_file", arguments={"path": "test_probe.py", "content": agent_test(body)}))
-    assert not wrote.info.get("invalid_action"), wrote.observation
-    result = env.step(Action(tool="run_tests"))
-    return result.observation, result.info, env
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids of host processes whose command line contains `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @needs_sandbox
-def test_host_files_are_not_visible():
-    seen, info, env = run_agent_test("""
-        for path in ["/etc/passwd", "/etc/shadow", "/etc/hostname", os.path.expanduser("~root") + "/.bashrc",
-                     "/work/shared/DESIGN.md"]:
-            try:
-                print("READ", path, open(path).read()[:200])
-            except OSError as exc:
-                print("DENIED", path, type(exc).__name__)
-        print("ROOT", sorted(os.listdir("/")))
-        print("ID", os.getuid(), os.getgid())
-    """)
+def test_host_files_are_not_visible(tmp_path):
+    probe = SandboxProbe.make(tmp_path)
+    seen, info, env = run_agent_test(escapes.HOST_FILES.body(probe), marker=probe.marker)
     env.close()
     assert info["sandboxed"] and info["returncode"] == 0, seen
-    assert "root:" not in seen and "READ" not in seen and seen.count("DENIED") == 5
+    assert "root:" not in seen and "READ " not in seen and seen.count("DENIED") == len(probe.read_targets()), seen
+    assert SECRET not in seen and f'LISTED ["{probe.host_dir}"' not in seen  # the host folder: not read, not listed
     assert "'work'" not in seen and "'home'" not in seen and "ID 65534 65534" in seen
+    assert escapes.HOST_FILES.judge(probe, SandboxRun(seen, info, 0, 10)) == []  # nothing of the host listed
 
 
 @needs_sandbox
-def test_parent_environment_secrets_do_not_reach_the_tests(monkeypatch):
+def test_parent_environment_secrets_do_not_reach_the_tests(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    seen, info, env = run_agent_test("""
-        print("ENV", dict(os.environ))
-        for pid in sorted({str(os.getppid()), "1", "self"} | {p for p in os.listdir("/proc") if p.isdigit()}):
-            try:
-                print("PROC", pid, open(f"/proc/{pid}/environ").read().replace("\\0", " "))
-            except OSError as exc:
-                print("PROC", pid, "denied", exc)
-    """)
+    probe = SandboxProbe.make(tmp_path)
+    seen, info, env = run_agent_test(escapes.ENV_SECRETS.body(probe), marker=probe.marker)
     env.close()
     assert info["sandboxed"] and "ENV {" in seen and "PROC 1 " in seen, seen
-    assert SECRET not in seen and "OPENAI_API_KEY" not in seen
+    assert SECRET not in seen and "OPENAI_API_KEY" not in seen and "WITH THE SECRET []" in seen
 
 
 @needs_sandbox
 def test_writes_outside_the_project_do_not_reach_the_host(tmp_path):
-    host_file = tmp_path / "escaped.txt"
-    seen, info, env = run_agent_test(f"""
-        for path in [{str(host_file)!r}, "/escaped.txt", "/usr/escaped.txt", "/dev/shm/escaped.txt"]:
-            try:
-                open(path, "w").write("x")
-                print("WROTE", path)
-            except OSError as exc:
-                print("REFUSED", path, type(exc).__name__)
-        open("inside.txt", "w").write("only in the sandbox's copy")
-    """)
-    assert info["sandboxed"] and seen.count("REFUSED") == 4 and "WROTE" not in seen, seen
-    assert not host_file.exists() and list(tmp_path.iterdir()) == []
+    probe = SandboxProbe.make(tmp_path)
+    targets = probe.write_targets()
+    seen, info, env = run_agent_test(escapes.HOST_WRITES.body(probe), marker=probe.marker)
+    assert info["sandboxed"] and seen.count("REFUSED") == len(targets) and "WROTE" not in seen, seen
+    assert not any(os.path.lexists(t) for t in targets)
+    assert [p.name for p in tmp_path.iterdir()] == [probe.host_dir.name]
+    assert [p.name for p in probe.host_dir.iterdir()] == ["secret.txt"]
     assert not (env.root / "inside.txt").exists()  # the tests work on a copy of the project
     env.close()
 
 
 @needs_sandbox
-def test_no_network_not_even_the_hosts_loopback():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(5)
-    server.settimeout(0.2)
-    port = server.getsockname()[1]
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        seen, info, env = run_agent_test(f"""
-            try:
-                socket.create_connection(("127.0.0.1", {port}), timeout=3)
-                print("CONNECTED")
-            except OSError as exc:
-                print("NO CONNECTION", type(exc).__name__)
-            try:
-                socket.getaddrinfo("example.com", 80)
-                print("RESOLVED")
-            except OSError as exc:
-                print("NO DNS", type(exc).__name__)
-        """)
+def test_no_network_not_even_the_hosts_loopback(tmp_path):
+    with escapes.loopback_server() as (port, accepted):
+        probe = SandboxProbe.make(tmp_path, port=port)
+        seen, info, env = run_agent_test(escapes.NETWORK.body(probe), marker=probe.marker)
         env.close()
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
     assert info["sandboxed"] and "NO CONNECTION" in seen and "NO DNS" in seen, seen
     assert "CONNECTED" not in seen and accepted == []
 
 
 @needs_sandbox
-def test_forking_150_processes_is_limited():
-    marker = "omrl-fork-marker-7d1"
-    seen, info, env = run_agent_test(f"""
-        children = 0
-        try:
-            for _ in range(150):
-                pid = os.fork()
-                if pid == 0:
-                    time.sleep(3)  # {marker}
-                    os._exit(0)
-                children += 1
-        except OSError as exc:
-            print("FORK REFUSED", exc.errno)
-        print("CHILDREN", children)
-    """, max_processes=64)
+def test_forking_150_processes_is_limited(tmp_path):
+    probe = SandboxProbe.make(tmp_path)
+    seen, info, env = run_agent_test(escapes.FORK_BOMB.body(probe), marker=probe.marker, **escapes.FORK_BOMB.options)
     env.close()
     children = int(seen.split("CHILDREN ")[1].split()[0])
-    assert info["sandboxed"] and "FORK REFUSED 11" in seen and 40 <= children < 64, seen
-    assert processes_with(marker) == []  # the sleeping children died with the sandbox
+    assert info["sandboxed"] and "FORK REFUSED 11" in seen and 40 <= children < escapes.FORK_LIMIT, seen
+    assert processes_with(probe.marker) == []  # the sleeping children (forks of the marked run) died with it
 
 
 @needs_sandbox
 def test_disk_writes_are_capped_in_total(tmp_path):
-    seen, info, env = run_agent_test("""
-        written = 0
-        try:
-            for name in [f"big{i}.bin" for i in range(4)] + [f"/tmp/big{i}.bin" for i in range(4)]:
-                with open(name, "wb") as out:
-                    for _ in range(20):  # 20 MB each, 160 MB in all
-                        out.write(b"x" * (1 << 20))
-                        out.flush()
-                        written += 1
-        except OSError as exc:
-            print("WRITE REFUSED", exc.strerror)
-        print("MB", written)
-    """, disk_mb=64)
+    probe = SandboxProbe.make(tmp_path)
+    seen, info, env = run_agent_test(escapes.DISK_FILL.body(probe), marker=probe.marker, **escapes.DISK_FILL.options)
     written = int(seen.split("MB ")[-1].split()[0])
-    assert info["sandboxed"] and "No space left on device" in seen and written < 64, seen
+    assert info["sandboxed"] and "No space left on device" in seen and written < escapes.DISK_MB, seen
     assert sum(p.stat().st_size for p in env.root.rglob("*") if p.is_file()) < 1 << 20  # host copy untouched
     env.close()
 
 
 @needs_sandbox
-def test_a_detached_child_holding_the_output_open_is_killed_on_time():
-    marker = "omrl-detached-marker-93b"
-    body = f"""
-        subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.1)  # {marker}"],
-                         start_new_session=True)
-        print("child started", flush=True)
-        time.sleep(60)
-    """
+def test_a_detached_child_holding_the_output_open_is_killed_on_time(tmp_path):
+    probe = SandboxProbe.make(tmp_path)
+    limit = escapes.DETACHED_CHILD.options["test_timeout_s"]
     start = time.monotonic()
-    seen, info, env = run_agent_test(body, test_timeout_s=2)
+    seen, info, env = run_agent_test(escapes.DETACHED_CHILD.body(probe), marker=probe.marker, test_timeout_s=limit)
     elapsed = time.monotonic() - start
     assert info["sandboxed"] and info["timed_out"] and "Killed" in seen and "child started" in seen, seen
-    assert elapsed < 2 + 3  # returned on time although a detached child held the pipe open
-    assert processes_with(marker) == []  # and nothing the tests started outlived the call
+    assert elapsed < limit + escapes.RETURN_GRACE_S  # returned on time although a detached child held the pipe
+    assert processes_with(probe.marker) == []  # and nothing the tests started outlived the call
     env.close()
 
 
@@ -341,3 +238,59 @@ def test_unusable_paths_are_invalid_actions(path, monkeypatch):
         assert result.info["invalid_action"] and not result.done, (tool, result.observation)
     assert sorted(p.name for p in env.root.iterdir()) == sorted(p.name for p in env.root.iterdir() if p.is_file())
     env.close()
+
+
+# ------------------------------------------------------------------------------ the whole report, counted
+
+
+@needs_sandbox
+def test_no_escape_attempt_succeeds(tmp_path):
+    """The report behind benchmarks/chaos.py's sandbox_escapes: every attempt through CodeEnv.run_tests; it
+    restores the environment and leaves nothing in its folder."""
+    secrets = {name: os.environ.get(name) for name in escapes.SANDBOX_SECRET_VARS}
+    start = time.monotonic()
+    report = escapes.run_sandbox_escapes(tmp_path / "work")
+    assert report.escapes == 0 and report.details == [], "\n".join(report.details)
+    assert report.cases == len(escapes.SANDBOX_ATTEMPTS) >= 7
+    assert report.to_dict() == {"suite": "sandbox", "cases": report.cases, "escapes": 0, "details": []}
+    assert time.monotonic() - start < 60
+    assert {name: os.environ.get(name) for name in escapes.SANDBOX_SECRET_VARS} == secrets
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_without_a_sandbox_the_report_counts_no_case_and_says_why(tmp_path, monkeypatch):
+    no_bwrap(monkeypatch)
+    report = escapes.run_sandbox_escapes(tmp_path)
+    assert (report.cases, report.escapes, len(report.details)) == (0, 0, 1)
+    assert "sandbox unavailable" in report.details[0] and "bwrap was not found" in report.details[0]
+
+
+def test_the_attempts_judges_see_each_leak(tmp_path):
+    """What an escaped run would show is counted (the report relies on these judges); a run that shows
+    the attempt did not happen is not a case."""
+    probe = SandboxProbe.make(tmp_path, port=1)
+
+    def run(seen: str, timed_out: bool = True, **shown) -> SandboxRun:
+        return SandboxRun(seen, {"sandboxed": True, "timed_out": timed_out}, 0.0, 10.0, **shown)
+
+    created = Path(probe.write_targets()[0])
+    created.write_text("x")  # as if the sandbox had written it
+    leaked = [
+        (escapes.HOST_FILES, run(f'READ /etc/passwd root:x:0:0\nLISTED ["{probe.host_dir}", ["secret.txt"]]\nROOT []'),
+         ["read host files /etc/passwd", "host file content", f"listed host folder {probe.host_dir}: secret.txt"]),
+        (escapes.ENV_SECRETS, run(f"ENV {{'OPENAI_API_KEY': '{SECRET}'}}\nSOURCES 2 WITH THE SECRET ['1']"),
+         ["the parent's secret in the output", "variables OPENAI_API_KEY visible", "the parent's secret in ['1']"]),
+        (escapes.HOST_WRITES, run("WROTE x", project_files=("inside.txt",)),
+         [f"created host file {created}", "wrote into the host's project folder"]),
+        (escapes.NETWORK, run("CONNECTED\nRESOLVED", accepted=1), ["accepted 1", "connected", "resolved"]),
+        (escapes.FORK_BOMB, run("CHILDREN 150"), ["forked 150 processes"]),
+        (escapes.DISK_FILL, run("MB 160", project_bytes=2 << 20), ["wrote 160 MB inside", "grew to 2 MB"]),
+        (escapes.DETACHED_CHILD, run("child started", timed_out=False), ["not killed"]),
+    ]
+    assert [attempt for attempt, _, _ in leaked] == list(escapes.SANDBOX_ATTEMPTS)
+    for attempt, shown, needles in leaked:
+        leaks = attempt.judge(probe, shown)
+        assert len(leaks) == len(needles) and all(n in leak for n, leak in zip(needles, leaks, strict=True)), leaks
+        with pytest.raises(escapes.CouldNotRun):
+            attempt.judge(probe, run(""))
+    assert not created.exists()  # the judge removed what the escape left
