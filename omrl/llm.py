@@ -36,6 +36,8 @@ import math
 from collections import Counter
 from typing import Any
 
+from omrl.errors import OmrlError, UsageError
+
 try:
     import httpx2 as httpx  # the HTTP library of openai >= 3
 except ImportError:  # pragma: no cover - older openai releases are built on httpx
@@ -48,8 +50,9 @@ _RETRIED_STATUSES = (408, 409, 429)  # and every 5xx: what the openai client ret
 _attempts: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("omrl_llm_attempts", default=None)
 
 
-class LLMError(RuntimeError):
-    """A chat call that failed for good; `attempts` is how many requests it sent."""
+class LLMError(OmrlError, RuntimeError):
+    """A chat call that failed for good (an endpoint's fault, reported as one line); `attempts` is how many
+    requests it sent."""
 
     def __init__(self, message: str, attempts: int = 1):
         super().__init__(message)
@@ -142,9 +145,9 @@ class LLMClient:
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 60.0,
                  max_retries: int = 2, max_connections: int = 64):
         if max_retries < 0:
-            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+            raise UsageError(f"max_retries must be at least 0, got {max_retries}")
         if max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+            raise UsageError(f"max_connections must be at least 1, got {max_connections}")
         self.base_url = base_url
         self.api_key = api_key or "EMPTY"  # local servers accept any key; the client refuses to start without one
         self.timeout = timeout
@@ -181,7 +184,11 @@ class LLMClient:
         self._busy[shard] += 1
         self.stats["calls"] += 1
         try:
-            return await clients[shard].chat.completions.create(**request, timeout=timeout or self.timeout)
+            response = await clients[shard].chat.completions.create(**request, timeout=timeout or self.timeout)
+            if not getattr(response, "choices", None):  # e.g. JSON served as text/plain: openai hands back a str
+                raise LLMMalformed(f"the reply is not a chat completion: {str(response)[:200]!r}",
+                                   _tries(attempts))
+            return response
         except openai.APITimeoutError:
             raise LLMTimeout(f"no reply within {timeout or self.timeout}s", _tries(attempts)) from None
         except openai.APIConnectionError as exc:
