@@ -109,3 +109,11 @@ def test_piped_output_is_not_wrapped(tmp_path):
     check = omrl(["store", "check", str(deep)], tmp_path)
     assert check.returncode == 1
     assert [line for line in check.stdout.splitlines() if "part-broken" in line][0].startswith(f"problem {broken}:")
+
+
+def test_a_piped_table_is_not_folded(tmp_path):
+    assert omrl(["store", "init", str(tmp_path / "s")], tmp_path).returncode == 0
+    result = omrl(["query", str(tmp_path / "s"), "SELECT repeat('a', 50) AS first, repeat('b', 50) AS second"],
+                  tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if "aaa" in line] == [f"│ {'a' * 50} │ {'b' * 50} │"]

@@ -18,15 +18,29 @@ from rich.table import Table
 from omrl.errors import OmrlError
 
 
-def _console(**options: Any) -> Console:
-    """A console that wraps lines only on a terminal: piped output keeps each line whole (`| grep` works)."""
-    out = Console(**options)
-    out.soft_wrap = not out.is_terminal
-    return out
+class _Console(Console):
+    """A console that wraps only on a terminal: piped output keeps each line whole (`| grep` works) and a
+    piped table takes its natural width instead of folding its cells at 80 columns."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.soft_wrap = not self.is_terminal
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        tables = [o for o in objects if isinstance(o, Table)]
+        if not tables or self.is_terminal:
+            return super().print(*objects, **options)
+        width = self.width
+        try:
+            self.width = max([width] + [self.measure(t, options=self.options.update_width(10**6)).maximum
+                                        for t in tables])
+            return super().print(*objects, **options)
+        finally:
+            self.width = width
 
 
-console = _console()
-err_console = _console(stderr=True)
+console = _Console()
+err_console = _Console(stderr=True)
 
 # What a user causes and can fix: omrl's own errors, and files, folders or connections that are missing,
 # refused or failing. Any other exception is a bug and keeps its traceback.
