@@ -83,10 +83,7 @@ class OpenAIPolicy:
         return self._reply(response, tools)
 
     def _reply(self, response: Any, tools: list[dict[str, Any]]) -> PolicyReply:
-        choices = getattr(response, "choices", None)
-        if not choices:
-            raise PolicyError(f"{self.model}: the response has no choices: {str(response)[:200]}")
-        choice = choices[0]
+        choice = response.choices[0]  # the client raised LLMMalformed for a reply without choices
         message = choice.message
         text = message.content
         # vLLM and SGLang put separated reasoning in `reasoning_content` (newer: `reasoning`).
