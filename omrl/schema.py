@@ -576,7 +576,10 @@ def _converter(f: pa.Field, default: Any) -> Converter:
             return lambda value, where: _json_text(value, where, default)
         if kind == "raw":  # text kept exactly as written (a model's tool-call arguments); objects serialised
             return lambda value, where: value if isinstance(value, str) else _json_text(value, where, default)
-        return _or_default({"key": _key, "text": _text}.get(kind or "", _opt_str), default)
+        check = {"key": _key, "text": _text}.get(kind or "", _opt_str)
+        if default is None:  # text is the common case: taken as is without a call
+            return lambda value, where: value if value.__class__ is str else check(value, where)
+        return lambda value, where: (value if value.__class__ is str else check(value, where)) or default
     if pa.types.is_integer(dtype):
         bits = dtype.bit_width
         return _or_default(lambda value, where: _opt_int(value, where, bits), default)
@@ -612,7 +615,12 @@ def _struct(dtype: pa.StructType, record: type, what: str, overrides: dict[str, 
             raise SchemaError(f"field '{where}' must be {what}")
         if prepare is not None:
             value = prepare(value)
-        out = {name: convert(value.get(name), f"{where}.{name}") for name, convert in converters}
+        try:  # field names only: the full path is built when a message needs it (most rows need none)
+            out = {name: convert(value.get(name), name) for name, convert in converters}
+        except SchemaError:
+            for name, convert in converters:  # again, so the message names the full path
+                convert(value.get(name), f"{where}.{name}")
+            raise
         if finish is not None:
             finish(out, position)
         return out
