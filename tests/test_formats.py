@@ -70,7 +70,9 @@ def test_sharegpt_real(real_data):
         assert [m["content"] for m in row["messages"]] == [t["value"] for t in rec["conversations"]]
         roles = {"human": "user", "gpt": "assistant"}
         assert [m["role"] for m in row["messages"]] == [roles[t["from"]] for t in rec["conversations"]]
-        assert row["instruction"] == rec["conversations"][0]["value"]
+        # the first human turn is a preamble the agent only acknowledged ("OK"): the task is the next one
+        assert rec["conversations"][1]["value"] == "OK"
+        assert row["instruction"] == rec["conversations"][2]["value"] and "Instruction:" in row["instruction"]
         assert row["env"] == "import:sharegpt" and row["source"] == "imported:sharegpt"
         assert row["run_id"] == "import:eto_sharegpt_3traj" and row["round"] == 0
         assert json.loads(row["metadata"])["source"] == rec["source"]  # leftovers kept

@@ -11,45 +11,92 @@ from rich.table import Table
 from omrl.cli.common import console, user_errors
 from omrl.formats import FORMATS
 
+KEY_FLAGS = ("messages", "reward", "success", "id", "instruction", "tools", "model")
+
+
+def _key_option(name: str):
+    return click.option(f"--{name}-key", f"{name}_key", default=None, metavar="PATH",
+                        help=f"Where each record keeps its {name} (dotted path, e.g. info.{name}); implies a mapping."
+                        if name != "messages" else
+                        "Where each record keeps its message list (dotted path): maps OpenAI/ShareGPT-style "
+                        "records under any key.")
+
 
 @click.command("import")
 @click.argument("src", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="Store to import into (created when missing).")
+              help="Store to import into (created when there is something to write).")
 @click.option("--format", "fmt", type=click.Choice(["auto", *FORMATS]), default="auto", show_default=True,
               help="Source format; auto decides from the extension and the keys of the first record.")
+@click.option("--map", "map_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A YAML mapping of record keys onto the schema (see recipes/imports/); the --*-key flags override it.")
+@_key_option("messages")
+@_key_option("reward")
+@_key_option("success")
+@_key_option("id")
+@_key_option("instruction")
+@_key_option("tools")
+@_key_option("model")
 @click.option("--skip-errors", is_flag=True, help="Skip bad records (counted and reported) instead of stopping.")
+@click.option("--partial", is_flag=True,
+              help="When some files fail, still write the ones that converted (default: all or nothing).")
+@click.option("--root", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder run ids are relative to (default: the working directory, or the files' common folder).")
 @user_errors
-def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, skip_errors: bool) -> None:
-    """Import trajectory files into a store; importing the same file again adds nothing.
+def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | None, skip_errors: bool,
+               partial: bool, root: str | None, **keys: str | None) -> None:
+    """Import trajectory files into a store; importing the same data again (under any name) adds nothing.
 
-    Each record becomes one trajectory (env `import:<format>`, run `import:<file stem>`), messages in
-    OpenAI form with linked tool calls; rewards and success only where the source states them.
+    Each record becomes one trajectory (env `import:<format>`, run `import:<path relative to the root>`),
+    messages in OpenAI form with linked tool calls; rewards and success only where the source states
+    them. Every file is converted and checked before anything is written: when one fails, nothing is
+    (unless --partial). Records under other keys: --messages-key KEY, or --map map.yaml.
 
-    Example:  omrl import trajs.json run.traj --store my-store --skip-errors
+    Example:  omrl import results.jsonl --messages-key traj --store my-store
     """
-    from omrl.formats.importer import import_files
-    from omrl.store import Store
+    from omrl.formats.importer import ImportFailed, import_files
+    from omrl.formats.mapping import load_mapping
 
-    store = Store.create(store_path)
+    overrides = {name: keys.get(f"{name}_key") for name in KEY_FLAGS}
+    mapping = None
+    if map_path or any(overrides.values()):
+        if fmt != "auto":
+            raise click.UsageError("--format and --map/--*-key are alternatives: a mapping says where everything is")
+        mapping = load_mapping(map_path, **overrides)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    failure = None
     with Progress(*columns, console=console, transient=True) as progress:
         files = progress.add_task("files", total=len(src))
         records = progress.add_task("records", total=None)
 
         def on_file(path) -> None:
-            progress.update(files, description=f"importing {path.name}", advance=0)
+            progress.update(files, description=f"reading {path.name}", advance=0)
             progress.reset(records, total=None, description="records")
 
-        reports = import_files(src, store, fmt=fmt, skip_errors=skip_errors,
-                               on_record=lambda: progress.advance(records), on_file=on_file)
+        try:
+            reports = import_files(src, store_path, fmt=fmt, skip_errors=skip_errors, partial=partial,
+                                   root=root, mapping=mapping, on_record=lambda: progress.advance(records),
+                                   on_file=on_file)
+        except ImportFailed as exc:
+            failure, reports = exc, exc.reports
         progress.advance(files, len(src))
-    table = Table(title=f"imported into {store_path}")
-    for name in ("file", "format", "records", "imported", "already in store", "skipped"):
-        table.add_column(name, justify="left" if name in ("file", "format", "skipped") else "right")
+    _summary(reports, store_path)
+    if partial and failure is not None:
+        written = [Path(r.path).name for r in reports if r.status == "written"]
+        console.print(f"written: {', '.join(written) or 'none'}", highlight=False, markup=False)
+    if failure is not None:
+        raise failure
+
+
+def _summary(reports, store_path: str) -> None:
+    table = Table(title=f"import into {store_path}")
+    for name in ("file", "format", "records", "imported", "already in store", "skipped", "status"):
+        table.add_column(name, justify="left" if name in ("file", "format", "skipped", "status") else "right")
     for r in reports:
         skipped = ", ".join(f"{reason}: {n}" for reason, n in r.skipped.most_common()) or "0"
-        table.add_row(Path(r.path).name, r.format, str(r.records), str(r.imported), str(r.already_present), skipped)
+        status = f"failed: {r.reason}" if r.status == "failed" else r.status
+        table.add_row(Path(r.path).name, r.format, str(r.records), str(r.imported), str(r.already_present), skipped,
+                      status)
     console.print(table)
     for r in reports:
         for example in r.examples:

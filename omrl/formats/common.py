@@ -27,15 +27,33 @@ class FormatError(SchemaError):
 
 @dataclass(frozen=True)
 class RecordContext:
-    """Where a record came from: its format, file and position in the file."""
+    """Where a record came from: its format, file and position in the file.
+
+    digest: the record's content hash (with its occurrence among identical records of the file), the
+    basis of the row id; rel: the file's path relative to the import root, the basis of the run id.
+    """
 
     fmt: str
     path: Path
     index: int
+    digest: str = ""
+    rel: str = ""
 
     @property
     def where(self) -> str:
         return f"{self.path.name} record {self.index}"
+
+    @property
+    def run_name(self) -> str:
+        """The file's path relative to the import root, without its suffix: `weather/val`."""
+        rel = self.rel or self.path.name
+        return rel[: -len(Path(rel).suffix)] if Path(rel).suffix else rel
+
+
+def record_digest(record: Any) -> str:
+    """A content hash of one native record: the same data gives the same hash under any file name."""
+    data = json.dumps(record, ensure_ascii=False, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 # A record that could not even be parsed (a broken JSONL line); converting it raises FormatError naming it.
@@ -194,32 +212,97 @@ def link_tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- rows
 
 
+MISSING = object()
+# Where records keep the task's own text (tau-bench's info.task.instruction, SWE-bench's problem_statement).
+INSTRUCTION_PATHS = ("instruction", "task.instruction", "info.task.instruction", "info.instruction",
+                     "problem_statement", "task.problem_statement", "query", "question", "task")
+
+
+def get_path(record: Any, path: str) -> Any:
+    """The value at a dotted path (`info.task.instruction`; numbers index lists); MISSING when absent.
+
+    A key that itself contains dots is found first as is."""
+    if isinstance(record, dict) and path in record:
+        return record[path]
+    value = record
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return MISSING
+    return value
+
+
+def task_text(record: dict[str, Any]) -> str | None:
+    """The task text a record states outside its conversation, or None."""
+    for path in INSTRUCTION_PATHS:
+        value = get_path(record, path)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+ACK_LIMIT = 40  # an assistant reply this short right after a user message acknowledges a preamble ("OK", "Ok.")
+PREAMBLE_MARKS = ("you have access to the following tools", "available tools:", "# tools", "<tools>",
+                  "here are the tools", "you can use the following tools")
+
+
+def is_preamble(messages: list[dict[str, Any]], position: int) -> bool:
+    """A user message that sets the scene rather than giving the task: a tool list, or one the agent only
+    acknowledged ("OK") before the real task came (ETO, OpenManus-RL, AgentTuning data)."""
+    msg = messages[position]
+    content = (msg["content"] or "").strip()
+    if any(mark in content.lower() for mark in PREAMBLE_MARKS):
+        return True
+    after = messages[position + 1] if position + 1 < len(messages) else None
+    later_user = any(m["role"] == "user" for m in messages[position + 1:])
+    return (after is not None and after["role"] == "assistant" and not after["tool_calls"] and later_user
+            and len((after["content"] or "").strip()) <= ACK_LIMIT)
+
+
 def first_user_text(messages: list[dict[str, Any]]) -> str:
-    return next((m["content"] or "" for m in messages if m["role"] == "user"), "")
+    """The instruction of a conversation: the first user message that is not a preamble (else the first)."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    for i in users:
+        if not is_preamble(messages, i):
+            return messages[i]["content"] or ""
+    return (messages[users[0]]["content"] or "") if users else ""
 
 
 def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any]], tools: Any = None,
              task: dict[str, Any] | None = None, reward: Any = None, success: Any = None, status: str = "ok",
              error: str | None = None, model: str | None = None, metadata: dict[str, Any] | None = None,
              turns: list[dict[str, Any]] | None = None, prompt_tokens: int | None = None,
-             completion_tokens: int | None = None, created_at: Any = None) -> dict[str, Any]:
-    """A schema-1 trajectory dict for an imported record; the id depends only on (format, file, index, native id)."""
+             completion_tokens: int | None = None, created_at: Any = None,
+             instruction: str | None = None) -> dict[str, Any]:
+    """A schema-1 trajectory dict for an imported record.
+
+    The id depends only on the record's content (ctx.digest: same data, same id, under any file name or
+    format); a source's own id (instance_id, item_id, ...) is the task id, not the row id, since several
+    attempts at one task share it. The run id is the file's path relative to the import root.
+    instruction: the task text where the format has one; else the first user message that is not a preamble.
+    """
     native = _native_id(native_id, ctx)
-    task_id = native or f"{ctx.path.stem}:{ctx.index}"
+    task_id = native or f"{ctx.run_name}:{ctx.index}"
     messages = link_tool_calls(messages)
     if turns is None:  # one entry per assistant turn, as collected rows have; imported data has no per-turn reward
         positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         turns = [{"index": k, "done": k == len(positions) - 1} for k in range(len(positions))]
-    meta = {"import": {"format": ctx.fmt, "file": ctx.path.name, "index": ctx.index}}
+    meta = {"import": {"format": ctx.fmt, "file": ctx.rel or ctx.path.name, "index": ctx.index}}
     meta.update(metadata or {})
+    digest = ctx.digest or short_hash(ctx.fmt, ctx.path.name, ctx.index, native)  # no digest: called directly
+    if instruction is None or not str(instruction).strip():
+        instruction = first_user_text(messages)
     return {
-        "id": short_hash("import", ctx.fmt, ctx.path.name, ctx.index, native, n=24),
-        "run_id": f"import:{ctx.path.stem}",
+        "id": short_hash("import", digest, n=24),
+        "run_id": f"import:{ctx.run_name}",
         "round": 0,
         "task_id": task_id,
         "env": f"import:{ctx.fmt}",
         "model": model or "",
-        "instruction": first_user_text(messages),
+        "instruction": text(instruction),
         "task": {"id": native, **(task or {})},
         "tools": as_tool_schemas(tools, ctx.where) if tools is not None else [],
         "messages": messages,

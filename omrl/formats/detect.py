@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl import readers
+from omrl.formats import FORMATS
 from omrl.formats.common import BadRecord, FormatError, first_record, kind_of
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
@@ -40,6 +41,7 @@ def detect_format(path: str | Path) -> str:
         # The schema is enough, no need to read rows; a file that is not Parquet is a FormatError naming it.
         names = set(readers.parquet_schema(path, error=FormatError).names)
         found = detect_record(dict.fromkeys(names))
+        record = first_record(path) if found is None else None  # only to explain what fits
     else:
         record = first_record(path)
         if isinstance(record, BadRecord):  # the first line does not parse: say so, not "unknown keys"
@@ -53,7 +55,61 @@ def detect_format(path: str | Path) -> str:
     if found is None:
         shown = sorted(map(str, names))
         keys = shown if len(shown) <= 20 else [*shown[:20], f"... {len(shown) - 20} more"]
-        raise FormatError(f"{path.name}: cannot tell the format from keys {keys}; "
-                          "pass --format (sharegpt, openai, swe_agent, openmanus, toolbench, atif); "
+        raise FormatError(f"{path.name}: cannot tell the format from keys {keys}; {explain(record)}; "
+                          f"or pass --format ({', '.join(FORMATS)}); "
                           "a task dataset goes through `omrl tasks import`", "unknown format")
     return found
+
+
+# What each format needs in a record, for explaining a record that fits none.
+SIGNATURES = {
+    "openai": ({"messages"}, {"tools", "reward", "id", "instance_id", "resolved"}),
+    "sharegpt": ({"conversations"}, {"id", "reward", "system", "tools"}),
+    "openmanus": ({"conversations", "reward_model", "item_id"}, OPENMANUS_KEYS),
+    "swe_agent": ({"history", "trajectory"}, {"info", "replay_config", "environment"}),
+    "toolbench": ({"answer_generation"}, {"win", "query_id"}),
+    "atif": ({"schema_version", "steps"}, {"session_id", "agent", "final_metrics"}),
+}
+
+
+def message_lists(record: Any) -> list[tuple[str, str]]:
+    """(dotted path, style) of the lists of messages in a record, one level deep: style openai or sharegpt."""
+    found = []
+    if not isinstance(record, dict):
+        return found
+    for key, value in record.items():
+        candidates = [(str(key), value)]
+        if isinstance(value, dict):
+            candidates += [(f"{key}.{k}", v) for k, v in value.items()]
+        for path, v in candidates:
+            if isinstance(v, list) and v and isinstance(v[0], dict):
+                if "role" in v[0] and ("content" in v[0] or "text" in v[0] or "tool_calls" in v[0]):
+                    found.append((path, "openai"))
+                elif "from" in v[0] and "value" in v[0]:
+                    found.append((path, "sharegpt"))
+    return found
+
+
+def explain(record: Any) -> str:
+    """Why a record fits no format: the closest format, what it missed, and the flag that would fix it."""
+    keys = set(map(str, record)) if isinstance(record, dict) else set()
+
+    def score(item: tuple[str, tuple[set[str], set[str]]]) -> tuple[int, int]:
+        required, typical = item[1]
+        return (len(required & keys), len(typical & keys))
+
+    name, (required, _) = max(SIGNATURES.items(), key=score)
+    lists = message_lists(record)
+    if lists:
+        path, style = lists[0]
+        name = style
+        required = SIGNATURES[style][0]
+    missing = sorted(required - keys)
+    text = f"closest format: {name}, which needs {', '.join(repr(k) for k in missing) or 'its keys'}"
+    if lists:
+        text += (f"; a message list is under '{path}': pass --messages-key {path} (and --reward-key, "
+                 "--id-key, ... for the other fields), or a --map map.yaml (examples in recipes/imports/)")
+    else:
+        text += ("; if the records hold a conversation under another key, pass --messages-key KEY "
+                 "(dotted paths allowed) or --map map.yaml (examples in recipes/imports/)")
+    return text

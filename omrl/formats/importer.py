@@ -1,13 +1,22 @@
 """Import trajectory files into a store: detect, convert, validate, skip what the store already holds.
 
-A bad record stops the import of its file with an error naming the file and record index (nothing of
-that file is written), or, with `skip_errors`, is counted under its reason and reported; never silently
-dropped. Ids depend only on (format, file name, record index, native id), so importing a file twice
-adds nothing the second time.
+A bad record stops the import of its file with an error naming the file and record index, or, with
+`skip_errors`, is counted under its reason and reported; never silently dropped. A file whose every
+record was skipped counts as failed.
+
+All or nothing: every file is converted and validated before anything is written, and then all rows go
+in one atomic append; when any file fails nothing is written (with `partial`, the files that converted
+are written and the failed ones listed). A store that does not exist yet is created only when there is
+something to write, so a failed import leaves no empty store folder behind.
+
+Ids depend only on the record's content (and its occurrence among identical records of the file), never
+on the file's name: re-importing the same data adds nothing under any name, different data never
+collides. Run ids come from the file's path relative to the import root (`import:weather/val`).
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -15,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.formats import format_module
-from omrl.formats.common import FormatError, RecordContext, read_records
+from omrl.formats.common import FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
 from omrl.schema import SchemaError, group_id, normalize_trajectory
 from omrl.store import Store
@@ -23,7 +32,7 @@ from omrl.store import Store
 
 @dataclass
 class FileReport:
-    """What happened to one file: counts, and why records were skipped."""
+    """What happened to one file: counts, why records were skipped, and whether it failed or was written."""
 
     path: str
     format: str
@@ -32,31 +41,75 @@ class FileReport:
     already_present: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> count
     examples: list[str] = field(default_factory=list)  # the first few skip messages, in full
+    error: str | None = None  # why the file failed (nothing of it is written)
+    status: str = "pending"  # written, nothing new, failed, not written
+    reason: str | None = None  # the failure's short category
 
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
 
 
+class ImportFailed(FormatError):
+    """Some files failed; `reports` says what happened to each (and whether anything was written)."""
+
+    def __init__(self, message: str, reports: list[FileReport], reason: str = "import failed"):
+        super().__init__(message, reason)
+        self.reports = reports
+
+
+def import_root(paths: Iterable[str | Path]) -> Path:
+    """The folder run ids are relative to: the working directory when it holds every file, else their common folder."""
+    folders = [Path(p).resolve().parent for p in paths]
+    if not folders:
+        return Path.cwd()
+    cwd = Path.cwd().resolve()
+    if all(f.is_relative_to(cwd) for f in folders):
+        return cwd
+    return Path(os.path.commonpath([str(f) for f in folders]))
+
+
+def _relative(path: Path, root: Path | None) -> str:
+    if root is None:
+        return path.name
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
 def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False,
-                      report: FileReport | None = None,
-                      on_record: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
-    """Yield validated schema-1 rows from one file. Bad records raise FormatError, or are counted in `report`."""
+                      report: FileReport | None = None, on_record: Callable[[], None] | None = None,
+                      root: str | Path | None = None, mapping: Any = None) -> Iterator[dict[str, Any]]:
+    """Yield validated schema-1 rows from one file. Bad records raise FormatError, or are counted in `report`.
+
+    root: the import root run ids are relative to (default: the file's folder).
+    mapping: an `omrl.formats.mapping.Mapping` (then fmt is ignored): records mapped key by key.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    fmt = detect_format(path) if fmt == "auto" else fmt
-    module = format_module(fmt)
+    if mapping is not None:
+        fmt, convert = mapping.name, mapping.convert
+    else:
+        fmt = detect_format(path) if fmt == "auto" else fmt
+        convert = format_module(fmt).convert
+    rel = _relative(path, Path(root) if root is not None else path.parent)
     report = report if report is not None else FileReport(str(path), fmt)
     report.format = fmt
     samples: Counter = Counter()  # task_id -> rows seen: several attempts at one task form a GRPO group
+    seen: Counter = Counter()  # record digest -> occurrences: identical records in one file stay distinct rows
     for index, record in read_records(path):
         report.records += 1
         if on_record:
             on_record()
-        ctx = RecordContext(fmt, path, index)
+        ctx = RecordContext(fmt, path, index, rel=rel)
         try:
-            row = module.convert(record, ctx)
+            digest = record_digest(record)
+            occurrence = seen[digest]
+            seen[digest] += 1
+            ctx = RecordContext(fmt, path, index, digest if not occurrence else f"{digest}:{occurrence}", rel)
+            row = convert(record, ctx)
             row["sample"] = samples[row["task_id"]]
             row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
             row = normalize_trajectory(row)
@@ -74,33 +127,87 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
         yield row
 
 
-def load_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False) -> list[dict[str, Any]]:
+def load_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False,
+                      mapping: Any = None) -> list[dict[str, Any]]:
     """All rows of one file as validated trajectory dicts."""
-    return list(iter_trajectories(path, fmt, skip_errors))
+    return list(iter_trajectories(path, fmt, skip_errors, mapping=mapping))
 
 
-def import_files(paths: Iterable[str | Path], store: Store, fmt: str = "auto", skip_errors: bool = False,
-                 on_record: Callable[[], None] | None = None,
-                 on_file: Callable[[Path], None] | None = None) -> list[FileReport]:
-    """Import files into a store, one after the other; rows whose id the store holds are not written again."""
-    existing = store.ids()
-    reports = []
-    for path in map(Path, paths):
+def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: str = "auto",
+                 skip_errors: bool = False, on_record: Callable[[], None] | None = None,
+                 on_file: Callable[[Path], None] | None = None, partial: bool = False,
+                 root: str | Path | None = None, mapping: Any = None) -> list[FileReport]:
+    """Convert every file, then write all their new rows in one atomic append (see the module docstring).
+
+    store: a Store, or the path of one (created only when there is something to write).
+    Raises ImportFailed (with every file's report) when a file fails: nothing written, or, with `partial`,
+    the good files written (their reports say so).
+    """
+    paths = [Path(p) for p in paths]
+    root = Path(root) if root is not None else import_root(paths)
+    if not isinstance(store, Store) and (Path(store) / "omrl.json").is_file():
+        store = Store(store)
+    existing = store.ids() if isinstance(store, Store) else set()
+    reports: list[FileReport] = []
+    batches: list[list[dict[str, Any]]] = []
+    for path in paths:
         if on_file:
             on_file(path)
-        report = FileReport(str(path), fmt)
-        rows = []
-        for row in iter_trajectories(path, fmt, skip_errors, report, on_record):
-            if row["id"] in existing:
-                report.already_present += 1
-                continue
-            existing.add(row["id"])
-            rows.append(row)
-        # The whole file is converted before anything is written, then written as one atomic part:
-        # a bad record (or a crash) leaves the store unchanged.
-        # skip_existing: a concurrent import of the same data may have committed these ids since we looked.
-        appended = store.append(rows, skip_existing=True)
-        report.imported = appended.written
-        report.already_present += appended.skipped
+        report = FileReport(str(path), mapping.name if mapping is not None else fmt)
         reports.append(report)
+        rows: list[dict[str, Any]] = []
+        batch_ids: set[str] = set()
+        try:
+            for row in iter_trajectories(path, fmt, skip_errors, report, on_record, root, mapping):
+                if row["id"] in existing or row["id"] in batch_ids:
+                    report.already_present += 1
+                    continue
+                batch_ids.add(row["id"])
+                rows.append(row)
+            if report.records and report.skipped_total == report.records:
+                raise FormatError(f"{path.name}: every record ({report.records}) was skipped as bad; nothing of it "
+                                  f"imported (first: {report.examples[0] if report.examples else '?'})",
+                                  "every record skipped")
+        except (FormatError, SchemaError, OSError) as exc:
+            report.error, report.status = str(exc), "failed"
+            report.reason = getattr(exc, "reason", "invalid record")
+            batches.append([])
+            continue
+        existing |= batch_ids
+        batches.append(rows)
+    failed = [r for r in reports if r.status == "failed"]
+    if failed and not partial:
+        for r in reports:
+            if r.status != "failed":
+                r.status = "not written"
+        raise ImportFailed(_failure_message(failed, len(reports), written=False), reports,
+                           failed[0].reason or "import failed")
+    good = [(r, rows) for r, rows in zip(reports, batches, strict=True) if r.status != "failed"]
+    new_rows = [row for _, rows in good for row in rows]
+    if new_rows:
+        if not isinstance(store, Store):
+            store = Store.create(store)
+        # One atomic part for every file: a crash leaves all of them or none. skip_existing: a concurrent
+        # import of the same data may have committed some of these ids since we looked.
+        appended = store.append(new_rows, skip_existing=True)
+        raced = appended.skipped
+        for r, rows in good:
+            taken = min(raced, len(rows))  # ids a racing writer committed first count as already present
+            raced -= taken
+            r.imported, r.already_present = len(rows) - taken, r.already_present + taken
+    for r, _ in good:
+        r.status = "written" if r.imported else "nothing new"
+    if failed:
+        raise ImportFailed(_failure_message(failed, len(reports), written=True), reports,
+                           failed[0].reason or "import failed")
     return reports
+
+
+def _failure_message(failed: list[FileReport], total: int, written: bool) -> str:
+    errors = "; ".join(r.error or "" for r in failed[:3]) + (f"; ... {len(failed) - 3} more" if len(failed) > 3 else "")
+    if total == 1:
+        return errors
+    if written:
+        return f"{len(failed)} of {total} files failed and were not written (the others were, --partial): {errors}"
+    return (f"{len(failed)} of {total} files failed, so nothing was written (all or nothing; --partial writes "
+            f"the good files): {errors}")

@@ -18,6 +18,7 @@ from omrl.formats.common import (
     message,
     openai_tool_calls,
     require_dict,
+    task_text,
     tool_call,
 )
 
@@ -25,13 +26,14 @@ NAME = "openai"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool", "function": "tool"}
 ID_KEYS = ("instance_id", "id", "task_id", "item_id")
+TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
 GOLD_KEYS = ("test_result", "answer", "ground_truth", "gold", "expected")
 
 
-def convert_messages(raw: Any, where: str) -> list[dict[str, Any]]:
+def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[str, Any]]:
     """OpenAI messages -> schema messages (tool results linked later by `make_row`)."""
     if not isinstance(raw, list) or not raw:
-        raise FormatError(f"{where}: 'messages' must be a non-empty list", "empty conversation")
+        raise FormatError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
     out = []
     for k, msg in enumerate(raw):
         at = f"{where} messages[{k}]"
@@ -56,14 +58,20 @@ def convert_messages(raw: Any, where: str) -> list[dict[str, Any]]:
 def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     """One OpenAI-messages record -> a trajectory dict."""
     record = require_dict(record, ctx)
+    if "messages" not in record:
+        lists = [k for k, v in record.items() if isinstance(v, list) and v and isinstance(v[0], dict)
+                 and ("role" in v[0] or "from" in v[0])]
+        hint = (f"; the messages look to be under '{lists[0]}': pass --messages-key {lists[0]}" if lists
+                else "; pass --messages-key KEY (or --map map.yaml) to say where they are")
+        raise FormatError(f"{ctx.where}: no 'messages' key (the record has keys {sorted(map(str, record))[:20]})"
+                          f"{hint}", "missing messages")
     messages = convert_messages(record.get("messages"), ctx.where)
-    tools = record.get("tools")
-    if tools is None and record.get("functions") is not None:  # legacy function schemas
-        tools = record["functions"]
+    tool_key = next((k for k in TOOL_KEYS if record.get(k) is not None), None)  # functions: legacy schemas
+    tools = record[tool_key] if tool_key else None
     native = next((record[k] for k in ID_KEYS if record.get(k) not in (None, "")), None)
     gold = {k: record[k] for k in GOLD_KEYS if k in record}
     success = next((record[k] for k in ("resolved", "success", "win") if k in record), None)
-    used = {"messages", "tools", "functions", "reward", "resolved", "success", "win", "model", *ID_KEYS, *gold}
+    used = {"messages", *TOOL_KEYS, "reward", "resolved", "success", "win", "model", *ID_KEYS, *gold}
     return make_row(ctx, native_id=native, messages=messages, tools=tools, task=gold, reward=record.get("reward"),
                     success=success, model=record.get("model") if isinstance(record.get("model"), str) else None,
-                    metadata=leftovers(record, used))
+                    instruction=task_text(record), metadata=leftovers(record, used))

@@ -17,6 +17,7 @@ from omrl.formats.common import (
     message,
     parse_json_text,
     require_dict,
+    task_text,
     tool_call,
 )
 
@@ -31,6 +32,7 @@ ROLE_MAP = {
 }
 CALL_ROLES = ("function_call", "tool_call")
 ID_KEYS = ("id", "item_id", "task_id", "instance_id", "idx")
+TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
 
 
 def trainable_flag(turn: dict[str, Any]) -> bool | None:
@@ -94,8 +96,11 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     if isinstance(record.get("system"), str) and record["system"]:  # LLaMA-Factory keeps the system prompt apart
         messages.insert(0, message("system", record["system"]))
     gold = {k: record[k] for k in ("answer", "ground_truth", "gold", "label") if k in record}
-    used = {key, "system", "tools", "reward", "success", "resolved", "win", *ID_KEYS, *gold}
-    return make_row(ctx, native_id=native_id(record), messages=messages, tools=record.get("tools"), task=gold,
-                    reward=record.get("reward"),
+    tool_key = next((k for k in TOOL_KEYS if record.get(k) is not None), None)
+    model = record.get("model") if isinstance(record.get("model"), str) else None
+    used = {key, "system", *TOOL_KEYS, "reward", "success", "resolved", "win", *ID_KEYS, *gold,
+            *(("model",) if model else ())}
+    return make_row(ctx, native_id=native_id(record), messages=messages,
+                    tools=record[tool_key] if tool_key else None, task=gold, reward=record.get("reward"),
                     success=next((record[k] for k in ("success", "resolved", "win") if k in record), None),
-                    metadata=leftovers(record, used))
+                    model=model, instruction=task_text(record), metadata=leftovers(record, used))
