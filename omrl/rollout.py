@@ -57,7 +57,8 @@ class RolloutSettings:
     max_turns: int = field(default=16, metadata={
         "help": "assistant turns before the episode is truncated", "flag": "--max-turns"})
     max_new_tokens: int | None = field(default=None, metadata={
-        "help": "completion token limit per turn (unset: the policy's own)", "flag": "--max-tokens"})
+        "help": "completion token limit per turn (unset: the policy's own)", "flag": "--max-tokens",
+        "aliases": ("--max-new-tokens",)})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "flag": "--temperature"})
     seed: int | None = field(default=0, metadata={
         "help": "base seed; each episode derives its own from (seed, task, sample)", "flag": "--seed"})

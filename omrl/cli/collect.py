@@ -45,7 +45,7 @@ def _settings_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any
                                         help=help_text[:-1] + " (repeatable)."))
         else:
             kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-            names = [flag, "-c"] if f.name == "concurrency" else [flag]
+            names = [flag, *f.metadata.get("aliases", ()), *(["-c"] if f.name == "concurrency" else [])]
             default = f.metadata.get("cli_default", f.default)
             options.append(click.option(*names, f.name, default=default, type=kind,
                                         show_default=default is not None, help=help_text))
