@@ -65,13 +65,15 @@ class Mapping:
             messages = convert_conversation(raw, f"{ctx.where} {self.messages}")
         else:
             messages = convert_messages(raw, f"{ctx.where} {self.messages}", key=self.messages)
-        used = {self.messages.split(".")[0]}
+        # A top-level key a mapping takes is not repeated in metadata; the parent of a dotted path stays
+        # there whole (it may hold more than the mapped value).
+        used = {self.messages}
 
         def pick(path: str | None, defaults: tuple[str, ...]) -> Any:
             for candidate in ((path,) if path else defaults):
                 value = get_path(record, candidate)
                 if value is not MISSING:
-                    used.add(candidate.split(".")[0])
+                    used.add(candidate)
                     return value
             if path:
                 raise FormatError(f"{ctx.where}: the mapping's '{path}' is not in the record "
@@ -92,7 +94,7 @@ class Mapping:
             value = get_path(record, path)
             if value is not MISSING:
                 task[path] = value
-                used.add(path.split(".")[0])
+                used.add(path)
         return make_row(ctx, native_id=native, messages=messages, tools=tools, task=task, reward=reward,
                         success=success, model=model if isinstance(model, str) else None,
                         instruction=instruction, metadata=leftovers(record, used))
