@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("omrl.cli.envs:envs", "List environments; serve one over the AgentGym HTTP protocol."),
     "import": ("omrl.cli.import_:import_cmd", "Import trajectory files (ShareGPT, OpenAI, SWE-agent, ...) into a store."),
     "export": ("omrl.cli.export:export", "Export a store to a dataset folder or JSONL (omrl/OpenAI/ShareGPT); push to the Hub."),
+    "view": ("omrl.cli.view:view", "Browse trajectories in a local read-only web viewer, or export static HTML."),
 }
 
 

@@ -1,0 +1,54 @@
+"""`omrl view`: browse a store's trajectories in the browser, or export them as static HTML."""
+
+from __future__ import annotations
+
+import click
+
+from omrl.cli.common import user_errors
+from omrl.store import open_store
+
+
+@click.command()
+@click.argument("store", type=click.Path(file_okay=False, exists=True))
+@click.option("--port", type=int, default=8765, show_default=True, help="Port to serve on.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; the viewer is meant for this machine only.")
+@click.option("--open", "open_browser", is_flag=True, help="Open the viewer in the default browser.")
+@click.option("--export", "export_dir", type=click.Path(file_okay=False),
+              help="Write the pages as static HTML files into this folder instead of serving.")
+@click.option("--where", help="With --export: the SQL condition selecting the trajectories to export.")
+@click.option("--limit", type=int, default=1000, show_default=True,
+              help="With --export: at most this many trajectories (newest first).")
+@user_errors
+def view(store: str, port: int, host: str, open_browser: bool, export_dir: str | None, where: str | None,
+         limit: int) -> None:
+    """Browse trajectories in a local, read-only web viewer: list with SQL filter, threads, groups, runs.
+
+    Example:  omrl view demo-store --open
+              omrl view demo-store --export site --where "NOT success" --limit 200
+    """
+    opened = open_store(store)
+    if export_dir is not None:
+        from omrl.view.export import export_site
+
+        done = export_site(opened, export_dir, where=where, limit=limit)
+        click.echo(f"wrote {done.trajectories} trajectories and {done.groups} groups to {done.index}")
+        return
+    if where:
+        raise click.UsageError("--where selects what --export writes; in the viewer, type it in the WHERE box")
+    import uvicorn
+
+    from omrl.view.app import LOCAL_HOSTS, make_app
+
+    local = host in ("127.0.0.1", "localhost", "::1")
+    app = make_app(opened, allowed_hosts=LOCAL_HOSTS if local else ["*"])
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+    click.echo(f"omrl view: {url} (read-only; Ctrl-C stops)")
+    if not local:
+        click.echo("warning: serving beyond this machine; anyone who can reach it can read the store", err=True)
+    if open_browser:
+        import threading
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, [url]).start()
+    uvicorn.run(app, host=host, port=port, log_level="warning")

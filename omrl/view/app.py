@@ -1,0 +1,113 @@
+"""The viewer's web app: GET-only Starlette routes over one store, strict security headers."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from omrl.store import Store
+from omrl.view import pages
+from omrl.view.data import PER_PAGE, StoreReader
+
+STATIC_DIR = Path(__file__).parent / "static"
+LOCAL_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+HEADERS = {
+    "Content-Security-Policy": pages.CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class _SecurityHeaders:
+    """Pure ASGI middleware adding HEADERS to every response (static files included)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.decode("latin-1").lower() not in {h.lower() for h in HEADERS}]
+                headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in HEADERS.items()]
+                message = dict(message, headers=headers)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: float = 20.0) -> Starlette:
+    """The read-only viewer of `store`. `allowed_hosts` guards against DNS rebinding (default: local
+    names only; ["*"] accepts any Host header)."""
+    reader = StoreReader(store, timeout=timeout)
+    name = store.path.resolve().name
+    links = pages.Links()
+
+    def html(body: str, status: int = 200) -> HTMLResponse:
+        return HTMLResponse(body, status_code=status)
+
+    def listing(request: Request) -> Response:
+        q = request.query_params
+        page = reader.list_page(where=q.get("where", ""), sort=q.get("sort"), desc=q.get("dir", "desc") != "asc",
+                                page=_int(q.get("page"), 1), per_page=_int(q.get("per_page"), PER_PAGE))
+        return html(pages.list_html(page, links, name), 400 if page.error else 200)
+
+    def trajectory(request: Request) -> Response:
+        row = reader.trajectory(request.path_params["trajectory_id"])
+        if row is None:
+            return html(pages.error_html("no trajectory with this id in the store", links, name), 404)
+        return html(pages.trajectory_html(row, links, name))
+
+    def group(request: Request) -> Response:
+        found = reader.group(request.path_params["group_id"])
+        if found is None:
+            return html(pages.error_html("no group with this id in the store", links, name), 404)
+        return html(pages.group_html(found, links, name))
+
+    def runs(request: Request) -> Response:
+        return html(pages.runs_html(reader.runs(), links, name))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return html(pages.error_html("no such page", links, name), 404)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        reader.close()
+
+    routes = [
+        Route("/", listing, methods=["GET", "HEAD"]),
+        Route("/t/{trajectory_id:path}", trajectory, methods=["GET", "HEAD"]),
+        Route("/g/{group_id:path}", group, methods=["GET", "HEAD"]),
+        Route("/runs", runs, methods=["GET", "HEAD"]),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    middleware = [Middleware(_SecurityHeaders),
+                  Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or LOCAL_HOSTS)]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: not_found},
+                    lifespan=lifespan)
+    app.state.reader = reader
+    return app

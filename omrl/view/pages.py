@@ -1,0 +1,184 @@
+"""The viewer's pages as HTML strings: Jinja2 templates with autoescape on, shared by the server and
+the static export (which differ only in how links are spelled: `Links`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+
+from omrl.view.data import SORTS, Group, ListPage
+
+FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
+TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+
+
+def file_key(key: str) -> str:
+    """A file name for an id in an export (ids may hold any character)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+
+
+class Links:
+    """How pages link to each other: server URLs, or relative file names in an export.
+
+    In an export only what was written has a link (`trajectories`, `groups`); other targets get None.
+    """
+
+    def __init__(self, export: bool = False, depth: int = 0, trajectories: set[str] | None = None,
+                 groups: set[str] | None = None):
+        self.export = export
+        self.root = "../" * depth if export else "/"
+        self.trajectories = trajectories
+        self.groups = groups
+
+    def at_depth(self, depth: int) -> Links:
+        return Links(self.export, depth, self.trajectories, self.groups)
+
+    def static(self, name: str) -> str:
+        return f"{self.root}static/{name}"
+
+    def home(self, **params: Any) -> str:
+        if self.export:
+            return f"{self.root}index.html"
+        query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+        return "/" + (f"?{query}" if query else "")
+
+    def runs(self) -> str:
+        return f"{self.root}runs.html" if self.export else "/runs"
+
+    def trajectory(self, trajectory_id: str | None) -> str | None:
+        if not trajectory_id:
+            return None
+        if self.export:
+            if self.trajectories is not None and trajectory_id not in self.trajectories:
+                return None
+            return f"{self.root}t/{file_key(trajectory_id)}.html"
+        return "/t/" + quote(trajectory_id, safe="")
+
+    def group(self, group_id: str | None) -> str | None:
+        if not group_id:
+            return None
+        if self.export:
+            if self.groups is not None and group_id not in self.groups:
+                return None
+            return f"{self.root}g/{file_key(group_id)}.html"
+        return "/g/" + quote(group_id, safe="")
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A number or value for a table cell ('—' for none)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def pretty_json(text: Any) -> str:
+    """JSON text indented, or the text as it was when it is not JSON (a model may write anything)."""
+    if text is None or text == "":
+        return ""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False, indent=2)
+    except (TypeError, ValueError):
+        return str(text)
+
+
+def short(text: Any, n: int = 160) -> str:
+    text = "" if text is None else " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("omrl.view", "templates"),
+    autoescape=True,  # every template, whatever its name: all content is escaped
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters.update(fmt=fmt, pretty_json=pretty_json, short=short)
+_ENV.globals.update(FOLD_CHARS=FOLD_CHARS, TOOL_FOLD_CHARS=TOOL_FOLD_CHARS)
+
+
+def render(template: str, links: Links, **context: Any) -> str:
+    return _ENV.get_template(template).render(links=links, export=links.export, csp=CSP, **context)
+
+
+# ---------------------------------------------------------------------------------------- the pages
+
+
+def list_html(page: ListPage, links: Links, store_name: str) -> str:
+    def sort_link(key: str) -> str:
+        desc = not (page.sort == key and page.desc)
+        return links.home(where=page.where, sort=key, dir="desc" if desc else "asc")
+
+    def page_link(number: int) -> str:
+        return links.home(where=page.where, sort=page.sort, dir="desc" if page.desc else "asc",
+                          page=number)
+
+    return render("list.html", links, page=page, store_name=store_name, sorts=list(SORTS),
+                  sort_link=sort_link, page_link=page_link)
+
+
+def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages, each assistant message with its turn (reward, latency, tokens) when it has one."""
+    turns = {t.get("index"): t for t in row.get("turns") or []}
+    out = []
+    assistant = 0
+    for position, message in enumerate(row.get("messages") or []):
+        item = dict(message, position=position, turn=None)
+        item["calls"] = [dict(c, pretty=pretty_json(c.get("arguments"))) for c in message.get("tool_calls") or []]
+        if message.get("role") == "assistant":
+            item["turn"] = turns.get(assistant)
+            assistant += 1
+        out.append(item)
+    return out
+
+
+def trajectory_html(row: dict[str, Any], links: Links, store_name: str) -> str:
+    return render("trajectory.html", links, t=row, thread=_thread(row), store_name=store_name)
+
+
+def group_html(group: Group, links: Links, store_name: str) -> str:
+    return render("group.html", links, group=group, store_name=store_name)
+
+
+def _bars(rows: list[dict[str, Any]], label: str, value: str, maximum: float | None = None) -> dict[str, Any]:
+    """An SVG bar chart's geometry: one bar per row (no JS, no inline style: CSP allows none)."""
+    values = [r.get(value) for r in rows]
+    top = maximum or max([v for v in values if v is not None] or [1]) or 1
+    width, row_height = 360, 22
+    bars = []
+    for i, (r, v) in enumerate(zip(rows, values, strict=True)):
+        bars.append({"y": i * row_height, "w": 0 if v is None else max(1.0, width * float(v) / top),
+                     "label": fmt(r.get(label)), "value": fmt(v, 3)})
+    return {"bars": bars, "height": max(row_height, len(bars) * row_height), "width": width}
+
+
+def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
+    charts = {key: _bars(rows, "name", "n") for key, rows in runs["counts"].items()}
+    by_round = runs["by_round"]
+    success = _bars(by_round, "round", "success_rate", maximum=1.0)
+    reward = _bars(by_round, "round", "mean_reward")
+    return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
+                  store_name=store_name)
+
+
+def error_html(message: str, links: Links, store_name: str, status: int = 404) -> str:
+    return render("error.html", links, message=message, status=status, store_name=store_name)

@@ -1,0 +1,219 @@
+"""`omrl view`: the viewer's pages through Starlette's TestClient, and the static export."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")  # the TestClient's transport
+
+from click.testing import CliRunner  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from omrl.cli.main import cli  # noqa: E402
+from omrl.schema import Annotation  # noqa: E402
+from omrl.store import Store  # noqa: E402
+from omrl.synthetic import synthetic_trajectories  # noqa: E402
+from omrl.view.app import make_app  # noqa: E402
+from omrl.view.export import export_site  # noqa: E402
+from omrl.view.pages import file_key  # noqa: E402
+
+XSS_SCRIPT = "<script>window.__omrl_xss = 1; alert(1)</script>"
+XSS_IMG = "<img src=x onerror=\"window.__omrl_xss = 2\">"
+XSS_ID = "xss-trajectory"
+CHILD_ID = "xss-child"
+
+
+def build_store(path: Path, n: int = 60) -> Store:
+    """A store of `n` synthetic rows, one trajectory carrying XSS payloads everywhere text is shown, a
+    child derived from it, and a judge annotation with a rationale."""
+    store = Store.create(path)
+    rows = list(synthetic_trajectories(n, seed=1))
+    evil = dict(rows[0])
+    evil.update(
+        id=XSS_ID, task_id=f"task {XSS_SCRIPT}", model=XSS_IMG, group_id="xss-group", sample=0,
+        instruction=XSS_SCRIPT,
+        messages=[
+            {"role": "system", "content": "You are evil " + XSS_IMG},
+            {"role": "user", "content": XSS_SCRIPT},
+            {"role": "assistant", "content": "calling " + XSS_IMG,
+             "tool_calls": [{"id": "c0", "name": "run<script>", "arguments": json.dumps({"code": XSS_SCRIPT})}]},
+            {"role": "tool", "tool_call_id": "c0", "name": "run", "content": ("x" * 2000) + XSS_IMG},
+        ],
+        turns=[{"index": 0, "reward": 0.5, "done": True, "latency_s": 1.25, "prompt_tokens": 11,
+                "completion_tokens": 7, "info": "{}"}],
+        num_turns=1, reward=0.5, metadata=json.dumps({"note": XSS_SCRIPT}),
+    )
+    child = dict(evil, id=CHILD_ID, parent_id=XSS_ID, source="augmented:paraphrase", sample=1, reward=1.0,
+                 success=True, model="synthetic-policy", task_id="child task")
+    store.append(rows + [evil, child])
+    store.append([Annotation(trajectory_id=XSS_ID, annotator="judge", score=0.25,
+                             rationale="The agent wrote " + XSS_SCRIPT, judge_model="fake-judge").to_row(),
+                  Annotation(trajectory_id=XSS_ID, annotator="metric", status="error",
+                             error="metric crashed").to_row()],
+                 table="annotations")
+    return store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    return build_store(tmp_path_factory.mktemp("view") / "store")
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def _trajectory_links(page: str) -> list[str]:
+    return re.findall(r'class="tlink" href="([^"]+)"', page)
+
+
+def _no_raw_payload(page: str) -> None:
+    assert "<script>window" not in page and "<script>alert" not in page
+    assert "<img src=x" not in page and "onerror=\"window" not in page
+    scripts = re.findall(r"<script[^>]*>", page)
+    assert all(re.fullmatch(r'<script src="[^"]*view\.js" defer>', s) for s in scripts), scripts
+
+
+def test_list_page_and_headers(client):
+    response = client.get("/")
+    assert response.status_code == 200
+    page = response.text
+    assert "62 trajectories" in page and "page 1 of 2" in page
+    assert len(_trajectory_links(page)) == 50
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "unsafe-inline" not in csp
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert client.get("/static/view.js").status_code == 200
+    assert "content-security-policy" in client.get("/static/view.css").headers
+
+
+def test_sort_and_page(client, store):
+    ordered = store.sql("SELECT id FROM trajectories ORDER BY num_turns DESC NULLS LAST, id").column(0).to_pylist()
+    first = client.get("/?sort=turns&dir=desc").text
+    assert _trajectory_links(first)[:50] == [f"/t/{i}" for i in ordered[:50]]
+    second = client.get("/?sort=turns&dir=desc&page=2").text
+    assert _trajectory_links(second) == [f"/t/{i}" for i in ordered[50:]]
+    ascending = client.get("/?sort=turns&dir=asc").text
+    assert _trajectory_links(ascending)[0] == f"/t/{ordered[-1]}" or "page 1 of 2" in ascending
+    # an unknown sort key or a page out of range falls back instead of reaching SQL
+    assert client.get("/?sort=id;DROP&page=999").status_code == 200
+    assert "page 2 of 2" in client.get("/?page=999").text
+
+
+def test_where_filter(client, store):
+    expected = store.sql("SELECT count(*) FROM trajectories WHERE env = 'math' AND success").column(0)[0].as_py()
+    page = client.get("/", params={"where": "env = 'math' AND success"}).text
+    assert f"{expected} trajectories" in page
+    assert 'value="env = &#39;math&#39; AND success"' in page  # the box keeps the condition, escaped
+    one = client.get("/", params={"where": f"id = '{CHILD_ID}'"}).text
+    assert _trajectory_links(one) == [f"/t/{CHILD_ID}"]
+
+
+@pytest.mark.parametrize("where, message", [
+    ("reward >", "does not parse"),
+    ("no_such_column = 1", "no_such_column"),
+    ("true) UNION SELECT * FROM trajectories --", "refused"),
+    ("1=1; DROP TABLE trajectories", "refused"),
+    ("id IN (SELECT id FROM read_parquet('/etc/passwd'))", "refused"),
+])
+def test_bad_where_error_inline(client, where, message):
+    response = client.get("/", params={"where": where})
+    assert response.status_code == 400
+    error = re.search(r'<div class="error" id="where-error" role="alert">(.*?)</div>', response.text, re.S)
+    assert error and message in html.unescape(error.group(1))
+    assert 'id="where"' in response.text  # the form is still there to fix it
+
+
+def test_trajectory_page(client, store):
+    response = client.get(f"/t/{XSS_ID}")
+    assert response.status_code == 200
+    page = response.text
+    assert 'class="msg role-tool"' in page and "<details class=\"fold\">" in page  # long observation folded
+    assert "&#34;code&#34;: " in page  # pretty-printed arguments (escaped quotes)
+    assert "turn 0 · reward 0.5 · 1.25 s · 11 + 7 tokens" in page
+    assert "fake-judge" in page and "The agent wrote &lt;script&gt;" in page and "metric crashed" in page
+    assert f'class="child-link" href="/t/{CHILD_ID}"' in page
+    assert 'id="group-link" href="/g/xss-group"' in page
+    assert 'id="deeplink"' in page
+    child = client.get(f"/t/{CHILD_ID}").text
+    assert f'class="parent-link" href="/t/{XSS_ID}"' in child
+    assert client.get("/t/no-such-id").status_code == 404
+    normal = store.sql("SELECT id FROM trajectories WHERE num_turns > 2 LIMIT 1").column(0)[0].as_py()
+    assert client.get(f"/t/{normal}").text.count('class="msg role-assistant"') > 2
+
+
+def test_payloads_are_escaped(client):
+    for url in ("/", f"/t/{XSS_ID}", "/g/xss-group", "/runs", "/?where=" + "id = '<script>'"):
+        page = client.get(url).text
+        _no_raw_payload(page)
+    page = client.get(f"/t/{XSS_ID}").text
+    assert "&lt;script&gt;window.__omrl_xss = 1; alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=" in page
+
+
+def test_group_page(client, store):
+    gid = store.sql("SELECT group_id FROM groups WHERE std_reward > 0 LIMIT 1").column(0)[0].as_py()
+    rows = store.sql(f"SELECT reward FROM trajectories WHERE group_id = '{gid}' ORDER BY sample").column(0).to_pylist()
+    page = client.get(f"/g/{gid}").text
+    assert page.count('class="sample ') == len(rows)
+    mean = sum(rows) / len(rows)
+    std = (sum((r - mean) ** 2 for r in rows) / (len(rows) - 1)) ** 0.5
+    shown = [float(a) for a in re.findall(r'class="num advantage">([-0-9.e]+)<', page)]
+    assert shown == pytest.approx([(r - mean) / (std + 1e-4) for r in rows], abs=1e-3)
+    xss = client.get("/g/xss-group").text
+    assert xss.count('class="sample ') == 2 and f'href="/t/{CHILD_ID}"' in xss
+    assert client.get("/g/nope").status_code == 404
+
+
+def test_runs_page(client):
+    page = client.get("/runs").text
+    assert 'id="chart-env"' in page and "<rect" in page and 'id="rounds"' in page
+    assert "judge" in page
+
+
+def test_host_header_checked(store):
+    with TestClient(make_app(store), base_url="http://evil.example") as c:
+        assert c.get("/").status_code == 400
+
+
+def test_read_only(client):
+    assert client.post("/").status_code == 405
+
+
+def test_export(store, tmp_path):
+    out = tmp_path / "site"
+    where = "env = 'math' OR id LIKE 'xss%'"
+    n = store.sql(f"SELECT count(*) FROM trajectories WHERE {where}").column(0)[0].as_py()
+    done = export_site(store, out, where=where, limit=100)
+    assert done.trajectories == n and (out / "index.html").is_file()
+    index = (out / "index.html").read_text()
+    links = _trajectory_links(index)
+    assert len(links) == n and all(link.startswith("t/") and link.endswith(".html") for link in links)
+    for link in links:
+        assert (out / link).is_file()
+    assert (out / "runs.html").is_file() and (out / "static" / "view.js").is_file()
+    child = (out / "t" / f"{file_key(CHILD_ID)}.html").read_text()
+    assert f'href="../t/{file_key(XSS_ID)}.html"' in child and 'href="../static/view.css"' in child
+    assert f'href="../g/{file_key("xss-group")}.html"' in child
+    _no_raw_payload(child)
+    for page in out.rglob("*.html"):
+        assert "http://" not in page.read_text() and "https://" not in page.read_text()
+
+
+def test_cli_export_and_help(store, tmp_path):
+    result = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "s"), "--where",
+                                      "success", "--limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 5 trajectories" in result.output
+    assert len(list((tmp_path / "s" / "t").glob("*.html"))) == 5
+    bad = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "b"), "--where", "x >"])
+    assert bad.exit_code != 0 and "does not parse" in bad.output
+    assert "Example" in CliRunner().invoke(cli, ["view", "--help"]).output
