@@ -91,6 +91,8 @@ def test_openmanus_real_keeps_loss_flags_and_gold(real_data):
         task = json.loads(row["task"])
         assert task["reward_model"]["ground_truth"] == rec["reward_model"]["ground_truth"]
         assert task["data_source"] == "webshop"
+        # the tool-list preamble the agent acknowledged ("Ok.") is not the instruction: the WebShop task is
+        assert rec["conversations"][1]["value"] == "Ok." and row["instruction"] == rec["conversations"][2]["value"]
         assert row["reward"] is None and row["success"] is None
 
 
