@@ -1,0 +1,171 @@
+"""`omrl view` end to end in headless Chromium (selenium against Debian's /usr/bin/chromium): list, SQL
+filter, inline error, trajectory, group, lineage, an exported page from disk, and XSS payloads that run
+nothing. Screenshots go to the test's tmp folder. Skips only when chromium or chromedriver is absent."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
+    pytest.skip("headless browser tests need Debian's chromium and chromium-driver "
+                "(apt-get install -y chromium chromium-driver)", allow_module_level=True)
+pytest.importorskip("selenium", reason="browser tests need selenium (pip install selenium)")
+pytest.importorskip("uvicorn")
+
+import uvicorn  # noqa: E402
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from test_view import CHILD_ID, XSS_ID, build_store  # noqa: E402
+
+from omrl.view.app import make_app  # noqa: E402
+from omrl.view.export import export_site  # noqa: E402
+from omrl.view.pages import file_key  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("view-browser") / "store")
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    port = _free_port()
+    config = uvicorn.Config(make_app(store), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def driver():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    d.set_page_load_timeout(30)
+    yield d
+    d.quit()
+
+
+def _ran_nothing(driver) -> None:
+    """No payload ran: the globals it would set are unset and no alert is open."""
+    assert driver.execute_script("return window.__omrl_xss === undefined")
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018
+
+
+def _wait(driver, by, what):
+    return WebDriverWait(driver, 10).until(EC.presence_of_element_located((by, what)))
+
+
+def test_list_filter_and_error(driver, server, tmp_path):
+    driver.get(server + "/")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
+    assert len(rows) == 50
+    assert "62 trajectories" in driver.find_element(By.ID, "count").text
+    driver.save_screenshot(str(tmp_path / "list.png"))
+    # sort by a column header: the server orders, the page follows the link
+    driver.find_element(By.CSS_SELECTOR, 'th a[data-sort="turns"]').click()
+    _wait(driver, By.CSS_SELECTOR, "#trajectories")
+    assert "sort=turns" in driver.current_url
+    box = driver.find_element(By.ID, "where")
+    box.clear()
+    box.send_keys("env = 'math' AND num_turns > 3")
+    box.submit()
+    _wait(driver, By.ID, "count")
+    shown = driver.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
+    assert shown and all(r.find_elements(By.TAG_NAME, "td")[1].text == "math" for r in shown)
+    assert driver.find_elements(By.ID, "where-error") == []
+    driver.save_screenshot(str(tmp_path / "filtered.png"))
+    box = driver.find_element(By.ID, "where")
+    box.clear()
+    box.send_keys("reward >")
+    box.submit()
+    error = _wait(driver, By.ID, "where-error")
+    assert "does not parse" in error.text
+    driver.save_screenshot(str(tmp_path / "where-error.png"))
+    _ran_nothing(driver)
+
+
+def test_trajectory_group_lineage_and_xss(driver, server, tmp_path):
+    driver.get(server + "/?where=" + "id LIKE 'xss%25'")
+    links = driver.find_elements(By.CSS_SELECTOR, "a.tlink")
+    assert len(links) == 2
+    driver.get(server + f"/t/{XSS_ID}")
+    _wait(driver, By.ID, "thread")
+    _ran_nothing(driver)
+    # the payload is on the page as text, not as markup
+    assert "<script>window.__omrl_xss = 1; alert(1)</script>" in driver.find_element(By.ID, "thread").text
+    assert driver.find_elements(By.CSS_SELECTOR, "#thread img") == []
+    # our own script ran (the CSP allows it) and filled in the deep link
+    assert driver.execute_script("return document.documentElement.dataset.viewJs") == "ready"
+    assert driver.find_element(By.ID, "deeplink").get_attribute("value") == server + f"/t/{XSS_ID}"
+    fold = driver.find_element(By.CSS_SELECTOR, "details.fold")
+    assert fold.get_attribute("open") is None
+    fold.find_element(By.TAG_NAME, "summary").click()
+    assert fold.get_attribute("open") is not None
+    driver.save_screenshot(str(tmp_path / "trajectory.png"))
+    driver.find_element(By.CSS_SELECTOR, "a.child-link").click()
+    _wait(driver, By.CSS_SELECTOR, "a.parent-link")
+    assert driver.current_url.endswith(f"/t/{CHILD_ID}")
+    driver.find_element(By.CSS_SELECTOR, "a.parent-link").click()
+    _wait(driver, By.ID, "group-link")
+    assert driver.current_url.endswith(f"/t/{XSS_ID}")
+    driver.find_element(By.ID, "group-link").click()
+    _wait(driver, By.ID, "samples")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#samples .sample")) == 2
+    _ran_nothing(driver)
+    driver.save_screenshot(str(tmp_path / "group.png"))
+    driver.get(server + "/runs")
+    assert driver.find_elements(By.CSS_SELECTOR, "#chart-env rect")
+    driver.save_screenshot(str(tmp_path / "runs.png"))
+    _ran_nothing(driver)
+
+
+def test_exported_pages_from_disk(driver, store, tmp_path):
+    out = tmp_path / "site"
+    export_site(store, out, where="id LIKE 'xss%' OR env = 'sql'", limit=50)
+    driver.get((out / "index.html").as_uri())
+    links = driver.find_elements(By.CSS_SELECTOR, "a.tlink")
+    assert links
+    _ran_nothing(driver)
+    driver.get((out / "t" / f"{file_key(CHILD_ID)}.html").as_uri())
+    _wait(driver, By.CSS_SELECTOR, "a.parent-link").click()
+    _wait(driver, By.ID, "thread")
+    assert driver.current_url == (out / "t" / f"{file_key(XSS_ID)}.html").as_uri()
+    _ran_nothing(driver)
+    # the stylesheet loaded from the export's own static folder (relative link)
+    assert driver.execute_script(
+        "return getComputedStyle(document.querySelector('header.top')).display") == "flex"
+    driver.save_screenshot(str(tmp_path / "exported.png"))
+    driver.find_element(By.ID, "group-link").click()
+    _wait(driver, By.ID, "samples")
+    _ran_nothing(driver)
