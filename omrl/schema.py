@@ -815,17 +815,17 @@ def conform(table: pa.Table, name: str = "trajectories") -> pa.Table:
 # ---------------------------------------------------------------- JSON Schema
 
 
-def _json_type(dtype: pa.DataType, nullable: bool) -> dict[str, Any]:
+def _json_type(dtype: pa.DataType, nullable: bool, kind: str | None = None) -> dict[str, Any]:
     if pa.types.is_struct(dtype):
         out: dict[str, Any] = {
             "type": "object",
-            "properties": {f.name: _json_type(f.type, f.nullable) for f in dtype},
+            "properties": {f.name: _json_type(f.type, f.nullable, _kind(f)) for f in dtype},
             "additionalProperties": False,
         }
     elif pa.types.is_list(dtype):
         out = {"type": "array", "items": _json_type(dtype.value_type, dtype.value_field.nullable)}
     elif pa.types.is_string(dtype):
-        out = {"type": "string"}
+        out = {"type": "string", "contentMediaType": "application/json"} if kind == "json" else {"type": "string"}
     elif pa.types.is_boolean(dtype):
         out = {"type": "boolean"}
     elif pa.types.is_integer(dtype):
@@ -849,7 +849,7 @@ def json_schema(name: str = "trajectories") -> dict[str, Any]:
         "$id": f"https://omrl.dev/schemas/{name}.v{SCHEMA_VERSION}.json",
         "title": f"omrl {name} row, schema version {SCHEMA_VERSION}",
         "type": "object",
-        "properties": {f.name: _json_type(f.type, f.nullable) for f in schema},
+        "properties": {f.name: _json_type(f.type, f.nullable, _kind(f)) for f in schema},
         "required": [f.name for f in schema if not f.nullable],
         "additionalProperties": False,
     }
