@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif")
+FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "adp", "steps")
 
 
 def format_module(name: str) -> ModuleType:

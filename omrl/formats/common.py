@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,46 @@ def openai_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+# OpenHands' text form of tool calls (models without native function calling): in assistant text,
+#   <function=str_replace_editor>\n<parameter=command>view</parameter>\n<parameter=path>/a.py</parameter>\n</function>
+# with the result in the next user message, "EXECUTION RESULT of [str_replace_editor]:\n...".
+XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+XML_RESULT = re.compile(r"^\s*EXECUTION RESULT of \[([^\]]+)\]:\s*\n?", re.S)
+
+
+def _param_value(raw: str) -> str:
+    """A parameter's text without the one newline OpenHands puts after the opening and before the closing tag."""
+    raw = raw[1:] if raw.startswith("\n") else raw
+    return raw[:-1] if raw.endswith("\n") else raw
+
+
+def xml_function_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn OpenHands XML function calls in assistant text into tool calls, and their results into tool messages.
+
+    The assistant keeps the text outside the <function=...> blocks; each block becomes a call whose arguments
+    are its parameters (as JSON). A user message right after that starts "EXECUTION RESULT of [name]:" is the
+    result: it becomes a tool message (without that header) answering the call.
+    """
+    expecting = False
+    for msg in messages:
+        content = msg["content"]
+        if msg["role"] == "assistant" and not msg["tool_calls"] and content and "<function=" in content:
+            calls = [tool_call(m.group(1), {p.group(1): _param_value(p.group(2)) for p in XML_PARAM.finditer(m.group(2))})
+                     for m in XML_CALL.finditer(content)]
+            if calls:
+                msg["tool_calls"] = calls
+                msg["content"] = XML_CALL.sub("", content).strip() or None
+                expecting = True
+                continue
+        if expecting and msg["role"] == "user" and content and XML_RESULT.match(content):
+            header = XML_RESULT.match(content)
+            msg["role"], msg["name"], msg["content"] = "tool", header.group(1), content[header.end():]
+            continue
+        expecting = False
+    return messages
+
+
 def link_tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Give every tool call an id and every tool result the id of the call it answers.
 
@@ -286,7 +327,7 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
     """
     native = _native_id(native_id, ctx)
     task_id = native or f"{ctx.run_name}:{ctx.index}"
-    messages = link_tool_calls(messages)
+    messages = link_tool_calls(xml_function_calls(messages))
     if turns is None:  # one entry per assistant turn, as collected rows have; imported data has no per-turn reward
         positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         turns = [{"index": k, "done": k == len(positions) - 1} for k in range(len(positions))]

@@ -8,6 +8,7 @@ from typing import Any
 from omrl import readers
 from omrl.formats import FORMATS
 from omrl.formats.common import BadRecord, FormatError, first_record, kind_of
+from omrl.formats.steps import step_list
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
 
@@ -27,6 +28,11 @@ def detect_record(record: Any) -> str | None:
         return "openmanus" if len(OPENMANUS_KEYS & keys) >= 2 else "sharegpt"
     if "messages" in keys:
         return "openai"
+    content = record.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict) and "class_" in content[0]:
+        return "adp"
+    if step_list(record):
+        return "steps"
     return None
 
 
@@ -69,6 +75,8 @@ SIGNATURES = {
     "swe_agent": ({"history", "trajectory"}, {"info", "replay_config", "environment"}),
     "toolbench": ({"answer_generation"}, {"win", "query_id"}),
     "atif": ({"schema_version", "steps"}, {"session_id", "agent", "final_metrics"}),
+    "adp": ({"id", "content"}, {"details"}),
+    "steps": ({"steps"}, {"task", "reward", "goal"}),
 }
 
 
