@@ -794,7 +794,11 @@ NORMALIZERS = {"trajectories": normalize_trajectory, "annotations": normalize_an
 
 
 def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Table:
-    """Validate records and build an Arrow table with the explicit schema (never inferred types)."""
+    """Validate records and build an Arrow table with the explicit schema (never inferred types).
+
+    Rows a normaliser already returned (and nobody changed since) are not checked again: rows are
+    normalised once on their way into the store.
+    """
     normalize = NORMALIZERS[table]
     return pa.Table.from_pylist([normalize(r) for r in rows], schema=SCHEMAS[table])
 
