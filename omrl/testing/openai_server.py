@@ -5,7 +5,8 @@ compute one per request. A reply is a dict:
 
     {"content": "text"}                                  an assistant message
     {"content": None, "tool_calls": [{"name": "f", "arguments": {...}}]}   native tool calls
-    {"status": 429} / {"status": 500}                    an HTTP error (with an OpenAI error body)
+    {"status": 429} / {"status": 500}                    an HTTP error (with an OpenAI error body and a
+                                                         retry-after-ms header, 10 unless "retry_after_ms")
     {"raw": "not json"}                                  a malformed body with status 200
     {"hang": 30}                                         sleep before answering (client timeouts)
     {"delay": 0.05, ...}                                 latency before a normal reply
@@ -142,10 +143,13 @@ class FakeOpenAIServer:
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
 
-            def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            def _send(self, status: int, body: bytes, content_type: str = "application/json",
+                      retry_after_ms: int | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
+                if retry_after_ms is not None:  # honoured by the openai client's backoff: keeps retry tests fast
+                    self.send_header("retry-after-ms", str(retry_after_ms))
                 self.end_headers()
                 # The client may have given up already (timeout tests); that is not the server's error.
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -176,7 +180,8 @@ class FakeOpenAIServer:
                 if "status" in reply:
                     error = {"error": {"message": reply.get("message", "scripted error"),
                                        "type": "fake_error", "code": reply["status"]}}
-                    self._send(int(reply["status"]), json.dumps(error).encode())
+                    self._send(int(reply["status"]), json.dumps(error).encode(),
+                               retry_after_ms=int(reply.get("retry_after_ms", 10)))
                 elif "raw" in reply:
                     self._send(200, str(reply["raw"]).encode())
                 else:
