@@ -54,3 +54,16 @@ def test_report_on_empty_store_is_a_clean_error(tmp_path):
     Store.create(tmp_path / "s")
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "s"), "--out", str(tmp_path / "o")])
     assert result.exit_code != 0 and "no trajectories" in result.output
+
+
+def test_report_counts_failed_and_unknown_beside_the_rate(tmp_path):
+    """Failed episodes and unknown success are shown beside the rate, never counted as failures."""
+    from omrl.report import write_report
+
+    store = Store.create(tmp_path / "s")
+    outcomes = [("ok", True)] * 4 + [("policy_error", None)] * 3 + [("ok", None)]
+    store.append([Trajectory(id=f"t{i}", task_id="t", messages=[Message("user", "go")], status=status,
+                             success=success).to_row() for i, (status, success) in enumerate(outcomes)])
+    md = write_report(store, tmp_path / "rep")["markdown"].read_text()
+    assert "| round | trajectories | success_rate | failed | unknown_success |" in md
+    assert "| 0 | 8 | 1.000 | 3 | 1 |" in md
