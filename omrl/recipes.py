@@ -158,6 +158,44 @@ def _has(data: dict[str, Any], path: str) -> bool:
     return True
 
 
+def section(cls: type, name: str, set_by_run: tuple[str, ...], doc: str) -> type:
+    """A typed recipe section: a dataclass of `cls`'s settings less `set_by_run` (the keys the enclosing run
+    fills in), each with its type, default and help; `to_recipe` gives the full `cls`.
+
+    A section's values are checked as `cls` checks them, when the section is made (so at load time, not
+    when the stage starts): `cls` is built with the run's required keys as placeholders.
+    """
+    hints = _hints(cls)
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = sorted(set(required) - set(set_by_run))
+    if missing:
+        raise TypeError(f"a section of {cls.__name__} must leave {', '.join(missing)} to the run (no default)")
+    specs = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in set_by_run:
+            continue
+        default = ({"default": f.default} if f.default is not dataclasses.MISSING
+                   else {"default_factory": f.default_factory})
+        specs.append((f.name, hints[f.name], dataclasses.field(metadata=f.metadata, **default)))
+
+    def values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __post_init__(self) -> None:
+        try:
+            cls(**{key: "-" for key in required}, **values(self))
+        except (TypeError, ValueError) as exc:
+            raise RecipeError(str(exc)) from None
+
+    def to_recipe(self, **run: Any) -> Any:
+        """The full config: this section's values and the run's keys (`run` wins)."""
+        return from_dict(cls, {**to_dict(self), **run}, where=name)
+
+    return dataclasses.make_dataclass(name, specs, namespace={
+        "__doc__": doc, "__module__": cls.__module__, "__post_init__": __post_init__, "to_recipe": to_recipe})
+
+
 def help_of(f: dataclasses.Field) -> str:
     return f.metadata.get("help", "")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -86,39 +87,42 @@ def test_bad_nested_settings_are_named(tmp_path):
     from omrl.train.iterate import IterateRecipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
-    with pytest.raises(RecipeError, match="sft.*learning_rte"):
+    with pytest.raises(RecipeError, match="unknown key sft.learning_rte"):
         load_recipe({**base, "sft": {"learning_rte": 1}}, IterateRecipe)
-    with pytest.raises(RecipeError, match="grpo.model"):
+    with pytest.raises(RecipeError, match="unknown key grpo.model"):  # set by the iterate run itself
         load_recipe({**base, "grpo": {"model": "m"}}, IterateRecipe)
     with pytest.raises(RecipeError, match="collect.sample"):
         load_recipe({**base, "collect": {"sample": 3}}, IterateRecipe)
-    with pytest.raises(RecipeError, match="grpo.*unknown key learnin_rate"):
+    with pytest.raises(RecipeError, match="unknown key grpo.learnin_rate"):
         load_recipe({**base, "grpo": {"learnin_rate": 1e-4}}, IterateRecipe)
-    with pytest.raises(RecipeError, match="grpo: max_steps must be int"):
+    with pytest.raises(RecipeError, match="grpo.max_steps must be int"):
         load_recipe({**base, "grpo": {"max_steps": "many"}}, IterateRecipe)
+    with pytest.raises(RecipeError, match="batching must be 'bridge' or 'trl'"):  # SFTRecipe's own check, at load
+        load_recipe({**base, "sft_best": {"batching": "fast"}}, IterateRecipe)
 
 
-def test_rollout_settings_are_one_section_and_old_flat_keys_still_load(tmp_path):
-    from omrl.recipes import RecipeError
+def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
+    from omrl.recipes import RecipeError, describe
     from omrl.train.iterate import IterateRecipe, grpo_recipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
     new = load_recipe({**base, "rollout": {"env": "math", "max_turns": 4, "max_new_tokens": 6}},
-                      IterateRecipe, ["rollout.temperature=0.5", "grpo.rollout.max_turns=3"])
+                      IterateRecipe, ["rollout.temperature=0.5", "grpo.learning_rate=1e-4", "sft.epochs=3"])
     assert (new.rollout.env, new.rollout.max_turns, new.rollout.temperature) == ("math", 4, 0.5)
     assert new.rollout.concurrency == 64  # a section given in part keeps the recipe's defaults for the rest
+    assert new.grpo.learning_rate == 1e-4 and new.grpo.samples_per_task == 8 and new.sft.epochs == 3
+    keys = {k for k, _, _ in describe(IterateRecipe)}
+    assert {"grpo.max_steps", "sft.lora.r", "sft_best.epochs", "rollout.max_turns"} <= keys
     grpo = grpo_recipe(new, {"model": "m", "tasks": "t", "output_dir": "o"}, round=2)
-    assert (grpo.rollout.env, grpo.rollout.max_turns, grpo.rollout.max_new_tokens) == ("math", 3, 6)
-    assert grpo.rollout.seed == new.rollout.seed + 2 and grpo.seed == new.seed + 2
+    assert grpo.rollout == dataclasses.replace(new.rollout, seed=new.rollout.seed + 2)
+    assert grpo.seed == new.seed + 2 and grpo.learning_rate == 1e-4
     # A recipe written before the rollout section (knobs in collect, eval and grpo) loads to the same place.
     old = load_recipe({**base, "env": "math", "collect": {"max_turns": 4, "max_new_tokens": 6, "temperature": 0.5},
-                       "eval": {"max_turns": 4}, "grpo": {"max_turns": 3}}, IterateRecipe)
-    assert old.rollout == new.rollout
-    assert grpo_recipe(old, {"model": "m", "tasks": "t", "output_dir": "o"}, round=2).rollout == grpo.rollout
+                       "eval": {"max_turns": 4}, "grpo": {"max_turns": 4, "learning_rate": 1e-4},
+                       "sft": {"epochs": 3}}, IterateRecipe)
+    assert old == new
     with pytest.raises(RecipeError, match="collect.max_turns moved to rollout.max_turns"):
         load_recipe({**base, "collect": {"max_turns": 4}, "rollout": {"max_turns": 5}}, IterateRecipe)
-    with pytest.raises(RecipeError, match="grpo.env is set by the iterate run"):
-        load_recipe({**base, "grpo": {"rollout": {"env": "math"}}}, IterateRecipe)
 
 
 def test_grpo_settings_are_converted_to_their_types():

@@ -33,8 +33,6 @@ LEGACY_ROLLOUT_KEYS = ("env", "env_options", "temperature", "max_turns", "max_ne
 
 
 def _grpo_rollout():
-    from omrl.rollout import RolloutSettings
-
     return RolloutSettings(env="grid", max_turns=16, max_new_tokens=16, concurrency=64)
 
 

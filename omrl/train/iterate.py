@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from omrl.recipes import section
 from omrl.rollout import RolloutSettings
-from omrl.train.rft import check_sft_settings
+from omrl.train.grpo import GRPORecipe
+from omrl.train.rft import SFTSection
+
+GRPOSection = section(GRPORecipe, "GRPOSection",
+                      ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
+                      "The GRPO settings of an iterate round (omrl/train/grpo.py); the run sets the checkpoint, "
+                      "tasks, folders, round, seed and rollout.")
 
 
 @dataclass
@@ -67,8 +74,6 @@ class EvalSettings:
 
 
 def _iterate_rollout():
-    from omrl.rollout import RolloutSettings
-
     return RolloutSettings(env="grid", max_turns=16, max_new_tokens=16, concurrency=64)
 
 
@@ -80,7 +85,8 @@ class IterateRecipe:
     LEGACY_KEYS: ClassVar[dict[str, str]] = {
         "env": "rollout.env", "env_options": "rollout.env_options",
         **{f"collect.{k}": f"rollout.{k}" for k in ("temperature", "max_turns", "max_new_tokens", "concurrency")},
-        **{f"eval.{k}": f"rollout.{k}" for k in ("max_turns", "max_new_tokens")}}
+        **{f"eval.{k}": f"rollout.{k}" for k in ("max_turns", "max_new_tokens")},
+        **{f"grpo.{k}": f"rollout.{k}" for k in ("temperature", "max_turns", "max_new_tokens")}}
 
     output_dir: str = field(metadata={"help": "run folder: checkpoints, store, state.json, results.json"})
     train_tasks: str = field(metadata={"help": "training tasks file"})
@@ -93,37 +99,21 @@ class IterateRecipe:
     rounds: int = field(default=3, metadata={"help": "GRPO rounds"})
     seed: int = field(default=0, metadata={"help": "seeds the training stages (rollout.seed: the episodes)"})
     demos: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "expert demonstrations"})
-    sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the demo SFT"})
+    sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the demo SFT"})
     collect: CollectSettings = field(default_factory=CollectSettings, metadata={"help": "per-round collection"})
     filter: FilterSettings = field(default_factory=FilterSettings, metadata={"help": "per-round selection"})
-    grpo: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "GRPO settings (omrl.train.grpo); its rollout keys, if any, override the run's rollout"})
-    sft_best: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings of the best-of SFT"})
+    grpo: GRPOSection = field(default_factory=GRPOSection, metadata={
+        "help": "GRPO settings of each round (omrl.train.grpo); rollouts as the rollout section says"})
+    sft_best: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the best-of SFT"})
     eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
-
-    def __post_init__(self) -> None:
-        check_sft_settings(self.sft, "sft")
-        check_sft_settings(self.sft_best, "sft_best")
-        from omrl.recipes import RecipeError
-
-        reserved = {"model", "tasks", "output_dir", "store", "round", "env", "env_options"}
-        clash = sorted(reserved & set(self.grpo) | reserved & set(self.grpo.get("rollout") or {}))
-        if clash:
-            raise RecipeError(f"grpo.{clash[0]} is set by the iterate run itself; remove it")
-        grpo_recipe(self, {"model": "-", "tasks": "-", "output_dir": "-"}, round=0)
 
 
 def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
-    """The GRPORecipe of one round: the grpo section and `values`, rollouts as the run's rollout section
-    (overridden by any rollout keys the grpo section sets), seeded per round."""
-    from omrl.recipes import fold_legacy, merge, to_dict
-    from omrl.train.grpo import GRPORecipe
+    """The GRPORecipe of one round: the grpo section, the run's rollout section seeded for the round, `values`."""
+    from omrl.recipes import to_dict
 
-    section = fold_legacy(GRPORecipe, dict(recipe.grpo), where="grpo")
-    rollout = merge({**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)},
-                    section.pop("rollout", None) or {})
-    return GRPORecipe.from_dict({"seed": recipe.seed + round, **section, **values, "rollout": rollout},
-                                where="grpo")
+    rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)}
+    return recipe.grpo.to_recipe(seed=recipe.seed + round, rollout=rollout, **values)
 
 
 def _round_seed(seed: int | None, round: int) -> int | None:
@@ -265,9 +255,8 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
         demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
                                     samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
         where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
-        sft = from_dict(_sft_class(), {"seed": recipe.seed, **recipe.sft, "model": state.checkpoint,
-                                       "store": str(store.path), "where": where,
-                                       "output_dir": str(out / "sft")})
+        sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path), where=where,
+                                   output_dir=str(out / "sft"))
         trained = train_sft(sft)
         results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
         results["expert_success"] = demos.success_rate
@@ -291,7 +280,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter.reward_recipe)
         grpo_tasks = [t for t in tasks if t.id in informative]
-        per_step = grpo_recipe(recipe, {"model": "-", "tasks": "-", "output_dir": "-"}, round=r).tasks_per_step
+        per_step = recipe.grpo.tasks_per_step
         if len(grpo_tasks) < per_step:  # too few informative groups this round: GRPO still needs full steps
             grpo_tasks = tasks
         tasks_file = write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl")
@@ -312,8 +301,8 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
             selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1,
                                     reward_recipe=recipe.filter.reward_recipe)
             if sum(selection.kept.values()):
-                best = from_dict(_sft_class(), {"seed": recipe.seed + r, **recipe.sft_best, "model": checkpoint,
-                                                "store": str(kept), "output_dir": str(round_dir / "sft_best")})
+                best = recipe.sft_best.to_recipe(seed=recipe.seed + r, model=checkpoint, store=str(kept),
+                                                 output_dir=str(round_dir / "sft_best"))
                 checkpoint = str(train_sft(best).checkpoint)
         results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, stage, round=r)
         results.update(grpo_tasks=len(grpo_tasks), train_success=collected.success_rate,
@@ -344,12 +333,6 @@ def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_r
     flat = len(select_ids(store, where, view="groups", column="group_id")) - len(
         {r["group_id"] for r in kept.sql("SELECT DISTINCT group_id FROM trajectories").to_pylist()})
     return tasks, flat if drop_flat else 0
-
-
-def _sft_class():
-    from omrl.train.sft import SFTRecipe
-
-    return SFTRecipe
 
 
 def _rotate(items: list, offset: int) -> list:

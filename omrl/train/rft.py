@@ -15,23 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from omrl.recipes import section
 from omrl.rollout import RolloutSettings
+from omrl.train.sft import SFTRecipe
 
-
-def check_sft_settings(settings: dict[str, Any], where: str = "sft") -> None:
-    """Validate a nested SFT section now (before hours of collection), not when SFT starts."""
-    from omrl.recipes import RecipeError, from_dict
-    from omrl.train.sft import SFTRecipe
-
-    for reserved in ("model", "store", "output_dir", "where"):
-        if reserved in settings:
-            raise RecipeError(f"{where}.{reserved} is set by the run itself; remove it")
-    from_dict(SFTRecipe, {**settings, "model": "-", "store": "-", "output_dir": "-"}, where=where)
+SFTSection = section(SFTRecipe, "SFTSection", ("model", "store", "output_dir", "where", "seed"),
+                     "The SFT settings of a stage (omrl/train/sft.py); the run sets model, store, output_dir, "
+                     "where and seed.")
 
 
 def _rft_rollout():
-    from omrl.rollout import RolloutSettings
-
     return RolloutSettings(env="grid", max_turns=16, max_new_tokens=32, concurrency=64)
 
 
@@ -56,10 +49,7 @@ class RFTRecipe:
     keep_per_group: int = field(default=1, metadata={"help": "best attempts kept per task"})
     reward_recipe: str | None = field(default=None, metadata={"help": "combined-reward recipe; None = env reward"})
     seed: int = field(default=0, metadata={"help": "seeds SFT (rollout.seed: the attempts)"})
-    sft: dict[str, Any] = field(default_factory=dict, metadata={"help": "SFT settings (see omrl.train.sft)"})
-
-    def __post_init__(self) -> None:
-        check_sft_settings(self.sft)
+    sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings (see omrl.train.sft)"})
 
 
 @dataclass
@@ -101,7 +91,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     from omrl.recipes import from_dict, to_dict
     from omrl.store import Store
     from omrl.tasks import load_tasks
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.sft import train_sft
 
     if isinstance(recipe, dict):
         recipe = from_dict(RFTRecipe, recipe)
@@ -124,8 +114,8 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     if kept == 0:
         raise ValueError(f"no attempt reached reward {recipe.threshold} "
                          f"({collected.total} attempts, success rate {collected.success_rate}); lower threshold")
-    sft = from_dict(SFTRecipe, {"seed": recipe.seed, **recipe.sft, "model": recipe.model,
-                                "store": str(kept_path), "output_dir": str(out / "checkpoint")})
+    sft = recipe.sft.to_recipe(seed=recipe.seed, model=recipe.model, store=str(kept_path),
+                               output_dir=str(out / "checkpoint"))
     trained = train_sft(sft)
     result = RFTResult(checkpoint=trained.checkpoint, attempts=collected.total, kept=kept,
                        dropped=dict(selection.dropped), success_rate=collected.success_rate,
