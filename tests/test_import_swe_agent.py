@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from omrl.cli.main import cli
 from omrl.formats.common import FormatError
-from omrl.formats.importer import load_trajectories
+from omrl.formats.importer import iter_trajectories, load_trajectories
 from omrl.formats.swe_agent import COMMAND
 from omrl.store import Store
 
@@ -118,3 +118,26 @@ def test_bad_legacy_step_is_located_and_the_store_unchanged(tmp_path):
     result = runner.invoke(cli, ["import", str(good), str(bad), "--store", str(store)])
     assert result.exit_code == 1 and "b.traj record 0" in result.output
     assert sorted(p.name for p in Store(store).parts()) == parts and Store(store).count() == 1
+
+
+def test_keep_demos_keeps_demonstrations_untrained_and_out_of_the_instruction(tmp_path):
+    doc = _legacy()
+    # a demonstration given as a whole exchange (user, assistant, user), as some SWE-agent configs write it
+    doc["history"][1:2] = [{"role": "user", "content": DEMO, "is_demo": True},
+                           {"role": "assistant", "content": "demo action", "is_demo": True},
+                           {"role": "user", "content": "demo observation", "is_demo": True}]
+    path = _write(tmp_path / "d.traj", doc)
+    [plain] = load_trajectories(path)
+    [kept] = list(iter_trajectories(path, keep_demos=True))
+    assert [m["content"] for m in kept["messages"][1:4]] == [DEMO, "demo action", "demo observation"]
+    assert all(m["trainable"] is False for m in kept["messages"][1:4])
+    assert kept["instruction"] == plain["instruction"] == ISSUE
+    assert len(kept["messages"]) == len(plain["messages"]) + 3
+    assert len(kept["turns"]) == sum(1 for m in kept["messages"] if m["role"] == "assistant") == 3
+    assert json.loads(kept["turns"][0]["info"]) == {"demonstration": True}
+    assert json.loads(kept["turns"][1]["info"])["response"] == doc["trajectory"][0]["response"]
+    assert kept["id"] == plain["id"]  # the same data: importing it again with --keep-demos adds nothing
+    result = CliRunner().invoke(cli, ["import", str(path), "--store", str(tmp_path / "s"), "--keep-demos"])
+    assert result.exit_code == 0, result.output
+    [row] = Store(tmp_path / "s").read().to_pylist()
+    assert row["messages"][1]["trainable"] is False

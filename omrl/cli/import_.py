@@ -40,11 +40,13 @@ def _key_option(name: str):
 @click.option("--skip-errors", is_flag=True, help="Skip bad records (counted and reported) instead of stopping.")
 @click.option("--partial", is_flag=True,
               help="When some files fail, still write the ones that converted (default: all or nothing).")
+@click.option("--keep-demos", is_flag=True,
+              help="Keep demonstration messages (SWE-agent is_demo) as trainable=false instead of skipping them.")
 @click.option("--root", type=click.Path(file_okay=False, exists=True), default=None,
               help="Folder run ids are relative to (default: the working directory, or the files' common folder).")
 @user_errors
 def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | None, skip_errors: bool,
-               partial: bool, root: str | None, **keys: str | None) -> None:
+               partial: bool, keep_demos: bool, root: str | None, **keys: str | None) -> None:
     """Import trajectory files into a store; importing the same data again (under any name) adds nothing.
 
     Each record becomes one trajectory (env `import:<format>`, run `import:<path relative to the root>`),
@@ -75,7 +77,7 @@ def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | 
 
         try:
             reports = import_files(src, store_path, fmt=fmt, skip_errors=skip_errors, partial=partial,
-                                   root=root, mapping=mapping, on_record=lambda: progress.advance(records),
+                                   root=root, mapping=mapping, keep_demos=keep_demos, on_record=lambda: progress.advance(records),
                                    on_file=on_file)
         except ImportFailed as exc:
             failure, reports = exc, exc.reports

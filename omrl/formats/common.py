@@ -39,6 +39,7 @@ class RecordContext:
     index: int
     digest: str = ""
     rel: str = ""
+    keep_demos: bool = False  # keep demonstration messages (SWE-agent is_demo) as trainable=false
 
     @property
     def where(self) -> str:

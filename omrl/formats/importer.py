@@ -80,11 +80,13 @@ def _relative(path: Path, root: Path | None) -> str:
 
 def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False,
                       report: FileReport | None = None, on_record: Callable[[], None] | None = None,
-                      root: str | Path | None = None, mapping: Any = None) -> Iterator[dict[str, Any]]:
+                      root: str | Path | None = None, mapping: Any = None,
+                      keep_demos: bool = False) -> Iterator[dict[str, Any]]:
     """Yield validated schema-1 rows from one file. Bad records raise FormatError, or are counted in `report`.
 
     root: the import root run ids are relative to (default: the file's folder).
     mapping: an `omrl.formats.mapping.Mapping` (then fmt is ignored): records mapped key by key.
+    keep_demos: keep demonstration messages (SWE-agent is_demo) as trainable=false instead of skipping them.
     """
     path = Path(path)
     if not path.is_file():
@@ -103,12 +105,13 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
         report.records += 1
         if on_record:
             on_record()
-        ctx = RecordContext(fmt, path, index, rel=rel)
+        ctx = RecordContext(fmt, path, index, rel=rel, keep_demos=keep_demos)
         try:
             digest = record_digest(record)
             occurrence = seen[digest]
             seen[digest] += 1
-            ctx = RecordContext(fmt, path, index, digest if not occurrence else f"{digest}:{occurrence}", rel)
+            ctx = RecordContext(fmt, path, index, digest if not occurrence else f"{digest}:{occurrence}", rel,
+                                keep_demos)
             row = convert(record, ctx)
             row["sample"] = samples[row["task_id"]]
             row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
@@ -136,7 +139,7 @@ def load_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
 def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: str = "auto",
                  skip_errors: bool = False, on_record: Callable[[], None] | None = None,
                  on_file: Callable[[Path], None] | None = None, partial: bool = False,
-                 root: str | Path | None = None, mapping: Any = None) -> list[FileReport]:
+                 root: str | Path | None = None, mapping: Any = None, keep_demos: bool = False) -> list[FileReport]:
     """Convert every file, then write all their new rows in one atomic append (see the module docstring).
 
     store: a Store, or the path of one (created only when there is something to write).
@@ -158,7 +161,7 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
         rows: list[dict[str, Any]] = []
         batch_ids: set[str] = set()
         try:
-            for row in iter_trajectories(path, fmt, skip_errors, report, on_record, root, mapping):
+            for row in iter_trajectories(path, fmt, skip_errors, report, on_record, root, mapping, keep_demos):
                 if row["id"] in existing or row["id"] in batch_ids:
                     report.already_present += 1
                     continue

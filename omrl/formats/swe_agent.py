@@ -9,7 +9,8 @@ response, state} per step. The conversation is rebuilt from the steps: each step
 message (content = thought) calling the agent's command tool (`command`, arguments {"command": action}),
 then a tool message with the observation; state and response go to the step's turn.
 
-Both: demonstration messages are skipped (counted in metadata), never taken for the instruction; the
+Both: demonstration messages are skipped (counted in metadata; kept as trainable=false with
+`keep_demos`, `omrl import --keep-demos`), never taken for the instruction; the
 issue text becomes task.problem_statement and the instruction; instance id and repo are filled from the
 replay config, the record, or the file name (`owner__repo-123`). The outcome comes from `info`:
 exit_status "submitted" is status ok, cost/context/time limits are truncated, errors are policy errors.
@@ -70,21 +71,25 @@ def problem_statement(content: str | None) -> str | None:
     return found.group(1).strip() if found else content
 
 
-def _history(history: list[Any], where: str) -> tuple[list[dict[str, Any]], int]:
-    """(live messages, demonstrations skipped) of a history list."""
-    messages, demos = [], 0
+def _history(history: list[Any], where: str, keep_demos: bool) -> tuple[list[dict[str, Any]], list[bool]]:
+    """(messages, is-demonstration flag of each) of a history list; demonstrations only with keep_demos,
+    then marked trainable=false."""
+    messages, demo_flags = [], []
     for k, msg in enumerate(history):
         at = f"{where} history[{k}]"
         if not isinstance(msg, dict) or msg.get("role") not in ROLES:
             raise FormatError(f"{at}: expected a message with role system/user/assistant/tool", "unknown role")
-        if msg.get("is_demo"):
-            demos += 1
+        demo = bool(msg.get("is_demo"))
+        demo_flags.append(demo)
+        if demo and not keep_demos:
             continue
         ids = list_field(msg.get("tool_call_ids"), at, "tool_call_ids")
         messages.append(message(ROLES[msg["role"]], msg.get("content", msg.get("text")),
                                 tool_calls=openai_tool_calls(msg.get("tool_calls"), at),
-                                tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None))
-    return messages, demos
+                                tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None,
+                                trainable=False if demo else None))
+    kept = demo_flags if keep_demos else [False] * len(messages)
+    return messages, kept
 
 
 def _state(value: Any) -> Any:
@@ -107,7 +112,8 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     history = record.get("history")
     if not isinstance(history, list) or not history:
         raise FormatError(f"{ctx.where}: 'history' must be a non-empty list of messages", "empty conversation")
-    messages, demos = _history(history, ctx.where)
+    messages, is_demo = _history(history, ctx.where, ctx.keep_demos)
+    demos = sum(1 for m in history if isinstance(m, dict) and m.get("is_demo"))
     steps = list_field(record.get("trajectory"), ctx.where, "trajectory")
     for k, step in enumerate(steps):
         object_field(step, ctx.where, f"trajectory[{k}]")
@@ -123,28 +129,34 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     tools = None
     if legacy:  # rebuild the conversation from the steps: actions as calls of the command tool
         head = []
-        for m in messages:
-            if m["role"] == "assistant":
+        for m, demo in zip(messages, is_demo, strict=True):
+            if m["role"] == "assistant" and not demo:
                 break
             head.append(m)
         messages = head
-        turns = []
-        for k, step in enumerate(steps):
+        is_demo = is_demo[: len(head)]
+        turns = [{"index": k, "done": False, "info": {"demonstration": True}}  # kept demonstrations' turns
+                 for k in range(sum(1 for m in head if m["role"] == "assistant"))]
+        for j, step in enumerate(steps):
+            k = len(turns)
             thought = step.get("thought")
-            call = tool_call(COMMAND, {"command": step["action"]}, None, f"{ctx.where} trajectory[{k}]")
+            call = tool_call(COMMAND, {"command": step["action"]}, None, f"{ctx.where} trajectory[{j}]")
             messages.append(message("assistant", thought if thought is not None else step.get("response"),
                                     tool_calls=[call]))
             messages.append(message("tool", step.get("observation")))
-            turns.append({"index": k, "done": k == len(steps) - 1, "latency_s": _seconds(step.get("execution_time")),
+            turns.append({"index": k, "done": step is steps[-1], "latency_s": _seconds(step.get("execution_time")),
                           "info": _step_info(step)})
         tools = [COMMAND_TOOL]
     else:
-        assistant = [m for m in messages if m["role"] == "assistant"]
-        matched = len(steps) == len(assistant)  # one step per assistant turn: the step belongs to that turn
-        turns = [{"index": k, "done": k == len(assistant) - 1,
-                  "latency_s": _seconds(steps[k].get("execution_time")) if matched else None,
-                  "info": _step_info(steps[k]) if matched else {}}
-                 for k in range(len(assistant))]
+        assistant = [demo for m, demo in zip(messages, is_demo, strict=True) if m["role"] == "assistant"]
+        matched = len(steps) == assistant.count(False)  # one step per assistant turn: the step belongs to that turn
+        live = iter(steps if matched else [])
+        turns = []
+        for k, demo in enumerate(assistant):
+            step = None if demo else next(live, None)
+            turns.append({"index": k, "done": k == len(assistant) - 1,
+                          "latency_s": _seconds(step.get("execution_time")) if step else None,
+                          "info": {"demonstration": True} if demo else _step_info(step) if step else {}})
     problem = object_field(config.get("problem_statement"), ctx.where, "replay_config.problem_statement")
     agent = object_field(config.get("agent"), ctx.where, "replay_config.agent")
     model = (agent.get("model") or {}).get("name") if isinstance(agent.get("model"), dict) else None
@@ -155,7 +167,8 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     deployment = object_field(env_config.get("deployment"), ctx.where, "replay_config.env.deployment")
     issue_text = problem.get("text") if isinstance(problem.get("text"), str) else None
     if issue_text is None:
-        first_user = next((m["content"] for m in messages if m["role"] == "user" and m["content"]), None)
+        first_user = next((m["content"] for m, demo in zip(messages, is_demo + [False] * len(messages), strict=False)
+                           if m["role"] == "user" and m["content"] and not demo), None)
         issue_text = problem_statement(first_user)
     instance = next((v for v in (problem.get("id"), record.get("instance_id"), info.get("instance_id"))
                      if isinstance(v, str) and v), None) or ctx.path.name.removesuffix(".traj")
