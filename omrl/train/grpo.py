@@ -46,7 +46,8 @@ class GRPORecipe:
     tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL task rows)"})
     output_dir: str = field(metadata={"help": "where the trained checkpoint is saved"})
     rollout: RolloutSettings = field(default_factory=_grpo_rollout, metadata={
-        "help": "how rollouts are played (omrl.rollout.RolloutSettings); every episode of a step is in flight"})
+        "help": "how rollouts are played (omrl.rollout.RolloutSettings); a step plays all its episodes at once "
+                "(one generation batch), so concurrency only raises that"})
     split: str | None = field(default=None, metadata={"help": "keep only this split of the tasks file"})
     store: str | None = field(default=None, metadata={"help": "store that receives every rollout group"})
     run_name: str = field(default="grpo", metadata={"help": "run id prefix of the stored rollouts"})
