@@ -149,3 +149,12 @@ def test_mapping_to_a_missing_field_names_record_and_leaves_the_store_unchanged(
     result = runner.invoke(cli, ["import", str(other), "--store", str(store), "--map", str(bad_yaml)])
     assert result.exit_code == 1 and "bad.yaml line" in result.output and "not valid YAML" in result.output
     assert (_parts(store), Store(store).count()) == before
+
+
+def test_format_openai_with_messages_key_follows_the_hint_and_task_files_are_told_apart(tmp_path, real_data):
+    path = _jsonl(tmp_path / "results.jsonl", [_tau(0)])
+    result = CliRunner().invoke(cli, ["import", str(path), "--store", str(tmp_path / "s"), "--format", "openai",
+                                      "--messages-key", "traj"])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(FormatError, match=r"gsm8k_test\.jsonl: .*no format's keys are there.*omrl tasks import"):
+        detect_format(real_data / "gsm8k_test.jsonl")

@@ -62,8 +62,8 @@ def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | 
     overrides = {name: keys.get(f"{name}_key") for name in KEY_FLAGS}
     mapping = None
     if map_path or any(overrides.values()):
-        if fmt != "auto":
-            raise click.UsageError("--format and --map/--*-key are alternatives: a mapping says where everything is")
+        if fmt not in ("auto", "openai", "sharegpt"):  # a mapping reads OpenAI or ShareGPT messages under any key
+            raise click.UsageError(f"--format {fmt} and --map/--*-key are alternatives: a mapping says where everything is")
         mapping = load_mapping(map_path, **overrides)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     failure = None

@@ -113,7 +113,11 @@ def explain(record: Any) -> str:
         name = style
         required = SIGNATURES[style][0]
     missing = sorted(required - keys)
-    text = f"closest format: {name}, which needs {', '.join(repr(k) for k in missing) or 'its keys'}"
+    if not lists and not required & keys:
+        text = ("no format's keys are there (openai needs 'messages', sharegpt 'conversations', swe_agent "
+                "'history', adp 'content', steps 'steps')")
+    else:
+        text = f"closest format: {name}, which needs {', '.join(repr(k) for k in missing) or 'its keys'}"
     if lists:
         text += (f"; a message list is under '{path}': pass --messages-key {path} (and --reward-key, "
                  "--id-key, ... for the other fields), or a --map map.yaml (examples in recipes/imports/)")

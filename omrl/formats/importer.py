@@ -173,6 +173,7 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
                                   "every record skipped")
         except (FormatError, SchemaError, OSError) as exc:
             report.error, report.status = str(exc), "failed"
+            report.format = "?" if report.format == "auto" else report.format
             report.reason = getattr(exc, "reason", "invalid record")
             batches.append([])
             continue
