@@ -158,3 +158,18 @@ def test_format_openai_with_messages_key_follows_the_hint_and_task_files_are_tol
     assert result.exit_code == 0, result.output
     with pytest.raises(FormatError, match=r"gsm8k_test\.jsonl: .*no format's keys are there.*omrl tasks import"):
         detect_format(real_data / "gsm8k_test.jsonl")
+
+
+def test_instruction_skips_only_acknowledged_preambles(tmp_path):
+    chat = {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
+                         {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}]}
+    preamble = {"messages": [{"role": "user", "content": "You play a text game. Answer with actions."},
+                             {"role": "assistant", "content": "Understood."},
+                             {"role": "user", "content": "You are in a room. Find the key."},
+                             {"role": "assistant", "content": "look"}]}
+    tools = {"messages": [{"role": "user", "content": "You have access to the following tools: search(q)"},
+                          {"role": "user", "content": "Find the capital of Peru."},
+                          {"role": "assistant", "content": "Lima"}]}
+    rows = load_trajectories(_jsonl(tmp_path / "c.jsonl", [chat, preamble, tools]))
+    assert [r["instruction"] for r in rows] == ["What is 2+2?", "You are in a room. Find the key.",
+                                                "Find the capital of Peru."]

@@ -286,7 +286,8 @@ def task_text(record: dict[str, Any]) -> str | None:
     return None
 
 
-ACK_LIMIT = 40  # an assistant reply this short right after a user message acknowledges a preamble ("OK", "Ok.")
+ACK_LIMIT = 40  # an assistant reply this short, starting like ACK, right after a user message acknowledges a preamble
+ACK = re.compile(r"^(ok|okay|sure|understood|got it|i understand|i see|yes|ready|alright|noted)\b")
 PREAMBLE_MARKS = ("you have access to the following tools", "available tools:", "# tools", "<tools>",
                   "here are the tools", "you can use the following tools")
 
@@ -300,8 +301,9 @@ def is_preamble(messages: list[dict[str, Any]], position: int) -> bool:
         return True
     after = messages[position + 1] if position + 1 < len(messages) else None
     later_user = any(m["role"] == "user" for m in messages[position + 1:])
+    reply = (after["content"] or "").strip().lower() if after is not None else ""
     return (after is not None and after["role"] == "assistant" and not after["tool_calls"] and later_user
-            and len((after["content"] or "").strip()) <= ACK_LIMIT)
+            and len(reply) <= ACK_LIMIT and ACK.match(reply) is not None)
 
 
 def first_user_text(messages: list[dict[str, Any]]) -> str:
