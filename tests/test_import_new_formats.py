@@ -148,3 +148,15 @@ def test_bad_step_is_located_and_the_store_unchanged(tmp_path):
     assert result.exit_code == 1
     assert "bad.json record 0 steps[1]: a step needs an observation or an action" in result.output
     assert (_parts(store), Store(store).count()) == before
+
+
+def test_role_ai_and_text_key_in_message_lists(tmp_path):
+    """SWE-agent-style message lists {role: ai|user|system, text}, as some trajectory dumps store them."""
+    record = {"instance_id": "astropy__astropy-12907", "messages": [
+        {"role": "system", "text": "You are a programmer."}, {"role": "user", "text": "Fix the separability bug."},
+        {"role": "ai", "text": "Looking at modeling/separable.py."}]}
+    [row] = load_trajectories(_write(tmp_path / "m.json", [record]))
+    assert [(m["role"], m["content"]) for m in row["messages"]] == [
+        ("system", "You are a programmer."), ("user", "Fix the separability bug."),
+        ("assistant", "Looking at modeling/separable.py.")]
+    assert row["task_id"] == "astropy__astropy-12907" and row["instruction"] == "Fix the separability bug."

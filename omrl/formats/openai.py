@@ -23,7 +23,7 @@ from omrl.formats.common import (
 )
 
 NAME = "openai"
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "ai": "assistant",
          "tool": "tool", "function": "tool"}
 ID_KEYS = ("instance_id", "id", "task_id", "item_id")
 TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
@@ -49,7 +49,7 @@ def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[s
         weight = msg.get("weight")
         trainable = msg.get("trainable", None if weight is None else bool(weight))
         reasoning = msg.get("reasoning_content", msg.get("reasoning"))
-        out.append(message(role, msg.get("content"), reasoning=reasoning if isinstance(reasoning, str) else None,
+        out.append(message(role, msg.get("content", msg.get("text")), reasoning=reasoning if isinstance(reasoning, str) else None,
                            tool_calls=calls, tool_call_id=msg.get("tool_call_id"), name=msg.get("name"),
                            trainable=trainable))
     return out
