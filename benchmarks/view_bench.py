@@ -73,7 +73,7 @@ def main() -> None:
         from omrl.view.app import make_app
 
         rng = random.Random(0)
-        with TestClient(make_app(store)) as client:
+        with TestClient(make_app(store), base_url="http://127.0.0.1") as client:
             start = time.perf_counter()
             client.get("/").raise_for_status()  # the first request opens the connection
             first_ms = (time.perf_counter() - start) * 1000

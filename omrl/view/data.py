@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
-from omrl.schema import success_sql
+from omrl.schema import conform, success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
 
@@ -35,6 +39,11 @@ SORTS: dict[str, str] = {
 DEFAULT_SORT = "created"
 PER_PAGE = 50
 MAX_PER_PAGE = 500
+# Up to this many trajectories the unfiltered list is served from an in-memory table of the list columns
+# (sorted once per sort key) and rows are found by an id -> (part, row group, row) index; above it every
+# page is a DuckDB query (slower, but memory stays flat).
+CACHE_MAX_ROWS = 2_000_000
+ROW_GROUP_CACHE = 2
 
 # No message bodies: the list reads only these small columns (DuckDB projects them from the parts).
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
@@ -67,8 +76,47 @@ class Group:
     flat: bool = field(default=False)
 
 
+def _group_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A full row cut to what the group page shows (GROUP_COLUMNS, computed in Python)."""
+    keep = ("id", "sample", "model", "reward", "success", "status", "error", "num_turns", "duration_s",
+            "task_id", "run_id", "round", "instruction")
+    out = {k: row.get(k) for k in keep}
+    out["tokens"] = (row.get("prompt_tokens") or 0) + (row.get("completion_tokens") or 0)
+    assistant = [m for m in row.get("messages") or [] if m.get("role") == "assistant"]
+    out["final"] = assistant[-1] if assistant else None
+    return out
+
+
 def _sort(sort: str | None) -> str:
     return sort if sort in SORTS else DEFAULT_SORT
+
+
+@dataclass
+class _Snapshot:
+    """What one listing of the parts knows: the list columns of every row and where each row lives."""
+
+    table: pa.Table
+    where: dict[str, tuple[str, int, int]]  # id -> (part path, row group, row in the group)
+    groups: dict[str, list[str]]  # group_id -> ids
+    orders: dict[tuple[str, bool], pa.Array] = field(default_factory=dict)  # (sort, desc) -> row order
+
+
+def _locate(parts: tuple) -> tuple[dict[str, tuple[str, int, int]], dict[str, list[str]]]:
+    where: dict[str, tuple[str, int, int]] = {}
+    groups: dict[str, list[str]] = {}
+    for part in parts:
+        file = pq.ParquetFile(part)
+        names = file.schema_arrow.names
+        columns = ["id"] + (["group_id"] if "group_id" in names else [])
+        for rg in range(file.num_row_groups):
+            data = file.read_row_group(rg, columns=columns)
+            ids = data.column("id").to_pylist()
+            gids = data.column("group_id").to_pylist() if "group_id" in columns else [None] * len(ids)
+            for row, (tid, gid) in enumerate(zip(ids, gids, strict=True)):
+                where.setdefault(tid, (str(part), rg, row))
+                if gid is not None:
+                    groups.setdefault(gid, []).append(tid)
+    return where, groups
 
 
 class StoreReader:
@@ -81,6 +129,8 @@ class StoreReader:
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._parts: tuple | None = None
+        self._snapshot: _Snapshot | None = None
+        self._row_groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
     def close(self) -> None:
         with self._lock:
@@ -94,8 +144,52 @@ class StoreReader:
         if refresh or self._con is None or parts != self._parts:
             if self._con is not None:
                 close(self._con)
-            self._con, self._parts = connect(self.store), parts
+            self._con, self._parts, self._snapshot = connect(self.store), parts, None
+            self._row_groups.clear()
         return self._con
+
+    def _snap(self, con: duckdb.DuckDBPyConnection) -> _Snapshot | None:
+        """The cached list table and row index of the current parts (None above CACHE_MAX_ROWS)."""
+        if self._snapshot is None:
+            n = run_query(self.store, "SELECT count(*) FROM trajectories", con=con).column(0)[0].as_py()
+            if n > CACHE_MAX_ROWS:
+                return None
+            table = run_query(self.store, f"SELECT {LIST_COLUMNS} FROM trajectories", con=con,
+                              timeout=self.timeout)
+            where, groups = _locate(self._parts[0])
+            self._snapshot = _Snapshot(table, where, groups)
+        return self._snapshot
+
+    def _order(self, snap: _Snapshot, sort: str, desc: bool) -> pa.Array:
+        key = (sort, desc)
+        if key not in snap.orders:
+            column, direction = SORTS[sort], "descending" if desc else "ascending"
+            try:  # pyarrow >= 25 takes null placement per key
+                order = pc.sort_indices(snap.table, sort_keys=[(column, direction, "at_end"),
+                                                               ("id", "ascending", "at_end")])
+            except (TypeError, ValueError, pa.ArrowInvalid):
+                order = pc.sort_indices(snap.table, sort_keys=[(column, direction), ("id", "ascending")],
+                                        null_placement="at_end")
+            snap.orders[key] = order
+        return snap.orders[key]
+
+    def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
+        """Full rows of these ids read straight from their row groups (None: no index; [] entries dropped
+        for unknown ids). A part that a compaction removed raises FileNotFoundError."""
+        snap = self._snap(self._connection())
+        if snap is None:
+            return None
+        wanted: dict[tuple[str, int], list[tuple[int, str]]] = {}
+        for tid in ids:
+            if tid in snap.where:
+                part, rg, row = snap.where[tid]
+                wanted.setdefault((part, rg), []).append((row, tid))
+        found: dict[str, dict[str, Any]] = {}
+        for (part, rg), rows in wanted.items():
+            data = self._row_group(part, rg)
+            picked = conform(data.take([r for r, _ in rows]), "trajectories").to_pylist()
+            found.update({tid: row for (_, tid), row in zip(rows, picked, strict=True)})
+        return [found[tid] for tid in ids if tid in found]
 
     def _run(self, work):
         """`work(con)` under the lock; once again on a new connection when a part vanished under it."""
@@ -123,7 +217,20 @@ class StoreReader:
         page = max(1, int(page))
         direction = "DESC" if desc else "ASC"
 
+        def cached(con) -> ListPage | None:
+            snap = None if where else self._snap(con)
+            if snap is None:
+                return None
+            total = snap.table.num_rows
+            pages = max(1, math.ceil(total / per_page))
+            current = min(page, pages)
+            order = self._order(snap, sort, desc)[(current - 1) * per_page: current * per_page]
+            return ListPage(snap.table.take(order).to_pylist(), total, current, pages, sort, desc, where)
+
         def work(con):
+            fast = cached(con)
+            if fast is not None:
+                return fast
             total = select_where(self.store, where or None, columns="count(*) AS n", con=con,
                                  timeout=self.timeout).column(0)[0].as_py()
             pages = max(1, math.ceil(total / per_page))
@@ -157,24 +264,67 @@ class StoreReader:
     def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
         """One trajectory row, with `annotations`, `children` (rows derived from it) and `parent_exists`."""
         tid = quote_literal(trajectory_id)
-        rows = self.sql(f"SELECT * FROM trajectories WHERE id = {tid} LIMIT 1")
+        rows = self._indexed([trajectory_id])
+        if rows is None:
+            rows = self.sql(f"SELECT * FROM trajectories WHERE id = {tid} LIMIT 1")
         if not rows:
             return None
         row = rows[0]
         row["annotations"] = self.sql(
             "SELECT annotator, kind, score, label, rationale, status, error, judge_model, rubric, created_at "
             f"FROM annotations WHERE trajectory_id = {tid} ORDER BY created_at DESC, annotator")
+        parent = row.get("parent_id")
+        snap = self._snapshot
+        if snap is not None:
+            table = snap.table
+            derived = table.filter(pc.equal(table.column("parent_id"), trajectory_id))
+            row["children"] = sorted(derived.select(["id", "source", "reward", "success"]).to_pylist(),
+                                     key=lambda r: r["id"])
+            row["parent_exists"] = bool(parent) and parent in snap.where
+            return row
         row["children"] = self.sql(
             f"SELECT id, source, reward, success FROM trajectories WHERE parent_id = {tid} ORDER BY id")
-        parent = row.get("parent_id")
         row["parent_exists"] = bool(parent) and bool(self.sql(
             f"SELECT 1 AS x FROM trajectories WHERE id = {quote_literal(parent)} LIMIT 1"))
         return row
 
+    def _row_group(self, part: str, rg: int) -> pa.Table:
+        """One row group, kept among the last ROW_GROUP_CACHE read (a group's samples and the trajectory
+        opened from its page share one; parts never change, only vanish)."""
+        key = (part, rg)
+        if key in self._row_groups:
+            self._row_groups.move_to_end(key)
+            return self._row_groups[key]
+        data = pq.ParquetFile(part).read_row_group(rg)
+        self._row_groups[key] = data
+        while len(self._row_groups) > ROW_GROUP_CACHE:
+            self._row_groups.popitem(last=False)
+        return data
+
+    def _indexed(self, ids: list[str]) -> list[dict[str, Any]] | None:
+        """`_rows` under the lock, with the index built again once when a part vanished."""
+        with self._lock:
+            try:
+                return self._rows(ids)
+            except FileNotFoundError:
+                self._connection(refresh=True)
+                return self._rows(ids)
+
+    def _group_ids(self, group_id: str) -> list[str] | None:
+        with self._lock:
+            snap = self._snap(self._connection())
+            return None if snap is None else list(snap.groups.get(group_id, []))
+
     def group(self, group_id: str) -> Group | None:
         """The samples of one GRPO group with their group-relative advantages, as GRPO computes them."""
-        rows = self.sql(f"SELECT {GROUP_COLUMNS} FROM trajectories WHERE group_id = {quote_literal(group_id)} "
-                        "ORDER BY sample, id")
+        ids = self._group_ids(group_id)
+        full = self._indexed(ids) if ids is not None else None
+        if full is not None:
+            rows = sorted((_group_row(r) for r in full),
+                          key=lambda r: (r["sample"] is None, r["sample"] or 0, r["id"]))
+        else:
+            rows = self.sql(f"SELECT {GROUP_COLUMNS} FROM trajectories "
+                            f"WHERE group_id = {quote_literal(group_id)} ORDER BY sample, id")
         if not rows:
             return None
         scored = [r for r in rows if r["reward"] is not None and math.isfinite(r["reward"])]
