@@ -217,3 +217,30 @@ def test_cli_export_and_help(store, tmp_path):
     bad = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "b"), "--where", "x >"])
     assert bad.exit_code != 0 and "does not parse" in bad.output
     assert "Example" in CliRunner().invoke(cli, ["view", "--help"]).output
+
+
+@pytest.mark.parametrize("url", ["/?sort=turns&dir=desc&page=2", "/?sort=tokens&dir=asc", "/?sort=success",
+                                 "/?sort=model&dir=asc", f"/t/{XSS_ID}", f"/t/{CHILD_ID}", "/g/xss-group"])
+def test_duckdb_path_matches_cached_path(client, store, monkeypatch, url):
+    """Above CACHE_MAX_ROWS every page is a DuckDB query; it must show exactly what the cache shows."""
+    import omrl.view.data as data
+
+    monkeypatch.setattr(data, "CACHE_MAX_ROWS", 0)
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as plain:
+        assert plain.get(url).text == client.get(url).text
+
+
+def test_new_parts_and_compaction_are_seen(tmp_path):
+    store = build_store(tmp_path / "store", n=8)
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        assert "10 trajectories" in c.get("/").text
+        assert c.get(f"/t/{XSS_ID}").status_code == 200
+        extra = list(synthetic_trajectories(12, seed=2))[8:]
+        for row in extra:
+            row["id"] = "new-" + row["id"]
+        store.append(extra)
+        assert "14 trajectories" in c.get("/").text
+        assert store.compact() is not None  # the parts the index points into are gone
+        assert c.get(f"/t/{XSS_ID}").status_code == 200
+        assert c.get(f"/t/{extra[0]['id']}").status_code == 200
+        assert "14 trajectories" in c.get("/").text
