@@ -81,3 +81,17 @@ def test_run_ids_relative_to_the_working_directory_across_commands(tmp_path, mon
     import_files([os.path.relpath(weather)], store)
     import_files([movie], store)  # a second command, absolute path: still relative to the working directory
     assert sorted(r["run_id"] for r in Store(store).read().to_pylist()) == ["import:movie/val", "import:weather/val"]
+
+
+def test_records_a_store_holds_under_their_pre_content_id_are_not_imported_again(tmp_path):
+    """A store filled before ids came from content: the same file again adds nothing."""
+    from omrl.formats.common import short_hash
+
+    path = _write(tmp_path / "old.json", [{"id": "t1", **_conv("q1")}, _conv("q2")])
+    rows = load_trajectories(path)
+    for row, native in zip(rows, ["t1", None], strict=True):  # the ids the previous scheme gave them
+        row["id"] = short_hash("import", "sharegpt", "old.json", rows.index(row), native, n=24)
+    store = Store.create(tmp_path / "s")
+    store.append(rows)
+    [report] = import_files([path], store)
+    assert (report.imported, report.already_present) == (0, 2) and store.count() == 2

@@ -255,6 +255,7 @@ def link_tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 MISSING = object()
+PREVIOUS_ID = "_previous_id"  # a key of make_row's dict that the importer takes out before validation
 # Where records keep the task's own text (tau-bench's info.task.instruction, SWE-bench's problem_statement).
 INSTRUCTION_PATHS = ("instruction", "task.instruction", "info.task.instruction", "info.instruction",
                      "problem_statement", "task.problem_statement", "query", "question", "task")
@@ -341,6 +342,9 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
         instruction = first_user_text(messages)
     return {
         "id": short_hash("import", digest, n=24),
+        # The id this record had before ids came from content (format, file name, index, native id): the
+        # importer counts a record a store holds under that id as already there, so upgrading adds nothing twice.
+        PREVIOUS_ID: short_hash("import", ctx.fmt, ctx.path.name, ctx.index, native, n=24),
         "run_id": f"import:{ctx.run_name}",
         "round": 0,
         "task_id": task_id,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.formats import format_module
-from omrl.formats.common import FormatError, RecordContext, read_records, record_digest
+from omrl.formats.common import PREVIOUS_ID, FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
 from omrl.schema import SchemaError, group_id, normalize_trajectory
 from omrl.store import Store
@@ -44,6 +44,7 @@ class FileReport:
     error: str | None = None  # why the file failed (nothing of it is written)
     status: str = "pending"  # written, nothing new, failed, not written
     reason: str | None = None  # the failure's short category
+    previous_ids: dict[str, str] = field(default_factory=dict)  # row id -> its id before content ids
 
     @property
     def skipped_total(self) -> int:
@@ -113,6 +114,7 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             ctx = RecordContext(fmt, path, index, digest if not occurrence else f"{digest}:{occurrence}", rel,
                                 keep_demos)
             row = convert(record, ctx)
+            previous = row.pop(PREVIOUS_ID, None)
             row["sample"] = samples[row["task_id"]]
             row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
             row = normalize_trajectory(row)
@@ -127,6 +129,8 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
                 report.examples.append(text)
             continue
         samples[row["task_id"]] += 1
+        if previous:
+            report.previous_ids[row["id"]] = previous
         yield row
 
 
@@ -162,7 +166,7 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
         batch_ids: set[str] = set()
         try:
             for row in iter_trajectories(path, fmt, skip_errors, report, on_record, root, mapping, keep_demos):
-                if row["id"] in existing or row["id"] in batch_ids:
+                if row["id"] in existing or row["id"] in batch_ids or report.previous_ids.get(row["id"]) in existing:
                     report.already_present += 1
                     continue
                 batch_ids.add(row["id"])
