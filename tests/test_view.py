@@ -115,6 +115,11 @@ def test_where_filter(client, store):
     assert 'value="env = &#39;math&#39; AND success"' in page  # the box keeps the condition, escaped
     one = client.get("/", params={"where": f"id = '{CHILD_ID}'"}).text
     assert _trajectory_links(one) == [f"/t/{CHILD_ID}"]
+    past = client.get("/", params={"where": "reward >= 0", "page": 99, "sort": "turns"}).text
+    n = store.sql("SELECT count(*) FROM trajectories WHERE reward >= 0").column(0)[0].as_py()
+    assert f"{n} trajectories · page 2 of 2" in past and len(_trajectory_links(past)) == n - 50
+    none = client.get("/", params={"where": "reward > 99", "page": 3}).text
+    assert "0 trajectories" in none and _trajectory_links(none) == []
 
 
 @pytest.mark.parametrize("where, message", [
@@ -220,7 +225,7 @@ def test_cli_export_and_help(store, tmp_path):
 
 
 @pytest.mark.parametrize("url", ["/?sort=turns&dir=desc&page=2", "/?sort=tokens&dir=asc", "/?sort=success",
-                                 "/?sort=model&dir=asc", f"/t/{XSS_ID}", f"/t/{CHILD_ID}", "/g/xss-group"])
+                                 "/?sort=model&dir=asc", "/?page=999", f"/t/{XSS_ID}", f"/t/{CHILD_ID}", "/g/xss-group"])
 def test_duckdb_path_matches_cached_path(client, store, monkeypatch, url):
     """Above CACHE_MAX_ROWS every page is a DuckDB query; it must show exactly what the cache shows."""
     import omrl.view.data as data

@@ -130,6 +130,7 @@ class StoreReader:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._parts: tuple | None = None
         self._snapshot: _Snapshot | None = None
+        self._runs: tuple | None = None
         self._row_groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
     def close(self) -> None:
@@ -231,15 +232,22 @@ class StoreReader:
             fast = cached(con)
             if fast is not None:
                 return fast
-            total = select_where(self.store, where or None, columns="count(*) AS n", con=con,
-                                 timeout=self.timeout).column(0)[0].as_py()
-            pages = max(1, math.ceil(total / per_page))
-            current = min(page, pages)
-            order = (f"{SORTS[sort]} {direction} NULLS LAST, id ASC "
-                     f"LIMIT {int(per_page)} OFFSET {int((current - 1) * per_page)}")
-            rows = select_where(self.store, where or None, columns=LIST_COLUMNS, order_by=order, con=con,
-                                timeout=self.timeout).to_pylist()
-            return ListPage(rows, total, current, pages, sort, desc, where)
+            def fetch(number: int) -> list[dict[str, Any]]:
+                # one scan: the page's rows, each carrying the count of all matching rows
+                order = (f"{SORTS[sort]} {direction} NULLS LAST, id ASC "
+                         f"LIMIT {int(per_page)} OFFSET {int((number - 1) * per_page)}")
+                return select_where(self.store, where or None, columns=LIST_COLUMNS + ", count(*) OVER () AS _n",
+                                    order_by=order, con=con, timeout=self.timeout).to_pylist()
+
+            rows, current = fetch(page), page
+            if rows:
+                total = rows[0]["_n"]
+            else:  # past the last page (or nothing matches): count, then show the last page
+                total = select_where(self.store, where or None, columns="count(*) AS n", con=con,
+                                     timeout=self.timeout).column(0)[0].as_py()
+                current = max(1, math.ceil(total / per_page))
+                rows = fetch(current) if total and current != page else []
+            return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where)
 
         try:
             return self._run(work)
@@ -338,7 +346,18 @@ class StoreReader:
         return Group(group_id, rows, mean, std, flat=len(set(rewards)) <= 1)
 
     def runs(self) -> dict[str, Any]:
-        """Counts by env, status and model; episodes, success and mean reward per run and round."""
+        """Counts by env, status and model; episodes, success and mean reward per run and round (kept
+        until the parts change)."""
+        with self._lock:
+            self._connection()
+            parts = self._parts
+        if self._runs is not None and self._runs[0] == parts:
+            return self._runs[1]
+        figures = self._runs_figures()
+        self._runs = (parts, figures)
+        return figures
+
+    def _runs_figures(self) -> dict[str, Any]:
         rate = success_sql(4)
         counts = {
             key: self.sql(f"SELECT coalesce(CAST({key} AS VARCHAR), '(none)') AS name, count(*) AS n "
