@@ -124,7 +124,9 @@ def test_available_tools_and_sharegpt_model_in_built_in_formats(tmp_path):
 @pytest.mark.parametrize("mapping, message", [
     ({"messages": "traj", "rewrd": "reward"}, r"m\.yaml: unknown keys \['rewrd'\]"),
     ({"reward": "reward"}, r"m\.yaml: 'messages' .* is required"),
-    ({"messages": ["traj"]}, r"m\.yaml: 'messages' must be a dotted path"),
+    ({"messages": 5}, r"m\.yaml: 'messages' must be a dotted path \(text\), got an integer"),
+    ({"messages": "traj", "id": [1]}, r"m\.yaml: 'id' must be a dotted path or a list of them"),
+    ({"messages": "traj", "style": "xml"}, r"m\.yaml: 'style' must be one of auto, openai, sharegpt"),
 ])
 def test_bad_mapping_files_are_refused_naming_the_file(tmp_path, mapping, message):
     (tmp_path / "m.yaml").write_text(json.dumps(mapping))
@@ -173,3 +175,22 @@ def test_instruction_skips_only_acknowledged_preambles(tmp_path):
     rows = load_trajectories(_jsonl(tmp_path / "c.jsonl", [chat, preamble, tools]))
     assert [r["instruction"] for r in rows] == ["What is 2+2?", "You are in a room. Find the key.",
                                                 "Find the capital of Peru."]
+
+
+def test_candidate_paths_and_a_system_prompt_kept_apart(tmp_path):
+    (tmp_path / "m.yaml").write_text("messages: [dialog, turns]\nid: [uid, meta.uid]\nsystem: [sys]\nstyle: sharegpt\n")
+    mapping = load_mapping(tmp_path / "m.yaml")
+    records = [{"turns": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "meta": {"uid": "u1"},
+                "sys": "Be brief."},
+               {"dialog": [{"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}], "uid": None}]
+    rows = load_trajectories(_jsonl(tmp_path / "d.jsonl", records), mapping=mapping)
+    assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
+    assert rows[0]["messages"][0]["content"] == "Be brief." and rows[0]["task_id"] == "u1"
+    assert rows[1]["task_id"] == "d:1"  # a null id is no id: none of the candidates holds one
+
+
+def test_built_in_formats_are_mappings():
+    from omrl.formats import openai, sharegpt
+
+    assert openai.MAPPING.messages == "messages" and "available_tools" in openai.MAPPING.tools
+    assert sharegpt.MAPPING.messages == ("conversations", "messages") and sharegpt.MAPPING.style == "sharegpt"

@@ -3,12 +3,14 @@
     omrl import results.jsonl --map recipes/imports/tau_bench.yaml --store s
     omrl import results.jsonl --messages-key traj --reward-key reward --store s
 
-A mapping names, by dotted path (`info.task.instruction`, `steps.0.text`), where each field of a record
-is: `messages` (required: a list of OpenAI {role, content, tool_calls} or ShareGPT {from, value}
-messages), `reward`, `success`, `id` (the task id), `instruction`, `tools`, `model`, and `task` (paths
-copied into the task payload). A field left out falls back to the usual keys (reward, success/resolved,
-instance_id/id/task_id, tools/available_tools/functions, model). Keys the mapping does not use go to the
-row's metadata, never lost.
+A mapping names, by dotted path (`info.task.instruction`, `steps.0.text`) or a list of candidate paths,
+where each field of a record is: `messages` (required: a list of OpenAI {role, content, tool_calls} or
+ShareGPT {from, value} messages), `reward`, `success`, `id` (the task id), `instruction`, `tools`,
+`model`, `system` (a system prompt kept apart), and `task` (paths copied into the task payload); `style`
+(openai, sharegpt, auto) and `name` (env `import:<name>`). A field left out falls back to the usual keys
+(reward, success/resolved, instance_id/id/task_id, tools/available_tools/functions, model). Keys the
+mapping does not use go to the row's metadata, never lost. The built-in openai and sharegpt formats are
+mappings of the same kind.
 """
 
 from __future__ import annotations
@@ -25,26 +27,48 @@ from omrl.formats.common import (
     kind_of,
     leftovers,
     make_row,
+    message,
     require_dict,
     task_text,
 )
 
-FIELDS = ("messages", "reward", "success", "id", "instruction", "tools", "model")
+FIELDS = ("messages", "reward", "success", "id", "instruction", "tools", "model", "system")
 ID_KEYS = ("instance_id", "id", "task_id", "item_id", "query_id")
 TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
+SUCCESS_KEYS = ("success", "resolved", "win")
+STYLES = ("auto", "openai", "sharegpt")
+Paths = str | tuple[str, ...] | None
+
+
+def message_list_hint(record: dict[str, Any]) -> str:
+    """Where a record's messages seem to be, as the flag that would take them."""
+    lists = [k for k, v in record.items() if isinstance(v, list) and v and isinstance(v[0], dict)
+             and ("role" in v[0] or "from" in v[0])]
+    if lists:
+        return f"; the messages look to be under '{lists[0]}': pass --messages-key {lists[0]}"
+    return "; pass --messages-key KEY (or --map map.yaml) to say where they are"
+
+
 @dataclass(frozen=True)
 class Mapping:
-    """Where each schema field is in a record (dotted paths); see the module docstring."""
+    """Where each schema field is in a record; see the module docstring.
 
-    messages: str
-    reward: str | None = None
-    success: str | None = None
-    id: str | None = None
-    instruction: str | None = None
-    tools: str | None = None
-    model: str | None = None
+    A field is a dotted path (required: a record without it is an error naming it), a tuple of candidate
+    paths (the first present is taken; none present is fine), or None (the usual keys). The built-in
+    openai and sharegpt formats are Mappings too (omrl.formats.openai.MAPPING, omrl.formats.sharegpt.MAPPING).
+    """
+
+    messages: str | tuple[str, ...]
+    reward: Paths = None
+    success: Paths = None
+    id: Paths = None
+    instruction: Paths = None
+    tools: Paths = None
+    model: Paths = None
+    system: Paths = None  # a system prompt kept beside the messages (LLaMA-Factory): put first
     task: tuple[str, ...] = field(default_factory=tuple)
     name: str = "mapped"
+    style: str = "auto"  # the messages' shape: openai {role, content}, sharegpt {from, value}, auto: by the first
 
     def convert(self, record: Any, ctx: RecordContext) -> dict[str, Any]:
         """One record -> a trajectory dict, by this mapping."""
@@ -52,42 +76,51 @@ class Mapping:
         from omrl.formats.sharegpt import convert_conversation
 
         record = require_dict(record, ctx)
-        raw = get_path(record, self.messages)
-        if raw is MISSING:
-            keys = sorted(map(str, record))[:20]
-            raise FormatError(f"{ctx.where}: no messages at '{self.messages}' (the record has keys {keys})",
-                              "missing messages")
-        if not isinstance(raw, list) or not raw:
-            raise FormatError(f"{ctx.where}: '{self.messages}' must be a non-empty list of messages, got "
-                              f"{kind_of(raw) if raw else 'an empty one'}", "empty conversation")
-        first = raw[0] if isinstance(raw[0], dict) else {}
-        if "from" in first or ("value" in first and "content" not in first):
-            messages = convert_conversation(raw, f"{ctx.where} {self.messages}")
-        else:
-            messages = convert_messages(raw, f"{ctx.where} {self.messages}", key=self.messages)
         # A top-level key a mapping takes is not repeated in metadata; the parent of a dotted path stays
         # there whole (it may hold more than the mapped value).
-        used = {self.messages}
+        used: set[str] = set()
 
-        def pick(path: str | None, defaults: tuple[str, ...]) -> Any:
-            for candidate in ((path,) if path else defaults):
+        def pick(paths: Paths, defaults: tuple[str, ...], check: Any = None) -> tuple[str | None, Any]:
+            required = isinstance(paths, str)
+            for candidate in ((paths,) if required else paths if paths is not None else defaults):
                 value = get_path(record, candidate)
-                if value is not MISSING:
+                if value is MISSING or (not required and value in (None, "")):  # candidates: the first with a value
+                    continue
+                if check is None or check(value):
                     used.add(candidate)
-                    return value
-            if path:
-                raise FormatError(f"{ctx.where}: the mapping's '{path}' is not in the record "
+                    return candidate, value
+            if isinstance(paths, str):
+                raise FormatError(f"{ctx.where}: the mapping's '{paths}' is not in the record "
                                   f"(keys {sorted(map(str, record))[:20]})", "missing field")
-            return None
+            return None, None
 
-        reward = pick(self.reward, ("reward",))
-        success = pick(self.success, ("success", "resolved", "win"))
-        native = pick(self.id, ID_KEYS)
-        tools = pick(self.tools, TOOL_KEYS)
-        model = pick(self.model, ("model",))
-        instruction = pick(self.instruction, ()) if self.instruction else task_text(record)
+        candidates = (self.messages,) if isinstance(self.messages, str) else self.messages
+        key, raw = next(((c, get_path(record, c)) for c in candidates if get_path(record, c) is not MISSING),
+                        (None, MISSING))
+        if raw is MISSING:
+            shown = " or ".join(f"'{c}'" for c in candidates)
+            raise FormatError(f"{ctx.where}: no {shown} key (the record has keys {sorted(map(str, record))[:20]})"
+                              f"{message_list_hint(record)}", "missing messages")
+        if not isinstance(raw, list) or not raw:
+            raise FormatError(f"{ctx.where}: '{key}' must be a non-empty list", "empty conversation")
+        used.add(key)
+        first = raw[0] if isinstance(raw[0], dict) else {}
+        sharegpt = self.style == "sharegpt" or (
+            self.style == "auto" and ("from" in first or ("value" in first and "content" not in first)))
+        messages = (convert_conversation(raw, ctx.where, key) if sharegpt else convert_messages(raw, ctx.where, key))
+        _, system = pick(self.system, (), lambda v: isinstance(v, str) and bool(v))
+        if system:
+            messages.insert(0, message("system", system))
+        _, reward = pick(self.reward, ("reward",))
+        _, success = pick(self.success, SUCCESS_KEYS)
+        _, native = pick(self.id, ID_KEYS)
+        _, tools = pick(self.tools, TOOL_KEYS)
+        _, model = pick(self.model, ("model",), lambda v: isinstance(v, str))
+        where, instruction = pick(self.instruction, ())
+        if self.instruction is None:
+            instruction = task_text(record)
         if instruction is not None and not isinstance(instruction, str):
-            raise FormatError(f"{ctx.where}: the instruction at '{self.instruction}' must be text, got "
+            raise FormatError(f"{ctx.where}: the instruction at '{where}' must be text, got "
                               f"{kind_of(instruction)}", "bad instruction")
         task: dict[str, Any] = {}
         for path in self.task:
@@ -96,12 +129,13 @@ class Mapping:
                 task[path] = value
                 used.add(path)
         return make_row(ctx, native_id=native, messages=messages, tools=tools, task=task, reward=reward,
-                        success=success, model=model if isinstance(model, str) else None,
-                        instruction=instruction, metadata=leftovers(record, used))
+                        success=success, model=model, instruction=instruction, metadata=leftovers(record, used))
 
 
 def mapping_from(options: dict[str, Any], where: str = "mapping") -> Mapping:
-    """A Mapping from a dict (a YAML file's contents, or the CLI's --*-key flags); errors name the key."""
+    """A Mapping from a dict (a YAML file's contents, or the CLI's --*-key flags); errors name the key.
+
+    Each field is a dotted path, or a list of candidate paths (the first present is taken)."""
     known = {f.name for f in fields(Mapping)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -112,10 +146,14 @@ def mapping_from(options: dict[str, Any], where: str = "mapping") -> Mapping:
     for key, value in options.items():
         if value is None:
             continue
-        if key == "task":
+        if key in ("name", "style"):
+            if not isinstance(value, str) or not value or (key == "style" and value not in STYLES):
+                raise FormatError(f"{where}: '{key}' must be {'one of ' + ', '.join(STYLES) if key == 'style' else 'text'}",
+                                  "bad mapping")
+        elif key == "task" or isinstance(value, list):
             value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise FormatError(f"{where}: 'task' must be a list of paths", "bad mapping")
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+                raise FormatError(f"{where}: '{key}' must be a dotted path or a list of them", "bad mapping")
             value = tuple(value)
         elif not isinstance(value, str) or not value:
             raise FormatError(f"{where}: '{key}' must be a dotted path (text), got {kind_of(value)}", "bad mapping")

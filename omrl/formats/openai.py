@@ -10,17 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import (
-    FormatError,
-    RecordContext,
-    leftovers,
-    make_row,
-    message,
-    openai_tool_calls,
-    require_dict,
-    task_text,
-    tool_call,
-)
+from omrl.formats.common import FormatError, RecordContext, message, openai_tool_calls, tool_call
+from omrl.formats.mapping import Mapping
 
 NAME = "openai"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "ai": "assistant",
@@ -36,7 +27,7 @@ def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[s
         raise FormatError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
     out = []
     for k, msg in enumerate(raw):
-        at = f"{where} messages[{k}]"
+        at = f"{where} {key}[{k}]"
         if not isinstance(msg, dict):
             raise FormatError(f"{at}: expected an object with a role", "bad message")
         role = ROLES.get(msg.get("role")) if isinstance(msg.get("role"), str) else None
@@ -55,23 +46,11 @@ def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[s
     return out
 
 
+# The format is a mapping: messages under `messages`, the rest under the usual keys.
+MAPPING = Mapping(messages="messages", id=ID_KEYS, tools=TOOL_KEYS, success=("resolved", "success", "win"),
+                  reward=("reward",), model=("model",), task=GOLD_KEYS, name=NAME, style="openai")
+
+
 def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     """One OpenAI-messages record -> a trajectory dict."""
-    record = require_dict(record, ctx)
-    if "messages" not in record:
-        lists = [k for k, v in record.items() if isinstance(v, list) and v and isinstance(v[0], dict)
-                 and ("role" in v[0] or "from" in v[0])]
-        hint = (f"; the messages look to be under '{lists[0]}': pass --messages-key {lists[0]}" if lists
-                else "; pass --messages-key KEY (or --map map.yaml) to say where they are")
-        raise FormatError(f"{ctx.where}: no 'messages' key (the record has keys {sorted(map(str, record))[:20]})"
-                          f"{hint}", "missing messages")
-    messages = convert_messages(record.get("messages"), ctx.where)
-    tool_key = next((k for k in TOOL_KEYS if record.get(k) is not None), None)  # functions: legacy schemas
-    tools = record[tool_key] if tool_key else None
-    native = next((record[k] for k in ID_KEYS if record.get(k) not in (None, "")), None)
-    gold = {k: record[k] for k in GOLD_KEYS if k in record}
-    success = next((record[k] for k in ("resolved", "success", "win") if k in record), None)
-    used = {"messages", *TOOL_KEYS, "reward", "resolved", "success", "win", "model", *ID_KEYS, *gold}
-    return make_row(ctx, native_id=native, messages=messages, tools=tools, task=gold, reward=record.get("reward"),
-                    success=success, model=record.get("model") if isinstance(record.get("model"), str) else None,
-                    instruction=task_text(record), metadata=leftovers(record, used))
+    return MAPPING.convert(record, ctx)

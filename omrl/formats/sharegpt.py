@@ -9,17 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import (
-    FormatError,
-    RecordContext,
-    leftovers,
-    make_row,
-    message,
-    parse_json_text,
-    require_dict,
-    task_text,
-    tool_call,
-)
+from omrl.formats.common import FormatError, RecordContext, message, parse_json_text, tool_call
+from omrl.formats.mapping import Mapping
 
 NAME = "sharegpt"
 
@@ -46,13 +37,13 @@ def trainable_flag(turn: dict[str, Any]) -> bool | None:
     return None
 
 
-def convert_conversation(turns: Any, where: str) -> list[dict[str, Any]]:
+def convert_conversation(turns: Any, where: str, key: str = "conversations") -> list[dict[str, Any]]:
     """ShareGPT turns -> schema messages (tool results linked later by `make_row`)."""
     if not isinstance(turns, list) or not turns:
-        raise FormatError(f"{where}: 'conversations' must be a non-empty list", "empty conversation")
+        raise FormatError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
     messages: list[dict[str, Any]] = []
     for k, turn in enumerate(turns):
-        at = f"{where} conversations[{k}]"
+        at = f"{where} {key}[{k}]"
         if not isinstance(turn, dict):
             raise FormatError(f"{at}: expected an object with from/value", "bad turn")
         speaker = turn.get("from", turn.get("role"))
@@ -84,23 +75,12 @@ def convert_conversation(turns: Any, where: str) -> list[dict[str, Any]]:
     return messages
 
 
-def native_id(record: dict[str, Any]) -> Any:
-    return next((record[k] for k in ID_KEYS if record.get(k) not in (None, "")), None)
+# The format is a mapping: turns under `conversations` (or `messages`), the rest under the usual keys.
+MAPPING = Mapping(messages=("conversations", "messages"), system=("system",), id=ID_KEYS, tools=TOOL_KEYS,
+                  reward=("reward",), success=("success", "resolved", "win"), model=("model",),
+                  task=("answer", "ground_truth", "gold", "label"), name=NAME, style="sharegpt")
 
 
 def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     """One ShareGPT record -> a trajectory dict."""
-    record = require_dict(record, ctx)
-    key = "conversations" if "conversations" in record else "messages"
-    messages = convert_conversation(record.get(key), ctx.where)
-    if isinstance(record.get("system"), str) and record["system"]:  # LLaMA-Factory keeps the system prompt apart
-        messages.insert(0, message("system", record["system"]))
-    gold = {k: record[k] for k in ("answer", "ground_truth", "gold", "label") if k in record}
-    tool_key = next((k for k in TOOL_KEYS if record.get(k) is not None), None)
-    model = record.get("model") if isinstance(record.get("model"), str) else None
-    used = {key, "system", *TOOL_KEYS, "reward", "success", "resolved", "win", *ID_KEYS, *gold,
-            *(("model",) if model else ())}
-    return make_row(ctx, native_id=native_id(record), messages=messages,
-                    tools=record[tool_key] if tool_key else None, task=gold, reward=record.get("reward"),
-                    success=next((record[k] for k in ("success", "resolved", "win") if k in record), None),
-                    model=model, instruction=task_text(record), metadata=leftovers(record, used))
+    return MAPPING.convert(record, ctx)
