@@ -194,3 +194,13 @@ def test_built_in_formats_are_mappings():
 
     assert openai.MAPPING.messages == "messages" and "available_tools" in openai.MAPPING.tools
     assert sharegpt.MAPPING.messages == ("conversations", "messages") and sharegpt.MAPPING.style == "sharegpt"
+
+
+def test_a_field_flag_alone_keeps_the_usual_message_keys(tmp_path):
+    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+              "eval": {"score": 0.5}}
+    path = _jsonl(tmp_path / "e.jsonl", [record])
+    result = CliRunner().invoke(cli, ["import", str(path), "--store", str(tmp_path / "s"), "--reward-key", "eval.score"])
+    assert result.exit_code == 0, result.output
+    [row] = Store(tmp_path / "s").read().to_pylist()
+    assert row["reward"] == 0.5 and [m["content"] for m in row["messages"]] == ["q", "a"]

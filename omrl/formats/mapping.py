@@ -183,4 +183,6 @@ def load_mapping(path: str | Path | None = None, **overrides: Any) -> Mapping:
                               f"{kind_of(loaded)}", "bad mapping")
         options.update(loaded)
     options.update({k: v for k, v in overrides.items() if v is not None})
+    if path is None and not options.get("messages"):  # only other flags (--reward-key ...): the usual message keys
+        options["messages"] = ["messages", "conversations"]
     return mapping_from(options, where)
