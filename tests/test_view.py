@@ -249,3 +249,19 @@ def test_new_parts_and_compaction_are_seen(tmp_path):
         assert c.get(f"/t/{XSS_ID}").status_code == 200
         assert c.get(f"/t/{extra[0]['id']}").status_code == 200
         assert "14 trajectories" in c.get("/").text
+
+
+def test_diff_page(client, store):
+    page = client.get("/diff", params={"a": XSS_ID, "b": CHILD_ID})
+    assert page.status_code == 200
+    assert 'id="diff"' in page.text and "identical message" in page.text  # same thread: one equal run
+    _no_raw_payload(page.text)
+    child = client.get(f"/t/{CHILD_ID}").text
+    assert 'class="diff-link" href="/diff?a=xss-trajectory&amp;b=xss-child"' in child
+    a, b = store.sql("SELECT id FROM trajectories WHERE env = 'math' ORDER BY id LIMIT 2").column(0).to_pylist()
+    other = client.get("/diff", params={"a": a, "b": b}).text
+    assert 'class="replace"' in other or 'class="insert"' in other or 'class="delete"' in other
+    assert '<tr class="changed">' in other  # task or sample differ
+    assert client.get("/diff", params={"a": a, "b": "nope"}).status_code == 404
+    group = client.get("/g/xss-group").text
+    assert 'class="diff-link" href="/diff?a=xss-child&amp;b=xss-trajectory"' in group

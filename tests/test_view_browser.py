@@ -144,6 +144,11 @@ def test_trajectory_group_lineage_and_xss(driver, server, tmp_path):
     assert len(driver.find_elements(By.CSS_SELECTOR, "#samples .sample")) == 2
     _ran_nothing(driver)
     driver.save_screenshot(str(tmp_path / "group.png"))
+    driver.find_element(By.CSS_SELECTOR, "a.diff-link").click()
+    _wait(driver, By.ID, "diff")
+    assert "identical message" in driver.find_element(By.ID, "diff").text
+    _ran_nothing(driver)
+    driver.save_screenshot(str(tmp_path / "diff.png"))
     driver.get(server + "/runs")
     assert driver.find_elements(By.CSS_SELECTOR, "#chart-env rect")
     driver.save_screenshot(str(tmp_path / "runs.png"))

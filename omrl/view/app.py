@@ -87,6 +87,16 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
             return html(pages.error_html("no group with this id in the store", links, name), 404)
         return html(pages.group_html(found, links, name))
 
+    def diff(request: Request) -> Response:
+        a, b = request.query_params.get("a", ""), request.query_params.get("b", "")
+        left = reader.trajectory(a) if a else None
+        right = reader.trajectory(b) if b else None
+        if left is None or right is None:
+            missing = ", ".join(repr(x) for x, row in ((a, left), (b, right)) if row is None)
+            return html(pages.error_html(f"no trajectory with id {missing} in the store; give ?a=ID&b=ID",
+                                         links, name), 404)
+        return html(pages.diff_html(left, right, links, name))
+
     def runs(request: Request) -> Response:
         return html(pages.runs_html(reader.runs(), links, name))
 
@@ -103,6 +113,7 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
         Route("/t/{trajectory_id:path}", trajectory, methods=["GET", "HEAD"]),
         Route("/g/{group_id:path}", group, methods=["GET", "HEAD"]),
         Route("/runs", runs, methods=["GET", "HEAD"]),
+        Route("/diff", diff, methods=["GET", "HEAD"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     middleware = [Middleware(_SecurityHeaders),

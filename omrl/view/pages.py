@@ -3,6 +3,7 @@ the static export (which differ only in how links are spelled: `Links`)."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -61,6 +62,12 @@ class Links:
                 return None
             return f"{self.root}t/{file_key(trajectory_id)}.html"
         return "/t/" + quote(trajectory_id, safe="")
+
+    def diff(self, a: str | None, b: str | None) -> str | None:
+        """The comparison of two trajectories (served only: an export has no diff pages)."""
+        if self.export or not a or not b:
+            return None
+        return "/diff?" + urlencode({"a": a, "b": b})
 
     def group(self, group_id: str | None) -> str | None:
         if not group_id:
@@ -156,7 +163,40 @@ def trajectory_html(row: dict[str, Any], links: Links, store_name: str) -> str:
 
 
 def group_html(group: Group, links: Links, store_name: str) -> str:
-    return render("group.html", links, group=group, store_name=store_name)
+    scored = [r for r in group.rows if r.get("reward") is not None]
+    best = max(scored, key=lambda r: r["reward"]) if scored else None
+    return render("group.html", links, group=group, best=best, store_name=store_name)
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    parts = [message.get("content") or ""]
+    for call in message.get("tool_calls") or []:
+        parts.append(f"→ {call.get('name')}({call.get('arguments') or ''})")
+    return "\n".join(p for p in parts if p)
+
+
+def diff_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The two conversations aligned message by message (difflib over (role, text)): runs of equal
+    messages, and changed, removed or added ones with both sides."""
+    left = [(m.get("role"), _message_text(m)) for m in a.get("messages") or []]
+    right = [(m.get("role"), _message_text(m)) for m in b.get("messages") or []]
+    rows = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, left, right, autojunk=False).get_opcodes():
+        if tag == "equal":
+            rows.append({"tag": "equal", "count": i2 - i1, "first": i1, "messages": left[i1:i2]})
+            continue
+        for k in range(max(i2 - i1, j2 - j1)):
+            la = left[i1 + k] if i1 + k < i2 else None
+            rb = right[j1 + k] if j1 + k < j2 else None
+            rows.append({"tag": tag, "a": la, "b": rb, "a_pos": i1 + k if la else None,
+                         "b_pos": j1 + k if rb else None})
+    return rows
+
+
+def diff_html(a: dict[str, Any], b: dict[str, Any], links: Links, store_name: str) -> str:
+    fields = ["task_id", "env", "model", "round", "sample", "reward", "success", "status", "num_turns",
+              "prompt_tokens", "completion_tokens", "duration_s", "source"]
+    return render("diff.html", links, a=a, b=b, rows=diff_rows(a, b), fields=fields, store_name=store_name)
 
 
 def _bars(rows: list[dict[str, Any]], label: str, value: str, maximum: float | None = None) -> dict[str, Any]:
