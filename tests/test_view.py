@@ -265,3 +265,34 @@ def test_diff_page(client, store):
     assert client.get("/diff", params={"a": a, "b": "nope"}).status_code == 404
     group = client.get("/g/xss-group").text
     assert 'class="diff-link" href="/diff?a=xss-child&amp;b=xss-trajectory"' in group
+
+
+def test_cli_serves(store):
+    """`omrl view STORE --port P` serves the viewer on 127.0.0.1 until stopped."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "omrl", "view", str(store.path), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs", timeout=5) as response:
+                    assert response.status == 200 and b'id="rounds"' in response.read()
+                    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(proc.stdout.read().decode() if proc.poll() is not None
+                                         else "no answer") from None
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
