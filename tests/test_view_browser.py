@@ -76,10 +76,15 @@ def driver():
 
 
 def _ran_nothing(driver) -> None:
-    """No payload ran: the globals it would set are unset and no alert is open."""
+    """No payload ran: the globals it would set are unset, no alert is open, and the browser logged no
+    blocked script or image (escaping kept the payload text, so the CSP had nothing to refuse)."""
     assert driver.execute_script("return window.__omrl_xss === undefined")
     with pytest.raises(NoAlertPresentException):
         driver.switch_to.alert.text  # noqa: B018
+    # network entries are the pages' own status codes (a refused WHERE answers 400)
+    problems = [e["message"] for e in driver.get_log("browser")
+                if e.get("level") == "SEVERE" and e.get("source") != "network"]
+    assert problems == []
 
 
 def _wait(driver, by, what):
@@ -167,6 +172,8 @@ def test_exported_pages_from_disk(driver, store, tmp_path):
     _wait(driver, By.ID, "thread")
     assert driver.current_url == (out / "t" / f"{file_key(XSS_ID)}.html").as_uri()
     _ran_nothing(driver)
+    assert driver.execute_script("return document.documentElement.dataset.viewJs") == "ready"
+    assert driver.find_element(By.ID, "deeplink").get_attribute("value").startswith("file://")
     # the stylesheet loaded from the export's own static folder (relative link)
     assert driver.execute_script(
         "return getComputedStyle(document.querySelector('header.top')).display") == "flex"

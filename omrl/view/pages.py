@@ -19,6 +19,8 @@ TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread 
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+# the same policy in each page's <meta> (what an exported file has); browsers ignore frame-ancestors there
+META_CSP = CSP.replace("; frame-ancestors 'none'", "")
 
 
 def file_key(key: str) -> str:
@@ -124,7 +126,7 @@ _ENV.globals.update(FOLD_CHARS=FOLD_CHARS, TOOL_FOLD_CHARS=TOOL_FOLD_CHARS)
 
 
 def render(template: str, links: Links, **context: Any) -> str:
-    return _ENV.get_template(template).render(links=links, export=links.export, csp=CSP, **context)
+    return _ENV.get_template(template).render(links=links, export=links.export, csp=META_CSP, **context)
 
 
 # ---------------------------------------------------------------------------------------- the pages
