@@ -27,7 +27,7 @@ from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
-from omrl.schema import group_id, normalize_trajectory, trajectory_id
+from omrl.schema import group_id, is_failed, normalize_trajectory, trajectory_id
 
 DEFAULT_SYSTEM_PROMPT = ("You are an agent solving a task step by step. Use the tools offered to act; "
                          "each tool result comes back as the next message.")
@@ -148,7 +148,7 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
         reward, success = None, None
     meta = {"seed": seed, "temperature": temperature, "max_turns": max_turns,
             "invalid_actions": state["invalid"], **(metadata or {})}
-    if status not in ("ok", "truncated"):
+    if is_failed(status):
         meta["partial_reward"] = earned
     prompt_tokens = [t["prompt_tokens"] for t in turns if t["prompt_tokens"] is not None]
     completion_tokens = [t["completion_tokens"] for t in turns if t["completion_tokens"] is not None]

@@ -95,7 +95,8 @@ def _evaluate(model_dir: Path, tasks: list, store, recipe: DemoRecipe, stage: st
                                       progress=False))
         metrics = result.metrics["grid"]
         prefix = "" if mode == "sampled" else "greedy_"
-        out[f"{prefix}success"] = round(metrics["success_rate"], 4)
+        rate = metrics["success_rate"]
+        out[f"{prefix}success"] = None if rate is None else round(rate, 4)
         mean = metrics["mean_reward"]  # None when every episode failed: never shown as a reward of 0
         out[f"{prefix}mean_reward"] = None if mean is None else round(mean, 4)
         if mode == "sampled":
@@ -241,7 +242,8 @@ def run_demo(recipe: DemoRecipe) -> list[dict[str, Any]]:
     expert = asyncio.run(collect(_grid_factory(recipe.expert_noise, recipe.seed + 1), held_out,
                                  ScriptedPolicy(), store, run_id="demo-expert-eval", max_turns=recipe.max_turns,
                                  concurrency=64, progress=False, source="eval"))
-    stage_done({"stage": "expert", "tasks": len(held_out), "success": round(expert.success_rate, 4),
+    expert_rate = None if expert.success_rate is None else round(expert.success_rate, 4)
+    stage_done({"stage": "expert", "tasks": len(held_out), "success": expert_rate,
                 "success_ci95": _ci95(store, "demo-expert-eval"),
                 "mean_reward": round(expert.mean_reward, 4), "greedy_success": None,
                 "note": f"scripted expert, {recipe.expert_noise:.0%} random moves"})

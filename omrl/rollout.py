@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.agent import Episode, run_episode
-from omrl.schema import trajectory_id
+from omrl.schema import is_failed, trajectory_id
 from omrl.store import Store
 
 EnvFactory = Callable[[], Any]
@@ -86,6 +86,8 @@ class CollectResult:
     already_stored: int = 0  # played, but a concurrent run of the same command stored them first
     statuses: Counter = field(default_factory=Counter)
     successes: int = 0
+    known: int = 0  # episodes with a known outcome: not failed, success not null (the success rate's base)
+    unknown_success: int = 0  # finished, but whether the task was solved is not known
     reward_sum: float = 0.0
     scored: int = 0
     completion_tokens: int = 0
@@ -93,11 +95,12 @@ class CollectResult:
 
     @property
     def errors(self) -> int:
-        return sum(n for s, n in self.statuses.items() if s not in ("ok", "truncated"))
+        return sum(n for s, n in self.statuses.items() if is_failed(s))
 
     @property
     def success_rate(self) -> float | None:
-        return self.successes / self.played if self.played else None
+        """Solved / episodes with a known outcome (the one definition, omrl.schema.success_counts)."""
+        return self.successes / self.known if self.known else None
 
     @property
     def mean_reward(self) -> float | None:
@@ -110,7 +113,12 @@ class CollectResult:
     def add(self, row: dict[str, Any]) -> None:
         self.played += 1
         self.statuses[row["status"]] += 1
-        self.successes += bool(row["success"])
+        if not is_failed(row["status"]):
+            if row["success"] is None:
+                self.unknown_success += 1
+            else:
+                self.known += 1
+                self.successes += bool(row["success"])
         if row["reward"] is not None:
             self.reward_sum += row["reward"]
             self.scored += 1
@@ -220,7 +228,8 @@ class _Progress:
         if not self.enabled:
             return
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        stats = (f"success {result.success_rate or 0:.0%}  {result.played / elapsed:.1f} ep/s  "
+        rate = "-" if result.success_rate is None else f"{result.success_rate:.0%}"
+        stats = (f"success {rate}  {result.played / elapsed:.1f} ep/s  "
                  f"{result.completion_tokens / elapsed:.0f} tok/s  errors {result.errors}")
         self.bar.update(self.task, completed=result.played, stats=stats)
 

@@ -42,7 +42,8 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
         table.add_column(column, justify="left" if column == "env" else "right")
     for env, m in result.metrics.items():
         reward = "-" if m["mean_reward"] is None else f"{m['mean_reward']:.3f}"
-        table.add_row(env, str(m["tasks"]), str(m["episodes"]), f"{m['success_rate']:.1%}", reward,
+        success = "-" if m["success_rate"] is None else f"{m['success_rate']:.1%}"
+        table.add_row(env, str(m["tasks"]), str(m["episodes"]), success, reward,
                       *(f"{m[k]:.1%}" if k in m else "-" for k in pass_keys), str(m["truncated"]), str(m["errors"]))
     console.print(table)
     if store_path is None:

@@ -88,12 +88,13 @@ def _extra_rows(keys: list[Any]) -> int:
     return sum(n - 1 for n in Counter(keys).values() if n > 1)
 
 
-def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0) -> ChaosResult:
+def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0, max_rounds: int | None = None) -> ChaosResult:
     """Calibrate, then kill the command `kills` times, each at a random moment of the work it has left.
 
     A kill lands after the command's start-up (timed by a second run with nothing left to do) and before
-    the time the remaining
-    work should take, judged from the uninterrupted run and the share of expected keys already stored.
+    the time the remaining work should take. When the work is done before all kills are spent (a
+    resumed run finishes quickly), a new round starts from fresh inputs; every round ends with an
+    uninterrupted run, after which nothing may be lost, doubled or half-made.
     """
     rng = random.Random(seed)
     result = ChaosResult(scenario.name)
@@ -110,18 +111,39 @@ def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0) -
     startup = min(time.monotonic() - started, duration * 0.9)
     expected = set(scenario.observe(calibration).keys)
     result.expected = len(expected)
-    work_s = max(duration - startup, 0.05)
+    typical_s = startup + max(duration - startup, 0.05)
 
-    work = workdir / f"{scenario.name}-killed"
-    work.mkdir(parents=True)
-    scenario.prepare(work)
+    for round_index in range(max_rounds or 3 * max(kills, 1)):
+        if result.kills >= kills:
+            break
+        work = workdir / f"{scenario.name}-killed-{round_index}"
+        work.mkdir(parents=True)
+        scenario.prepare(work)
+        _kill_round(scenario, work, expected, kills - result.kills, rng, typical_s, result)
+        if not scenario.finished(work):
+            final = _run(scenario.argv(work), work)
+            if final.returncode != 0:
+                result.errors.append(f"final run failed: {final.stdout[-300:]} {final.stderr[-500:]}")
+        seen = scenario.observe(work, final=True)
+        result.duplicated = max(result.duplicated, _extra_rows(seen.keys))
+        result.lost += len(expected - set(seen.keys))
+        if seen.partial:
+            result.partial += 1
+            result.errors.append(f"at the end of round {round_index}: {seen.partial}")
+    return result
+
+
+def _kill_round(scenario: Scenario, work: Path, expected: set[Any], kills: int, rng: random.Random,
+                typical_s: float, result: ChaosResult) -> None:
+    """Start and kill the command in `work` until `kills` are spent or its work is done."""
     for _ in range(kills):
         if scenario.finished(work) or (not scenario.progress_hidden and _share(scenario, work, expected) == 1.0):
-            break  # the work is done: a later kill would only hit start-up
+            return  # the work is done: a later kill would only hit start-up
         process = subprocess.Popen([sys.executable, "-m", "omrl", *scenario.argv(work)], cwd=work,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(),
                                    start_new_session=True)
-        if _wait_for_kill_moment(process, scenario, work, expected, rng, startup + work_s):
+        killed = _wait_for_kill_moment(process, scenario, work, expected, rng, typical_s)
+        if killed:
             os.killpg(process.pid, signal.SIGKILL)
             result.kills += 1
         else:
@@ -134,17 +156,8 @@ def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0) -
         if seen.partial:
             result.partial += 1
             result.errors.append(f"after a kill: {seen.partial}")
-    if not scenario.finished(work):
-        final = _run(scenario.argv(work), work)
-        if final.returncode != 0:
-            result.errors.append(f"final run failed: {final.stdout[-300:]} {final.stderr[-500:]}")
-    seen = scenario.observe(work, final=True)
-    result.duplicated = max(result.duplicated, _extra_rows(seen.keys))
-    result.lost = len(expected - set(seen.keys))
-    if seen.partial:
-        result.partial += 1
-        result.errors.append(f"at the end: {seen.partial}")
-    return result
+        if not killed:
+            return  # finished by itself: this round's work is done
 
 
 def _share(scenario: Scenario, work: Path, expected: set[Any]) -> float:
@@ -340,14 +353,15 @@ def iterate_scenario() -> Scenario:
 
         tasks = shipped_datasets_dir() / "tasks"
         recipe = {
-            "output_dir": str(work / "run"), "model": str(cached_tiny_model(hidden=32)), "env": "grid",
+            "output_dir": str(work / "run"), "model": str(cached_tiny_model(hidden=32)),
             "train_tasks": str(tasks / "grid_train.jsonl"), "eval_tasks": str(tasks / "grid_eval.jsonl"),
-            "rounds": 2, "demos": {"tasks": 16, "only_success": False},
+            "rounds": 2, "rollout": {"env": "grid", "max_turns": 4, "max_new_tokens": 4},
+            "demos": {"tasks": 16, "only_success": False},
             "sft": {"max_steps": 2, "batch_size": 4, "quiet": True},
-            "collect": {"tasks": 16, "samples": 2, "max_turns": 4, "max_new_tokens": 4},
-            "grpo": {"max_steps": 2, "tasks_per_step": 2, "samples_per_task": 2, "max_turns": 4,
-                     "max_new_tokens": 4, "warmup_steps": 0, "quiet": True, "logging_steps": 1},
-            "eval": {"tasks": 16, "samples": 1, "greedy": False, "max_turns": 4, "max_new_tokens": 4},
+            "collect": {"tasks": 16, "samples": 2},
+            "grpo": {"max_steps": 2, "tasks_per_step": 2, "samples_per_task": 2, "warmup_steps": 0,
+                     "quiet": True, "logging_steps": 1},
+            "eval": {"tasks": 16, "samples": 1, "greedy": False},
         }
         (work / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
 

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from omrl.envs.base import Task
+from omrl.schema import is_failed
 
 
 class AgentRollout:
@@ -113,7 +114,7 @@ class AgentRollout:
             out["omrl_success"].append(row["success"])
             out["omrl_trajectory_id"].append(row["id"])
         self.episodes += len(episodes)
-        failed = [e.row for e in episodes if e.row["status"] not in ("ok", "truncated")]
+        failed = [e.row for e in episodes if is_failed(e.row["status"])]
         if episodes and len(failed) == len(episodes):
             # Nothing to learn from and a setup that is broken: stop loudly (the rows are stored to inspect).
             raise RuntimeError(f"GRPO step {step}: all {len(episodes)} rollouts failed; first error "

@@ -1,0 +1,73 @@
+"""Chaos: SIGKILL loops over the seven store-writing commands, a fuzz corpus for every reader, and the
+query and sandbox escape suites. Prints one JSON line.
+
+Targets (issue 8): lost = 0 and duplicated = 0 over >= 50 kills spread across collect, append, import,
+filter, compact, annotate and iterate; fuzz_unlocated_errors = 0 over >= 60 fuzz cases;
+query_escapes = 0 and sandbox_escapes = 0 over every listed case.
+
+    python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
+    python benchmarks/chaos.py --kills 2 --skip iterate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from omrl.testing.chaos import SCENARIOS, run_scenario
+from omrl.testing.escapes import run_query_escapes, run_sandbox_escapes
+from omrl.testing.fuzz import run_fuzz_corpus, summarize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=8, help="SIGKILLs per command")
+    parser.add_argument("--skip", action="append", default=[], choices=sorted(SCENARIOS),
+                        help="leave a command out (repeatable)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="print each part's result to stderr")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="omrl-chaos-") as tmp:
+        work = Path(tmp)
+        per_command = {}
+        for i, name in enumerate(sorted(set(SCENARIOS) - set(args.skip))):
+            result = run_scenario(SCENARIOS[name](), work / name, args.kills, seed=args.seed + i)
+            per_command[name] = result.to_dict()
+            if args.verbose:
+                print(json.dumps(per_command[name]), file=sys.stderr)
+        outcomes = run_fuzz_corpus(work / "fuzz-corpus", work / "fuzz-work")
+        fuzz = summarize(outcomes)
+        query = run_query_escapes(work / "query")
+        sandbox = run_sandbox_escapes(work / "sandbox")
+        if args.verbose:
+            for report in (query, sandbox):
+                print(json.dumps(report.to_dict()), file=sys.stderr)
+
+    results = list(per_command.values())
+    print(json.dumps({
+        "kills": sum(r["kills"] for r in results),
+        "lost": sum(r["lost"] for r in results),
+        "duplicated": sum(r["duplicated"] for r in results),
+        "partial": sum(r["partial"] for r in results),
+        "kills_per_command": {r["scenario"]: r["kills"] for r in results},
+        "command_errors": sum(len(r["errors"]) for r in results),
+        "fuzz_cases": len(outcomes),
+        "fuzz_unlocated_errors": fuzz["unlocated"] + fuzz["traceback"],
+        "fuzz_not_ok": fuzz["not ok"],
+        "query_cases": query.cases,
+        "query_escapes": query.escapes,
+        "sandbox_cases": sandbox.cases,
+        "sandbox_escapes": sandbox.escapes,
+        "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
+        "seconds": round(time.monotonic() - started, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()
