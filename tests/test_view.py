@@ -296,3 +296,24 @@ def test_cli_serves(store):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_sparse_rows_and_empty_store(tmp_path):
+    """Rows with only the required fields, arguments that are not JSON, and an empty store all render."""
+    empty = Store.create(tmp_path / "empty")
+    with TestClient(make_app(empty), base_url="http://127.0.0.1") as c:
+        assert "0 trajectories" in c.get("/").text
+        assert c.get("/runs").status_code == 200
+        assert "0 trajectories" in c.get("/", params={"where": "success"}).text
+    store = Store.create(tmp_path / "sparse")
+    store.append([{"id": "bare", "task_id": "t"},
+                  {"id": "bare2", "task_id": "t2", "reward": None, "messages": [
+                      {"role": "assistant", "content": None,
+                       "tool_calls": [{"id": None, "name": "f", "arguments": "not json {"}]}]}])
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        for url in ("/", "/t/bare", "/runs", "/?sort=reward", "/diff?a=bare&b=bare2"):
+            assert c.get(url).status_code == 200, url
+        assert "not json {" in c.get("/t/bare2").text
+        gid = store.sql("SELECT group_id FROM trajectories WHERE id = 'bare2'").column(0)[0].as_py()
+        assert "advantage" in c.get(f"/g/{gid}").text
+    assert export_site(store, tmp_path / "site").trajectories == 2

@@ -335,6 +335,8 @@ class StoreReader:
                             f"WHERE group_id = {quote_literal(group_id)} ORDER BY sample, id")
         if not rows:
             return None
+        for row in rows:
+            row["advantage"] = None  # no reward: GRPO cannot use the sample
         scored = [r for r in rows if r["reward"] is not None and math.isfinite(r["reward"])]
         rewards = [r["reward"] for r in scored]
         advantages = group_advantages(rewards, [group_id] * len(rewards)) if rewards else []
