@@ -130,7 +130,12 @@ def default_run_name(env: str, tasks_path: str | Path | None, policy: str, prefi
 
     The round is not part of it: trajectory ids include the round already, so each round resumes on its own.
     """
-    source = str(Path(tasks_path).resolve()) if tasks_path else ""
+    if not tasks_path:
+        source = ""
+    elif str(tasks_path).startswith("shipped:"):  # the same shipped set wherever the command runs
+        source = str(tasks_path)
+    else:
+        source = str(Path(tasks_path).resolve())
     digest = hashlib.sha256(f"{env}\n{source}\n{policy}".encode()).hexdigest()[:8]
     stem = Path(tasks_path).stem if tasks_path else "tasks"
     policy_short = policy.rstrip("/").split("/")[-1]

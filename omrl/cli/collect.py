@@ -56,8 +56,10 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags collect and eval share: the RolloutSettings fields, then the run's own."""
     options = [
         *_settings_options(),
-        click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True, dir_okay=True),
-                     help="Tasks file (from `omrl tasks import`)."),
+        # A plain string, not click.Path(exists=True): `shipped:NAME` names a task set shipped with omrl,
+        # and load_tasks reports a missing file as one clear line.
+        click.option("--tasks", "tasks_path", required=True,
+                     help="Tasks file (from `omrl tasks import`), or shipped:NAME for a shipped task set."),
         click.option("--policy", "policy_spec", required=True,
                      help="openai:MODEL, hf:PATH, scripted or random."),
         click.option("--round", "round_", default=0, show_default=True, help="Iteration round (iterative training)."),

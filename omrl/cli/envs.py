@@ -39,7 +39,8 @@ def list_() -> None:
 
 @envs.command()
 @click.argument("env")
-@click.option("--tasks", "tasks_path", required=True, type=click.Path(exists=True), help="Tasks file (data_idx indexes it).")
+@click.option("--tasks", "tasks_path", required=True,
+              help="Tasks file (data_idx indexes it), or shipped:NAME for a shipped task set.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True)
 @user_errors

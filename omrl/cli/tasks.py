@@ -46,7 +46,7 @@ def import_(src: str, out: str, id_: str | None, instruction: str | None, answer
 
 
 @tasks.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path")  # a file, or shipped:NAME
 @click.option("--examples", default=3, show_default=True, help="How many example tasks to print.")
 @user_errors
 def show(path: str, examples: int) -> None:
