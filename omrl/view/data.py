@@ -49,6 +49,7 @@ ROW_GROUP_CACHE = 2
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
                 "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
                 "source, parent_id, created_at")
+ANNOTATION_COLUMNS = "annotator, kind, score, label, rationale, status, error, judge_model, rubric, created_at"
 GROUP_COLUMNS = ("id, sample, model, reward, success, status, error, num_turns, "
                  "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
                  "task_id, run_id, round, instruction, "
@@ -269,8 +270,21 @@ class StoreReader:
         return self.sql(f"SELECT {LIST_COLUMNS} FROM trajectories WHERE id IN ({values}) "
                         "ORDER BY created_at DESC NULLS LAST, id")
 
-    def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
-        """One trajectory row, with `annotations`, `children` (rows derived from it) and `parent_exists`."""
+    def annotations(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The annotations of these trajectories, newest first, by trajectory id (one query)."""
+        if not ids:
+            return {}
+        values = ", ".join(quote_literal(i) for i in ids)
+        out: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+        for a in self.sql(f"SELECT trajectory_id, {ANNOTATION_COLUMNS} FROM annotations "
+                          f"WHERE trajectory_id IN ({values}) ORDER BY created_at DESC, annotator"):
+            out[a.pop("trajectory_id")].append(a)
+        return out
+
+    def trajectory(self, trajectory_id: str, annotations: list[dict[str, Any]] | None = None
+                   ) -> dict[str, Any] | None:
+        """One trajectory row, with `annotations` (read unless given), `children` (rows derived from it)
+        and `parent_exists`."""
         tid = quote_literal(trajectory_id)
         rows = self._indexed([trajectory_id])
         if rows is None:
@@ -278,9 +292,8 @@ class StoreReader:
         if not rows:
             return None
         row = rows[0]
-        row["annotations"] = self.sql(
-            "SELECT annotator, kind, score, label, rationale, status, error, judge_model, rubric, created_at "
-            f"FROM annotations WHERE trajectory_id = {tid} ORDER BY created_at DESC, annotator")
+        row["annotations"] = annotations if annotations is not None else self.annotations([trajectory_id])[
+            trajectory_id]
         parent = row.get("parent_id")
         snap = self._snapshot
         if snap is not None:
@@ -295,6 +308,15 @@ class StoreReader:
         row["parent_exists"] = bool(parent) and bool(self.sql(
             f"SELECT 1 AS x FROM trajectories WHERE id = {quote_literal(parent)} LIMIT 1"))
         return row
+
+    def storage_order(self, ids: list[str]) -> list[str]:
+        """`ids` in the order their rows lie in the parts (so a pass reads each row group once)."""
+        with self._lock:
+            snap = self._snap(self._connection())
+        if snap is None:
+            return list(ids)
+        far = ("\uffff", 0, 0)
+        return sorted(ids, key=lambda i: snap.where.get(i, far))
 
     def _row_group(self, part: str, rg: int) -> pa.Table:
         """One row group, kept among the last ROW_GROUP_CACHE read (a group's samples and the trajectory

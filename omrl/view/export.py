@@ -56,11 +56,17 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
         listing = ListPage(rows, len(rows), 1, 1, "created", True, (where or "").strip())
         _write(root / "index.html", pages.list_html(listing, top, name))
         _write(root / "runs.html", pages.runs_html(reader.runs(), top, name))
-        for tid in ids:
-            row = reader.trajectory(tid)
+        notes = reader.annotations(ids)
+        for tid in reader.storage_order(ids):
+            row = reader.trajectory(tid, annotations=notes[tid])
             if row is not None:
                 _write(root / "t" / f"{pages.file_key(tid)}.html", pages.trajectory_html(row, deep, name))
-        for gid in groups:
+        first_member = {}
+        for r in rows:
+            first_member.setdefault(r.get("group_id"), r["id"])
+        members = reader.storage_order([first_member[g] for g in groups])
+        by_member = {first_member[g]: g for g in groups}
+        for gid in (by_member[m] for m in members):
             group = reader.group(gid)
             if group is not None:
                 _write(root / "g" / f"{pages.file_key(gid)}.html", pages.group_html(group, deep, name))
