@@ -8,6 +8,11 @@ from omrl.cli.common import user_errors
 from omrl.store import open_store
 
 
+def _need_view_extra(exc: ImportError) -> click.ClickException:
+    return click.ClickException(f"omrl view needs the `view` extra ({exc.name} is missing): "
+                                "pip install 'omrl[view]'")
+
+
 @click.command()
 @click.argument("store", type=click.Path(file_okay=False, exists=True))
 @click.option("--port", type=int, default=8765, show_default=True, help="Port to serve on.")
@@ -29,16 +34,22 @@ def view(store: str, port: int, host: str, open_browser: bool, export_dir: str |
     """
     opened = open_store(store)
     if export_dir is not None:
-        from omrl.view.export import export_site
+        try:
+            from omrl.view.export import export_site
+        except ImportError as exc:
+            raise _need_view_extra(exc) from None
 
         done = export_site(opened, export_dir, where=where, limit=limit)
         click.echo(f"wrote {done.trajectories} trajectories and {done.groups} groups to {done.index}")
         return
     if where:
         raise click.UsageError("--where selects what --export writes; in the viewer, type it in the WHERE box")
-    import uvicorn
+    try:
+        import uvicorn
 
-    from omrl.view.app import LOCAL_HOSTS, make_app
+        from omrl.view.app import LOCAL_HOSTS, make_app
+    except ImportError as exc:
+        raise _need_view_extra(exc) from None
 
     local = host in ("127.0.0.1", "localhost", "::1")
     app = make_app(opened, allowed_hosts=LOCAL_HOSTS if local else ["*"])
