@@ -396,7 +396,9 @@ class StoreReader:
             "FROM trajectories GROUP BY round ORDER BY round")
         total = self.sql("SELECT count(*) AS n, count(DISTINCT group_id) AS groups FROM trajectories")[0]
         annotations = self.sql(
-            "SELECT annotator, count(*) AS n, avg(score) AS mean_score FROM annotations "
+            "SELECT annotator, count(*) FILTER (WHERE status = 'ok') AS n, "
+            "count(*) FILTER (WHERE status IS DISTINCT FROM 'ok') AS errors, "
+            "avg(score) FILTER (WHERE status = 'ok') AS mean_score FROM annotations "
             "GROUP BY annotator ORDER BY annotator")
         return {"counts": counts, "rounds": rounds, "by_round": by_round, "total": total,
                 "annotations": annotations}
