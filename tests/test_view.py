@@ -115,6 +115,11 @@ def test_where_filter(client, store):
     assert 'value="env = &#39;math&#39; AND success"' in page  # the box keeps the condition, escaped
     one = client.get("/", params={"where": f"id = '{CHILD_ID}'"}).text
     assert _trajectory_links(one) == [f"/t/{CHILD_ID}"]
+    text = client.get("/", params={"where": "id IN (SELECT trajectory_id FROM messages "
+                                            "WHERE content ILIKE '%onerror%')"}).text
+    assert sorted(_trajectory_links(text)) == [f"/t/{CHILD_ID}", f"/t/{XSS_ID}"]
+    judged = client.get("/", params={"where": "id IN (SELECT trajectory_id FROM scores)"}).text
+    assert _trajectory_links(judged) == [f"/t/{XSS_ID}"]
     past = client.get("/", params={"where": "reward >= 0", "page": 99, "sort": "turns"}).text
     n = store.sql("SELECT count(*) FROM trajectories WHERE reward >= 0").column(0)[0].as_py()
     assert f"{n} trajectories · page 2 of 2" in past and len(_trajectory_links(past)) == n - 50
