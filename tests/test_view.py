@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette")
-pytest.importorskip("httpx")  # the TestClient's transport
+try:  # the view extra, and the TestClient's transport (httpx or httpx2)
+    from starlette.testclient import TestClient
+except (ImportError, RuntimeError) as exc:
+    pytest.skip(f"omrl view tests need starlette and httpx (pip install 'omrl[view]' httpx): {exc}",
+                allow_module_level=True)
 
 from click.testing import CliRunner  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
 
 from omrl.cli.main import cli  # noqa: E402
 from omrl.schema import Annotation  # noqa: E402
