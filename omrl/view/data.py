@@ -131,6 +131,7 @@ class StoreReader:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._parts: tuple | None = None
         self._snapshot: _Snapshot | None = None
+        self._too_big = False
         self._runs: tuple | None = None
         self._row_groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
@@ -146,15 +147,16 @@ class StoreReader:
         if refresh or self._con is None or parts != self._parts:
             if self._con is not None:
                 close(self._con)
-            self._con, self._parts, self._snapshot = connect(self.store), parts, None
+            self._con, self._parts, self._snapshot, self._too_big = connect(self.store), parts, None, False
             self._row_groups.clear()
         return self._con
 
     def _snap(self, con: duckdb.DuckDBPyConnection) -> _Snapshot | None:
         """The cached list table and row index of the current parts (None above CACHE_MAX_ROWS)."""
-        if self._snapshot is None:
+        if self._snapshot is None and not self._too_big:
             n = run_query(self.store, "SELECT count(*) FROM trajectories", con=con).column(0)[0].as_py()
             if n > CACHE_MAX_ROWS:
+                self._too_big = True  # until the parts change
                 return None
             table = run_query(self.store, f"SELECT {LIST_COLUMNS} FROM trajectories", con=con,
                               timeout=self.timeout)
