@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from omrl.formats.chat import convert_conversation, convert_messages
 from omrl.formats.common import (
     MISSING,
     FormatError,
@@ -72,9 +73,6 @@ class Mapping:
 
     def convert(self, record: Any, ctx: RecordContext) -> dict[str, Any]:
         """One record -> a trajectory dict, by this mapping."""
-        from omrl.formats.openai import convert_messages
-        from omrl.formats.sharegpt import convert_conversation
-
         record = require_dict(record, ctx)
         # A top-level key a mapping takes is not repeated in metadata; the parent of a dotted path stays
         # there whole (it may hold more than the mapped value).

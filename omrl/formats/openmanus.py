@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omrl.formats.chat import convert_conversation
 from omrl.formats.common import RecordContext, leftovers, make_row, require_dict
-from omrl.formats.sharegpt import convert_conversation
 
 NAME = "openmanus"
 TASK_KEYS = ("reward_model", "data_source", "ability", "prompt", "extra_info")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omrl.formats.chat import convert_messages
 from omrl.formats.common import FormatError, RecordContext, make_row, require_dict, short_hash
-from omrl.formats.openai import convert_messages
 
 NAME = "toolbench"
 
