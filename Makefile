@@ -12,17 +12,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[train,view,dev]'
 	touch $(STAMP)
 
-# bubblewrap: the sandbox for agent-written code (the code env's tests); installed with apt only when missing.
+# bubblewrap: the sandbox for agent-written code (the code env's tests); chromium and its driver: the
+# viewer's browser tests. Installed with apt only when missing.
 system-deps:
-	@if command -v bwrap >/dev/null 2>&1; then :; \
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
-		echo "bwrap (bubblewrap) is missing: install it, e.g. 'sudo apt-get install bubblewrap'" \
-		     "(the code environment refuses to run agent tests without it)"; \
+		echo "missing:$$missing -- install with e.g. 'sudo apt-get install$$missing'" \
+		     "(without bubblewrap the code environment refuses to run agent tests; without chromium the" \
+		     "viewer's browser tests skip)"; \
 	fi
 
 test: system-deps $(STAMP)

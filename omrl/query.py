@@ -51,6 +51,7 @@ _START_CONFIG = {
     "allow_unsigned_extensions": False,
     "allow_persistent_secrets": False,
     "python_enable_replacements": False,  # a query cannot scan the caller's Python variables by name
+    "enable_progress_bar": False,  # a slow query must not draw on the terminal of a server (omrl view)
 }
 
 
