@@ -1,11 +1,17 @@
 """Export a store (or a SQL selection of it) to files, and push an export to the Hugging Face Hub.
 
-Formats:
+Formats (each JSONL one is re-importable with `omrl import`, and a round trip keeps what tests/test_roundtrip.py
+lists; what a format cannot carry is said there):
   parquet   a new store folder (data/<table>/part-*.parquet, README.md dataset card, omrl.json), compacted:
             a valid Hugging Face dataset folder, loadable with `datasets.load_dataset(folder)`
-  jsonl     one omrl trajectory row per line (re-importable with `omrl store append`)
-  openai    {"messages", "tools"} per line: what OpenAI fine-tuning and TRL's SFTTrainer take
-  sharegpt  {"id", "conversations": [{from, value}], "tools", "reward"} per line (LLaMA-Factory roles)
+  omrl      one omrl trajectory row per line, everything kept (re-importable with `omrl store append`);
+            `jsonl` is the same format under its older name
+  openai    {"messages", "tools", "task_id", "reward", "success", "model", "instruction"} per line: OpenAI
+            fine-tuning / TRL conversational; trainable assistant turns as `weight` 0/1
+  sharegpt  {"conversations": [{from, value, loss}], "tools", ...} per line (LLaMA-Factory roles)
+  atif      Harbor's ATIF v1.4 trajectories: steps with tool calls, observations and per-step token metrics
+            (completion_token_ids, logprobs); task id, reward and success under `extra`
+  adp       Agent Data Protocol standardized: {id, content: [message/api actions, text observations], details}
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import pyarrow.compute as pc
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
-EXPORT_FORMATS = ("parquet", "jsonl", "openai", "sharegpt")
+EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "jsonl")
+ATIF_VERSION = "ATIF-v1.4"
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -70,7 +77,8 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     rows = select_rows(store, where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
-    convert = {"jsonl": _jsonable_row, "openai": to_openai_record, "sharegpt": to_sharegpt_record}[fmt]
+    convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
+               "sharegpt": to_sharegpt_record, "atif": to_atif_record, "adp": to_adp_record}[fmt]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
@@ -118,14 +126,21 @@ def _tools(row: dict[str, Any]) -> list[Any]:
     return json.loads(row.get("tools") or "[]")
 
 
+def _outcome(row: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys the openai and sharegpt importers map back: task id, reward, success, model, instruction."""
+    out = {"task_id": row.get("task_id"), "reward": row.get("reward"), "success": row.get("success"),
+           "model": row.get("model"), "instruction": row.get("instruction")}
+    return {k: v for k, v in out.items() if v not in (None, "")}
+
+
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Schema messages in the OpenAI fine-tuning form (omrl.messages.to_openai with reasoning and weights)."""
     return to_openai(messages, export=True)
 
 
 def to_openai_record(row: dict[str, Any]) -> dict[str, Any]:
-    """{"messages", "tools"}: one fine-tuning example."""
-    return {"messages": to_openai_messages(row["messages"]), "tools": _tools(row)}
+    """{"messages", "tools"} (one fine-tuning example) with the task id, reward, success, model and instruction beside."""
+    return {"messages": to_openai_messages(row["messages"]), "tools": _tools(row), **_outcome(row)}
 
 
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}
@@ -134,28 +149,116 @@ SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool
 def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
     """ShareGPT with LLaMA-Factory's tool roles: an assistant's tool calls follow it as a `function_call` turn.
 
-    Call arguments are written as objects (LLaMA-Factory's form), so their JSON text may be re-spaced.
+    Call arguments are written as objects (LLaMA-Factory's form), so their JSON text may be re-spaced; the
+    training flag is `loss` on every turn; a tool result names its function (it is linked back by name
+    and order: ShareGPT has no call ids on results).
     """
     conversations = []
     for m in row["messages"]:
         flag = {} if m.get("trainable") is None else {"loss": bool(m["trainable"])}
-        if m["role"] != "assistant" or m["content"] or not m["tool_calls"]:
+        calls = m["tool_calls"] or []
+        # A text turn unless the message is calls only (no text, no reasoning): a function_call turn
+        # right after a gpt turn is read back as that same message's calls.
+        if m["role"] != "assistant" or not calls or m["content"] is not None or m.get("reasoning") is not None:
             turn = {"from": SHAREGPT_ROLES[m["role"]], "value": m["content"] or "", **flag}
+            if m.get("name"):
+                turn["name"] = m["name"]
             if m.get("reasoning") is not None:  # not in ShareGPT proper; kept so a re-import loses nothing
                 turn["reasoning"] = m["reasoning"]
             conversations.append(turn)
-        if m["tool_calls"]:
-            calls = [{"id": cid, "name": name, "arguments": arguments_value(args)}
-                     for cid, name, args in map(tool_call_parts, m["tool_calls"])]
-            value = calls[0] if len(calls) == 1 else calls
+        if calls:
+            parts = [{"id": cid, "name": name, "arguments": arguments_value(args)}
+                     for cid, name, args in map(tool_call_parts, calls)]
+            value = parts[0] if len(parts) == 1 else parts
             conversations.append({"from": "function_call", "value": json.dumps(value, ensure_ascii=False), **flag})
-    out = {"id": row["id"], "conversations": conversations}
+    out: dict[str, Any] = {"conversations": conversations}
     tools = _tools(row)
     if tools:
         out["tools"] = json.dumps(tools, ensure_ascii=False)
-    if row.get("reward") is not None:
-        out["reward"] = row["reward"]
-    return out
+    return {**out, **_outcome(row)}
+
+
+ATIF_SOURCES = {"system": "system", "user": "user", "assistant": "agent"}
+
+
+def to_atif_record(row: dict[str, Any]) -> dict[str, Any]:
+    """One ATIF trajectory: a step per system/user/assistant message, tool results as the observation of
+    the agent step before them, the k-th turn's token counts, completion ids and logprobs as the k-th
+    agent step's metrics."""
+    steps: list[dict[str, Any]] = []
+    turns = row.get("turns") or []
+    agent_steps = 0
+    for m in row["messages"]:
+        if m["role"] == "tool":
+            owner = next((s for s in reversed(steps) if s["source"] == "agent"), None)
+            if owner is None:  # a result before any agent step has no call to answer: a user step keeps its text
+                steps.append({"step_id": len(steps) + 1, "source": "user", "message": m["content"]})
+                continue
+            owner.setdefault("observation", {"results": []})["results"].append(
+                {"source_call_id": m.get("tool_call_id"), "content": m["content"]})
+            continue
+        step: dict[str, Any] = {"step_id": len(steps) + 1, "source": ATIF_SOURCES[m["role"]], "message": m["content"]}
+        if m["role"] == "assistant":
+            if m.get("reasoning") is not None:
+                step["reasoning_content"] = m["reasoning"]
+            if m["tool_calls"]:
+                step["tool_calls"] = [{"tool_call_id": cid, "function_name": name, "arguments": arguments_value(args)}
+                                      for cid, name, args in map(tool_call_parts, m["tool_calls"])]
+            turn = turns[agent_steps] if agent_steps < len(turns) else None
+            agent_steps += 1
+            if turn is not None:
+                metrics = {"prompt_tokens": turn.get("prompt_tokens"), "completion_tokens": turn.get("completion_tokens"),
+                           "completion_token_ids": turn.get("completion_ids") or None,
+                           "logprobs": turn.get("logprobs") or None}
+                metrics = {k: v for k, v in metrics.items() if v is not None}
+                if metrics:
+                    step["metrics"] = metrics
+            if row.get("model"):
+                step["model_name"] = row["model"]
+        steps.append(step)
+    agent: dict[str, Any] = {"name": "omrl", "model_name": row.get("model") or None}
+    tools = _tools(row)
+    if tools:
+        agent["tool_definitions"] = tools
+    extra = {"task_id": row.get("task_id"), "reward": row.get("reward"), "success": row.get("success"),
+             "omrl_id": row.get("id")}
+    final = {"total_prompt_tokens": row.get("prompt_tokens"), "total_completion_tokens": row.get("completion_tokens"),
+             "total_steps": len(steps)}
+    return {"schema_version": ATIF_VERSION, "session_id": row["id"], "agent": agent, "steps": steps,
+            "final_metrics": {k: v for k, v in final.items() if v is not None},
+            "extra": {k: v for k, v in extra.items() if v is not None}}
+
+
+def to_adp_record(row: dict[str, Any]) -> dict[str, Any]:
+    """One ADP standardized trajectory: user and tool messages as text observations, assistant text as a
+    message_action (reasoning as its description), each tool call as an api_action with its id.
+
+    ADP has no system role: the system prompt goes to `details.system`, out of the conversation."""
+    content: list[dict[str, Any]] = []
+    system = []
+    for m in row["messages"]:
+        role = m["role"]
+        if role == "system":
+            system.append(m["content"] or "")
+        elif role in ("user", "tool"):
+            item = {"class_": "text_observation", "content": m["content"],
+                    "source": "user" if role == "user" else "environment"}
+            if m.get("name") and role == "user":
+                item["name"] = m["name"]
+            content.append(item)
+        else:
+            described = False
+            if m["content"] or not m["tool_calls"]:  # an empty text beside calls is no action of its own
+                content.append({"class_": "message_action", "content": m["content"], "description": m.get("reasoning")})
+                described = True
+            for cid, name, args in map(tool_call_parts, m["tool_calls"] or []):
+                content.append({"class_": "api_action", "id": cid, "function": name, "kwargs": arguments_value(args),
+                                "description": None if described else m.get("reasoning")})
+                described = True
+    details: dict[str, Any] = {"reward": row.get("reward"), "success": row.get("success"), "model": row.get("model"),
+                               "tools": _tools(row) or None, "system": "\n\n".join(system) if system else None,
+                               "omrl_id": row.get("id")}
+    return {"id": row.get("task_id"), "content": content, "details": {k: v for k, v in details.items() if v is not None}}
 
 
 # ---------------------------------------------------------------- push

@@ -75,6 +75,8 @@ def to_openai(messages: list[dict[str, Any]], *, export: bool = False) -> list[d
                 msg["reasoning_content"] = m["reasoning"]
             if m.get("trainable") is not None and role == "assistant":  # OpenAI weighs assistant turns only
                 msg["weight"] = int(m["trainable"])
+            if m.get("name") and role != "tool":  # a participant's name (the API's `name`), kept in files
+                msg["name"] = m["name"]
         out.append(msg)
     return out
 

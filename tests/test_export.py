@@ -43,7 +43,8 @@ def test_openai_export_reimports_to_the_same_messages(store, tmp_path):
     out = export_store(store, tmp_path / "sft.jsonl", "openai")
     assert out.trajectories == 4
     lines = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    assert set(lines[0]) == {"messages", "tools"}
+    assert {"messages", "tools"} <= set(lines[0]) <= {"messages", "tools", "task_id", "reward", "success", "model",
+                                                      "instruction"}
     call = lines[0]["messages"][2]["tool_calls"][0]
     assert call["type"] == "function" and isinstance(call["function"]["arguments"], str)
     back = load_trajectories(tmp_path / "sft.jsonl")

@@ -12,8 +12,10 @@ from omrl.hub import EXPORT_FORMATS
 @click.argument("store", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=click.Path(), help="Folder (parquet) or .jsonl file to write.")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
-              help="parquet: HF dataset folder; jsonl: omrl rows; openai: {messages, tools}; sharegpt: "
-                   "conversations. Default: parquet for a folder, jsonl for a .jsonl file.")
+              help="parquet: HF dataset folder; omrl (or jsonl): omrl rows, everything kept; openai: TRL/OpenAI "
+                   "{messages, tools} with reward, success, task_id and per-turn weight; sharegpt: conversations "
+                   "with loss flags; atif: Harbor ATIF with token ids; adp: Agent Data Protocol. "
+                   "Default: parquet for a folder, omrl rows for a .jsonl file.")
 @click.option("--where", help="SQL condition over the trajectories view, e.g. \"success AND env = 'math'\".")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
 @click.option("--push", "repo_id", help="Also upload the export to this Hub dataset repo (user/name).")
@@ -21,7 +23,9 @@ from omrl.hub import EXPORT_FORMATS
 @user_errors
 def export(store: str, out: str, fmt: str | None, where: str | None, overwrite: bool, repo_id: str | None,
            private: bool) -> None:
-    """Export trajectories to a Hugging Face dataset folder or a JSONL file (omrl, OpenAI or ShareGPT form).
+    """Export trajectories to a Hugging Face dataset folder or a JSONL file (omrl, OpenAI, ShareGPT, ATIF or ADP).
+
+    Each JSONL format reads back with `omrl import`; see the README for what each one keeps.
 
     Example:  omrl export my-store --out sft.jsonl --format openai --where "success"
     """

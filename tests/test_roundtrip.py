@@ -1,0 +1,233 @@
+"""Round trips through every export format: store -> export -> import, and import -> export -> import.
+
+Compared, field by field: messages (role, content, reasoning, tool calls with PARSED arguments and their
+ids, tool_call_id links, name, trainable), reward, success, task id, tools, model, instruction, and the
+per-turn token ids and logprobs. Row ids, run ids and metadata are not compared: an imported row's id
+comes from the file's content, its run from the file's path.
+
+What each format cannot carry, and so drops (`dropped` below applies exactly this to the original):
+- omrl: nothing (the rows themselves).
+- openai: the trainable flag of non-assistant messages (fine-tuning weighs assistant messages only);
+  the turns' token ids, logprobs and token counts (no place for them).
+- sharegpt: the turns' token ids and logprobs (no place for them). A tool result's name, when it had
+  none, is its call's (ShareGPT links results by name and order; every importer fills it so).
+- atif: trainable flags (no field for them); names of user/system messages; the instruction is the
+  first user message again (ATIF has no instruction field). Token ids, logprobs and token counts are kept
+  (step metrics).
+- adp: system messages (no system role: they go to `details.system`, out of the conversation);
+  trainable flags; user names are kept, tool and model names and the tool schemas are not (details only);
+  an assistant message with text and calls, or with several calls, comes back as one assistant message
+  per ADP action (its text first, then one per call, reasoning on the first); an empty text beside calls
+  comes back as none; the instruction is the first user message again; token ids are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from omrl.cli.main import cli
+from omrl.formats.importer import load_trajectories
+from omrl.hub import export_store
+from omrl.messages import arguments_value
+from omrl.schema import Message, ToolCall, Trajectory, Turn
+from omrl.store import Store
+
+TOOLS = json.dumps([
+    {"type": "function", "function": {"name": "read", "description": "Read a file",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "run", "parameters": {"type": "object",
+                                                                     "properties": {"cmd": {"type": "string"}}}}},
+])
+
+
+def hand_made_rows() -> list[dict]:
+    """Three trajectories: parallel tool calls answered in order, reasoning, trainable flags both ways,
+    arguments that are not valid JSON, rewards and successes set and unset, token ids on some turns."""
+    fix = Trajectory(
+        id="fix", task_id="repo-1", model="m-7b", instruction="Fix the failing test in a.py.", tools=TOOLS,
+        messages=[
+            Message("system", "You are a coding agent."),
+            Message("user", "Fix the failing test in a.py."),
+            Message("assistant", "Let me look.", reasoning="read it first",
+                    tool_calls=[ToolCall("read", '{"path": "a.py"}', "c1")]),
+            Message("tool", "def f(): return 1", tool_call_id="c1", name="read"),
+            Message("assistant", None, tool_calls=[ToolCall("run", '{"cmd": "pytest -x"}', "c2"),
+                                                   ToolCall("read", '{"path":"test_a.py"}', "c3")],
+                    trainable=False),
+            Message("tool", "1 failed", tool_call_id="c2", name="run"),
+            Message("tool", "assert f() == 2", tool_call_id="c3", name="read"),
+            Message("assistant", "Changed f to return 2.", trainable=True),
+        ],
+        turns=[Turn(0, prompt_tokens=30, completion_tokens=3, completion_ids=[5, 6, 7], logprobs=[-0.5, -0.25, 0.0]),
+               Turn(1, prompt_tokens=50, completion_tokens=2, completion_ids=[8, 9], logprobs=[-1.0, -2.0]),
+               Turn(2, done=True, prompt_tokens=70, completion_tokens=1, completion_ids=[10], logprobs=[-0.125])],
+        reward=1.0, success=True,
+    ).to_row()
+    chat = Trajectory(
+        id="chat", task_id="q-2", model="m-7b", instruction="What is 2 + 2?",
+        messages=[Message("user", "What is 2 + 2?", name="alice"),
+                  Message("assistant", "5", trainable=False),
+                  Message("user", "Try again."),
+                  Message("assistant", "4")],
+        turns=[Turn(0), Turn(1, done=True)], reward=0.0, success=False,
+    ).to_row()
+    odd = Trajectory(
+        id="odd", task_id="t-3", instruction="Run it.", tools=TOOLS,
+        messages=[Message("system", "Be brief."),
+                  Message("user", "Run it.", trainable=False),
+                  Message("assistant", "", tool_calls=[ToolCall("run", "ls -la (not json)", "k1")]),
+                  Message("tool", "a.py", tool_call_id="k1", name="run"),
+                  Message("assistant", "Done.")],
+        turns=[Turn(0), Turn(1, done=True)],
+    ).to_row()
+    return [fix, chat, odd]
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    s = Store.create(tmp_path / "src")
+    s.append(hand_made_rows())
+    return s
+
+
+def view(row: dict) -> dict:
+    """What a round trip must keep, in a comparable form (arguments parsed, JSON fields loaded)."""
+    messages = [{"role": m["role"], "content": m["content"], "reasoning": m["reasoning"],
+                 "tool_calls": [[c["id"], c["name"], arguments_value(c["arguments"])] for c in m["tool_calls"]],
+                 "tool_call_id": m["tool_call_id"], "name": m["name"], "trainable": m["trainable"]}
+                for m in row["messages"]]
+    return {"messages": messages, "reward": row["reward"], "success": row["success"], "task_id": row["task_id"],
+            "tools": json.loads(row["tools"] or "[]"), "model": row["model"], "instruction": row["instruction"],
+            "tokens": [[t["completion_ids"], t["logprobs"], t["prompt_tokens"], t["completion_tokens"]]
+                       for t in row["turns"] if t["completion_ids"]]}
+
+
+def first_user(messages: list[dict]) -> str:
+    return next((m["content"] for m in messages if m["role"] == "user"), "")
+
+
+def dropped(v: dict, fmt: str) -> dict:
+    """The view `v` with exactly what `fmt` cannot carry taken out (see the module docstring)."""
+    v = json.loads(json.dumps(v))  # a deep copy
+    calls = {c[0]: c[1] for m in v["messages"] for c in m["tool_calls"]}
+    for m in v["messages"]:
+        if m["role"] == "tool" and m["name"] is None:
+            m["name"] = calls.get(m["tool_call_id"])
+    if fmt == "omrl":
+        return v
+    if fmt in ("openai", "sharegpt", "adp"):
+        v["tokens"] = []
+    if fmt == "openai":
+        for m in v["messages"]:
+            if m["role"] != "assistant":
+                m["trainable"] = None
+    if fmt in ("atif", "adp"):
+        for m in v["messages"]:
+            m["trainable"] = None
+    if fmt == "atif":
+        for m in v["messages"]:
+            if m["role"] in ("user", "system"):
+                m["name"] = None
+    if fmt == "adp":
+        split = []
+        for m in v["messages"]:
+            if m["role"] == "system":
+                continue
+            if m["role"] != "assistant" or not m["tool_calls"]:
+                split.append(m)
+                continue
+            reasoning = m["reasoning"]
+            if m["content"]:
+                split.append({**m, "tool_calls": []})
+                reasoning = None
+            for k, call in enumerate(m["tool_calls"]):
+                split.append({**m, "content": None, "reasoning": reasoning if k == 0 else None, "tool_calls": [call]})
+        v["messages"] = split
+        v["tools"], v["model"] = [], ""
+    if fmt in ("atif", "adp"):
+        v["instruction"] = first_user(v["messages"])
+    return v
+
+
+def export_and_import(store: Store, tmp_path, fmt: str, name: str) -> list[dict]:
+    out = tmp_path / f"{name}.jsonl"
+    export_store(store, out, fmt)
+    if fmt == "omrl":  # omrl rows go back with `store append` and keep everything, ids included
+        copy = Store.create(tmp_path / f"{name}-copy")
+        from omrl.files import append_files
+
+        append_files(copy, [out])
+        return copy.read().to_pylist()
+    return load_trajectories(out, fmt)
+
+
+FORMATS = ("omrl", "openai", "sharegpt", "atif", "adp")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_store_export_import_keeps_all_but_what_the_format_drops(store, tmp_path, fmt):
+    back = export_and_import(store, tmp_path, fmt, "once")
+    original = store.read().to_pylist()
+    assert len(back) == len(original)
+    for row, again in zip(original, back, strict=True):
+        assert view(again) == dropped(view(row), fmt), row["id"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_import_export_import_is_identical(store, tmp_path, fmt):
+    """Once imported, a trajectory survives its format's export and re-import unchanged, field by field."""
+    first = Store.create(tmp_path / "first")
+    first.append(export_and_import(store, tmp_path, fmt, "a") if fmt != "omrl" else store.read().to_pylist())
+    second = export_and_import(first, tmp_path, fmt, "b")
+    assert [view(r) for r in second] == [view(r) for r in first.read().to_pylist()]
+
+
+def test_what_the_files_hold(store, tmp_path):
+    """The places each format keeps reward, success and trainability, as a reader of the file sees them."""
+    rows = {fmt: [json.loads(line) for line in (export_store(store, tmp_path / f"{fmt}.jsonl", fmt).path)
+                  .read_text().splitlines()] for fmt in FORMATS}
+    oa = rows["openai"][0]
+    assert (oa["task_id"], oa["reward"], oa["success"]) == ("repo-1", 1.0, True)
+    assert [m.get("weight") for m in oa["messages"] if m["role"] == "assistant"] == [None, 0, 1]
+    assert oa["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'  # JSON text
+    assert oa["messages"][2]["reasoning_content"] == "read it first"
+    sg = rows["sharegpt"][0]
+    assert [t["from"] for t in sg["conversations"]] == ["system", "human", "gpt", "function_call", "observation",
+                                                        "function_call", "observation", "observation", "gpt"]
+    assert [t.get("loss") for t in sg["conversations"]][5:] == [False, None, None, True]
+    assert json.loads(sg["conversations"][5]["value"])[1] == {"id": "c3", "name": "read",
+                                                               "arguments": {"path": "test_a.py"}}
+    at = rows["atif"][0]
+    assert at["schema_version"].startswith("ATIF") and at["extra"]["reward"] == 1.0
+    agent = [s for s in at["steps"] if s["source"] == "agent"]
+    assert agent[0]["metrics"]["completion_token_ids"] == [5, 6, 7]
+    assert [r["source_call_id"] for r in agent[1]["observation"]["results"]] == ["c2", "c3"]
+    adp = rows["adp"][0]
+    assert adp["id"] == "repo-1" and adp["details"]["success"] is True
+    assert [c["class_"] for c in adp["content"]][:4] == ["text_observation", "message_action", "api_action",
+                                                         "text_observation"]
+
+
+def test_a_sharegpt_text_turn_then_a_calls_only_turn_become_one_message(tmp_path):
+    """A known loss: ShareGPT cannot tell an assistant's text followed by a separate calls-only assistant
+    message from one message with both (a function_call turn after a gpt turn is that turn's calls)."""
+    s = Store.create(tmp_path / "s")
+    s.append([Trajectory(id="x", task_id="x", messages=[
+        Message("user", "go"), Message("assistant", "thinking aloud"),
+        Message("assistant", None, tool_calls=[ToolCall("run", '{"cmd": "ls"}', "c1")]),
+        Message("tool", "a.py", tool_call_id="c1", name="run")]).to_row()])
+    back = export_and_import(s, tmp_path, "sharegpt", "sg")[0]
+    assert [m["role"] for m in back["messages"]] == ["user", "assistant", "tool"]
+    assert back["messages"][1]["content"] == "thinking aloud" and back["messages"][1]["tool_calls"][0]["id"] == "c1"
+
+
+def test_cli_exports_each_format(store, tmp_path):
+    for fmt in FORMATS:
+        out = tmp_path / f"cli-{fmt}.jsonl"
+        result = CliRunner().invoke(cli, ["export", str(store.path), "--out", str(out), "--format", fmt])
+        assert result.exit_code == 0, result.output
+        assert f"wrote 3 trajectories to {out} ({fmt})" in result.output.replace("\n", "")
+        assert len(out.read_text().splitlines()) == 3
