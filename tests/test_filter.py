@@ -155,3 +155,50 @@ def test_filter_cli(store, tmp_path):
     assert ids(tmp_path / "r") == ids(tmp_path / "o")
     bad = CliRunner().invoke(cli, ["filter", str(store.path), "--out", str(tmp_path / "x"), "--split", "val=2"])
     assert bad.exit_code != 0 and "bad split" in bad.output
+
+
+def test_row_filters_run_in_duckdb_and_read_only_kept_rows(store, tmp_path, monkeypatch):
+    # The row filters never read the whole trajectories table into Python.
+    real_read = Store.read
+
+    def read(self, table="trajectories", columns=None):
+        assert table != "trajectories", "filter_store read every trajectory into Python"
+        return real_read(self, table, columns)
+
+    monkeypatch.setattr(Store, "read", read)
+    rej = tmp_path / "rej.parquet"
+    # An OR in the --where cannot reach past its own condition: the status filter still applies.
+    res = filter_store(store, tmp_path / "o", FilterOptions(where="task_id = 'C' OR true", status="ok",
+                                                            max_turns=3, best_of_n=1), rejects=rej)
+    assert ids(tmp_path / "o") == {"a0", "b0"}
+    assert res.source_rows == 8
+    assert res.dropped == {"status": 2, "max_turns": 1, "best_of_n": 3}
+    res = filter_store(store, tmp_path / "o2", FilterOptions(where="reward >= 0.5 AND task_id <> 'B'", success=True),
+                       rejects=rej)
+    assert ids(tmp_path / "o2") == {"a0", "c2"} and res.dropped == {"where": 5, "success": 1}
+    rejected = pq.read_table(rej)
+    assert rejected.schema.field("reason").type == "string" and rejected.num_rows == 6
+    assert {(r["id"], r["reason"]) for r in rejected.select(["id", "reason"]).to_pylist()} == {
+        ("a2", "where"), ("b0", "where"), ("b1", "where"), ("c0", "where"), ("c1", "where"), ("a1", "success")}
+    # Full rows in the rejects file: messages survive the trip through DuckDB.
+    assert all(r["messages"] for r in rejected.to_pylist())
+
+
+@pytest.mark.parametrize("where", ["   ", "true; SELECT 1", "true) OR (true", "id IN (SELECT * FROM read_text('/etc/passwd'))",
+                                   "true -- comment"])
+def test_where_still_goes_through_the_checker(store, tmp_path, where):
+    from omrl.query import QueryError
+
+    with pytest.raises(QueryError):
+        filter_store(store, tmp_path / "o", FilterOptions(where=where))
+    assert not (tmp_path / "o").exists()
+
+
+def test_row_filter_values_are_typed(store, tmp_path):
+    with pytest.raises(ValueError, match="max_turns"):
+        FilterOptions(max_turns="3 OR true")
+    with pytest.raises(ValueError, match="status"):
+        FilterOptions(status=1)
+    # A quote in a status is a value, not SQL.
+    res = filter_store(store, tmp_path / "o", FilterOptions(status="ok' OR 'x' = 'x"))
+    assert res.kept["train"] == 0 and res.dropped == {"status": 8}

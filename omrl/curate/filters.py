@@ -1,7 +1,7 @@
 """`filter_store`: select trajectories into a new, rebuildable store; every dropped row has a reason.
 
 Steps run in this fixed order, each counting what it drops:
-  where -> status -> success -> max_turns        (row filters)
+  where -> status -> success -> max_turns        (row filters, in DuckDB)
   flat_group -> best_of_n                        (group steps, on the groups left by the row filters)
   min_reward -> duplicate -> near_duplicate      (value and content filters)
   split                                          (by task; no task in two splits)
@@ -11,6 +11,11 @@ reward. best_of_n and min_reward drop rows without a reward under reason "no_rew
 treated as 0). Dedupe keeps the highest-reward copy (ties: smallest id). Splits other than train go
 to sibling stores DST-<name>; DST holds train. Each output's omrl.json lineage records the source,
 every option (the recipe inlined), the counts and a hash of the kept ids; `rebuild` re-runs it.
+
+The row filters are SQL conditions run on one confined DuckDB connection (omrl.query): one aggregate
+pass counts each row under the first filter it fails, a second reads only the rows that pass them all
+(and, when rejects are asked for, a third the dropped ones). Only the kept rows reach Python, and only
+the columns the group, value and content steps read.
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ class FilterOptions:
         if self.best_of_n is not None and self.best_of_n < 1:
             raise ValueError("best_of_n must be at least 1")
         parse_split(self.split)
+        if self.status is not None and not isinstance(self.status, str):
+            raise ValueError(f"status must be a string, got {self.status!r}")
+        if self.max_turns is not None and (isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int)):
+            raise ValueError(f"max_turns must be an integer, got {self.max_turns!r}")
 
 
 @dataclass
@@ -74,58 +83,83 @@ def ids_digest(ids: list[str]) -> str:
 # ---------------------------------------------------------------- steps
 
 
+class RowFilter:
+    """One row filter, pushed into DuckDB: a SQL condition over `trajectories` that every kept row meets.
+
+    The condition is code's SQL over whitelisted columns with typed values (a user's --where reaches SQL
+    only through omrl.query's checker); a row that fails it is dropped for `reason`.
+    """
+
+    reason = "?"
+
+    def condition(self, con) -> str:
+        raise NotImplementedError
+
+
+class WhereFilter(RowFilter):
+    """The user's --where: one SQL condition, checked by omrl.query (never pasted into SQL unchecked)."""
+
+    reason = "where"
+
+    def __init__(self, store: Store, where: str):
+        self.store, self.where = store, where
+
+    def condition(self, con) -> str:
+        from omrl.query import where_select
+
+        # where_select parses `SELECT id FROM trajectories WHERE <where>` with DuckDB's own parser and
+        # returns it only when it is exactly that one query (one condition, views only): safe to nest.
+        return f"id IN ({where_select(con, self.where, 'SELECT id FROM trajectories')})"
+
+    @property
+    def ids(self) -> set[str]:
+        """The ids the condition selects (through select_ids, the same checker)."""
+        from omrl.query import select_ids
+
+        return set(select_ids(self.store, self.where))
+
+
+class StatusFilter(RowFilter):
+    reason = "status"
+
+    def __init__(self, status: str):
+        if not isinstance(status, str):
+            raise ValueError(f"status must be a string, got {status!r}")
+        self.status = status
+
+    def condition(self, con) -> str:
+        from omrl.query import quote_literal
+
+        return f"coalesce(status = {quote_literal(self.status)}, false)"
+
+
+class SuccessFilter(RowFilter):
+    reason = "success"
+
+    def condition(self, con) -> str:
+        return "coalesce(success, false)"  # unknown success is not success
+
+
+class MaxTurnsFilter(RowFilter):
+    reason = "max_turns"
+
+    def __init__(self, max_turns: int):
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int):
+            raise ValueError(f"max_turns must be an integer, got {max_turns!r}")
+        self.max_turns = max_turns
+
+    def condition(self, con) -> str:
+        return f"coalesce(num_turns, 0) <= {int(self.max_turns)}"
+
+
 class Step:
-    """One filter step: `apply(rows)` returns the kept rows and (row, reason) for each dropped one."""
+    """One group, value or content step, in Python on the rows the row filters kept:
+    `apply(rows)` returns the kept rows and (row, reason) for each dropped one."""
 
     reason = "?"
 
     def apply(self, rows: list[Row]) -> tuple[list[Row], list[tuple[Row, str]]]:
-        kept, dropped = [], []
-        for row in rows:
-            (kept.append(row) if self.keep(row) else dropped.append((row, self.reason)))
-        return kept, dropped
-
-    def keep(self, row: Row) -> bool:
         raise NotImplementedError
-
-
-class WhereFilter(Step):
-    reason = "where"
-
-    def __init__(self, store: Store, where: str):
-        from omrl.query import select_ids  # DuckDB loads only when a --where is given
-
-        self.ids = set(select_ids(store, where))  # one checked condition, never pasted into SQL
-
-    def keep(self, row: Row) -> bool:
-        return row["id"] in self.ids
-
-
-class StatusFilter(Step):
-    reason = "status"
-
-    def __init__(self, status: str):
-        self.status = status
-
-    def keep(self, row: Row) -> bool:
-        return row.get("status") == self.status
-
-
-class SuccessFilter(Step):
-    reason = "success"
-
-    def keep(self, row: Row) -> bool:
-        return row.get("success") is True
-
-
-class MaxTurnsFilter(Step):
-    reason = "max_turns"
-
-    def __init__(self, max_turns: int):
-        self.max_turns = max_turns
-
-    def keep(self, row: Row) -> bool:
-        return (row.get("num_turns") or 0) <= self.max_turns
 
 
 class MinRewardFilter(Step):
@@ -242,18 +276,24 @@ def rewards_for(store: Store, rows: list[Row], recipe: Any) -> dict[str, float |
     return dict(zip(table.column("trajectory_id").to_pylist(), table.column("reward").to_pylist(), strict=True))
 
 
-def build_steps(store: Store, rows: list[Row], options: FilterOptions, recipe: Any) -> list[Step]:
-    needs_reward = options.drop_flat_groups or options.best_of_n or options.min_reward is not None or options.dedupe
-    rewards = rewards_for(store, rows, recipe) if needs_reward else {}
-    steps: list[Step] = []
+def row_filters(store: Store, options: FilterOptions) -> list[RowFilter]:
+    """The row filters of `options`, in their fixed order (a row fails for the first one it does not meet)."""
+    filters: list[RowFilter] = []
     if options.where:
-        steps.append(WhereFilter(store, options.where))
+        filters.append(WhereFilter(store, options.where))
     if options.status:
-        steps.append(StatusFilter(options.status))
+        filters.append(StatusFilter(options.status))
     if options.success:
-        steps.append(SuccessFilter())
+        filters.append(SuccessFilter())
     if options.max_turns is not None:
-        steps.append(MaxTurnsFilter(options.max_turns))
+        filters.append(MaxTurnsFilter(options.max_turns))
+    return filters
+
+
+def group_steps(store: Store, rows: list[Row], options: FilterOptions, recipe: Any) -> list[Step]:
+    """The Python steps of `options` over the rows the row filters kept, in their fixed order."""
+    rewards = rewards_for(store, rows, recipe)
+    steps: list[Step] = []
     if options.drop_flat_groups:
         steps.append(FlatGroupFilter(rewards))
     if options.best_of_n:
@@ -267,12 +307,68 @@ def build_steps(store: Store, rows: list[Row], options: FilterOptions, recipe: A
     return steps
 
 
-def _write_rejects(path: Path, dropped: list[tuple[Row, str]]) -> None:
+@dataclass
+class Selection:
+    """What the row filters left: source size, drops per reason, kept rows, dropped rows (with `reason`)."""
+
+    source_rows: int
+    dropped: Counter
+    kept: pa.Table
+    rejects: pa.Table | None  # only when asked for
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return table.select(schema.names).cast(schema)
+
+
+def select_rows(store: Store, filters: list[RowFilter], rejects: bool = False) -> Selection:
+    """Run the row filters in DuckDB on one confined connection (one snapshot of the parts): one
+    aggregate pass counts each row's first failed filter, a second reads only the kept rows; with
+    `rejects`, a third reads the dropped rows with their reason."""
+    from omrl.query import VANISHED_RETRIES, QueryError, close, connect, quote_literal, run_query
+
+    for attempt in range(VANISHED_RETRIES + 1):
+        con = connect(store)
+        try:
+            conditions = [(f.condition(con), f.reason) for f in filters]
+            reason = ("CASE " + " ".join(f"WHEN NOT ({c}) THEN {quote_literal(r)}" for c, r in conditions)
+                      + " END") if conditions else "NULL::VARCHAR"
+            counts = run_query(store, f"SELECT {reason} AS reason, count(*) AS n FROM trajectories GROUP BY ALL",
+                               con=con).to_pylist()
+            where = " WHERE " + " AND ".join(f"({c})" for c, _ in conditions) if conditions else ""
+            kept = run_query(store, f"SELECT * FROM trajectories{where}", con=con)
+            dropped = None
+            if rejects:
+                dropped = run_query(store, f"SELECT * FROM (SELECT *, {reason} AS _omrl_reason FROM trajectories) "
+                                           "WHERE _omrl_reason IS NOT NULL", con=con)
+                dropped = _rejects_table(dropped)
+        except (QueryError, FileNotFoundError) as exc:  # a compaction removed a part under the queries
+            if attempt < VANISHED_RETRIES and (isinstance(exc, FileNotFoundError)
+                                               or "No such file or directory" in str(exc)):
+                continue
+            raise
+        finally:
+            close(con)
+        return Selection(source_rows=sum(r["n"] for r in counts),
+                         dropped=Counter({r["reason"]: r["n"] for r in counts if r["reason"] is not None}),
+                         kept=_conform(kept, TRAJECTORY_SCHEMA), rejects=dropped)
+    raise AssertionError("unreachable")
+
+
+REJECTS_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("reason", pa.string()))
+
+
+def _rejects_table(table: pa.Table) -> pa.Table:
+    """A DuckDB result with `_omrl_reason` as a rejects table (trajectory columns + `reason`)."""
+    data = _conform(table, TRAJECTORY_SCHEMA)
+    return data.append_column(REJECTS_SCHEMA.field("reason"), table.column("_omrl_reason").cast(pa.string()))
+
+
+def _write_rejects(path: Path, tables: list[pa.Table]) -> None:
     """Dropped rows with a `reason` column, as one Parquet file."""
-    schema = TRAJECTORY_SCHEMA.append(pa.field("reason", pa.string()))
-    rows = [{**row, "reason": reason} for row, reason in dropped]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
+    data = pa.concat_tables(tables) if tables else REJECTS_SCHEMA.empty_table()
+    pq.write_table(data, path, compression="zstd")
 
 
 def split_store_path(out: Path, split: str) -> Path:
@@ -291,18 +387,34 @@ def filter_store(source: Store | str | Path, out: str | Path, options: FilterOpt
         from omrl.annotate.reward import load_recipe
 
         recipe = load_recipe(options.reward_recipe)
-    rows = store.read("trajectories").to_pylist()
-    result = FilterResult(source_rows=len(rows), kept={})
+    selection = select_rows(store, row_filters(store, options), rejects=rejects is not None)
+    result = FilterResult(source_rows=selection.source_rows, kept={}, dropped=selection.dropped)
+    kept_table, reject_tables = selection.kept, [selection.rejects] if selection.rejects is not None else []
+    steps: list[Step] = []
+    if options.drop_flat_groups or options.best_of_n or options.min_reward is not None or options.dedupe:
+        # The group, value and content steps see only the columns they read, as Python rows.
+        columns = ["id", "group_id", "reward"] + (["instruction", "messages"] if options.dedupe else [])
+        rows = kept_table.select(columns).to_pylist()
+        steps = group_steps(store, rows, options, recipe)
     dropped_all: list[tuple[Row, str]] = []
-    for step in build_steps(store, rows, options, recipe):
+    for step in steps:
         rows, dropped = step.apply(rows)
         dropped_all += dropped
-    result.dropped = Counter(reason for _, reason in dropped_all)
+    result.dropped.update(reason for _, reason in dropped_all)
+    if steps:
+        ids = kept_table.column("id")
+        if dropped_all and rejects is not None:
+            reasons = {row["id"]: reason for row, reason in dropped_all}
+            gone = kept_table.filter(pc.is_in(ids, value_set=pa.array(list(reasons), pa.string())))
+            reject_tables.append(gone.append_column(
+                REJECTS_SCHEMA.field("reason"), pa.array([reasons[i] for i in gone.column("id").to_pylist()],
+                                                         pa.string())))
+        kept_table = kept_table.filter(pc.is_in(ids, value_set=pa.array([r["id"] for r in rows], pa.string())))
 
     fractions = parse_split(options.split)
-    by_split: dict[str, list[Row]] = defaultdict(list)
-    for row in rows:
-        by_split[assign_split(row["task_id"], fractions, options.seed)].append(row)
+    names = pa.array([assign_split(t, fractions, options.seed) for t in kept_table.column("task_id").to_pylist()],
+                     pa.string())
+    by_split = {name: kept_table.filter(pc.equal(names, name)) for name in set(names.to_pylist())}
     split_names = ["train", *sorted(fractions)]
     for name in split_names:
         if split_store_path(out, name).exists() and any(split_store_path(out, name).iterdir()):
@@ -316,25 +428,26 @@ def filter_store(source: Store | str | Path, out: str | Path, options: FilterOpt
     # a killed filter leaves no output store that looks whole but is not.
     with contextlib.ExitStack() as staged:
         for name in split_names:
-            kept = by_split.get(name, [])
-            ids = sorted(r["id"] for r in kept)
+            kept = by_split.get(name, TRAJECTORY_SCHEMA.empty_table())
+            ids = sorted(kept.column("id").to_pylist())
             lineage = {"command": "filter", "source": str(store.path.resolve()), "options": recorded,
                        "sql": options.where, "split": name, "source_rows": result.source_rows,
-                       "counts": {"kept": len(kept), "dropped": dict(result.dropped),
-                                  "splits": {n: len(by_split.get(n, [])) for n in split_names}},
+                       "counts": {"kept": kept.num_rows, "dropped": dict(result.dropped),
+                                  "splits": {n: by_split[n].num_rows if n in by_split else 0
+                                             for n in split_names}},
                        "ids_sha256": ids_digest(ids)}
             path = split_store_path(out, name)
             dst = staged.enter_context(Store.staged(
                 path, description=f"Filtered from {store.path} ({name} split).", lineage=lineage))
-            dst.append(pa.Table.from_pylist(kept, schema=TRAJECTORY_SCHEMA))
+            dst.append(kept)
             keep = pa.array(ids, pa.string())
             dst.append(annotations.filter(pc.is_in(annotations.column("trajectory_id"), value_set=keep)),
                        table="annotations")
-            result.kept[name] = len(kept)
+            result.kept[name] = kept.num_rows
             result.stores[name] = path
             result.ids[name] = ids
     if rejects is not None:
-        _write_rejects(Path(rejects), dropped_all)
+        _write_rejects(Path(rejects), reject_tables)
     return result
 
 
