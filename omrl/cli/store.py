@@ -59,12 +59,20 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_exi
 @click.option("--repair", is_flag=True,
               help="First finish what crashed writers left: remove replaced parts and stale temporary files, "
                    "rewrite the dataset card.")
+@click.option("--tokens", "model", metavar="MODEL",
+              help="Also re-tokenise the stored messages with this model's chat template (a local checkpoint or "
+                   "Hub id) and report every turn whose stored completion ids it does not reproduce.")
+@click.option("--where", help="With --tokens: only the trajectories matching this SQL condition.")
+@click.option("--show", default=20, show_default=True, help="With --tokens: drifts printed (all are counted).")
 @user_errors
-def check(path: str, repair: bool) -> None:
-    """List part files that cannot be read and ids stored twice; exit status 1 when any is found.
+def check(path: str, repair: bool, model: str | None, where: str | None, show: int) -> None:
+    """List part files that cannot be read and ids stored twice (and, with --tokens, token drifts); exit 1 on any.
 
     Example:  omrl store check my-store --repair
+              omrl store check my-store --tokens Qwen/Qwen2.5-0.5B-Instruct
     """
+    if where and not model:
+        raise click.UsageError("--where only applies with --tokens")
     target = open_store(path)
     if repair:
         removed = target.repair()
@@ -72,10 +80,24 @@ def check(path: str, repair: bool) -> None:
     problems = target.check()
     if not problems:
         console.print("all parts readable, every id stored once")
-        return
     for problem in problems:
         console.print(f"[red]problem[/red] {problem.path}: {problem.error}", highlight=False)
-    sys.exit(1)
+    drifted = False
+    if model and not problems:
+        from omrl.tokens_check import check_store_tokens
+
+        with console.status(f"re-tokenising with {model}"):
+            report = check_store_tokens(target, model, where)
+        skipped = f"; {report.without_ids} without completion ids, not checked" if report.without_ids else ""
+        console.print(f"tokens: {report.turns} turns of {report.trajectories} trajectories re-tokenised with "
+                      f"{model}'s chat template: {len(report.drifts) or 'no'} drift(s){skipped}", highlight=False)
+        for drift in report.drifts[:show]:
+            console.print(f"[red]drift[/red] {drift.describe()}", highlight=False, soft_wrap=True)
+        if len(report.drifts) > show:
+            console.print(f"... {len(report.drifts) - show} more (--show N)", highlight=False)
+        drifted = not report.ok
+    if problems or drifted:
+        sys.exit(1)
 
 
 @store.command("compact")

@@ -1,0 +1,160 @@
+"""Token fidelity: does re-tokenising the stored messages with a model's chat template give back the token
+ids the policy sampled (turns[].completion_ids)?
+
+Training re-renders a stored conversation through `omrl.messages.to_chat_template` and the tokenizer; RL
+on a trajectory whose text no longer tokenises to what the model sampled (an edited message, a reply
+that decodes and re-encodes differently, tool calls re-serialised with other spacing, reasoning the
+template drops) trains on tokens the model never produced, silently. This check renders, for every
+assistant turn that has completion ids, the conversation before it with the generation prompt and the
+conversation up to and including it; the text between the two, up to the end-of-turn token, is the
+turn's completion, and its ids must be the stored ones. It also compares the prompt's length with the
+turn's prompt_tokens (an edited observation shows there; reported only when no earlier turn of the
+trajectory drifted, since an earlier drift is in every later prompt). Each drift names the trajectory, the turn,
+the first differing position and the decoded text around it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omrl.errors import UsageError
+from omrl.messages import to_chat_template
+
+CONTEXT_CHARS = 80  # decoded text shown before a drift
+SHOWN_TOKENS = 6  # tokens shown from the drift on, each side
+
+
+@dataclass
+class Drift:
+    """Where re-tokenising a stored turn stops giving the stored ids."""
+
+    trajectory_id: str
+    turn: int  # index of the assistant turn (turns[].index order)
+    message: int  # position of its assistant message in the conversation
+    kind: str  # completion: ids differ at `position`; prompt: the prompt's length differs; template: no prefix
+    position: int | None = None  # first differing position in the completion ids
+    stored: list[int] = field(default_factory=list)  # ids from `position` on (a few), as stored
+    retokenised: list[int] = field(default_factory=list)  # the same span, re-tokenised
+    stored_text: str = ""
+    retokenised_text: str = ""
+    context: str = ""  # decoded text just before the drift
+    detail: str = ""
+
+    def describe(self) -> str:
+        head = f"{self.trajectory_id} turn {self.turn} (message {self.message})"
+        if self.kind != "completion":
+            return f"{head}: {self.detail}"
+        return (f"{head}: completion token {self.position} differs: stored {self.stored_text!r} {self.stored} vs "
+                f"re-tokenised {self.retokenised_text!r} {self.retokenised}; after ...{self.context!r}")
+
+
+@dataclass
+class TokenReport:
+    model: str
+    trajectories: int = 0  # trajectories with completion ids, checked
+    turns: int = 0  # turns checked
+    without_ids: int = 0  # trajectories with no completion ids at all (nothing to check)
+    drifts: list[Drift] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.drifts
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer (with its chat template) of a local checkpoint or a Hub model id."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except OSError as exc:
+        raise UsageError(f"cannot load the tokenizer of {model!r}: {exc}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(f"{model!r} has no chat template: there is nothing to re-render the messages with")
+    return tokenizer
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
+    """(turns checked, drifts) of one stored trajectory row."""
+    tools = json.loads(row.get("tools") or "[]") or None
+    messages = row["messages"]
+    turns = row.get("turns") or []
+    positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    eos_text, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+
+    def render(upto: int, generation: bool) -> str:
+        return tokenizer.apply_chat_template(to_chat_template(messages[:upto]), tools=tools, tokenize=False,
+                                             add_generation_prompt=generation)
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    checked, drifts = 0, []
+    for k, turn in enumerate(turns):
+        stored = list(turn.get("completion_ids") or [])
+        if not stored or k >= len(positions):
+            continue
+        checked += 1
+        at = positions[k]
+        index = turn.get("index", k)
+        prompt, full = render(at, True), render(at + 1, False)
+        if not full.startswith(prompt):
+            drifts.append(Drift(row["id"], index, at, "template",
+                                detail="the chat template does not render the conversation before this turn as a "
+                                       "prefix of the conversation with it: completion ids cannot be located"))
+            continue
+        rest = full[len(prompt):]
+        end = rest.find(eos_text) if eos_text else -1
+        expected = encode(rest[: end + len(eos_text)] if end >= 0 else rest)
+        if stored[-1] != eos_id and expected and expected[-1] == eos_id:
+            expected = expected[:-1]  # the reply was cut at max_new_tokens: the model never wrote the end token
+        position = _first_difference(stored, expected)
+        if position is not None:
+            before = tokenizer.decode(stored[:position])
+            context = (prompt + before)[-CONTEXT_CHARS:]
+            a, b = stored[position:position + SHOWN_TOKENS], expected[position:position + SHOWN_TOKENS]
+            drifts.append(Drift(row["id"], index, at, "completion", position, a, b, tokenizer.decode(a),
+                                tokenizer.decode(b), context))
+            continue
+        prompt_tokens = turn.get("prompt_tokens")
+        # An earlier drift of this row is in this prompt too: only the first cause is reported.
+        if not drifts and prompt_tokens is not None and prompt_tokens != len(encode(prompt)):
+            drifts.append(Drift(row["id"], index, at, "prompt",
+                                detail=f"the prompt re-tokenises to {len(encode(prompt))} tokens, the turn "
+                                       f"records {prompt_tokens}: a message before this turn changed"))
+    return checked, drifts
+
+
+def check_tokens(rows: Iterable[dict[str, Any]], model: str, tokenizer: Any = None) -> TokenReport:
+    """Re-tokenise every stored turn that has completion ids with `model`'s chat template (see the module docstring)."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+    report = TokenReport(model)
+    for row in rows:
+        checked, drifts = check_row(row, tokenizer)
+        if not checked:
+            report.without_ids += 1
+            continue
+        report.trajectories += 1
+        report.turns += checked
+        report.drifts.extend(drifts)
+    return report
+
+
+def check_store_tokens(store: Any, model: str, where: str | None = None) -> TokenReport:
+    """check_tokens over a store's trajectories (or those matching a WHERE clause), read in batches."""
+    from omrl.hub import select_rows
+
+    table = select_rows(store, where)
+    tokenizer = load_tokenizer(model)
+    rows = (row for batch in table.to_batches(max_chunksize=500) for row in batch.to_pylist())
+    return check_tokens(rows, model, tokenizer)
