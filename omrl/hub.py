@@ -154,12 +154,17 @@ def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
     and order: ShareGPT has no call ids on results).
     """
     conversations = []
+    previous = None
     for m in row["messages"]:
         flag = {} if m.get("trainable") is None else {"loss": bool(m["trainable"])}
         calls = m["tool_calls"] or []
-        # A text turn unless the message is calls only (no text, no reasoning): a function_call turn
-        # right after a gpt turn is read back as that same message's calls.
-        if m["role"] != "assistant" or not calls or m["content"] is not None or m.get("reasoning") is not None:
+        # A text turn unless the message is calls only (no text, no reasoning): a function_call turn right
+        # after a gpt turn is read back as that same message's calls, so a calls-only message after an
+        # assistant text message gets an empty gpt turn of its own (it reads back with content "").
+        after_text = previous is not None and previous["role"] == "assistant" and not previous["tool_calls"]
+        previous = m
+        if (m["role"] != "assistant" or not calls or m["content"] is not None or m.get("reasoning") is not None
+                or after_text):
             turn = {"from": SHAREGPT_ROLES[m["role"]], "value": m["content"] or "", **flag}
             if m.get("name"):
                 turn["name"] = m["name"]
