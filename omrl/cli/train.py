@@ -72,6 +72,25 @@ def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> 
     console.print(f"checkpoint [bold]{train_grpo(config)}[/bold]")
 
 
+@train.command("ppo")
+@_recipe_options
+@user_errors
+def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+    """PPO for multi-turn agents: a critic, GAE over tokens or turns (env tokens skipped), rollouts stored.
+
+    Example:  omrl train ppo --recipe recipes/ppo_grid.yaml level=turn max_steps=20
+    """
+    from omrl.train.ppo import PPORecipe, train_ppo
+
+    config = _load(recipe, overrides, PPORecipe)
+    if print_config:
+        return _print_config(config)
+    result = train_ppo(config)
+    last = result.log[-1] if result.log else {}
+    console.print(f"{len(result.log)} steps, {result.stored} rollouts stored; last reward {last.get('reward')}, "
+                  f"success {last.get('success')}; checkpoint [bold]{result.checkpoint}[/bold]")
+
+
 @train.command("rft")
 @_recipe_options
 @user_errors
