@@ -75,7 +75,7 @@ def test_an_edited_reply_is_found_at_its_turn_and_position(collected, tmp_path):
 
     result = CliRunner().invoke(cli, ["store", "check", str(copy.path), "--tokens", model])
     assert result.exit_code == 1, result.output
-    assert "1 drift(s)" in result.output and f"{changed['id']} turn 1 (message {changed['at']})" in result.output
+    assert "1 drift" in result.output and f"{changed['id']} turn 1 (message {changed['at']})" in result.output
     assert "completion token 0 differs" in result.output
 
 
@@ -98,7 +98,7 @@ def test_cli_passes_on_the_untouched_store_and_names_a_missing_model(collected, 
     model, store = collected
     result = CliRunner().invoke(cli, ["store", "check", str(store.path), "--tokens", model])
     assert result.exit_code == 0, result.output
-    assert "no drift(s)" in result.output and "4 trajectories" in result.output
+    assert "no drift" in result.output and "4 trajectories" in result.output
     result = CliRunner().invoke(cli, ["store", "check", str(store.path), "--tokens", str(tmp_path / "nope")])
     assert result.exit_code != 0 and "cannot load the tokenizer" in result.output
 

@@ -90,7 +90,7 @@ def check(path: str, repair: bool, model: str | None, where: str | None, show: i
             report = check_store_tokens(target, model, where)
         skipped = f"; {report.without_ids} without completion ids, not checked" if report.without_ids else ""
         console.print(f"tokens: {report.turns} turns of {report.trajectories} trajectories re-tokenised with "
-                      f"{model}'s chat template: {len(report.drifts) or 'no'} drift(s){skipped}", highlight=False)
+                      f"{model}'s chat template: {_drifts(len(report.drifts))}{skipped}", highlight=False)
         for drift in report.drifts[:show]:
             console.print(f"[red]drift[/red] {drift.describe()}", highlight=False, soft_wrap=True)
         if len(report.drifts) > show:
@@ -98,6 +98,10 @@ def check(path: str, repair: bool, model: str | None, where: str | None, show: i
         drifted = not report.ok
     if problems or drifted:
         sys.exit(1)
+
+
+def _drifts(n: int) -> str:
+    return "no drift" if n == 0 else "1 drift" if n == 1 else f"{n} drifts"
 
 
 @store.command("compact")
