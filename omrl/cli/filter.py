@@ -14,7 +14,7 @@ from omrl.cli.common import console, user_errors
 @click.option("--success", is_flag=True, help="Keep only successful trajectories.")
 @click.option("--min-reward", type=float, help="Keep rows whose reward (combined with --reward-recipe) is >= X.")
 @click.option("--status", help="Keep only this status, e.g. ok.")
-@click.option("--dedupe", type=click.Choice(["exact", "near"]), help="Drop duplicates (near: MinHash Jaccard).")
+@click.option("--dedupe", type=click.Choice(["exact", "near"]), help="Drop duplicates (near: MinHash LSH candidates, then exact shingle Jaccard).")
 @click.option("--near-threshold", type=float, default=0.8, show_default=True,
               help="Word-3-shingle Jaccard at or above which rows are near duplicates.")
 @click.option("--best-of-n", type=int, help="Keep the K best rows per group by reward.")

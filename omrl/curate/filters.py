@@ -32,7 +32,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.curate.dedupe import content_hash, content_text
-from omrl.curate.minhash import NearDuplicateIndex
 from omrl.curate.splits import assign_split, parse_split
 from omrl.schema import TRAJECTORY_SCHEMA
 from omrl.store import Store
@@ -253,6 +252,9 @@ class NearDedupe(Step):
         self.rewards, self.threshold = rewards, threshold
 
     def apply(self, rows):
+        # datasketch (and scipy, about 1 s) load only for --dedupe near
+        from omrl.curate.minhash import NearDuplicateIndex
+
         index = NearDuplicateIndex(self.threshold)
         keep_ids, dropped = set(), []
         for row in sorted(rows, key=_best_first(self.rewards)):
