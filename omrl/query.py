@@ -51,7 +51,6 @@ _START_CONFIG = {
     "allow_unsigned_extensions": False,
     "allow_persistent_secrets": False,
     "python_enable_replacements": False,  # a query cannot scan the caller's Python variables by name
-    "enable_progress_bar": False,  # a slow query must not draw on the terminal of a server (omrl view)
 }
 
 
@@ -123,6 +122,7 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
         # would allow the in-memory database's own `:memory:*` paths relative to the working folder),
         # allowed_paths is empty and allowed_directories is only the temporary folder.
         con.execute("SET enable_external_access = false")
+        con.execute("SET enable_progress_bar = false")  # a slow query must not draw on a server's terminal
         con.execute("SET lock_configuration = true")  # nothing above can be switched back on
     except BaseException:
         close(con)
