@@ -126,6 +126,27 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     assert batch.input_ids.tolist() == [[5, 6, 1, 2, 9, 9, 3, 4]] and batch.prompt_width == 2
 
 
+def test_environment_tokens_get_no_policy_loss_and_no_value_loss():
+    from omrl.train.gae import turn_starts
+    from omrl.train.ppo import ppo_losses
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 0, 0]], dtype=torch.float32)
+    value_mask = turn_starts(mask)  # turn level: one value per turn
+    logp = torch.randn(2, 5, generator=gen).requires_grad_()
+    values = torch.randn(2, 5, generator=gen).requires_grad_()
+    advantages, returns = torch.randn(2, 5, generator=gen), torch.randn(2, 5, generator=gen)
+    policy_loss, value_loss, stats = ppo_losses(logp, logp.detach(), advantages, mask, values, values.detach(),
+                                                returns, value_mask)
+    # At the old policy the ratio is 1: the surrogate is minus the mean advantage over the model's tokens.
+    assert float(policy_loss) == pytest.approx(float(-(advantages * mask).sum() / mask.sum()))
+    assert float(value_loss) == pytest.approx(float(0.5 * (((values - returns) ** 2) * value_mask).sum() / 3))
+    assert stats["clip_fraction"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    (policy_loss + value_loss).backward()
+    assert logp.grad[mask == 0].abs().max() == 0 and logp.grad[mask == 1].abs().min() > 0
+    assert values.grad[value_mask == 0].abs().max() == 0 and values.grad[value_mask == 1].abs().min() > 0
+
+
 def test_recipe_file_loads_and_bad_settings_are_refused():
     from omrl.recipes import RecipeError, load_recipe
 

@@ -241,6 +241,34 @@ def _episodes_to_batch(episodes: list[Any], pad_id: int) -> tuple[_Batch | None,
 
 # ---------------------------------------------------------------- the update
 
+def ppo_losses(logp: Any, old_logp: Any, advantages: Any, mask: Any, values: Any, old_values: Any, returns: Any,
+               value_mask: Any, clip_range: float = 0.2, clip_range_value: float = 0.2):
+    """The clipped surrogate (token mean over `mask`) and the clipped value loss (mean over `value_mask`),
+    with their statistics. Tokens outside the masks add nothing to either loss nor to their gradients."""
+    import torch
+
+    from omrl.train.gae import masked_mean
+
+    mask, value_mask = mask.float(), value_mask.float()
+    logratio = (logp - old_logp) * mask
+    ratio = logratio.exp()
+    surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
+    policy_loss = masked_mean(surrogate, mask)
+    delta = values - old_values
+    clipped = old_values + delta.clamp(-clip_range_value, clip_range_value)
+    value_errors = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    value_loss = 0.5 * masked_mean(value_errors, value_mask)
+    with torch.no_grad():
+        stats = {
+            "policy_loss": float(policy_loss), "value_loss": float(value_loss),
+            "clip_fraction": float(masked_mean(((ratio - 1).abs() > clip_range).float(), mask)),
+            "value_clip_fraction": float(masked_mean((delta.abs() > clip_range_value).float(), value_mask)),
+            # k3 estimator of KL(old || new) (Schulman): unbiased, never negative
+            "approx_kl": float(masked_mean((ratio - 1) - logratio, mask)),
+        }
+    return policy_loss, value_loss, stats
+
+
 def _update(recipe: PPORecipe, policy: Any, critic: Any, reference: Any, optimizer: Any, batch: _Batch,
             generator: Any) -> dict[str, float]:
     import torch
@@ -272,40 +300,24 @@ def _update(recipe: PPORecipe, policy: Any, critic: Any, reference: Any, optimiz
         order = torch.randperm(mask.shape[0], generator=generator)
         for rows in order.chunk(recipe.minibatches):
             logp, entropy, values = _forward(policy, critic, batch, rows, temperature)
-            m, vm = mask[rows], value_mask[rows]
-            logratio = (logp - old_logp[rows]) * m
-            ratio = logratio.exp()
-            adv = advantages[rows]
-            surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - recipe.clip_range, 1 + recipe.clip_range))
-            policy_loss = masked_mean(surrogate, m)
-            clipped = old_values[rows] + (values - old_values[rows]).clamp(-recipe.clip_range_value,
-                                                                           recipe.clip_range_value)
-            target = returns[rows]
-            value_errors = torch.max((values - target) ** 2, (clipped - target) ** 2)
-            value_loss = 0.5 * masked_mean(value_errors, vm)
-            mean_entropy = masked_mean(entropy, m)
+            policy_loss, value_loss, stats = ppo_losses(
+                logp, old_logp[rows], advantages[rows], mask[rows], values, old_values[rows], returns[rows],
+                value_mask[rows], recipe.clip_range, recipe.clip_range_value)
+            mean_entropy = masked_mean(entropy, mask[rows])
             loss = policy_loss + recipe.vf_coef * value_loss - recipe.entropy_coef * mean_entropy
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             params = [p for group in optimizer.param_groups for p in group["params"]]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
             optimizer.step()
-            with torch.no_grad():
-                stats = {
-                    "policy_loss": float(policy_loss), "value_loss": float(value_loss),
-                    "entropy": float(mean_entropy), "grad_norm": float(grad_norm),
-                    "clip_fraction": float(masked_mean(((ratio - 1).abs() > recipe.clip_range).float(), m)),
-                    "value_clip_fraction": float(masked_mean(((values - old_values[rows]).abs()
-                                                              > recipe.clip_range_value).float(), vm)),
-                    # k3 estimator of KL(old || new) (Schulman): unbiased, never negative
-                    "approx_kl": float(masked_mean((ratio - 1) - logratio, m)),
-                }
+            stats.update(entropy=float(mean_entropy), grad_norm=float(grad_norm))
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             updates += 1
     out = {key: value / updates for key, value in sums.items()}
     known = [s for s in batch.success if s is not None]
-    out.update(explained_variance=ev, kl_ref=kl_ref, logprob_gap=logprob_gap, reward=sum(batch.episode_reward) / len(batch.episode_reward),
+    out.update(explained_variance=ev, kl_ref=kl_ref, logprob_gap=logprob_gap,
+               reward=sum(batch.episode_reward) / len(batch.episode_reward),
                success=sum(map(bool, known)) / len(known) if known else float("nan"),
                trainable_tokens=int(mask.sum()), mean_return=float(masked_mean(returns, value_mask)),
                mean_value=float(masked_mean(old_values, value_mask)))
