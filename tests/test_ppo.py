@@ -139,8 +139,8 @@ def test_environment_tokens_get_no_policy_loss_and_no_value_loss():
     policy_loss, value_loss, stats = ppo_losses(logp, logp.detach(), advantages, mask, values, values.detach(),
                                                 returns, value_mask)
     # At the old policy the ratio is 1: the surrogate is minus the mean advantage over the model's tokens.
-    assert float(policy_loss) == pytest.approx(float(-(advantages * mask).sum() / mask.sum()))
-    assert float(value_loss) == pytest.approx(float(0.5 * (((values - returns) ** 2) * value_mask).sum() / 3))
+    assert float(policy_loss.detach()) == pytest.approx(float(-(advantages * mask).sum() / mask.sum()))
+    assert float(value_loss.detach()) == pytest.approx(float(0.5 * (((values.detach() - returns) ** 2) * value_mask).sum() / 3))
     assert stats["clip_fraction"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     (policy_loss + value_loss).backward()
     assert logp.grad[mask == 0].abs().max() == 0 and logp.grad[mask == 1].abs().min() > 0
