@@ -260,7 +260,7 @@ def ppo_losses(logp: Any, old_logp: Any, advantages: Any, mask: Any, values: Any
     value_loss = 0.5 * masked_mean(value_errors, value_mask)
     with torch.no_grad():
         stats = {
-            "policy_loss": float(policy_loss), "value_loss": float(value_loss),
+            "policy_loss": float(policy_loss.detach()), "value_loss": float(value_loss.detach()),
             "clip_fraction": float(masked_mean(((ratio - 1).abs() > clip_range).float(), mask)),
             "value_clip_fraction": float(masked_mean((delta.abs() > clip_range_value).float(), value_mask)),
             # k3 estimator of KL(old || new) (Schulman): unbiased, never negative
@@ -310,7 +310,7 @@ def _update(recipe: PPORecipe, policy: Any, critic: Any, reference: Any, optimiz
             params = [p for group in optimizer.param_groups for p in group["params"]]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
             optimizer.step()
-            stats.update(entropy=float(mean_entropy), grad_norm=float(grad_norm))
+            stats.update(entropy=float(mean_entropy.detach()), grad_norm=float(grad_norm))
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             updates += 1
