@@ -421,7 +421,12 @@ class Store:
         """Remove what crashed writers left: parts a compaction replaced (`leftovers`, listed here when
         None) and, with `temporary`, stale temporary files. Callers hold the write lock; returns the count."""
         removed = 0
-        for path in self._scan(table, warn=False)[1] if leftovers is None else leftovers:
+        leftovers = self._scan(table, warn=False)[1] if leftovers is None else leftovers
+        if leftovers:
+            # A compaction killed after renaming its part in may not have rewritten the card yet: list the
+            # live parts first, so the card never names a part that is gone (load_dataset would fail).
+            self._rewrite_card()
+        for path in leftovers:
             path.unlink(missing_ok=True)
             removed += 1
         if temporary:

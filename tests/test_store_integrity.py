@@ -234,6 +234,19 @@ def test_a_compaction_rerun_and_repair_remove_leftovers_and_stale_temporary_file
     assert store.count() == 6
 
 
+def test_a_compaction_killed_before_its_card_rewrite_is_finished_with_a_valid_card(tmp_path):
+    store = Store.create(tmp_path / "s")
+    for i in range(3):
+        store.append(rows(2, start=2 * i))
+    card = (store.path / "README.md").read_text()
+    leftovers = crash_after_compaction(store)
+    (store.path / "README.md").write_text(card)  # killed after the rename, before the card was rewritten
+    assert Store(store.path).compact() is None  # one live part: nothing to merge, but the cleanup is finished
+    assert not any(p.exists() for p in leftovers)
+    seen = observe_trajectories(store.path, final=True)
+    assert seen.partial is None and len(seen.keys) == 6
+
+
 def test_a_writer_heals_a_card_left_stale_by_a_kill(tmp_path):
     store = Store.create(tmp_path / "s")
     store.append(rows(2))
