@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the omrl chain on built-in defaults, offline, on the CPU.
 #   1. data chain: tasks -> collect (scripted expert, random, tiny in-process model) -> annotate -> filter -> query
-#   2. learning demo: expert demos -> SFT -> GRPO rounds on the grid env, held-out success per stage,
-#      then `omrl report` plots and a Markdown/HTML summary of the run
+#   2. learning demo: recipes/quickstart.yaml through `omrl train iterate` (same as `omrl demo`): the expert's
+#      own success, the untrained model, expert demos -> SFT -> GRPO rounds, and a compute-matched more-SFT
+#      baseline on the grid env, held-out success per stage, then `omrl report` plots and a summary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -32,5 +33,6 @@ ID=$("$OMRL" query "$STORE" "SELECT id FROM trajectories WHERE env = 'shop' AND 
 "$OMRL" query "$STORE" "SELECT * FROM scores LIMIT 5"
 
 step "2. the learning demo: tiny model on the grid env, expert SFT then GRPO (recipes/quickstart.yaml)"
-"$OMRL" demo --recipe recipes/quickstart.yaml
+rm -rf runs/quickstart  # a fresh, seeded run (iterate would resume a finished one)
+"$OMRL" train iterate --recipe recipes/quickstart.yaml
 echo "results: runs/quickstart/results.json   report: runs/quickstart/report/report.html"

@@ -1,4 +1,4 @@
-"""`omrl demo`: the learning demo (tiny model + grid env: expert SFT, then GRPO rounds, on the CPU)."""
+"""`omrl demo`: the learning demo, recipes/quickstart.yaml run fresh through `omrl train iterate`."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ from omrl.cli.common import user_errors
 
 
 @click.command()
-@click.option("--recipe", default="recipes/quickstart.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="Demo recipe (YAML).")
-@click.option("--out-dir", default=None, help="Where the run goes (default: the recipe's out_dir).")
+@click.option("--recipe", "-r", default="recipes/quickstart.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="Iterate recipe of the demo (YAML).")
+@click.option("--out-dir", default=None, help="Where the run goes (default: the recipe's output_dir).")
+@click.option("--verbose", is_flag=True, help="Show TRL's own logs, bars and warnings instead of the view.")
+@click.argument("overrides", nargs=-1)
 @user_errors
-def demo(recipe: str, out_dir: str | None) -> None:
-    """Run the learning demo and print held-out success for base, SFT and each GRPO round.
+def demo(recipe: str, out_dir: str | None, verbose: bool, overrides: tuple[str, ...]) -> None:
+    """Run the learning demo (fresh) and print held-out success per stage: expert, base, SFT, GRPO rounds,
+    more SFT. KEY=VALUE arguments override the recipe (dots for sections).
 
-    Example:  omrl demo --recipe recipes/quickstart.yaml
+    Example:  omrl demo grpo.max_steps=10 rounds=1
     """
-    from omrl.demo import DemoRecipe, run_demo
+    from omrl.demo import run_demo
 
-    run_demo(DemoRecipe.load(recipe, out_dir=out_dir))
+    run_demo(recipe, (*overrides, *([f"output_dir={out_dir}"] if out_dir else [])), verbose=verbose)

@@ -20,7 +20,16 @@ def _recipe_options(func):
     func = click.option("--recipe", "-r", type=click.Path(dir_okay=False), default=None,
                         help="YAML recipe; key=value arguments override its keys (dots for sections).")(func)
     func = click.option("--print-config", is_flag=True, help="Print the resolved settings and exit.")(func)
+    func = click.option("--verbose", is_flag=True,
+                        help="TRL's own logs, bars and warnings instead of the training view.")(func)
     return func
+
+
+def _view(verbose: bool, title: str):
+    """The rich training view (stage, step, loss/reward, time left) every trainer reports to."""
+    from omrl.train.console import training_view
+
+    return training_view(verbose=verbose, title=title)
 
 
 def _print_config(config) -> None:
@@ -40,7 +49,7 @@ def train() -> None:
 @train.command("sft")
 @_recipe_options
 @user_errors
-def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
     """Supervised fine-tuning (TRL SFTTrainer) on a store's trainable assistant turns.
 
     Example:  omrl train sft --recipe recipes/sft_tiny.yaml store=runs/demos where="success"
@@ -50,7 +59,8 @@ def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
     config = _load(recipe, overrides, SFTRecipe)
     if print_config:
         return _print_config(config)
-    result = train_sft(config)
+    with _view(verbose, "sft") as view, view.stage("sft", f"-> {config.output_dir}"):
+        result = train_sft(config)
     console.print(f"bridge: {_summary(result.report)}")
     console.print(f"final loss {result.losses[-1] if result.losses else float('nan'):.4f}; "
                   f"checkpoint [bold]{result.checkpoint}[/bold]")
@@ -59,7 +69,7 @@ def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
 @train.command("grpo")
 @_recipe_options
 @user_errors
-def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
     """GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop, groups written to the store.
 
     Example:  omrl train grpo --recipe recipes/grpo_grid.yaml max_steps=50
@@ -69,13 +79,15 @@ def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> 
     config = _load(recipe, overrides, GRPORecipe)
     if print_config:
         return _print_config(config)
-    console.print(f"checkpoint [bold]{train_grpo(config)}[/bold]")
+    with _view(verbose, "grpo") as view, view.stage("grpo", f"-> {config.output_dir}"):
+        checkpoint = train_grpo(config)
+    console.print(f"checkpoint [bold]{checkpoint}[/bold]")
 
 
 @train.command("ppo")
 @_recipe_options
 @user_errors
-def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool = False) -> None:
     """PPO for multi-turn agents: a critic, GAE over tokens or turns (env tokens skipped), rollouts stored.
 
     Example:  omrl train ppo --recipe recipes/ppo_grid.yaml level=turn max_steps=20
@@ -94,7 +106,7 @@ def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
 @train.command("rft")
 @_recipe_options
 @user_errors
-def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
     """Rejection-sampling fine-tuning: N attempts per task, keep the best above a threshold, SFT.
 
     Example:  omrl train rft --recipe recipes/rft_grid.yaml samples=8 threshold=1.0
@@ -104,7 +116,8 @@ def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
     config = _load(recipe, overrides, RFTRecipe)
     if print_config:
         return _print_config(config)
-    result = train_rft(config)
+    with _view(verbose, "rft") as view, view.stage("rft", f"-> {config.output_dir}"):
+        result = train_rft(config)
     console.print(f"{result.attempts} attempts (success {result.success_rate}), kept {result.kept}; "
                   f"checkpoint [bold]{result.checkpoint}[/bold]")
 
@@ -112,7 +125,7 @@ def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> N
 @train.command("iterate")
 @_recipe_options
 @user_errors
-def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool) -> None:
+def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
     """Iterative rounds: collect -> filter -> GRPO (-> SFT on best) -> held-out eval; resumes when re-run.
 
     Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2
@@ -122,7 +135,8 @@ def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool) 
     config = _load(recipe, overrides, IterateRecipe)
     if print_config:
         return _print_config(config)
-    results = run_iterate(config, console=None)
+    with _view(verbose, "iterate") as view:
+        results = run_iterate(config, view=view)
     console.print(round_table(results))
     console.print(f"results: {config.output_dir}/results.json")
 

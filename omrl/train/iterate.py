@@ -1,5 +1,7 @@
-"""Iterative training: base eval -> expert demos -> SFT -> eval -> rounds of (collect -> filter -> GRPO
-[-> SFT on the best] -> eval), every stage's data in one store with its round number.
+"""Iterative training: [expert eval ->] base eval -> expert demos -> SFT -> eval -> rounds of (collect ->
+filter -> GRPO [-> SFT on the best] -> eval) [-> compute-matched more-SFT baseline -> eval], every
+stage's data in one store with its round number. The one orchestrator: the learning demo
+(recipes/quickstart.yaml, `omrl demo`) is an iterate recipe.
 
     results = run_iterate(load_recipe("recipes/quickstart.yaml", IterateRecipe))
 
@@ -7,7 +9,12 @@ Each round r collects `collect.samples` attempts per training task with the curr
 in the store), drops tasks whose group is flat (every attempt scored the same: no GRPO signal), and runs
 GRPO (omrl.train.grpo, rollouts by omrl's agent loop) on the tasks that are left; GRPO writes its own
 rollout groups to the store with the same round. Held-out evaluation after every stage gives
-`results.json`: [{"stage": "base" | "sft" | "grpo-1" ..., "success", "mean_reward", "tasks", ...}].
+`results.json`: [{"stage": "expert" | "base" | "sft" | "grpo-1" ... | "sft-more", "success", "success_ci95",
+"mean_reward", "greedy_success", "greedy_mean_reward", "tasks", "samples", "train_s", "minutes", ...}].
+With `collect.enabled: false` a round is GRPO alone on the whole training file (TRL draws the tasks).
+The baselines: `baseline.expert` scores the scripted expert itself on the held-out tasks (the imitation
+ceiling); `baseline.more_sft` continues SFT from the SFT checkpoint for the wall time the GRPO rounds
+took (in SFT epochs, or `more_sft_epochs`): without it a GRPO gain can be SFT that had not finished.
 
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
 started again skips them and continues from the last finished stage (collection inside a stage resumes
@@ -51,6 +58,8 @@ class DemoSettings:
 
 @dataclass
 class CollectSettings:
+    enabled: bool = field(default=True, metadata={
+        "help": "collect and filter before each GRPO round; false: GRPO on the whole training file"})
     tasks: int = field(default=64, metadata={"help": "training tasks attempted per round (0 = all)"})
     samples: int = field(default=8, metadata={"help": "attempts per task: the group size"})
 
@@ -71,6 +80,19 @@ class EvalSettings:
     temperature: float = field(default=1.0, metadata={"help": "temperature of the sampled evaluation"})
     greedy: bool = field(default=True, metadata={"help": "also evaluate greedily (temperature 0, 1 episode)"})
     concurrency: int = field(default=256, metadata={"help": "episodes in flight (one evaluation is one batch)"})
+    base_samples: int | None = field(default=None, metadata={
+        "help": "sampled episodes per task for the starting checkpoint (None = samples); an untrained model "
+                "plays to the turn limit: slow, and scores 0"})
+
+
+@dataclass
+class BaselineSettings:
+    expert: bool = field(default=False, metadata={
+        "help": "stage 'expert': the scripted expert's own held-out success (the imitation ceiling)"})
+    more_sft: bool = field(default=False, metadata={
+        "help": "stage 'sft-more': SFT from the SFT checkpoint for GRPO's wall time, evaluated like the rest"})
+    more_sft_epochs: int | None = field(default=None, metadata={
+        "help": "epochs of the more-SFT run; None = GRPO's measured seconds / the SFT run's seconds per epoch"})
 
 
 def _iterate_rollout():
@@ -106,6 +128,11 @@ class IterateRecipe:
         "help": "GRPO settings of each round (omrl.train.grpo); rollouts as the rollout section says"})
     sft_best: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the best-of SFT"})
     eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
+    baseline: BaselineSettings = field(default_factory=BaselineSettings, metadata={
+        "help": "reference rows: the expert, and compute-matched more SFT"})
+    threads: int | None = field(default=None, metadata={
+        "help": "torch CPU threads (None: torch's default); 1 is fastest for the tiny model on a busy box"})
+    report: bool = field(default=False, metadata={"help": "write the omrl report into output_dir/report at the end"})
 
 
 def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
@@ -149,69 +176,142 @@ def _subset(tasks: list, n: int) -> list:
 
 
 def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
-                        round: int) -> dict[str, Any]:
+                        round: int, samples: int | None = None) -> dict[str, Any]:
     """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
+    from omrl.policies.hf import HFPolicy
+
+    options = {"max_new_tokens": recipe.rollout.max_new_tokens} if recipe.rollout.max_new_tokens else {}
+    policy = HFPolicy(checkpoint, name=checkpoint, **options)
+    return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
+
+
+def evaluate_expert(recipe: IterateRecipe, tasks: list, store) -> dict[str, Any]:
+    """The scripted expert's own held-out success (in the rollout's environment, its noise included)."""
+    from omrl.policies.scripted import ScriptedPolicy
+
+    row = _evaluate(recipe, ScriptedPolicy(), tasks, store, "expert", 0, None, greedy=False)
+    noise = recipe.rollout.env_options.get("noise")
+    row["greedy_success"] = None
+    row["note"] = "scripted expert" + (f", {noise:.0%} random moves" if isinstance(noise, (int, float)) else "")
+    return row
+
+
+def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str, round: int,
+              samples: int | None, greedy: bool) -> dict[str, Any]:
     import asyncio
     from dataclasses import replace
 
-    from omrl.policies.hf import HFPolicy
     from omrl.rollout import evaluate
 
     settings = recipe.eval
     base = replace(recipe.rollout, concurrency=settings.concurrency)
-    out: dict[str, Any] = {"stage": stage, "tasks": len(tasks)}
-    modes = [("", settings.temperature, settings.samples)]
-    if settings.greedy:
+    k = samples or settings.samples
+    out: dict[str, Any] = {"stage": stage, "tasks": len(tasks), "samples": k}
+    modes = [("", settings.temperature, k)]
+    if greedy:
         modes.append(("greedy_", 0.0, 1))
-    for prefix, temperature, samples in modes:
-        options = {"max_new_tokens": base.max_new_tokens} if base.max_new_tokens else {}
-        policy = HFPolicy(checkpoint, name=checkpoint, **options)
-        result = asyncio.run(evaluate(None, tasks, policy, store, samples=samples, round=round,
-                                      run_id=f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}",
+    for prefix, temperature, n in modes:
+        _seed_torch(recipe.seed)
+        run_id = f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}"
+        result = asyncio.run(evaluate(None, tasks, policy, store, samples=n, round=round, run_id=run_id,
                                       settings=replace(base, temperature=temperature), progress=False))
         metrics = next(iter(result.metrics.values()), {})
-        out[f"{prefix}success"] = metrics.get("success_rate")
-        out[f"{prefix}mean_reward"] = metrics.get("mean_reward")
+        out[f"{prefix}success"] = _round(metrics.get("success_rate"))
+        out[f"{prefix}mean_reward"] = _round(metrics.get("mean_reward"))  # None when every episode failed
         out[f"{prefix}episodes"] = metrics.get("episodes")
+        if not prefix:
+            out["success_ci95"] = success_ci95(store, run_id, round)
     return out
 
 
+def _seed_torch(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def success_ci95(store, run_id: str, round_: int) -> float:
+    """Half-width of a 95% interval on success, counting tasks (not episodes) as the independent units."""
+    import math
+
+    from omrl.query import quote_literal
+
+    means = [r["s"] for r in store.sql(
+        f"SELECT avg(success::INT) AS s FROM trajectories WHERE run_id = {quote_literal(run_id)} "
+        f"AND round = {int(round_)} AND success IS NOT NULL GROUP BY task_id").to_pylist()]
+    if len(means) < 2:
+        return 0.0
+    mean = sum(means) / len(means)
+    var = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
+    return round(1.96 * math.sqrt(var / len(means)), 4)
+
+
 def round_table(results: list[dict[str, Any]]):
-    """A rich table of the per-stage results."""
+    """A rich table of the per-stage results (columns that no stage has are left out)."""
     from rich.table import Table
 
-    table = Table(title="held-out results")
-    columns = ["stage", "success", "mean_reward", "greedy_success", "greedy_mean_reward", "tasks",
-               "grpo_tasks", "train_success"]
-    present = [c for c in columns if any(c in r for r in results)]
-    for c in present:
-        table.add_column(c, justify="left" if c == "stage" else "right")
+    table = Table(title="held-out results (success: sampled at the eval temperature, +-95% over tasks)")
+    columns = [("stage", "stage"), ("tasks", "tasks"), ("success", "success"), ("success_ci95", "+-95%"),
+               ("mean_reward", "reward"), ("greedy_success", "greedy success"),
+               ("greedy_mean_reward", "greedy reward"), ("grpo_tasks", "grpo tasks"),
+               ("train_success", "train success"), ("train_s", "train s"), ("minutes", "minutes")]
+    present = [(c, title) for c, title in columns if any(r.get(c) is not None for r in results)]
+    for c, title in present:
+        table.add_column(title, justify="left" if c == "stage" else "right")
     for r in results:
-        table.add_row(*(_fmt(r.get(c)) for c in present))
+        table.add_row(*(_fmt(c, r.get(c)) for c, _ in present))
     return table
 
 
-def _fmt(value: Any) -> str:
+_PERCENT = {"success", "success_ci95", "greedy_success", "train_success"}
+
+
+def _fmt(column: str, value: Any) -> str:
     if value is None:
         return "-"
+    if column in _PERCENT:
+        return f"{value:.1%}"
+    if column in ("train_s", "minutes"):
+        return f"{value:.1f}"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def stage_summary(row: dict[str, Any]) -> str:
+    """One line: success (greedy), reward."""
+    greedy = row.get("greedy_success")
+    return (f"success {_fmt('success', row.get('success'))}"
+            + ("" if greedy is None else f" (greedy {greedy:.1%})")
+            + f", reward {_fmt('mean_reward', row.get('mean_reward'))}")
+
+
 def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
-                on_stage: Callable[[str, dict[str, Any]], None] | None = None, console=None) -> list[dict[str, Any]]:
+                on_stage: Callable[[str, dict[str, Any]], None] | None = None, console=None,
+                view=None) -> list[dict[str, Any]]:
     """Run (or resume) the whole iterative recipe; returns the per-stage results also written to results.json.
 
     `on_stage(stage, record)` is called after each stage is recorded as finished (tests use it to kill a run).
+    `view` (omrl.train.console.TrainingView) shows the stages and the trainers' steps as they go.
     """
-    from omrl.query import quote_literal
+    import contextlib
+    import sys
+    import time
+
     from omrl.recipes import from_dict, to_dict
     from omrl.store import Store
-    from omrl.tasks import load_tasks, write_tasks
-    from omrl.train.rft import collect_with_model
-    from omrl.train.sft import train_sft
+    from omrl.tasks import load_tasks
 
     if isinstance(recipe, dict):
         recipe = from_dict(IterateRecipe, recipe)
+    if recipe.threads and "torch" not in sys.modules:  # OpenMP reads this once, at import
+        os.environ.setdefault("OMP_NUM_THREADS", str(recipe.threads))
+    if recipe.threads:
+        import torch
+
+        torch.set_num_threads(recipe.threads)
     out = Path(recipe.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=1))
@@ -221,94 +321,182 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     eval_tasks = _subset(load_tasks(recipe.eval_tasks), recipe.eval.tasks)
     if not train_tasks or not eval_tasks:
         raise ValueError("iterate needs training and held-out tasks")
+    clock = {"stage": time.monotonic()}
+
+    def results_so_far() -> list[dict[str, Any]]:
+        return [s["results"] for s in state.data["stages"] if s.get("results")]
 
     def finish(stage: str, **record: Any) -> None:
-        state.finish(stage, **record)
-        results = [s["results"] for s in state.data["stages"] if s.get("results")]
+        seconds = time.monotonic() - clock["stage"]
+        done_before = sum(s.get("seconds", 0.0) for s in state.data["stages"])
+        if record.get("results") is not None:
+            record["results"]["minutes"] = round((done_before + seconds) / 60, 2)
+        state.finish(stage, seconds=round(seconds, 1), **record)
+        results = results_so_far()
         (out / "results.json").write_text(json.dumps(results, indent=1))
+        if view is not None and record.get("results"):
+            view.done(stage, stage_summary(record["results"]))
         if console is not None and record.get("results"):
             console.print(round_table(results))
         if on_stage is not None:
             on_stage(stage, record)
+        clock["stage"] = time.monotonic()
+
+    def shown(stage: str, description: str, **options: Any):
+        return view.stage(stage, description, **options) if view is not None else contextlib.nullcontext()
+
+    # Stage "expert": the scripted expert's own held-out success, the ceiling of imitation.
+    if recipe.baseline.expert and not state.done("expert"):
+        with shown("expert", f"scripted expert on {len(eval_tasks)} held-out tasks"):
+            finish("expert", results=evaluate_expert(recipe, eval_tasks, store))
 
     # Stage "base": the starting checkpoint (built offline when none is given) and its held-out score.
     if not state.done("base"):
-        model = recipe.model
-        if model is None:
-            from omrl.models import build_tiny_model
+        with shown("base", "starting checkpoint: build and evaluate"):
+            model = recipe.model
+            if model is None:
+                from omrl.models import build_tiny_model
 
-            model = str(build_tiny_model(out / "base", hidden=recipe.tiny.hidden, layers=recipe.tiny.layers,
-                                         seed=recipe.tiny.seed))
-        finish("base", checkpoint=model,
-               results=evaluate_checkpoint(recipe, model, eval_tasks, store, "base", round=0))
+                model = str(build_tiny_model(out / "base", hidden=recipe.tiny.hidden, layers=recipe.tiny.layers,
+                                             seed=recipe.tiny.seed))
+            results = evaluate_checkpoint(recipe, model, eval_tasks, store, "base", round=0,
+                                          samples=recipe.eval.base_samples)
+            finish("base", checkpoint=model, results=results)
 
     # Stage "sft": scripted-expert demonstrations, then SFT on them.
+    where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
     if recipe.demos.enabled and not state.done("sft"):
         import asyncio
         from dataclasses import replace
 
         from omrl.policies.scripted import ScriptedPolicy
         from omrl.rollout import collect
+        from omrl.train.sft import train_sft
 
-        demo_tasks = _subset(train_tasks, recipe.demos.tasks)
-        demo_settings = replace(recipe.rollout, max_new_tokens=None)
-        demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
-                                    samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
-        where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
-        sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path), where=where,
-                                   output_dir=str(out / "sft"))
-        trained = train_sft(sft)
-        results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
-        results["expert_success"] = demos.success_rate
-        finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:])
+        with shown("sft", f"expert demonstrations, then SFT ({recipe.sft.epochs} epochs)"):
+            demo_tasks = _subset(train_tasks, recipe.demos.tasks)
+            demo_settings = replace(recipe.rollout, max_new_tokens=None)
+            demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
+                                        samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
+            sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path),
+                                       where=where, output_dir=str(out / "sft"))
+            trained = train_sft(sft)
+            results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
+            results["expert_success"] = _round(demos.success_rate)
+            results["train_s"] = _train_seconds(trained)
+            finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:],
+                   train_s=results["train_s"], epochs=sft.epochs)
 
     for r in range(1, recipe.rounds + 1):
         stage = f"grpo-{r}"
         if state.done(stage):
             continue
-        checkpoint = state.checkpoint
-        round_dir = out / f"round-{r}"
-        tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
-        run_id = f"round-{r}"
-        from dataclasses import replace
+        with shown(stage, f"GRPO round {r} ({recipe.grpo.max_steps} steps)",
+                   success=_grpo_success(store, r) if view is not None else None):
+            checkpoint, results = _grpo_round(recipe, state.checkpoint, train_tasks, eval_tasks, store, out, r)
+            finish(stage, checkpoint=checkpoint, results=results, train_s=results["train_s"])
 
+    # Stage "sft-more": the compute-matched baseline, SFT continued from the SFT checkpoint for GRPO's time.
+    sft_record = state.done("sft")
+    if recipe.baseline.more_sft and sft_record and recipe.rounds and not state.done("sft-more"):
+        from omrl.train.sft import train_sft
+
+        grpo_s = sum(state.done(f"grpo-{r}").get("train_s", 0.0) for r in range(1, recipe.rounds + 1))
+        epoch_s = max(sft_record.get("train_s", 0.0) / max(sft_record.get("epochs", 1), 1), 1e-6)
+        matched = max(1, round(grpo_s / epoch_s))
+        epochs = recipe.baseline.more_sft_epochs or matched
+        with shown("sft-more", f"more SFT from the SFT checkpoint: {epochs} epochs (GRPO trained {grpo_s:.0f} s)"):
+            more = recipe.sft.to_recipe(seed=recipe.seed, model=sft_record["checkpoint"], store=str(store.path),
+                                        where=where, output_dir=str(out / "sft-more"), epochs=epochs)
+            trained = train_sft(more)
+            results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft-more", round=0)
+            results["train_s"] = _train_seconds(trained)
+            results["note"] = (f"SFT checkpoint + {epochs} more epochs (GRPO trained {grpo_s:.0f} s = "
+                               f"{grpo_s / epoch_s:.1f} SFT epochs)")
+            finish("sft-more", checkpoint=None, results=results, train_s=results["train_s"])
+
+    if recipe.report:
+        try:  # the figures are a convenience: a plotting failure must not throw away the measured table
+            from omrl.report import write_report
+
+            write_report(store, out / "report", results=out / "results.json")
+        except Exception as exc:  # noqa: BLE001 - said out loud, never silently
+            if view is not None:
+                view.print(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
+    return results_so_far()
+
+
+def _train_seconds(trained) -> float:
+    """The trainer's own training time (TRL's train_runtime), else the whole call's."""
+    return round(float(trained.metrics.get("train_runtime") or trained.duration_s), 1)
+
+
+def _grpo_success(store, round_: int) -> Callable[[], float | None]:
+    """Success so far of the GRPO rollouts of `round` (the rollout function stores each step's rows)."""
+    from omrl.query import quote_literal
+
+    def success() -> float | None:
+        rows = store.sql(f"SELECT avg(success::INT) AS s FROM trajectories WHERE round = {int(round_)} AND "
+                         f"source = {quote_literal('collected:grpo')} AND success IS NOT NULL").to_pylist()
+        return rows[0]["s"] if rows else None
+
+    return success
+
+
+def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_tasks: list, store, out: Path,
+                r: int) -> tuple[str, dict[str, Any]]:
+    """One round: [collect -> filter ->] GRPO [-> SFT on the best] -> held-out eval."""
+    import time
+    from dataclasses import replace
+
+    from omrl.query import quote_literal
+    from omrl.tasks import write_tasks
+    from omrl.train.grpo import train_grpo
+    from omrl.train.rft import collect_with_model
+    from omrl.train.sft import train_sft
+
+    round_dir = out / f"round-{r}"
+    run_id = f"round-{r}"
+    where = f"run_id = {quote_literal(run_id)} AND round = {r}"
+    extra: dict[str, Any] = {}
+    if recipe.collect.enabled:
+        tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
         round_settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
         collected = collect_with_model(checkpoint, tasks, store, round_settings, samples=recipe.collect.samples,
                                        round=r, run_id=run_id, progress=False)
-        where = f"run_id = {quote_literal(run_id)} AND round = {r}"
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter.reward_recipe)
         grpo_tasks = [t for t in tasks if t.id in informative]
-        per_step = recipe.grpo.tasks_per_step
-        if len(grpo_tasks) < per_step:  # too few informative groups this round: GRPO still needs full steps
+        if len(grpo_tasks) < recipe.grpo.tasks_per_step:  # too few informative groups: GRPO needs full steps
             grpo_tasks = tasks
-        tasks_file = write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl")
-        from omrl.train.grpo import train_grpo
+        tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
+        extra = {"grpo_tasks": len(grpo_tasks), "train_success": _round(collected.success_rate),
+                 "train_mean_reward": _round(collected.mean_reward), "flat_groups": flat}
+    else:
+        tasks_file = recipe.train_tasks
+    started = time.monotonic()
+    grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / "grpo"),
+                                "store": str(store.path), "round": r}, round=r)
+    checkpoint = str(train_grpo(grpo))
+    if recipe.filter.sft_best and recipe.collect.enabled:
+        from omrl.train.rft import select_best
 
-        grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": str(tasks_file),
-                                    "output_dir": str(round_dir / "grpo"), "store": str(store.path), "round": r},
-                           round=r)
-        checkpoint = str(train_grpo(grpo))
-        if recipe.filter.sft_best:
-            from omrl.train.rft import select_best
+        kept = round_dir / "best"
+        if kept.exists():
+            import shutil
 
-            kept = round_dir / "best"
-            if kept.exists():
-                import shutil
-
-                shutil.rmtree(kept)
-            selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1,
-                                    reward_recipe=recipe.filter.reward_recipe)
-            if sum(selection.kept.values()):
-                best = recipe.sft_best.to_recipe(seed=recipe.seed + r, model=checkpoint, store=str(kept),
-                                                 output_dir=str(round_dir / "sft_best"))
-                checkpoint = str(train_sft(best).checkpoint)
-        results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, stage, round=r)
-        results.update(grpo_tasks=len(grpo_tasks), train_success=collected.success_rate,
-                       train_mean_reward=collected.mean_reward, flat_groups=flat)
-        finish(stage, checkpoint=checkpoint, results=results)
-    return [s["results"] for s in state.data["stages"] if s.get("results")]
+            shutil.rmtree(kept)
+        selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1,
+                                reward_recipe=recipe.filter.reward_recipe)
+        if sum(selection.kept.values()):
+            best = recipe.sft_best.to_recipe(seed=recipe.seed + r, model=checkpoint, store=str(kept),
+                                             output_dir=str(round_dir / "sft_best"))
+            checkpoint = str(train_sft(best).checkpoint)
+    train_s = round(time.monotonic() - started, 1)
+    results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"grpo-{r}", round=r)
+    results.update(extra, train_s=train_s)
+    return checkpoint, results
 
 
 def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_recipe: str | None
