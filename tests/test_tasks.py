@@ -186,3 +186,22 @@ def test_import_flags_do_not_change_the_callers_mapping(tmp_path):
     table = import_tasks(src, mapping=mapping, instruction="question", answer="solution")
     assert table.column("answer").to_pylist() == ["4", "9"]
     assert mapping == Mapping(env="math")
+
+
+def test_dotted_paths_reach_nested_fields_and_query_id_is_guessed(tmp_path):
+    src = tmp_path / "nested.jsonl"
+    src.write_text("\n".join(json.dumps({"query_id": f"q{i}", "question": f"What is {i}+1?",
+                                         "eval": {"reference_answers": [str(i + 1)]}}) for i in range(3)) + "\n")
+    rows = import_tasks(src, answer="eval.reference_answers.0", env="math").to_pylist()
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
+    assert [r["answer"] for r in rows] == ["1", "2", "3"]
+    with pytest.raises(TaskError, match="'eval.nope' .* is not in the data"):
+        import_tasks(src, answer="eval.nope")
+
+
+def test_an_unknown_env_is_refused_at_import(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"id": "a", "question": "q"}) + "\n")
+    with pytest.raises(TaskError, match="unknown environment 'maht'; built in: .*math"):
+        import_tasks(src, env="maht")
+    assert import_tasks(src, env="my_pkg.envs:MyEnv").to_pylist()[0]["env"] == "my_pkg.envs:MyEnv"

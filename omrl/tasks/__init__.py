@@ -50,7 +50,7 @@ SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 
 # Column names tried, in order, when the mapping does not name one.
 _GUESS = {
-    "id": ["id", "task_id", "instance_id", "uid", "idx"],
+    "id": ["id", "task_id", "instance_id", "query_id", "qid", "uid", "idx"],
     "instruction": ["instruction", "question", "prompt", "problem", "query", "description", "problem_statement",
                     "task", "input"],
     "answer": ["answer", "label", "gold", "target", "solution", "ground_truth", "output"],
@@ -162,8 +162,11 @@ def _resolve_columns(rows: list[dict[str, Any]], mapping: Mapping, fmt: str) -> 
     for role in ("id", "instruction", "answer"):
         named = getattr(mapping, role)
         if named is not None:
-            if named not in available:
-                raise TaskError(f"column {named!r} (given for {role}) is not in the data; columns are {available}")
+            # A dotted path reaches into a nested field (`eval.reference_answers`) when no column has that name.
+            if named not in available and not (
+                    "." in named and any(dotted(row, named) is not MISSING for row in rows[:100])):
+                raise TaskError(f"column {named!r} (given for {role}) is not in the data; columns are {available}"
+                                + ("" if "." in named else "; a dotted path (a.b) reaches into nested fields"))
             columns[role] = named
         elif fmt == "plain":
             columns[role] = next((c for c in _GUESS[role] if c in available and c != columns.get("instruction")),
@@ -175,15 +178,39 @@ def _resolve_columns(rows: list[dict[str, Any]], mapping: Mapping, fmt: str) -> 
 
 
 def _plain_row(row, index, columns, mapping, prefix):
-    used = {c for c in columns.values() if c} | {"env", "split"}
-    row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
-    answer = row.get(columns["answer"]) if columns.get("answer") else None
+    used = {c for c in columns.values() if c and c in row} | {"env", "split"}
+    row_id = column_value(row, columns["id"]) if columns.get("id") else f"{prefix}-{index}"
+    answer = column_value(row, columns["answer"]) if columns.get("answer") else None
     payload = {k: v for k, v in row.items() if k not in used}
     if isinstance(answer, str) and "####" in answer:
         payload["solution"] = answer  # GSM8K-style: keep the worked solution, answer the number
         answer = extract_gsm8k_answer(answer)
     env, split = env_split(row, mapping, None)
-    return task_row(row_id, row.get(columns["instruction"]), answer, env, split, payload)
+    return task_row(row_id, column_value(row, columns["instruction"]), answer, env, split, payload)
+
+
+MISSING = object()
+
+
+def dotted(row: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path into nested objects (lists by index), or MISSING."""
+    value: Any = row
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return MISSING
+    return value
+
+
+def column_value(row: dict[str, Any], column: str) -> Any:
+    """A column by name, else by dotted path; None when absent (the row checks then name what is missing)."""
+    if column in row:
+        return row[column]
+    value = dotted(row, column) if "." in column else MISSING
+    return None if value is MISSING else value
 
 
 # ----------------------------------------------------------------------------------------------- public API

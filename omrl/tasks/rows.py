@@ -59,6 +59,19 @@ class Mapping:
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
 
+    def __post_init__(self) -> None:
+        check_env_name(self.env)
+
+
+def check_env_name(env: str | None) -> None:
+    """Refuse an environment that is neither built in nor a package.module:Class path (a typo otherwise
+    surfaces only when the tasks are collected)."""
+    from omrl.envs import ENVIRONMENTS
+
+    if env is not None and env not in ENVIRONMENTS and ":" not in env:
+        raise TaskError(f"unknown environment {env!r}; built in: {', '.join(sorted(ENVIRONMENTS))}, "
+                        "or give package.module:ClassName")
+
 
 def task_row(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
           payload: dict[str, Any]) -> dict[str, Any]:
