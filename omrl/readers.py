@@ -276,17 +276,25 @@ def iter_json(path: str | Path, *, error: type[Exception] = ReadError, single: b
         yield Record(0, f"{path.name} item 0", data)
     else:
         wanted = "a JSON list of records" + (" or one object" if single else "")
-        raise _fail(error, f"{path.name}: expected {wanted}, got {_json_kind(data)}", "not records")
+        raise _fail(error, f"{path.name}: expected {wanted}, got {json_kind(data)}", "not records")
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """A value's JSON type for error messages (never the value itself: it may be huge, or a dict whose
+    repr would become an id)."""
     if isinstance(value, dict):
         return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return f"a number ({value!r})"
+    if isinstance(value, int):
+        return "an integer"
     if isinstance(value, str):
         return "a string"
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+    return "null" if value is None else type(value).__name__
 
 
 # ---------------------------------------------------------------- CSV

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl import readers
+from omrl.readers import json_kind
 from omrl.schema import SchemaError
 
 
@@ -375,24 +376,7 @@ def _native_id(value: Any, ctx: RecordContext) -> str | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise FormatError(f"{ctx.where}: the record's id must be a string or an integer, got {kind_of(value)}", "bad id")
-
-
-def kind_of(value: Any) -> str:
-    """A short name for a value's JSON type, for messages (never the value itself: it may be huge)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, float):
-        return f"a number ({value!r})"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, str):
-        return "a string"
-    return type(value).__name__
+    raise FormatError(f"{ctx.where}: the record's id must be a string or an integer, got {json_kind(value)}", "bad id")
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -435,7 +419,7 @@ def object_field(value: Any, where: str, name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise FormatError(f"{where}: '{name}' must be an object, got {kind_of(value)}", "bad field")
+        raise FormatError(f"{where}: '{name}' must be an object, got {json_kind(value)}", "bad field")
     return value
 
 
@@ -444,7 +428,7 @@ def list_field(value: Any, where: str, name: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise FormatError(f"{where}: '{name}' must be a list, got {kind_of(value)}", "bad field")
+        raise FormatError(f"{where}: '{name}' must be a list, got {json_kind(value)}", "bad field")
     return value
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from omrl import readers
 from omrl.formats import FORMATS
-from omrl.formats.common import BadRecord, FormatError, first_record, kind_of
+from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
 from omrl.formats.steps import step_list
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
@@ -56,7 +56,7 @@ def detect_format(path: str | Path) -> str:
         if found is None and record is None:
             raise FormatError(f"{path.name}: the file holds no records", "empty file")
         if not isinstance(record, dict):
-            raise FormatError(f"{path.name}: the first record is {kind_of(record)}, not an object", "not an object")
+            raise FormatError(f"{path.name}: the first record is {json_kind(record)}, not an object", "not an object")
         names = set(record)
     if found is None:
         shown = sorted(map(str, names))

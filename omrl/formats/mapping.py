@@ -25,7 +25,7 @@ from omrl.formats.common import (
     FormatError,
     RecordContext,
     get_path,
-    kind_of,
+    json_kind,
     leftovers,
     make_row,
     message,
@@ -119,7 +119,7 @@ class Mapping:
             instruction = task_text(record)
         if instruction is not None and not isinstance(instruction, str):
             raise FormatError(f"{ctx.where}: the instruction at '{where}' must be text, got "
-                              f"{kind_of(instruction)}", "bad instruction")
+                              f"{json_kind(instruction)}", "bad instruction")
         task: dict[str, Any] = {}
         for path in self.task:
             value = get_path(record, path)
@@ -154,7 +154,7 @@ def mapping_from(options: dict[str, Any], where: str = "mapping") -> Mapping:
                 raise FormatError(f"{where}: '{key}' must be a dotted path or a list of them", "bad mapping")
             value = tuple(value)
         elif not isinstance(value, str) or not value:
-            raise FormatError(f"{where}: '{key}' must be a dotted path (text), got {kind_of(value)}", "bad mapping")
+            raise FormatError(f"{where}: '{key}' must be a dotted path (text), got {json_kind(value)}", "bad mapping")
         values[key] = value
     return Mapping(**values)
 
@@ -178,7 +178,7 @@ def load_mapping(path: str | Path | None = None, **overrides: Any) -> Mapping:
             raise FormatError(f"{path.name}: not valid UTF-8", "bad mapping") from None
         if not isinstance(loaded, dict):
             raise FormatError(f"{path.name}: a mapping file holds keys (messages: ..., reward: ...), got "
-                              f"{kind_of(loaded)}", "bad mapping")
+                              f"{json_kind(loaded)}", "bad mapping")
         options.update(loaded)
     options.update({k: v for k, v in overrides.items() if v is not None})
     if path is None and not options.get("messages"):  # only other flags (--reward-key ...): the usual message keys

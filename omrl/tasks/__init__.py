@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from omrl import readers
 from omrl.envs.base import Task
+from omrl.readers import json_kind
 from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
 from omrl.tasks.benchmarks import CONVERTERS, detect_format, extract_gsm8k_answer
 from omrl.tasks.rows import (
@@ -31,7 +32,6 @@ from omrl.tasks.rows import (
     Mapping,
     TaskError,
     env_split,
-    json_kind,
     short_repr,
     slug,
     task_row,

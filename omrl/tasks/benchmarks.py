@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any
 
-from omrl.tasks.rows import TaskError, env_split, json_kind, task_row
+from omrl.readers import json_kind
+from omrl.tasks.rows import TaskError, env_split, task_row
 
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from omrl.errors import OmrlError
+from omrl.readers import json_kind
 
 TASK_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -99,21 +100,6 @@ def env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) ->
     env = mapping.env or row.get("env") or default_env
     split = mapping.split or row.get("split") or "train"
     return env, split
-
-
-def json_kind(value: Any) -> str:
-    """A value's JSON type for messages (never its repr: no dict or list becomes an id or instruction)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, float):
-        return f"a number ({value!r})"
-    if isinstance(value, int):
-        return "an integer"
-    return "null" if value is None else type(value).__name__
 
 
 def _key_text(value: Any, where: str, field_name: str) -> str | None:

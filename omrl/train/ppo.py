@@ -336,6 +336,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
 
     from omrl.rollout import env_factory
     from omrl.tasks import load_tasks
+    from omrl.train.rollout_func import free_run_prefix
 
     if isinstance(recipe, dict):
         recipe = PPORecipe.from_dict(recipe)
@@ -368,7 +369,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         from omrl.store import Store
 
         store = Store.create(recipe.store, exist_ok=True)
-        prefix = _free_prefix(store, prefix)
+        prefix = free_run_prefix(store, prefix)
     make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
     rng = random.Random(f"ppo-{recipe.seed}")
     generator = torch.Generator().manual_seed(recipe.seed)
@@ -413,18 +414,6 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         "recipe": asdict(recipe), "log": log, "rollouts": {"stored": stored, "statuses": statuses,
                                                            "run_prefix": prefix}}, indent=1, default=str))
     return PPOResult(checkpoint=out, log=log, stored=stored)
-
-
-def _free_prefix(store: Any, prefix: str) -> str:
-    """`prefix`, or `prefix/attempt-N` when an earlier run already stored steps under it (as GRPO does, so a
-    re-run never reuses trajectory ids); reads the run_id column, not SQL."""
-    taken = set(store.read(columns=["run_id"]).column("run_id").to_pylist()) if store.ids() else set()
-    if not any(run.startswith(f"{prefix}/step-") for run in taken):
-        return prefix
-    n = 2
-    while any(run.startswith(f"{prefix}/attempt-{n}/") for run in taken):
-        n += 1
-    return f"{prefix}/attempt-{n}"
 
 
 def _fmt(value: Any) -> str:

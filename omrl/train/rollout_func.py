@@ -34,7 +34,7 @@ class AgentRollout:
             from omrl.store import Store
 
             self.store = Store.create(recipe.store, exist_ok=True)
-            self.run_prefix = _free_prefix(self.store, self.run_prefix)
+            self.run_prefix = free_run_prefix(self.store, self.run_prefix)
         self.calls = 0
         self.episodes = 0
         self.stored = 0
@@ -122,9 +122,10 @@ class AgentRollout:
         return out
 
 
-def _free_prefix(store: Any, prefix: str) -> str:
+def free_run_prefix(store: Any, prefix: str) -> str:
     """`prefix`, or `prefix/attempt-N` when an earlier run (killed and resumed, or re-run) already stored
-    rollouts under it: the same step would otherwise get the same trajectory ids as different episodes."""
+    rollouts under it: the same step would otherwise get the same trajectory ids as different episodes.
+    Shared by GRPO and PPO (runs named `<prefix>/step-NNNNN`)."""
     from omrl.query import quote_literal
 
     taken = {r["run_id"] for r in store.sql(
