@@ -391,7 +391,7 @@ class Store:
         card_path = self.path / "README.md"
         card = card_path.read_text(encoding="utf-8") if card_path.is_file() else ""
         for table in TABLES:
-            listed = set(re.findall(rf"data/{table}/(part-[^\s*]+\.parquet)", card))
+            listed = set(_card_lists_parts(card, table) or [])  # a glob (old stores) lists nothing by name
             if listed != {p.name for p in self.parts(table, warn=False)}:
                 with self._lock("write"):
                     self._rewrite_card()
@@ -407,10 +407,11 @@ class Store:
         card = card_path.read_text(encoding="utf-8") if card_path.is_file() else dataset_card(self.path.name)
         names = {}
         for table in TABLES:
+            listed = _card_lists_parts(card, table) if known is not None else None
             if known is not None and table in known:
                 names[table] = known[table]
-            elif known is not None and _card_lists_parts(card, table) is not None:
-                names[table] = _card_lists_parts(card, table)
+            elif listed is not None:
+                names[table] = listed
             else:
                 names[table] = [p.name for p in self.parts(table, warn=False)]
         updated = _replace_card_configs(card, _card_configs(names))
