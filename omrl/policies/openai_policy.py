@@ -4,12 +4,29 @@ Retries, backoff, timeouts and connection limits are the one client's (see omrl/
 connection errors, timeouts and malformed bodies are retried with the openai client's exponential backoff;
 other HTTP errors (400, 401, 404) fail at once. Every attempt is counted in `stats`. A call that still
 fails raises PolicyError (PolicyTimeout when the last attempt timed out).
+
+Token-faithful replies (`tokens="auto"`, the default): each request asks for the completion's token ids
+and logprobs through the servers' documented extensions, and the reply carries them as completion_ids /
+logprobs (stored in turns), so data collected from a server trains without re-tokenising:
+
+    logprobs=true, top_logprobs=1      OpenAI standard: choices[0].logprobs.content[i].logprob (all servers;
+                                       llama.cpp needs top_logprobs >= 1 to collect any probabilities)
+    return_token_ids=true              vLLM >= 0.10.2 and SGLang: choices[0].token_ids (and prompt_token_ids,
+                                       top-level in vLLM, per choice in SGLang)
+    return_tokens_as_token_ids=true    vLLM (also before 0.10.2): logprobs.content[i].token is "token_id:N"
+    (nothing more to ask)              llama.cpp server: logprobs.content[i].id
+
+The two extension fields are not sent to api.openai.com (which refuses unknown fields) nor with tokens="standard";
+tokens="off" asks for nothing. A server that returns no ids leaves completion_ids empty and the policy warns
+once (per policy object, so once per run).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
+from urllib.parse import urlparse
 
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
@@ -24,13 +41,15 @@ class OpenAIPolicy:
                  timeout: float = 120.0, retries: int = 4, max_tokens: int | None = None,
                  max_connections: int = 256, logprobs: bool = False, native_tools: bool = True,
                  extra_body: dict[str, Any] | None = None, backoff: float | None = None,
-                 max_backoff: float | None = None):
+                 max_backoff: float | None = None, tokens: str = "auto"):
         # backoff, max_backoff: accepted and ignored, for call sites written before the one client; the
         # schedule is the openai client's own (omrl/llm.py).
         if not model:
             raise ValueError("openai policy needs a model name: openai:MODEL")
         if retries < 0:
             raise ValueError(f"openai policy retries must be at least 0, got {retries}")
+        if tokens not in TOKEN_MODES:
+            raise ValueError(f"openai policy tokens must be one of {', '.join(TOKEN_MODES)}, got {tokens!r}")
         self.model = model
         self.name = model
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
@@ -39,7 +58,9 @@ class OpenAIPolicy:
         self.retries = retries
         self.max_tokens = max_tokens
         self.max_connections = max_connections
-        self.logprobs = logprobs
+        self.logprobs = logprobs  # ask for logprobs also with tokens="off" (the option's older meaning)
+        self.tokens = tokens
+        self._warned_no_ids = False
         self.native_tools = native_tools  # False: tools are described to the model but not sent as `tools`
         self.extra_body = extra_body
         self.client = LLMClient(self.base_url, self.api_key, timeout=timeout, max_retries=retries,
@@ -60,8 +81,12 @@ class OpenAIPolicy:
             request["max_tokens"] = max_tokens
         if context.seed is not None:
             request["seed"] = context.seed
-        if self.logprobs:
+        if self.logprobs or self.tokens != "off":
             request["logprobs"] = True
+        if self.tokens != "off":
+            request["top_logprobs"] = 1
+            if self.tokens == "auto" and not _is_openai_com(self.base_url):
+                body.update(TOKEN_ID_FIELDS)
         request["extra_body"] = {**(self.extra_body or {}), **body}
         return request
 
@@ -98,17 +123,91 @@ class OpenAIPolicy:
         if not calls:
             content, calls = parse_tool_calls(content, tools)
         usage = getattr(response, "usage", None)
-        logprobs: list[float] = []
-        if choice.logprobs is not None and choice.logprobs.content:
-            logprobs = [t.logprob for t in choice.logprobs.content]
+        ids, logprobs = completion_tokens(choice)
+        if not ids and self.tokens != "off":
+            self._warn_no_ids()
         return PolicyReply(
             content=content, tool_calls=calls, reasoning=reasoning, raw_text=text,
             finish_reason=choice.finish_reason,
             prompt_tokens=getattr(usage, "prompt_tokens", None),
             completion_tokens=getattr(usage, "completion_tokens", None),
-            logprobs=logprobs,
+            completion_ids=ids, logprobs=logprobs,
         )
+
+    def _warn_no_ids(self) -> None:
+        if self._warned_no_ids:
+            return
+        self._warned_no_ids = True
+        warnings.warn(
+            f"{self.base_url or 'the endpoint'} ({self.model}) returned no token ids for its completions: "
+            "turns.completion_ids stay empty for this run, so its rows are re-tokenised for training. "
+            "vLLM >= 0.10.2, SGLang and the llama.cpp server return them (see omrl/policies/openai_policy.py)",
+            stacklevel=2)
 
     async def aclose(self) -> None:
         """Close the HTTP clients of the running loop."""
         await self.client.aclose()
+
+
+TOKEN_MODES = ("auto", "standard", "off")
+TOKEN_ID_FIELDS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def _is_openai_com(base_url: str | None) -> bool:
+    """api.openai.com (also the client's default when no base URL is set) refuses unknown request fields."""
+    if not base_url:
+        return True
+    host = urlparse(base_url).hostname or ""
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
+def _extra(obj: Any) -> dict[str, Any]:
+    """The fields of an openai response object that its type does not declare (servers' extensions)."""
+    return getattr(obj, "model_extra", None) or {}
+
+
+def completion_tokens(choice: Any) -> tuple[list[int], list[float]]:
+    """(token ids, logprobs) of a chat completion choice, from whichever extension the server used.
+
+    Either list is empty when the server did not send it; ids are only returned when known for every
+    token (a half-known list would misalign training). Sources, first found wins for ids:
+    choice.token_ids (vLLM, SGLang), "token_id:N" token strings (vLLM), per-token `id` (llama.cpp)."""
+    extra = _extra(choice)
+    entries = list(getattr(getattr(choice, "logprobs", None), "content", None) or [])
+    logprobs = [float(t.logprob) for t in entries]
+    ids = _int_list(extra.get("token_ids"))
+    if ids is None and entries:
+        ids = _ids_from_entries(entries)
+    return ids or [], logprobs
+
+
+def _ids_from_entries(entries: list[Any]) -> list[int] | None:
+    out: list[int] = []
+    for entry in entries:
+        token = getattr(entry, "token", None)
+        if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
+            value: Any = token[len(_TOKEN_ID_PREFIX):]
+        else:
+            value = _extra(entry).get("id")
+        number = _int_list([value])
+        if number is None:
+            return None
+        out.extend(number)
+    return out
+
+
+def _int_list(values: Any) -> list[int] | None:
+    """`values` as ints, or None when it is not a list of integers (a server's garbage is not an id)."""
+    if not isinstance(values, list):
+        return None
+    out = []
+    for value in values:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if not isinstance(value, int) or not 0 <= value < 2**31:  # ids are int32 in the schema
+            return None
+        out.append(value)
+    return out

@@ -11,6 +11,19 @@ compute one per request. A reply is a dict:
     {"hang": 30}                                         sleep before answering (client timeouts)
     {"delay": 0.05, ...}                                 latency before a normal reply
 
+A normal reply may carry the completion's tokens, returned the way an inference server does and only
+when the request asks for them (so a test sees what the client asked):
+
+    {"content": "hi", "completion_ids": [5, 6], "logprobs": [-0.1, -0.2],
+     "tokens": ["h", "i"], "prompt_ids": [1, 2, 3], "token_style": "vllm"}
+
+    token_style "vllm" (default): choices[0].token_ids and prompt_token_ids when `return_token_ids`;
+        logprobs.content (token "token_id:N" when `return_tokens_as_token_ids`) when `logprobs`
+    "vllm-0.9": as vLLM before 0.10.2, which has no `return_token_ids`: only the logprobs route
+    "llamacpp": logprobs.content entries with the token's `id`, when `logprobs`
+    "sglang": choices[0].token_ids and choices[0].prompt_token_ids when `return_token_ids`;
+        logprobs.content with text tokens when `logprobs`
+
 Every request body is kept in `requests`, so tests can count calls and read prompts.
 """
 
@@ -114,12 +127,12 @@ class FakeOpenAIServer:
             ]
         prompt_text = json.dumps(request.get("messages", []))
         completion_text = json.dumps(message)
-        usage = reply.get("usage") or {
+        usage = dict(reply.get("usage") or {}) or {
             "prompt_tokens": max(1, len(prompt_text) // 4),
             "completion_tokens": max(1, len(completion_text) // 4),
         }
         usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
-        return {
+        body: dict[str, Any] = {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -132,6 +145,9 @@ class FakeOpenAIServer:
             }],
             "usage": usage,
         }
+        if "completion_ids" in reply:
+            _add_tokens(body, request, reply)
+        return body
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -188,3 +204,42 @@ class FakeOpenAIServer:
                     self._send(200, json.dumps(server.completion_body(request, reply)).encode())
 
         return Handler
+
+
+TOKEN_STYLES = ("vllm", "vllm-0.9", "llamacpp", "sglang")
+
+
+def _add_tokens(body: dict[str, Any], request: dict[str, Any], reply: Reply) -> None:
+    """Put the reply's completion tokens into `body` as the server of `token_style` does (see the docstring)."""
+    style = reply.get("token_style", "vllm")
+    if style not in TOKEN_STYLES:
+        raise ValueError(f"unknown token_style {style!r}; use one of {', '.join(TOKEN_STYLES)}")
+    ids = [int(i) for i in reply["completion_ids"]]
+    logprobs = [float(v) for v in reply.get("logprobs") or [0.0] * len(ids)]
+    texts = list(reply.get("tokens") or [f"<{i}>" for i in ids])
+    if not len(ids) == len(logprobs) == len(texts):
+        raise ValueError("completion_ids, logprobs and tokens must have the same length")
+    choice = body["choices"][0]
+    if "usage" not in reply:
+        body["usage"]["completion_tokens"] = len(ids)
+        if reply.get("prompt_ids") is not None:
+            body["usage"]["prompt_tokens"] = len(reply["prompt_ids"])
+        body["usage"]["total_tokens"] = body["usage"]["prompt_tokens"] + len(ids)
+    as_ids = style.startswith("vllm") and bool(request.get("return_tokens_as_token_ids"))
+
+    def entry(token_id: int, logprob: float, text: str) -> dict[str, Any]:
+        token = f"token_id:{token_id}" if as_ids else text
+        item: dict[str, Any] = {"token": token, "logprob": logprob, "bytes": list(text.encode())}
+        if style == "llamacpp":
+            item["id"] = token_id
+        item["top_logprobs"] = [{"token": token, "logprob": logprob, "bytes": list(text.encode())}]
+        return item
+
+    if request.get("logprobs"):
+        choice["logprobs"] = {"content": [entry(*t) for t in zip(ids, logprobs, texts, strict=True)]}
+    if style == "vllm" and request.get("return_token_ids"):
+        choice["token_ids"] = ids
+        body["prompt_token_ids"] = [int(i) for i in reply.get("prompt_ids") or []]
+    if style == "sglang" and request.get("return_token_ids"):
+        choice["token_ids"] = ids
+        choice["prompt_token_ids"] = [int(i) for i in reply.get("prompt_ids") or []]
