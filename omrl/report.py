@@ -11,9 +11,14 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
+from omrl.readers import json_kind
 from omrl.schema import SUCCESS_SQL
 
 # Success rate: solved / episodes with a known outcome (omrl.schema); failed and unknown counted beside it.
@@ -94,21 +99,297 @@ def plot_distributions(store, path: Path) -> Path:
                 ax.hist(values, bins=20, alpha=0.5, label=f"round {r}")
     for ax, title in zip(axes, ("reward", "turns per trajectory", "tokens per trajectory"), strict=True):
         ax.set(title=title)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:  # a panel with no values (tokens unknown) has no legend
+            ax.legend(fontsize="small")
     return _save(fig, path)
 
 
 def _table_md(rows: list[dict[str, Any]], columns: list[str]) -> str:
     def cell(v):
-        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+        text = "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+        return text.replace("|", "\\|").replace("\n", " ")  # a name may hold either
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def write_report(store, out: str | Path, results: str | Path | None = None) -> dict[str, Path]:
-    """Write PNG plots, report.md and report.html into `out`; returns their paths by name."""
+# ------------------------------------------------------------------ training curves per step
+
+RUN_LOGS = {"omrl_grpo.json": "grpo", "omrl_ppo.json": "ppo"}
+# Our series name -> the log keys that carry it (first found wins): TRL's GRPO log names and omrl PPO's.
+STEP_KEYS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward",),
+    "success": ("success",),  # PPO logs it; GRPO's comes from the stored rollouts (STEPS_SQL)
+    "loss": ("loss", "policy_loss"),
+    "entropy": ("entropy",),
+    "value_loss": ("value_loss",),
+    "explained_variance": ("explained_variance",),
+    "clip_fraction": ("clip_fraction", "clip_ratio/region_mean"),
+    "approx_kl": ("approx_kl",),
+    "kl": ("kl", "kl_ref"),
+}
+
+
+@dataclass
+class RunLog:
+    """One trainer's per-step log: `steps` holds {"step", and each STEP_KEYS series it logged}."""
+
+    kind: str  # grpo or ppo
+    path: Path
+    label: str  # the log's folder, relative to the --runs folder it was found under
+    round: int | None
+    steps: list[dict[str, Any]]
+
+
+def _finite(value: Any) -> float | None:
+    # PPO writes NaN for what a step could not measure (kl_ref without a reference): no value, not 0.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def read_run_log(path: str | Path, label: str | None = None) -> RunLog:
+    """A run log written by train_grpo (omrl_grpo.json) or train_ppo (omrl_ppo.json), as RunLog."""
+    path = Path(path)
+    kind = RUN_LOGS.get(path.name)
+    if kind is None:
+        raise UsageError(f"{path}: not a run log (expected one of {', '.join(RUN_LOGS)})")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{path}: unreadable run log ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("log"), list):
+        raise UsageError(f"{path}: a run log is a JSON object with a 'log' list, got {json_kind(data)}")
+    steps = []
+    for entry in data["log"]:
+        # TRL's closing summary entry (train_runtime, ...) has no step metrics: not a step
+        if not isinstance(entry, dict) or _finite(entry.get("step")) is None:
+            continue
+        row: dict[str, Any] = {"step": int(entry["step"])}
+        for name, keys in STEP_KEYS.items():
+            value = next((_finite(entry[k]) for k in keys if k in entry), None)
+            if value is not None:
+                row[name] = value
+        if len(row) > 1:
+            steps.append(row)
+    recipe = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
+    number = recipe.get("round")
+    return RunLog(kind, path, label or str(path.parent), number if isinstance(number, int) else None,
+                  sorted(steps, key=lambda r: r["step"]))
+
+
+def find_run_logs(folders: list[str | Path]) -> list[RunLog]:
+    """Every omrl_grpo.json / omrl_ppo.json under these folders (a file may be given as is), in path order."""
+    logs = []
+    for folder in folders:
+        folder = Path(folder)
+        if folder.is_file():
+            logs.append(read_run_log(folder, folder.parent.name))
+            continue
+        if not folder.is_dir():
+            raise UsageError(f"--runs {folder}: no such folder")
+        found = sorted(p for name in RUN_LOGS for p in folder.rglob(name))
+        if not found:
+            raise UsageError(f"--runs {folder}: no {' or '.join(RUN_LOGS)} under it (written by omrl train "
+                             "grpo, ppo and iterate into their output folders)")
+        for path in found:
+            label = str(path.parent.relative_to(folder)) if path.parent != folder else folder.name
+            logs.append(read_run_log(path, label))
+    return logs
+
+
+# Per step from the stored rollouts: GRPO and PPO tag each rollout's metadata with its step. A GRPO rollout
+# played at TRL global step k is trained on in update k + 1, the step its log entry carries: shifted to match.
+# The run is the run_id without its /step-N tail (an attempt-N of a re-run stays apart).
+STEPS_SQL = f"""
+WITH tagged AS (
+    SELECT regexp_replace(run_id, '/step-[0-9]+$', '') AS run, round, reward, success, status,
+           CASE WHEN json_valid(metadata) THEN TRY_CAST(json_extract_string(metadata, '$.grpo_step') AS INTEGER)
+           END AS grpo_step,
+           CASE WHEN json_valid(metadata) THEN TRY_CAST(json_extract_string(metadata, '$.ppo_step') AS INTEGER)
+           END AS ppo_step
+    FROM trajectories WHERE contains(metadata, '_step')  -- cheap pre-filter
+)
+SELECT run, round, CASE WHEN grpo_step IS NOT NULL THEN 'grpo' ELSE 'ppo' END AS kind,
+       coalesce(grpo_step + 1, ppo_step) AS step, count(*) AS episodes, avg(reward) AS mean_reward, {SUCCESS_SQL}
+FROM tagged WHERE grpo_step IS NOT NULL OR ppo_step IS NOT NULL
+GROUP BY ALL ORDER BY run, round, step
+"""
+
+
+def stored_step_stats(store) -> list[dict[str, Any]]:
+    """Episodes, mean reward and success rate per (run, round, step) of the GRPO/PPO rollouts in the store."""
+    return store.sql(STEPS_SQL).to_pylist()
+
+
+def _by_run(stats: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in stats:
+        runs.setdefault((row["run"], row["round"]), []).append(row)
+    return runs
+
+
+def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path) -> Path:
+    """One panel per series any run logged; a line per run log, dashed lines for the stored rollouts."""
+    names = [n for n in STEP_KEYS if any(n in s for log in logs for s in log.steps)]
+    for extra in ("reward", "success"):
+        if stored and extra not in names:
+            names.append(extra)
+    names.sort(key=list(STEP_KEYS).index)
+    plt = _plt()
+    cols = min(4, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        for log in logs:
+            points = [(s["step"], s[name]) for s in log.steps if name in s]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker=".", label=f"{log.label} ({log.kind} log)")
+        if name in ("reward", "success"):
+            key = "mean_reward" if name == "reward" else "success_rate"
+            for (run, number), rows_ in _by_run(stored).items():
+                points = [(r["step"], r[key]) for r in rows_ if r[key] is not None]
+                if points:
+                    ax.plot(*zip(*points, strict=True), linestyle="--", label=f"{run} r{number} (store)")
+        ax.set(title=name.replace("_", " "), xlabel="step")
+        if name == "success":
+            ax.set_ylim(-0.05, 1.05)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    return _save(fig, path)
+
+
+def _steps_md(logs: list[RunLog], stored: list[dict[str, Any]]) -> list[str]:
+    summary = []
+    for log in logs:
+        first, last = (log.steps[0], log.steps[-1]) if log.steps else ({}, {})
+        summary.append({"run": log.label, "kind": log.kind, "round": log.round, "steps": len(log.steps),
+                        "last_step": last.get("step"), "first_reward": first.get("reward"),
+                        "last_reward": last.get("reward"), "last_success": last.get("success"),
+                        "last_loss": last.get("loss"), "last_entropy": last.get("entropy")})
+    md = ["## Training steps", "",
+          "Per optimizer step from the trainers' logs (`omrl_grpo.json`: TRL's log; `omrl_ppo.json`), and "
+          "from the rollouts stored per step (dashed: episodes, reward and success of what each step trained on).",
+          ""]
+    if summary:
+        md += [_table_md(summary, ["run", "kind", "round", "steps", "last_step", "first_reward", "last_reward",
+                                   "last_success", "last_loss", "last_entropy"]), ""]
+    if stored:
+        rows = []
+        for (run, number), steps in _by_run(stored).items():
+            rows.append({"run": run, "round": number, "kind": steps[0]["kind"], "steps": len(steps),
+                         "episodes": sum(s["episodes"] for s in steps),
+                         "first_success": steps[0]["success_rate"], "last_success": steps[-1]["success_rate"],
+                         "first_reward": steps[0]["mean_reward"], "last_reward": steps[-1]["mean_reward"]})
+        md += [_table_md(rows, ["run", "round", "kind", "steps", "episodes", "first_success", "last_success",
+                                "first_reward", "last_reward"]), ""]
+    md += ["![training curves per step](steps.png)", ""]
+    return md
+
+
+# ------------------------------------------------------------------ judge vs environment agreement
+
+# A round is flagged when its agreement is weak or has fallen: at least AGREEMENT_MIN_N pairs and a Pearson
+# correlation below AGREEMENT_LOW, or AGREEMENT_DROP below the same annotator's previous round with a value.
+# A judge whose scores stop following the environment's reward is the first sign of reward hacking.
+AGREEMENT_MIN_N = 5
+AGREEMENT_LOW = 0.3
+AGREEMENT_DROP = 0.2
+SCATTER_POINTS = 400  # per annotator and round, a deterministic sample (by id hash) for the plot
+
+# Pairs: the newest ok score of each annotator (latest_annotations) beside the trajectory's environment
+# reward. Spearman is Pearson over average ranks (ties share their mean rank).
+_PAIRS_SQL = """
+SELECT a.annotator, t.round, a.trajectory_id, a.score, t.reward
+FROM latest_annotations a JOIN trajectories t ON t.id = a.trajectory_id
+WHERE a.kind = 'score' AND a.status = 'ok' AND isfinite(a.score) AND isfinite(t.reward)
+"""
+AGREEMENT_SQL = f"""
+WITH pairs AS ({_PAIRS_SQL}),
+ranked AS (
+    SELECT *,
+        rank() OVER (PARTITION BY annotator, round ORDER BY score)
+            + (count(*) OVER (PARTITION BY annotator, round, score) - 1) / 2.0 AS score_rank,
+        rank() OVER (PARTITION BY annotator, round ORDER BY reward)
+            + (count(*) OVER (PARTITION BY annotator, round, reward) - 1) / 2.0 AS reward_rank
+    FROM pairs
+)
+SELECT annotator, round, count(*) AS n, corr(score, reward) AS pearson, corr(score_rank, reward_rank) AS spearman,
+       avg(score) AS mean_score, avg(reward) AS mean_reward
+FROM ranked GROUP BY annotator, round ORDER BY annotator, round
+"""
+SCATTER_SQL = f"""
+SELECT annotator, round, score, reward FROM ({_PAIRS_SQL})
+QUALIFY row_number() OVER (PARTITION BY annotator, round ORDER BY hash(trajectory_id), trajectory_id)
+        <= {SCATTER_POINTS}
+ORDER BY annotator, round
+"""
+
+
+def _number(value: Any) -> float | None:
+    # corr() of a constant column is NaN (or NULL): no correlation to speak of
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def judge_agreement(store) -> list[dict[str, Any]]:
+    """Per score annotator and trajectory round, where both a judge score and an environment reward exist:
+    n, Pearson and Spearman correlation, mean score and reward, and `flag` (the rule above; '' if none)."""
+    rows = store.sql(AGREEMENT_SQL).to_pylist()
+    previous: dict[str, float] = {}
+    for row in rows:
+        row["pearson"], row["spearman"] = _number(row["pearson"]), _number(row["spearman"])
+        flags = []
+        r, before = row["pearson"], previous.get(row["annotator"])
+        if row["n"] >= AGREEMENT_MIN_N and r is not None:
+            if r < AGREEMENT_LOW:
+                flags.append(f"low (r < {AGREEMENT_LOW})")
+            if before is not None and r <= before - AGREEMENT_DROP:
+                flags.append(f"fell {before - r:.2f} since the previous round")
+        row["flag"] = "; ".join(flags)
+        if r is not None and row["n"] >= AGREEMENT_MIN_N:
+            previous[row["annotator"]] = r
+    return rows
+
+
+def plot_agreement(store, annotators: list[str], path: Path) -> Path:
+    """Judge score against environment reward, one panel per annotator, one colour per round."""
+    points = store.sql(SCATTER_SQL).to_pylist()
+    plt = _plt()
+    cols = min(3, len(annotators))
+    rows = math.ceil(len(annotators) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, annotator in zip(axes.flat, annotators, strict=False):
+        mine = [p for p in points if p["annotator"] == annotator]
+        for number in sorted({p["round"] for p in mine}, key=lambda x: (x is None, x)):
+            sel = [p for p in mine if p["round"] == number]
+            ax.scatter([p["reward"] for p in sel], [p["score"] for p in sel], s=12, alpha=0.45,
+                       label=f"round {number}")
+        ax.set(title=annotator, xlabel="environment reward", ylabel="judge score")
+        ax.legend(fontsize="x-small")
+    for ax in list(axes.flat)[len(annotators):]:
+        ax.set_visible(False)
+    return _save(fig, path)
+
+
+def _agreement_md(rows: list[dict[str, Any]]) -> list[str]:
+    return ["## Judge vs environment", "",
+            "Per score annotator and round, on trajectories with both an ok judge score (the newest per "
+            "annotator) and an environment reward. Flagged: n >= "
+            f"{AGREEMENT_MIN_N} and Pearson r < {AGREEMENT_LOW}, or r at least {AGREEMENT_DROP} below the "
+            "annotator's previous round: the judge stops following the environment (a sign of reward hacking).",
+            "", _table_md(rows, ["annotator", "round", "n", "pearson", "spearman", "mean_score", "mean_reward",
+                                 "flag"]),
+            "", "![judge score against environment reward](agreement.png)", ""]
+
+
+def write_report(store, out: str | Path, results: str | Path | None = None,
+                 runs: list[str | Path] | tuple = ()) -> dict[str, Path]:
+    """Write PNG plots, report.md and report.html into `out`; returns their paths by name.
+
+    `runs`: folders searched for trainer logs (omrl_grpo.json, omrl_ppo.json) to plot per step."""
     from omrl.store import Store
 
     store = store if isinstance(store, Store) else Store(store)
@@ -134,6 +415,16 @@ def write_report(store, out: str | Path, results: str | Path | None = None) -> d
                    if any(c in r for r in stage_rows)]
         md += ["## Held-out evaluation by stage", "", _table_md(stage_rows, columns), "",
                "![held-out success by stage](stages.png)", ""]
+    logs = find_run_logs(list(runs)) if runs else []
+    stored = stored_step_stats(store)
+    if logs or stored:
+        paths["steps"] = plot_steps(logs, stored, out / "steps.png")
+        md += _steps_md(logs, stored)
+    agreement = judge_agreement(store)
+    if agreement:
+        paths["agreement"] = plot_agreement(store, sorted({r["annotator"] for r in agreement}),
+                                            out / "agreement.png")
+        md += _agreement_md(agreement)
     paths["markdown"] = out / "report.md"
     paths["markdown"].write_text("\n".join(md))
     paths["html"] = out / "report.html"
@@ -149,7 +440,8 @@ def _html(md_lines: list[str], out: Path) -> str:
     def flush_table():
         if not table:
             return
-        rows = [r.strip("|").split("|") for r in table if not r.startswith("|---")]
+        rows = [[c.replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r[1:-1])]
+                for r in table if not r.startswith("|---")]
         head, *rest = rows
         body.append("<table><tr>" + "".join(f"<th>{html.escape(c.strip())}</th>" for c in head) + "</tr>"
                     + "".join("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in r) + "</tr>"
@@ -169,6 +461,8 @@ def _html(md_lines: list[str], out: Path) -> str:
             alt, src = line[2:].split("](")
             data = base64.b64encode((out / src.rstrip(")")).read_bytes()).decode()
             body.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">')
+        elif line.strip():
+            body.append(f"<p>{html.escape(line)}</p>")
     flush_table()
     style = "body{font-family:sans-serif;max-width:1000px;margin:auto}td,th{padding:2px 8px;border:1px solid #ccc}"
     return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>" \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -67,3 +68,128 @@ def test_report_counts_failed_and_unknown_beside_the_rate(tmp_path):
     md = write_report(store, tmp_path / "rep")["markdown"].read_text()
     assert "| round | trajectories | success_rate | failed | unknown_success |" in md
     assert "| 0 | 8 | 1.000 | 3 | 1 |" in md
+
+
+# ------------------------------------------------------------------ per-step curves from real training runs
+
+def _report(store, out, *args):
+    from omrl.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["report", str(store), "--out", str(out), *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return (out / "report.md").read_text()
+
+
+def _md_rows(md: str, header: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header line starts with `header`, as dicts of cell text."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    names = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True)))
+    return rows
+
+
+def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
+    """A real two-step GRPO run on the tiny model: the report reads its omrl_grpo.json under --runs (found
+    recursively) and its stored rollouts per step, and both agree with what the run wrote."""
+    pytest.importorskip("trl")
+    from omrl.envs.base import Task
+    from omrl.models import build_tiny_model
+    from omrl.report import find_run_logs
+    from omrl.rollout import RolloutSettings
+    from omrl.tasks import write_tasks
+    from omrl.train.grpo import GRPORecipe, train_grpo
+
+    model = build_tiny_model(tmp_path / "tiny", hidden=64, layers=2)
+    tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(4)],
+                        tmp_path / "tasks.jsonl")
+    run_dir = tmp_path / "run"
+    train_grpo(GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(run_dir / "round-1" / "grpo"),
+                          rollout=RolloutSettings(env="test_grpo:LetterEnv", max_turns=1, max_new_tokens=8),
+                          store=str(tmp_path / "store"), run_name="g", round=1, max_steps=2, tasks_per_step=2,
+                          samples_per_task=4, warmup_steps=0, learning_rate=1e-2, logging_steps=1, quiet=True))
+    written = json.loads((run_dir / "round-1" / "grpo" / "omrl_grpo.json").read_text())["log"]
+    logs = find_run_logs([run_dir])
+    assert [(log.kind, log.label, log.round) for log in logs] == [("grpo", "round-1/grpo", 1)]
+    steps = logs[0].steps
+    assert [s["step"] for s in steps] == [e["step"] for e in written if "loss" in e] == [1, 2]
+    for step, entry in zip(steps, [e for e in written if "loss" in e], strict=True):
+        assert step["loss"] == entry["loss"] and step["reward"] == entry["reward"]
+        assert step["entropy"] == entry["entropy"]
+
+    md = _report(tmp_path / "store", tmp_path / "rep", "--runs", run_dir)
+    data = (tmp_path / "rep" / "steps.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert "![training curves per step](steps.png)" in md
+    [logged] = _md_rows(md, "| run | kind | round | steps | last_step |")
+    assert logged["run"] == "round-1/grpo" and logged["steps"] == "2" and logged["last_step"] == "2"
+    assert logged["last_reward"] == f"{[e for e in written if 'loss' in e][-1]['reward']:.3f}"
+    # per step from the store: rollouts of TRL step k (grpo_step k-1), computed here from the raw rows
+    rows = Store(tmp_path / "store").read().to_pylist()
+    [stored] = _md_rows(md, "| run | round | kind | steps | episodes |")
+    assert stored["run"] == "g/round-1" and stored["steps"] == "2" and stored["episodes"] == str(len(rows)) == "16"
+    last = [r for r in rows if json.loads(r["metadata"])["grpo_step"] == 1]
+    assert stored["last_success"] == f"{sum(bool(r['success']) for r in last) / len(last):.3f}"
+    assert stored["last_reward"] == f"{sum(r['reward'] for r in last) / len(last):.3f}"
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "<h2>Training steps</h2>" in page
+
+
+def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
+    """A real two-step PPO run: value loss, explained variance, clip fraction and approx KL per step."""
+    pytest.importorskip("transformers")
+    from omrl.envs.base import Task
+    from omrl.report import STEP_KEYS, find_run_logs
+    from omrl.rollout import RolloutSettings
+    from omrl.tasks import write_tasks
+    from omrl.train.ppo import PPORecipe, train_ppo
+    from tests.train_helpers import random_mover_model
+
+    model = random_mover_model(tmp_path / "mover")
+    tasks = write_tasks([Task(id=f"g{x}", instruction="Reach the goal.", env="grid",
+                              payload={"size": 7, "start": [x, 3], "goal": [x - 1, 3]}) for x in range(2, 6)],
+                        tmp_path / "tasks.jsonl")
+    result = train_ppo(PPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "ppo"),
+                                 store=str(tmp_path / "store"), rollout=RolloutSettings(env="grid", max_turns=1,
+                                                                                      max_new_tokens=4),
+                                 max_steps=2, tasks_per_step=2, samples_per_task=4, ppo_epochs=1, minibatches=1,
+                                 quiet=True))
+    [log] = find_run_logs([tmp_path / "ppo"])
+    assert log.kind == "ppo" and [s["step"] for s in log.steps] == [0, 1]
+    for step, entry in zip(log.steps, result.log, strict=True):
+        assert step["loss"] == entry["policy_loss"] and step["success"] == entry["success"]
+        for name in ("value_loss", "clip_fraction", "approx_kl", "entropy", "reward"):
+            assert step[name] == entry[name], name
+        assert "kl" not in step  # kl_ref is NaN without a reference model: no value, not 0
+        assert math.isnan(entry["kl_ref"])
+    assert {"reward", "success", "loss", "entropy", "value_loss", "clip_fraction", "approx_kl"} <= set(log.steps[-1])
+    assert set(log.steps[-1]) - {"step"} <= set(STEP_KEYS)
+    md = _report(tmp_path / "store", tmp_path / "rep", "--runs", tmp_path / "ppo")
+    [logged] = _md_rows(md, "| run | kind | round | steps | last_step |")
+    assert logged["kind"] == "ppo" and logged["steps"] == "2"
+    assert logged["last_success"] == f"{result.log[-1]['success']:.3f}"
+
+
+def test_runs_option_refuses_what_is_not_a_run_log(tmp_path):
+    from omrl.cli.main import cli
+
+    store = Store.create(tmp_path / "s")
+    store.append([Trajectory(id="a", task_id="t", messages=[Message("user", "go")], reward=1.0).to_row()])
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(cli, ["report", str(store.path), "--out", str(tmp_path / "o"),
+                                      "--runs", str(tmp_path / "empty")])
+    assert result.exit_code != 0 and "no omrl_grpo.json or omrl_ppo.json under it" in result.output
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "omrl_grpo.json").write_text("[1, 2")
+    result = CliRunner().invoke(cli, ["report", str(store.path), "--out", str(tmp_path / "o"),
+                                      "--runs", str(tmp_path / "bad")])
+    assert result.exit_code != 0 and "unreadable run log" in result.output and "Traceback" not in result.output
+    (tmp_path / "bad" / "omrl_grpo.json").write_text('{"log": {"step": 1}}')
+    result = CliRunner().invoke(cli, ["report", str(store.path), "--out", str(tmp_path / "o"),
+                                      "--runs", str(tmp_path / "bad")])
+    assert result.exit_code != 0 and "with a 'log' list" in result.output
+    assert "--runs" in CliRunner().invoke(cli, ["report", "--help"]).output
