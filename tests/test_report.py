@@ -193,3 +193,92 @@ def test_runs_option_refuses_what_is_not_a_run_log(tmp_path):
                                       "--runs", str(tmp_path / "bad")])
     assert result.exit_code != 0 and "with a 'log' list" in result.output
     assert "--runs" in CliRunner().invoke(cli, ["report", "--help"]).output
+
+
+# ------------------------------------------------------------------ judge vs environment agreement
+
+def _agreement_store(tmp_path):
+    """Three rounds of 12 trajectories; judge `j` follows the reward in rounds 0 and 1 and inverts it in
+    round 2; `coarse` scores in three tied levels. Returns the store and the pairs each should be scored on."""
+    from datetime import datetime, timedelta, timezone
+
+    from omrl.schema import Annotation
+
+    store = Store.create(tmp_path / "s")
+    rows, notes, pairs = [], [], {}
+    then = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    for r in range(3):
+        for i in range(12):
+            tid = f"r{r}-{i}"
+            reward = ((i * 7) % 12) / 11
+            rows.append(Trajectory(id=tid, task_id=f"t{i}", round=r, messages=[Message("user", "go")],
+                                   reward=reward, success=reward > 0.5).to_row())
+            score = reward + 0.08 * ((i % 3) - 1) if r < 2 else 1 - reward + 0.05 * (i % 2)
+            coarse = float(round(reward * 2))  # 0, 1 or 2: many ties
+            notes += [Annotation(trajectory_id=tid, annotator="j", score=score, created_at=then).to_row(),
+                      Annotation(trajectory_id=tid, annotator="coarse", score=coarse, created_at=then).to_row()]
+            pairs.setdefault(("j", r), []).append((score, reward))
+            pairs.setdefault(("coarse", r), []).append((coarse, reward))
+    # superseded by the newer one above (latest_annotations), errors, labels and rows without a reward
+    notes += [Annotation(trajectory_id="r0-1", annotator="j", score=-50.0,
+                         created_at=then - timedelta(days=1)).to_row(),
+              Annotation(trajectory_id="r1-2", annotator="broken", status="error", error="HTTP 500").to_row(),
+              Annotation(trajectory_id="r1-3", annotator="tagger", kind="label", label="good").to_row(),
+              Annotation(trajectory_id="nowhere", annotator="j", score=1.0).to_row(),
+              Annotation(trajectory_id="noreward", annotator="j", score=0.3, created_at=then).to_row()]
+    rows.append(Trajectory(id="noreward", task_id="t0", round=0, messages=[Message("user", "go")],
+                           status="env_error", error="env died").to_row())
+    store.append(rows)
+    store.append(notes, table="annotations")
+    return store, pairs
+
+
+def test_judge_agreement_per_round_matches_scipy_and_flags_the_inverted_round(tmp_path):
+    from scipy import stats
+
+    from omrl.report import AGREEMENT_LOW, judge_agreement
+
+    store, pairs = _agreement_store(tmp_path)
+    rows = judge_agreement(store)
+    assert [(r["annotator"], r["round"]) for r in rows] == sorted(pairs)
+    for row in rows:
+        scores, rewards = zip(*pairs[(row["annotator"], row["round"])], strict=True)
+        assert row["n"] == len(scores) == 12
+        assert row["pearson"] == pytest.approx(stats.pearsonr(scores, rewards).statistic, abs=1e-9)
+        assert row["spearman"] == pytest.approx(stats.spearmanr(scores, rewards).statistic, abs=1e-9)
+        assert row["mean_score"] == pytest.approx(sum(scores) / 12)
+    by = {(r["annotator"], r["round"]): r for r in rows}
+    assert by[("j", 0)]["pearson"] > 0.9 and by[("j", 0)]["flag"] == by[("j", 1)]["flag"] == ""
+    assert by[("j", 2)]["pearson"] < AGREEMENT_LOW
+    assert "low" in by[("j", 2)]["flag"] and "fell" in by[("j", 2)]["flag"]
+    assert all(by[("coarse", r)]["flag"] == "" for r in range(3))
+
+    md = _report(store.path, tmp_path / "rep")
+    table = _md_rows(md, "| annotator | round | n | pearson | spearman |")
+    assert [(t["annotator"], t["round"], t["n"]) for t in table] == [(a, str(r), "12") for a, r in sorted(pairs)]
+    assert [t["round"] for t in table if t["flag"] not in ("", "-")] == ["2"]
+    data = (tmp_path / "rep" / "agreement.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert "![judge score against environment reward](agreement.png)" in md
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<h2>Judge vs environment</h2>" in page and page.count("data:image/png;base64,") == 3
+
+
+def test_agreement_from_omrl_annotate_output_and_none_without_scores(tmp_path):
+    """What `omrl annotate` writes today (a metric's score annotations) is read like any judge's."""
+    from omrl.cli.main import cli
+    from omrl.report import judge_agreement
+
+    store = Store.create(tmp_path / "s")
+    store.append([Trajectory(id=f"a{i}", task_id=f"t{i}", round=i % 2,
+                             messages=[Message("user", "go")] + [Message("assistant", "up")] * (1 + i % 4),
+                             num_turns=1 + i % 4, reward=float(i % 4), success=i % 4 > 1).to_row()
+                  for i in range(16)])
+    assert judge_agreement(store) == []
+    assert "Judge vs environment" not in _report(store.path, tmp_path / "rep0")
+    result = CliRunner().invoke(cli, ["annotate", str(store.path), "--metric", "num_turns"])
+    assert result.exit_code == 0, result.output
+    rows = judge_agreement(store)
+    assert [(r["round"], r["n"]) for r in rows] == [(0, 8), (1, 8)]
+    # num_turns grows with the reward here, so the rank agreement is perfect in both rounds
+    assert all(r["spearman"] == pytest.approx(1.0) for r in rows)
