@@ -16,6 +16,23 @@ so reinforcement learning has room to improve on imitation.
 
 Tasks come from `grid_tasks(n, seed, split)`: deterministic, and the train and eval splits never
 share a (start, goal) pair.
+
+Walled grid (the harder task, shipped as `grid_walls_*`): a task payload may list blocked cells,
+`"walls": [[x, y], ...]`. `grid_wall_tasks` puts one straight wall across every straight route from
+start to goal, with a way round at one end or both. Observations then end with the walls next to the
+agent ("goal: 3 up; wall: up"), and the budget and the reward count steps against the shortest path
+(breadth-first search). The expert knows the whole map and walks a shortest path (with the same
+`noise`); the agent sees only the walls next to it, so at a wall the expert's choice of side depends on
+where the wall ends, which the agent cannot see: imitation averages over those choices and fails even
+under greedy decoding (a wrong side, or a change of mind along the wall, runs out of the budget of
+shortest + 2). What helps is a policy that is best for what the agent sees, its own earlier moves
+included (commit to one side and follow the wall), and its decisive moves lead away from the goal and
+pay off only turns later: credit assignment. Episodes of a GRPO group start from the same cell and
+meet at the same wall cells (`info.state`), so step groups compare what they did there.
+
+Every step reports the state it led to as `info["state"]`, the position "x,y" (walls are fixed per task,
+so the position is the whole state): step groups of GiGPO-style credit (omrl/train/step_credit.py)
+and SQL (`json_extract_string(info, '$.state')` over a row's turns) read it.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import deque
 from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
@@ -38,15 +56,35 @@ MOVE_TOOL = tool_schema(
 _MOVE = re.compile(r"\s*(up|down|left|right)\s*\.?\s*", re.IGNORECASE)
 
 
-def describe(pos: tuple[int, int], goal: tuple[int, int]) -> str:
-    """The observation text: the goal's offset in words ("goal: 2 left, 3 up")."""
+def describe(pos: tuple[int, int], goal: tuple[int, int], walls_next: list[str] | None = None) -> str:
+    """The observation text: the goal's offset in words ("goal: 2 left, 3 up"), then the walls next to
+    the agent when the task has walls ("goal: 3 up; wall: up, left"; nothing when none is adjacent)."""
     dx, dy = goal[0] - pos[0], goal[1] - pos[1]
     parts = []
     if dx:
         parts.append(f"{abs(dx)} {'right' if dx > 0 else 'left'}")
     if dy:
         parts.append(f"{abs(dy)} {'down' if dy > 0 else 'up'}")
-    return f"goal: {', '.join(parts) or 'here'}"
+    text = f"goal: {', '.join(parts) or 'here'}"
+    return f"{text}; wall: {', '.join(walls_next)}" if walls_next else text
+
+
+def state_key(pos: tuple[int, int]) -> str:
+    """The hashable state a grid step reports as info["state"]: the position "x,y"."""
+    return f"{pos[0]},{pos[1]}"
+
+
+def distances_to(size: int, walls: set[tuple[int, int]], goal: tuple[int, int]) -> dict[tuple[int, int], int]:
+    """The fewest moves from every reachable cell to `goal`, avoiding walls and the border (breadth-first)."""
+    seen, frontier = {goal: 0}, deque([goal])
+    while frontier:
+        cell = frontier.popleft()
+        for dx, dy in DIRECTIONS.values():
+            nxt = (cell[0] + dx, cell[1] + dy)
+            if 1 <= nxt[0] <= size and 1 <= nxt[1] <= size and nxt not in walls and nxt not in seen:
+                seen[nxt] = seen[cell] + 1
+                frontier.append(nxt)
+    return seen
 
 
 def best_moves(pos: tuple[int, int], goal: tuple[int, int]) -> list[str]:
@@ -87,6 +125,59 @@ def grid_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7, min_d
     return tasks
 
 
+def _wall_between(start: tuple[int, int], goal: tuple[int, int], size: int) -> list[list[int]]:
+    # One straight wall across the major axis of the move, strictly between start and goal, covering
+    # both of their cross coordinates (every straight route is blocked) and stretched 0-2 cells further
+    # each way, seeded by the pair only, so the same pair always has the same wall. At least one
+    # end stays open: the goal is always reachable.
+    rng = random.Random(f"walls-{start}-{goal}")
+    vertical_move = abs(goal[1] - start[1]) >= abs(goal[0] - start[0])
+    along, across = (1, 0) if vertical_move else (0, 1)
+    line = rng.randint(min(start[along], goal[along]) + 1, max(start[along], goal[along]) - 1)
+    lo = max(1, min(start[across], goal[across]) - rng.randint(0, 2))
+    hi = min(size, max(start[across], goal[across]) + rng.randint(0, 2))
+    if lo == 1 and hi == size:  # no way round: give back one end's stretch (callers skip pairs spanning the board)
+        if min(start[across], goal[across]) > 1 and (max(start[across], goal[across]) == size or rng.random() < 0.5):
+            lo = min(start[across], goal[across])
+        else:
+            hi = max(start[across], goal[across])
+    cells = []
+    for c in range(lo, hi + 1):
+        cell = [0, 0]
+        cell[along], cell[across] = line, c
+        cells.append(cell)
+    return cells
+
+
+def _spans_board(start: tuple[int, int], goal: tuple[int, int], size: int) -> bool:
+    across = 0 if abs(goal[1] - start[1]) >= abs(goal[0] - start[0]) else 1
+    return {start[across], goal[across]} == {1, size}
+
+
+def grid_wall_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7) -> list[Task]:
+    """`n` distinct walled-grid tasks of one split (see the module doc), the same for the same arguments;
+    train and eval never share a (start, goal) pair (the same hash split as `grid_tasks`)."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    pairs = [((sx, sy), (gx, gy))
+             for sx in range(1, size + 1) for sy in range(1, size + 1)
+             for gx in range(1, size + 1) for gy in range(1, size + 1)
+             # a wall needs a line strictly between start and goal on the major axis
+             if max(abs(sx - gx), abs(sy - gy)) >= 2 and _split_of((sx, sy), (gx, gy)) == split]
+    pairs = [p for p in pairs if not _spans_board(*p, size)]  # a wall across the whole board has no way round
+    if n > len(pairs):
+        raise ValueError(f"only {len(pairs)} distinct {split} walled tasks exist on a {size}x{size} grid, asked for {n}")
+    random.Random(f"walls-{seed}-{split}").shuffle(pairs)
+    tasks = []
+    for start, goal in pairs[:n]:
+        walls = _wall_between(start, goal, size)
+        task_id = f"gridw-{size}-{start[0]}{start[1]}-{goal[0]}{goal[1]}"
+        tasks.append(Task(id=task_id, instruction=f"Reach the goal on a {size}x{size} grid with a wall.",
+                          env="grid", split=split, answer=None,
+                          payload={"size": size, "start": list(start), "goal": list(goal), "walls": walls}))
+    return tasks
+
+
 class GridEnv:
     """Grid navigation on a small board; see the module docstring for observations, actions and rewards."""
 
@@ -102,6 +193,8 @@ class GridEnv:
         self._rng = random.Random(seed)
         self.pos = self.goal = (0, 0)
         self.size = 0
+        self.walls: set[tuple[int, int]] = set()
+        self._to_goal: dict[tuple[int, int], int] = {}  # moves left to the goal from each cell (walled tasks)
         self.steps = self.budget = self.distance = self.invalid = 0
         self.done = True
 
@@ -111,10 +204,16 @@ class GridEnv:
             self.size = int(payload.get("size", 7))
             self.pos = (int(payload["start"][0]), int(payload["start"][1]))
             self.goal = (int(payload["goal"][0]), int(payload["goal"][1]))
+            self.walls = {(int(c[0]), int(c[1])) for c in payload.get("walls") or []}
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(f"grid task {task.id}: payload needs size, start [x, y] and goal [x, y] ({exc})"
-                             ) from None
-        self.distance = abs(self.pos[0] - self.goal[0]) + abs(self.pos[1] - self.goal[1])
+            raise ValueError(f"grid task {task.id}: payload needs size, start [x, y], goal [x, y] and optional "
+                             f"walls [[x, y], ...] ({exc})") from None
+        self._to_goal = distances_to(self.size, self.walls, self.goal) if self.walls else {}
+        distance = self._to_goal.get(self.pos) if self.walls else \
+            abs(self.pos[0] - self.goal[0]) + abs(self.pos[1] - self.goal[1])
+        if distance is None or self.pos in self.walls:
+            raise ValueError(f"grid task {task.id}: the goal cannot be reached from the start")
+        self.distance = distance
         self.budget = self.distance + 2
         self.steps = self.invalid = 0
         self.done = False
@@ -124,7 +223,17 @@ class GridEnv:
             self._rng = random.Random(f"{self.seed}-{task.id}-{self._resets}")
         tools = [MOVE_TOOL] if self.action_format == "tool" else []
         prompt = SYSTEM_PROMPT if self.action_format == "text" else "Reach the goal. Call move once per step."
-        return Reset(observation=describe(self.pos, self.goal), tools=tools, system_prompt=prompt)
+        return Reset(observation=self._observe(), tools=tools, system_prompt=prompt)
+
+    def _free(self, cell: tuple[int, int]) -> bool:
+        return 1 <= cell[0] <= self.size and 1 <= cell[1] <= self.size and cell not in self.walls
+
+    def _walls_next(self) -> list[str]:
+        # Only walls, not the border: the plain grid never names its border either.
+        return [d for d, (dx, dy) in DIRECTIONS.items() if (self.pos[0] + dx, self.pos[1] + dy) in self.walls]
+
+    def _observe(self) -> str:
+        return describe(self.pos, self.goal, self._walls_next() if self.walls else None)
 
     def _direction(self, action: Action) -> str | None:
         if action.tool is not None:
@@ -137,7 +246,8 @@ class GridEnv:
 
     def step(self, action: Action) -> StepResult:
         if self.done:
-            return StepResult("the episode is over", 0.0, True, {"invalid_action": True, "success": False})
+            return StepResult("the episode is over", 0.0, True,
+                              {"invalid_action": True, "success": False, "state": state_key(self.pos)})
         self.steps += 1
         direction = self._direction(action)
         info: dict[str, Any] = {}
@@ -147,14 +257,14 @@ class GridEnv:
             what = "invalid action"
         else:
             dx, dy = DIRECTIONS[direction]
-            x, y = self.pos[0] + dx, self.pos[1] + dy
-            if 1 <= x <= self.size and 1 <= y <= self.size:
-                self.pos = (x, y)
+            if self._free((self.pos[0] + dx, self.pos[1] + dy)):
+                self.pos = (self.pos[0] + dx, self.pos[1] + dy)
                 what = ""
             else:
                 self.invalid += 1
                 info["invalid_action"] = True
                 what = "blocked"
+        info["state"] = state_key(self.pos)
         reached = self.pos == self.goal
         left = self.budget - self.steps
         if reached or left <= 0:
@@ -164,13 +274,19 @@ class GridEnv:
             info.update(success=reached, steps=self.steps, distance=self.distance, invalid=self.invalid)
             end = "reached the goal" if reached else "out of steps"
             return StepResult(f"{what}, {end}" if what else end, reward, True, info)
-        observation = describe(self.pos, self.goal)
+        observation = self._observe()
         return StepResult(f"{what}, {observation}" if what else observation, 0.0, False, info)
 
     def expert_action(self) -> Action:
-        """A move towards the goal, or a random one `noise` of the time (imperfect demonstrations)."""
+        """A move towards the goal, or a random one `noise` of the time (imperfect demonstrations); with
+        walls, a move along a shortest path (the expert knows the map; the agent sees adjacent walls only)."""
         if self._rng.random() < self.noise:
             direction = self._rng.choice(list(DIRECTIONS))
+        elif self.walls:
+            here = self._to_goal.get(self.pos, 0)
+            closer = [d for d, (dx, dy) in DIRECTIONS.items()
+                      if self._to_goal.get((self.pos[0] + dx, self.pos[1] + dy), here) == here - 1]
+            direction = self._rng.choice(closer or list(DIRECTIONS))
         else:
             direction = self._rng.choice(best_moves(self.pos, self.goal) or list(DIRECTIONS))
         if self.action_format == "tool":
@@ -189,4 +305,15 @@ def write_shipped_tasks(out_dir: str = "datasets/tasks", n_train: int = 1000, n_
     paths = []
     for split, n in (("train", n_train), ("eval", n_eval)):
         paths.append(str(write_tasks(grid_tasks(n, seed, split), f"{out_dir}/grid_{split}.jsonl")))
+    return paths
+
+
+def write_shipped_wall_tasks(out_dir: str = "datasets/tasks", n_train: int = 1000, n_eval: int = 200,
+                             seed: int = 0) -> list[str]:
+    """Regenerate the shipped walled-grid files grid_walls_train.jsonl and grid_walls_eval.jsonl."""
+    from omrl.tasks import write_tasks
+
+    paths = []
+    for split, n in (("train", n_train), ("eval", n_eval)):
+        paths.append(str(write_tasks(grid_wall_tasks(n, seed, split), f"{out_dir}/grid_walls_{split}.jsonl")))
     return paths
