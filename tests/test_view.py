@@ -18,7 +18,7 @@ except (ImportError, RuntimeError) as exc:
 from click.testing import CliRunner  # noqa: E402
 
 from omrl.cli.main import cli  # noqa: E402
-from omrl.schema import Annotation  # noqa: E402
+from omrl.schema import Annotation, is_failed  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.synthetic import synthetic_trajectories  # noqa: E402
 from omrl.view.app import make_app  # noqa: E402
@@ -36,6 +36,8 @@ def build_store(path: Path, n: int = 60) -> Store:
     child derived from it, and a judge annotation with a rationale."""
     store = Store.create(path)
     rows = list(synthetic_trajectories(n, seed=1))
+    for i, row in enumerate(rows[:40]):  # GRPO rollouts of 4 steps, tagged as omrl.train.rollout_func does
+        row["metadata"] = json.dumps({"grpo_step": i % 4, "grpo_round": 0})
     evil = dict(rows[0])
     evil.update(
         id=XSS_ID, task_id=f"task {XSS_SCRIPT}", model=XSS_IMG, group_id="xss-group", sample=0,
@@ -189,6 +191,27 @@ def test_runs_page(client):
     page = client.get("/runs").text
     assert 'id="chart-env"' in page and "<rect" in page and 'id="rounds"' in page
     assert "judge" in page
+
+
+def test_runs_page_charts_success_and_reward_per_grpo_step(client, store):
+    page = client.get("/runs").text
+    for chart in ("chart-step-success", "chart-step-reward"):
+        svg = re.search(f'<svg class="chart lines" id="{chart}".*?</svg>', page, re.S).group(0)
+        assert re.findall(r'data-points="(\d+)"', svg) == ["4"]  # one line (one run and round), 4 steps
+    # the legend's last value: the success rate of the rollouts of grpo_step 3 (trained on at step 4)
+    rows = [r for r in store.read().to_pylist() if json.loads(r["metadata"]).get("grpo_step") == 3]
+    known = [r for r in rows if r["success"] is not None and not is_failed(r["status"])]
+    rate = sum(r["success"] for r in known) / len(known)
+    svg = re.search(r'id="chart-step-success".*?</svg>', page, re.S).group(0)
+    assert f"last {rate:.3g}" in html.unescape(svg)
+
+
+def test_runs_page_without_steps_has_no_step_charts(tmp_path):
+    plain = Store.create(tmp_path / "plain")
+    plain.append(list(synthetic_trajectories(5, seed=2)))
+    with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:
+        page = c.get("/runs").text
+    assert 'id="chart-env"' in page and "chart-step-success" not in page
 
 
 def test_host_header_checked(store):

@@ -156,6 +156,10 @@ def test_trajectory_group_lineage_and_xss(driver, server, tmp_path):
     driver.save_screenshot(str(tmp_path / "diff.png"))
     driver.get(server + "/runs")
     assert driver.find_elements(By.CSS_SELECTOR, "#chart-env rect")
+    # the per-step line is drawn (a real extent on screen, coloured by the stylesheet, not filled black)
+    line = driver.find_element(By.CSS_SELECTOR, "#chart-step-success polyline")
+    assert line.size["width"] > 100
+    assert driver.execute_script("return getComputedStyle(arguments[0]).fill", line) == "none"
     driver.save_screenshot(str(tmp_path / "runs.png"))
     _ran_nothing(driver)
 

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
+from omrl.report import STEPS_SQL
 from omrl.schema import conform, success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
@@ -402,5 +403,7 @@ class StoreReader:
             "count(*) FILTER (WHERE status IS DISTINCT FROM 'ok') AS errors, "
             "avg(score) FILTER (WHERE status = 'ok') AS mean_score FROM annotations "
             "GROUP BY annotator ORDER BY annotator")
+        # per GRPO/PPO step of the rollouts stored by the trainers (omrl.report's one query for it)
+        steps = self.sql(STEPS_SQL)
         return {"counts": counts, "rounds": rounds, "by_round": by_round, "total": total,
-                "annotations": annotations}
+                "annotations": annotations, "steps": steps}

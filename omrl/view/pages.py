@@ -213,13 +213,51 @@ def _bars(rows: list[dict[str, Any]], label: str, value: str, maximum: float | N
     return {"bars": bars, "height": max(row_height, len(bars) * row_height), "width": width}
 
 
+def _lines(series: dict[str, list[tuple[float, float]]], lo: float | None = None,
+           hi: float | None = None) -> dict[str, Any]:
+    """An SVG line chart's geometry: one polyline per series over a shared x (step) and y axis."""
+    width, height, left, bottom = 420, 160, 44, 20
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
+    x0, x1 = min(xs), max(xs)
+    y0 = min(ys) if lo is None else lo
+    y1 = max(ys) if hi is None else hi
+    if y1 <= y0:  # a flat series still gets a visible band
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    dx = (x1 - x0) or 1
+
+    def at(x: float, y: float) -> str:
+        return f"{left + (x - x0) / dx * (width - left - 8):.1f},{8 + (y1 - y) / (y1 - y0) * (height - bottom - 8):.1f}"
+
+    lines = [{"label": label, "points": " ".join(at(x, y) for x, y in pts), "n": len(pts),
+              "end": at(*pts[-1]).split(","), "last": fmt(pts[-1][1], 3)} for label, pts in series.items()]
+    return {"lines": lines, "width": width, "height": height, "legend": 16 * len(lines) + 4, "left": left,
+            "bottom": height - bottom, "x0": fmt(x0), "x1": fmt(x1), "y0": fmt(y0, 3), "y1": fmt(y1, 3)}
+
+
+def _step_charts(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Success and reward per GRPO/PPO step, one line per run and round (None: no stored step)."""
+    success: dict[str, list[tuple[float, float]]] = {}
+    reward: dict[str, list[tuple[float, float]]] = {}
+    for row in steps:
+        label = f"{row['run']} · round {row['round']} ({row['kind']})"
+        if row["success_rate"] is not None:
+            success.setdefault(label, []).append((row["step"], row["success_rate"]))
+        if row["mean_reward"] is not None:
+            reward.setdefault(label, []).append((row["step"], row["mean_reward"]))
+    if not success and not reward:
+        return None
+    return {"success": _lines(success, 0.0, 1.0) if success else None,
+            "reward": _lines(reward) if reward else None}
+
+
 def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
     charts = {key: _bars(rows, "name", "n") for key, rows in runs["counts"].items()}
     by_round = runs["by_round"]
     success = _bars(by_round, "round", "success_rate", maximum=1.0)
     reward = _bars(by_round, "round", "mean_reward")
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
-                  store_name=store_name)
+                  steps=_step_charts(runs.get("steps") or []), store_name=store_name)
 
 
 def error_html(message: str, links: Links, store_name: str, status: int = 404) -> str:
