@@ -116,35 +116,3 @@ def test_explained_variance_and_errors():
     with pytest.raises(ValueError, match="shapes"):
         masked_gae(t([0, 1]), t([0]), t([1]))
 
-
-# ---------------------------------------------------------------- step-level credit (omrl/train/step_credit.py)
-
-def test_step_groups_and_step_advantages_on_a_hand_made_group():
-    from omrl.train.step_credit import EpisodeSteps, discounted_returns, step_credit
-
-    assert discounted_returns([0, 0, 1], 0.5) == [0.25, 0.5, 1.0]
-    episodes = [EpisodeSteps("g", 1.0, [0.0, 1.0], ["A", "B"]),  # all three start at A; 0 and 2 meet at B
-                EpisodeSteps("g", 0.0, [0.0, 0.0], ["A", "C"]),
-                EpisodeSteps("g", 0.0, [0.0, 0.0], ["A", "B"]),
-                EpisodeSteps("h", 0.0, [0.0], ["A"])]  # another task's A is another step group
-    out = step_credit(episodes, gamma=1.0, scale_std=False)
-    assert out.episode_advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0])
-    assert out.step_returns == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0]]
-    assert out.step_group_sizes == [[3, 2], [3, 1], [3, 2], [1]]
-    # (g, A): returns 1, 0, 0 -> 2/3, -1/3, -1/3; (g, B): 1 vs 0 -> +-1/2; (g, C) and (h, A) alone -> 0.
-    assert out.step_advantages == [pytest.approx(v) for v in ([2 / 3, 0.5], [-1 / 3, 0.0], [-1 / 3, -0.5], [0.0])]
-    assert out.advantages == [pytest.approx(v) for v in ([4 / 3, 7 / 6], [-2 / 3, -1 / 3], [-2 / 3, -5 / 6], [0.0])]
-    assert out.step_groups[0][1] == out.step_groups[2][1] != out.step_groups[3][0]
-    half = step_credit(episodes, gamma=1.0, scale_std=False, weight=0.5)
-    assert half.advantages[0] == pytest.approx([2 / 3 + 1 / 3, 2 / 3 + 0.25])
-
-
-def test_unknown_states_are_groups_of_their_own_and_stored_turns_give_states():
-    from omrl.train.step_credit import RESET_STATE, EpisodeSteps, step_credit, turn_states
-
-    out = step_credit([EpisodeSteps("g", 1.0, [1.0], [None]), EpisodeSteps("g", 0.0, [0.0], [None])], gamma=1.0)
-    assert out.step_advantages == [[0.0], [0.0]] and out.step_groups == [[None], [None]]
-    row = {"turns": [{"info": '{"state": [1, 2]}'}, {"info": "{}"}, {"info": '{"steps": [{"state": "x"}]}'}]}
-    assert turn_states(row) == [RESET_STATE, "[1, 2]", None]
-    with pytest.raises(ValueError, match="states"):
-        step_credit([EpisodeSteps("g", 1.0, [1.0, 0.0], ["A"])])
