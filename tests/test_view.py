@@ -18,6 +18,7 @@ except (ImportError, RuntimeError) as exc:
 from click.testing import CliRunner  # noqa: E402
 
 from omrl.cli.main import cli  # noqa: E402
+from omrl.errors import OmrlError  # noqa: E402
 from omrl.schema import Annotation, is_failed  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.synthetic import synthetic_trajectories  # noqa: E402
@@ -243,11 +244,44 @@ def test_export(store, tmp_path):
         assert "http://" not in page.read_text() and "https://" not in page.read_text()
 
 
+def test_export_pages_the_list(store, tmp_path):
+    """The exported list is split into files of per_page rows linked first/prev/next/last; together they
+    hold every selected trajectory once, newest first; a smaller re-export leaves no stale page behind."""
+    out = tmp_path / "site"
+    ordered = store.sql("SELECT id FROM trajectories ORDER BY created_at DESC NULLS LAST, id").column(0).to_pylist()
+    done = export_site(store, out, limit=23, per_page=5)
+    assert done.trajectories == 23 and done.pages == 5
+    names = ["index.html"] + [f"page-{n}.html" for n in range(2, 6)]
+    assert sorted(p.name for p in out.glob("*.html") if p.name != "runs.html") == sorted(names)
+    seen = []
+    for number, name in enumerate(names, start=1):
+        page = (out / name).read_text()
+        links = _trajectory_links(page)
+        assert len(links) == (5 if number < 5 else 3)
+        seen += links
+        assert f"page {number} of 5" in page
+        nav = re.search(r'<nav class="pager">(.*?)</nav>', page, re.S).group(1)
+        assert re.findall(r'rel="next" href="([^"]+)"', nav) == names[number:number + 1]
+        assert re.findall(r'rel="prev" href="([^"]+)"', nav) == ([names[number - 2]] if number > 1 else [])
+    assert seen == [f"t/{file_key(i)}.html" for i in ordered[:23]]
+    again = export_site(store, out, limit=4, per_page=5)
+    assert again.pages == 1 and not list(out.glob("page-*.html"))
+    assert '<nav class="pager">' not in (out / "index.html").read_text()
+    with pytest.raises(OmrlError, match="per-page"):
+        export_site(store, out, per_page=0)
+
+
 def test_cli_export_and_help(store, tmp_path):
     result = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "s"), "--where",
                                       "success", "--limit", "5"])
     assert result.exit_code == 0, result.output
-    assert "wrote 5 trajectories" in result.output
+    assert "wrote 5 trajectories" in result.output and "(1 list page)" in result.output
+    paged = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "p"), "--limit", "7",
+                                     "--per-page", "3"])
+    assert paged.exit_code == 0 and "(3 list pages)" in paged.output, paged.output
+    assert (tmp_path / "p" / "page-3.html").is_file()
+    serving = CliRunner().invoke(cli, ["view", str(store.path), "--per-page", "3"])
+    assert serving.exit_code != 0 and "--per-page sets the pages --export writes" in serving.output
     assert len(list((tmp_path / "s" / "t").glob("*.html"))) == 5
     bad = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "b"), "--where", "x >"])
     assert bad.exit_code != 0 and "does not parse" in bad.output

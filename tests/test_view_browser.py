@@ -185,3 +185,31 @@ def test_exported_pages_from_disk(driver, store, tmp_path):
     driver.find_element(By.ID, "group-link").click()
     _wait(driver, By.ID, "samples")
     _ran_nothing(driver)
+
+
+def test_exported_list_pages_from_disk(driver, store, tmp_path):
+    """A paged export opened from disk: next/prev links walk the pages; each page's rows open."""
+    out = tmp_path / "paged"
+    done = export_site(store, out, limit=12, per_page=5)
+    assert done.pages == 3
+    driver.get((out / "index.html").as_uri())
+    seen = []
+    for number in (1, 2, 3):
+        rows = driver.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
+        assert len(rows) == (5 if number < 3 else 2)
+        assert f"page {number} of 3" in driver.find_element(By.ID, "count").text
+        seen += [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "a.tlink")]
+        _ran_nothing(driver)
+        if number < 3:
+            driver.find_element(By.CSS_SELECTOR, 'nav.pager a[rel="next"]').click()
+            _wait(driver, By.ID, "count")
+    assert driver.current_url == (out / "page-3.html").as_uri()
+    assert driver.find_elements(By.CSS_SELECTOR, 'nav.pager a[rel="next"]') == []
+    driver.save_screenshot(str(tmp_path / "export-page-3.png"))
+    assert len(set(seen)) == 12
+    driver.find_element(By.CSS_SELECTOR, 'nav.pager a[rel="prev"]').click()
+    _wait(driver, By.ID, "count")
+    assert driver.current_url == (out / "page-2.html").as_uri()
+    driver.get(seen[-1])
+    _wait(driver, By.ID, "thread")
+    _ran_nothing(driver)

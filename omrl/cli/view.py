@@ -24,9 +24,11 @@ def _need_view_extra(exc: ImportError) -> click.ClickException:
 @click.option("--where", help="With --export: the SQL condition selecting the trajectories to export.")
 @click.option("--limit", type=int, default=1000, show_default=True,
               help="With --export: at most this many trajectories (newest first).")
+@click.option("--per-page", type=int, default=100, show_default=True,
+              help="With --export: rows per list page (index.html, page-2.html, ... linked by next/prev).")
 @user_errors
 def view(store: str, port: int, host: str, open_browser: bool, export_dir: str | None, where: str | None,
-         limit: int) -> None:
+         limit: int, per_page: int) -> None:
     """Browse trajectories in a local, read-only web viewer: list with SQL filter, threads, groups, runs.
 
     Example:  omrl view demo-store --open
@@ -39,11 +41,14 @@ def view(store: str, port: int, host: str, open_browser: bool, export_dir: str |
         except ImportError as exc:
             raise _need_view_extra(exc) from None
 
-        done = export_site(opened, export_dir, where=where, limit=limit)
-        click.echo(f"wrote {done.trajectories} trajectories and {done.groups} groups to {done.index}")
+        done = export_site(opened, export_dir, where=where, limit=limit, per_page=per_page)
+        click.echo(f"wrote {done.trajectories} trajectories and {done.groups} groups to {done.index} "
+                   f"({done.pages} list page{'s' if done.pages != 1 else ''})")
         return
     if where:
         raise click.UsageError("--where selects what --export writes; in the viewer, type it in the WHERE box")
+    if click.get_current_context().get_parameter_source("per_page") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--per-page sets the pages --export writes; the viewer pages with its own links")
     try:
         import uvicorn
 

@@ -1,12 +1,14 @@
 """`omrl view --export DIR`: the viewer's pages as static HTML files with relative links.
 
-Layout: index.html (the selection's list), runs.html, t/<key>.html per trajectory, g/<key>.html per
+Layout: index.html and page-2.html, page-3.html, ... (the selection's list, `per_page` rows a page, with
+first/prev/next/last links), runs.html, t/<key>.html per trajectory, g/<key>.html per
 group of a selected trajectory, static/ (the same CSS and JS). Keys are hashes of the ids, so any id makes
 a safe file name. Links to trajectories outside the selection are left as plain text.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from omrl.view import pages
 from omrl.view.data import ListPage, StoreReader
 
 DEFAULT_LIMIT = 1000
+DEFAULT_PER_PAGE = 100
 STATIC_DIR = Path(__file__).parent / "static"
 
 
@@ -26,6 +29,7 @@ class Exported:
     trajectories: int
     groups: int
     index: Path
+    pages: int = 1  # list files: index.html, page-2.html, ...
 
 
 def _write(path: Path, text: str) -> None:
@@ -36,10 +40,13 @@ def _write(path: Path, text: str) -> None:
 
 
 def export_site(store: Store, out: str | os.PathLike[str], where: str | None = None,
-                limit: int = DEFAULT_LIMIT) -> Exported:
-    """Write the pages of the trajectories matching `where` (newest first, at most `limit`) under `out`."""
+                limit: int = DEFAULT_LIMIT, per_page: int = DEFAULT_PER_PAGE) -> Exported:
+    """Write the pages of the trajectories matching `where` (newest first, at most `limit`) under `out`,
+    the list `per_page` rows a file."""
     if limit < 1:
         raise OmrlError(f"--limit must be at least 1, not {limit}")
+    if per_page < 1:
+        raise OmrlError(f"--per-page must be at least 1, not {per_page}")
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise OmrlError(f"{root} exists and is not a folder")
@@ -53,8 +60,14 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
         top, deep = links.at_depth(0), links.at_depth(1)
         root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(STATIC_DIR, root / "static", dirs_exist_ok=True)
-        listing = ListPage(rows, len(rows), 1, 1, "created", True, (where or "").strip())
-        _write(root / "index.html", pages.list_html(listing, top, name))
+        selection = (where or "").strip()
+        count = max(1, math.ceil(len(rows) / per_page))
+        for stale in root.glob("page-*.html"):  # a re-export with fewer pages must not leave old ones linked
+            stale.unlink()
+        for number in range(1, count + 1):
+            chunk = rows[(number - 1) * per_page: number * per_page]
+            listing = ListPage(chunk, len(rows), number, count, "created", True, selection)
+            _write(root / Path(top.home(page=number)).name, pages.list_html(listing, top, name))
         _write(root / "runs.html", pages.runs_html(reader.runs(), top, name))
         notes = reader.annotations(ids)
         for tid in reader.storage_order(ids):
@@ -72,4 +85,4 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
                 _write(root / "g" / f"{pages.file_key(gid)}.html", pages.group_html(group, deep, name))
     finally:
         reader.close()
-    return Exported(len(ids), len(groups), root / "index.html")
+    return Exported(len(ids), len(groups), root / "index.html", count)

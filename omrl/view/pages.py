@@ -48,8 +48,9 @@ class Links:
         return f"{self.root}static/{name}"
 
     def home(self, **params: Any) -> str:
-        if self.export:
-            return f"{self.root}index.html"
+        if self.export:  # an export's list is paged into files: index.html, page-2.html, ...
+            number = params.get("page") or 1
+            return f"{self.root}index.html" if number == 1 else f"{self.root}page-{int(number)}.html"
         query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
         return "/" + (f"?{query}" if query else "")
 
