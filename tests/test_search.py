@@ -1,0 +1,260 @@
+"""omrl.search: the indexed search returns exactly what a brute-force scan returns (random words from the
+corpus, absent words, phrases, unicode, words that exist only across two messages), parts without an
+index are scanned, the index files stay out of the store's data, and `omrl query --search` works on the
+one confined connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from conftest import make_trajectory
+
+from omrl import search as S
+from omrl.cli.main import cli
+from omrl.errors import UsageError
+from omrl.query import QueryError
+from omrl.store import Store
+
+# Words of several scripts and case rules (Turkish dotted I, German sharp s, Greek final sigma, CJK), words
+# joined by punctuation and underscore, digits, and one token longer than the index keeps.
+VOCAB = ["alpha", "beta", "Gamma", "delta", "naïve", "Straße", "İstanbul", "ıspanak", "ΟΔΟΣ", "東京", "Ünïcode",
+         "foo_bar", "os.path", "don't", "x1", "42", "Error", "error", "ERROR", "segfault", "hel", "lo",
+         "q" * 80, "🙂", "é", "e\u0301"]
+
+
+def _content(rng: random.Random) -> str | None:
+    roll = rng.random()
+    if roll < 0.05:
+        return None
+    if roll < 0.08:
+        return ""
+    words = rng.choices(VOCAB, k=rng.randint(1, 12))
+    return "".join(w + rng.choice([" ", "  ", ", ", "\n", "-", "."]) for w in words).strip()
+
+
+def _rows(rng: random.Random, start: int, n: int) -> list[dict]:
+    rows = []
+    for i in range(start, start + n):
+        row = make_trajectory(i).to_row()
+        row["messages"] = [{"role": rng.choice(["system", "user", "assistant", "tool"]), "content": _content(rng)}
+                           for _ in range(rng.randint(0, 7))]
+        rows.append(row)
+    # Two messages that only hold "hello" / "alpha omega" when glued together, in one trajectory.
+    rows[0]["messages"] = [{"role": "user", "content": "say hel"}, {"role": "assistant", "content": "lo there"},
+                           {"role": "user", "content": "the alpha"}, {"role": "assistant", "content": "omega"}]
+    return rows
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Store:
+    """Three parts: two indexed, the third without an index (as after a crash between part and index)."""
+    rng = random.Random(7)
+    store = Store.create(tmp_path / "store")
+    for start in (0, 60, 120):
+        appended = store.append(_rows(rng, start, 60))
+        if start < 120:
+            S.build_index(appended.part)
+    return store
+
+
+def _brute_force(store: Store, query: str) -> list[tuple[str, int]]:
+    """Written apart from omrl.search: every message of every row, tokenised here."""
+    def tokens(text: str) -> list[str]:
+        return re.findall(r"\w+", text.lower())
+
+    terms = [t[1:-1] if t.startswith('"') else t for t in re.findall(r'"[^"]*"|[^\s"]+', query)]
+    groups = [tokens(t) for t in terms if tokens(t)]
+    hits = []
+    for row in store.read().to_pylist():
+        for position, message in enumerate(row["messages"]):
+            have = tokens(message["content"] or "")
+            if all(any(have[i:i + len(g)] == g for i in range(len(have))) for g in groups):
+                hits.append((row["id"], position))
+    return sorted(hits)
+
+
+def _keys(table) -> list[tuple[str, int]]:
+    return list(zip(table.column("trajectory_id").to_pylist(), table.column("position").to_pylist(), strict=True))
+
+
+def _queries(store: Store, rng: random.Random) -> list[str]:
+    """Random words and phrases drawn from the stored text, and ones absent from it."""
+    texts = [m["content"] for r in store.read().to_pylist() for m in r["messages"] if m["content"]]
+    tokens = sorted({t for text in texts for t in S.tokenize(text)})
+    queries = rng.sample(tokens, 25)
+    queries += [" ".join(rng.sample(tokens, 2)) for _ in range(10)]
+    for text in rng.sample(texts, 15):  # consecutive tokens of one message: a phrase that is present
+        have = S.tokenize(text)
+        if len(have) >= 2:
+            i = rng.randrange(len(have) - 1)
+            queries.append('"' + " ".join(have[i:i + rng.randint(2, 3)]) + '"')
+    queries += ['"beta alpha"', '"alpha alpha"', "zebra", "alphabet", "alpha zebra", '"no such words"']
+    queries += ["hello", '"alpha omega"', "İSTANBUL", "straße STRASSE", "ΟΔΟΣ", "東京", "foo_bar", "foo bar",
+                "os.path", "don't", "x1 42", "q" * 80, "q" * 79, "e\u0301", "🙂 alpha", "ERROR segfault"]
+    return queries
+
+
+def test_indexed_search_equals_the_scan_and_brute_force(corpus):
+    queries = _queries(corpus, random.Random(1))
+    assert len(queries) > 60
+    nonempty = 0
+    for query in queries:
+        indexed = S.search(corpus, query)
+        expected = _brute_force(corpus, query)
+        assert _keys(indexed) == expected, query
+        assert S.search(corpus, query, use_index=False).equals(indexed), query
+        nonempty += bool(expected)
+    assert nonempty > 40  # the comparison is not between empty results
+    for absent in ("zebra", "hello", '"alpha omega"', '"no such words"'):
+        assert S.search(corpus, absent).num_rows == 0
+    # "alpha omega" exists only across a message boundary; each word alone is found in that trajectory.
+    first = corpus.read().column("id")[0].as_py()
+    assert (first, 2) in _keys(S.search(corpus, "alpha")) and (first, 3) in _keys(S.search(corpus, "omega"))
+
+
+def test_hits_carry_role_snippet_and_deterministic_order(corpus):
+    hits = S.search(corpus, "segfault")
+    assert hits.column_names == ["trajectory_id", "position", "role", "snippet"]
+    assert _keys(hits) == sorted(_keys(hits))
+    rows = {r["id"]: r for r in corpus.read().to_pylist()}
+    for hit in hits.to_pylist():
+        message = rows[hit["trajectory_id"]]["messages"][hit["position"]]
+        assert hit["role"] == message["role"]
+        assert "segfault" in hit["snippet"].lower() and len(hit["snippet"]) <= S.SNIPPET_CHARS + 2
+    assert S.search(corpus, "segfault", limit=3).equals(hits.slice(0, 3))
+    assert S.search(corpus, "segfault", limit=0).num_rows == 0
+
+
+@pytest.mark.parametrize("query", ["", "   ", "!!! ...", '"unclosed phrase', '""'])
+def test_queries_without_words_are_usage_errors(corpus, query):
+    with pytest.raises(UsageError):
+        S.search(corpus, query)
+
+
+@pytest.mark.parametrize("limit", [-1, 1.5, True])
+def test_bad_limits_are_usage_errors(corpus, limit):
+    with pytest.raises(UsageError):
+        S.search(corpus, "alpha", limit=limit)
+
+
+def test_index_lives_beside_its_part_and_outside_the_data(corpus):
+    parts = corpus.parts()
+    assert [p for p in parts if not (S.index_path(p) / S.META_FILE).is_file()] == S.missing_indexes(corpus)
+    assert S.missing_indexes(corpus) == [parts[2]]
+    folder = corpus.table_dir("trajectories")
+    assert not [p for p in folder.iterdir() if ".building-" in p.name]  # no temporary folder left
+    card = (corpus.path / "README.md").read_text()
+    assert ".search" not in card and all(p.name in card for p in parts)
+    assert S.build_missing(corpus) == 1 and S.missing_indexes(corpus) == []
+    assert corpus.parts() == parts  # the index folders are not parts
+
+
+def test_index_from_given_rows_equals_index_from_the_file(corpus, tmp_path):
+    part = corpus.parts()[0]
+    keys = pq.read_table(S.index_path(part) / S.KEYS_FILE)
+    S.remove_index(part)
+    assert not S.index_path(part).exists() and part in S.missing_indexes(corpus)
+    S.build_index(part, table=pq.read_table(part))
+    assert pq.read_table(S.index_path(part) / S.KEYS_FILE).equals(keys)
+    S.remove_index(part)
+    S.remove_index(part)  # removing twice is fine
+
+
+def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
+    before = {q: _keys(S.search(corpus, q)) for q in ("alpha", '"beta gamma"', "東京")}
+    old = corpus.parts()
+    dead = corpus.table_dir("trajectories") / f"{S.index_path(old[0]).name}.building-999999999-0123abcd"
+    dead.mkdir()  # a builder that was killed (its pid does not exist)
+    corpus.compact()
+    assert S.missing_indexes(corpus) == corpus.parts()  # the merged part has no index yet: scanned
+    assert {q: _keys(S.search(corpus, q)) for q in before} == before
+    assert S.build_missing(corpus) == 1
+    left = sorted(p.name for p in corpus.table_dir("trajectories").iterdir() if p.name.startswith("."))
+    assert left == [S.index_path(corpus.parts()[0]).name] + sorted(
+        p.name for p in corpus.table_dir("trajectories").iterdir() if p.name.endswith(".lock"))
+    assert {q: _keys(S.search(corpus, q)) for q in before} == before
+
+
+def test_damaged_or_stale_index_falls_back_to_the_scan(corpus):
+    part = corpus.parts()[0]
+    expected = _keys(S.search(corpus, "alpha", use_index=False))
+    (S.index_path(part) / S.KEYS_FILE).write_bytes(b"not parquet")
+    with pytest.warns(S.SearchIndexWarning):
+        assert _keys(S.search(corpus, "alpha")) == expected
+    S.remove_index(part)
+    meta_path = S.index_path(corpus.parts()[1]) / S.META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "part_bytes": meta["part_bytes"] + 1}))  # built from another file
+    assert corpus.parts()[1] in S.missing_indexes(corpus)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an index that does not fit is not used, silently
+        assert _keys(S.search(corpus, "beta")) == _keys(S.search(corpus, "beta", use_index=False))
+
+
+def test_index_narrows_candidates(corpus):
+    part = corpus.parts()[0]
+    text_ids, keys = S._candidate_texts(part, S.parse_query("segfault"))
+    total = json.loads((S.index_path(part) / S.META_FILE).read_text())["texts"]
+    assert 0 < len(text_ids) < total
+    assert S._candidate_texts(part, S.parse_query("zebra"))[0].size == 0
+
+
+def test_empty_part_and_store(tmp_path):
+    store = Store.create(tmp_path / "empty")
+    assert S.search(store, "alpha").num_rows == 0
+    row = make_trajectory(0).to_row()
+    row["messages"] = []
+    S.build_index(store.append([row]).part)
+    assert S.missing_indexes(store) == [] and S.search(store, "alpha").num_rows == 0
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(cli, ["query", *args], catch_exceptions=False)
+
+
+def test_cli_search_prints_hits_and_joins_in_sql(corpus):
+    path = str(corpus.path)
+    result = _cli(path, "--search", "segfault", "--format", "json")
+    assert result.exit_code == 0, result.output
+    printed = [json.loads(line) for line in result.output.splitlines()]
+    assert printed == S.search(corpus, "segfault").to_pylist()
+    sql = ("SELECT h.trajectory_id, h.position, m.content FROM search_hits h JOIN messages m "
+           "ON m.trajectory_id = h.trajectory_id AND m.position = h.position ORDER BY 1, 2")
+    result = _cli(path, "--search", "segfault", sql, "--format", "json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["trajectory_id"], r["position"]) for r in rows] == _keys(S.search(corpus, "segfault"))
+    assert all("segfault" in r["content"].lower() for r in rows)
+    assert _cli(path, "--format", "json").exit_code != 0  # neither SQL nor --search
+    bad = _cli(path, "--search", '"open')
+    assert bad.exit_code != 0 and "unclosed quote" in bad.output
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "COPY (SELECT * FROM search_hits) TO 'out.csv'",
+    "SELECT * FROM search_hits; SET enable_external_access = true",
+])
+def test_search_view_keeps_the_connection_confined(corpus, sql, tmp_path):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with S.hits_view(corpus, "alpha") as con:
+            from omrl.query import run_query
+
+            assert run_query(corpus, "SELECT count(*) AS n FROM search_hits", con=con).column("n")[0].as_py() > 0
+            with pytest.raises(QueryError):
+                run_query(corpus, sql, con=con)
+            with pytest.raises(Exception, match="(?i)permission|disabled|lock"):
+                con.execute("SET enable_external_access = true")
+        assert not (tmp_path / "out.csv").exists()
+    finally:
+        os.chdir(cwd)
