@@ -215,6 +215,38 @@ def test_runs_page_without_steps_has_no_step_charts(tmp_path):
     assert 'id="chart-env"' in page and "chart-step-success" not in page
 
 
+def test_text_search_filters_the_list(client, store):
+    """The search box narrows the list to trajectories with a message matching omrl.search's query, with
+    the WHERE, sorted and paged like any list; a refused query is shown beside the box."""
+    search = pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+
+    def hits(query):
+        return set(search.search(store, query).column("trajectory_id").to_pylist())
+
+    assert 'id="search" name="q"' in client.get("/").text
+    page = client.get("/?q=evil").text
+    assert sorted(_trajectory_links(page)) == sorted(f"/t/{i}" for i in hits("evil")) == [f"/t/{CHILD_ID}",
+                                                                                            f"/t/{XSS_ID}"]
+    assert "2 trajectories" in page and 'value="evil"' in page
+    both = client.get("/", params={"q": "evil", "where": "success"}).text
+    assert _trajectory_links(both) == [f"/t/{CHILD_ID}"]  # the child is the one that succeeded
+    # a common word: every hit, in the SQL's order for that sort, paged with the search kept in the links
+    common = hits("function")
+    ordered = [r["id"] for r in store.sql("SELECT id FROM trajectories ORDER BY reward ASC NULLS LAST, id")
+               .to_pylist() if r["id"] in common]
+    assert 20 < len(ordered) < 62
+    first = client.get("/", params={"q": "function", "sort": "reward", "dir": "asc", "per_page": 20}).text
+    assert f"{len(ordered)} trajectories" in first
+    assert _trajectory_links(first) == [f"/t/{i}" for i in ordered[:20]]
+    assert re.search(r'rel="next" href="[^"]*q=function[^"]*page=2', html.unescape(first))
+    second = client.get("/", params={"q": "function", "sort": "reward", "dir": "asc", "per_page": 20,
+                                     "page": 2}).text
+    assert _trajectory_links(second) == [f"/t/{i}" for i in ordered[20:40]]
+    assert "0 trajectories" in client.get("/?q=zzqqxxnothere").text
+    bad = client.get("/", params={"q": '"unclosed'})
+    assert bad.status_code == 400 and 'id="search-error"' in bad.text and "unclosed quote" in bad.text
+
+
 def test_host_header_checked(store):
     with TestClient(make_app(store), base_url="http://evil.example") as c:
         assert c.get("/").status_code == 400

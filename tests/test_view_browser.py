@@ -120,6 +120,25 @@ def test_list_filter_and_error(driver, server, tmp_path):
     _ran_nothing(driver)
 
 
+def test_text_search_box(driver, server, tmp_path):
+    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    driver.get(server + "/")
+    box = driver.find_element(By.ID, "search")
+    box.send_keys("evil")
+    box.submit()
+    _wait(driver, By.ID, "count")
+    assert "2 trajectories" in driver.find_element(By.ID, "count").text
+    assert {a.get_attribute("href").rsplit("/", 1)[-1] for a in driver.find_elements(By.CSS_SELECTOR, "a.tlink")
+            } == {XSS_ID, CHILD_ID}
+    driver.save_screenshot(str(tmp_path / "search.png"))
+    _ran_nothing(driver)
+    box = driver.find_element(By.ID, "search")
+    box.clear()
+    box.send_keys('"unclosed')
+    box.submit()
+    assert "unclosed quote" in _wait(driver, By.ID, "search-error").text
+
+
 def test_trajectory_group_lineage_and_xss(driver, server, tmp_path):
     driver.get(server + "/?where=" + "id LIKE 'xss%25'")
     links = driver.find_elements(By.CSS_SELECTOR, "a.tlink")

@@ -16,7 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from omrl.store import Store
 from omrl.view import pages
-from omrl.view.data import PER_PAGE, StoreReader
+from omrl.view.data import PER_PAGE, StoreReader, search_available
 
 STATIC_DIR = Path(__file__).parent / "static"
 LOCAL_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -72,7 +72,8 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
     def listing(request: Request) -> Response:
         q = request.query_params
         page = reader.list_page(where=q.get("where", ""), sort=q.get("sort"), desc=q.get("dir", "desc") != "asc",
-                                page=_int(q.get("page"), 1), per_page=_int(q.get("per_page"), PER_PAGE))
+                                page=_int(q.get("page"), 1), per_page=_int(q.get("per_page"), PER_PAGE),
+                                search=q.get("q", "") if search_available() else "")
         return html(pages.list_html(page, links, name), 400 if page.error else 200)
 
     def trajectory(request: Request) -> Response:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from omrl.errors import UsageError
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
 from omrl.report import STEPS_SQL
 from omrl.schema import conform, success_sql
@@ -67,6 +68,25 @@ class ListPage:
     desc: bool
     where: str
     error: str | None = None
+    search: str = ""  # the text search the rows also match (omrl.search), "" for none
+    error_in: str = "where"  # the box `error` is about: where or search
+
+
+def search_available() -> bool:
+    """Whether this omrl has the store's text search (omrl.search): the list offers a search box then."""
+    import importlib.util
+
+    return importlib.util.find_spec("omrl.search") is not None
+
+
+def _sort_indices(table: pa.Table, sort: str, desc: bool) -> pa.Array:
+    """Row order of `table` by a whitelisted sort key (nulls last, then id), as the SQL path orders."""
+    column, direction = SORTS[sort], "descending" if desc else "ascending"
+    try:  # pyarrow >= 25 takes null placement per key
+        return pc.sort_indices(table, sort_keys=[(column, direction, "at_end"), ("id", "ascending", "at_end")])
+    except (TypeError, ValueError, pa.ArrowInvalid):
+        return pc.sort_indices(table, sort_keys=[(column, direction), ("id", "ascending")],
+                               null_placement="at_end")
 
 
 @dataclass
@@ -134,6 +154,7 @@ class StoreReader:
         self._snapshot: _Snapshot | None = None
         self._too_big = False
         self._runs: tuple | None = None
+        self._hits: tuple | None = None  # ((parts, search text), matching trajectory ids)
         self._row_groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
 
     def close(self) -> None:
@@ -168,15 +189,18 @@ class StoreReader:
     def _order(self, snap: _Snapshot, sort: str, desc: bool) -> pa.Array:
         key = (sort, desc)
         if key not in snap.orders:
-            column, direction = SORTS[sort], "descending" if desc else "ascending"
-            try:  # pyarrow >= 25 takes null placement per key
-                order = pc.sort_indices(snap.table, sort_keys=[(column, direction, "at_end"),
-                                                               ("id", "ascending", "at_end")])
-            except (TypeError, ValueError, pa.ArrowInvalid):
-                order = pc.sort_indices(snap.table, sort_keys=[(column, direction), ("id", "ascending")],
-                                        null_placement="at_end")
-            snap.orders[key] = order
+            snap.orders[key] = _sort_indices(snap.table, sort, desc)
         return snap.orders[key]
+
+    def _search_ids(self, text: str) -> pa.Array:
+        """Ids of the trajectories with a message matching `text` (omrl.search), kept for the current parts
+        so paging through one search searches once. UsageError for a query it refuses."""
+        from omrl.search import search
+
+        key = (self._parts, text)
+        if self._hits is None or self._hits[0] != key:
+            self._hits = (key, pc.unique(search(self.store, text).column("trajectory_id")))
+        return self._hits[1]
 
     def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
         """Full rows of these ids read straight from their row groups (None: no index; [] entries dropped
@@ -213,14 +237,31 @@ class StoreReader:
     # ------------------------------------------------------------------------------------ pages
 
     def list_page(self, where: str = "", sort: str | None = None, desc: bool = True, page: int = 1,
-                  per_page: int = PER_PAGE) -> ListPage:
+                  per_page: int = PER_PAGE, search: str = "") -> ListPage:
         """One page of the trajectory list, sorted by a whitelisted column and filtered by the user's
-        WHERE (through omrl.query's checker; a refused or failing one comes back as `error`)."""
+        WHERE (through omrl.query's checker) and text `search` (omrl.search: a message matches it); a
+        refused or failing filter comes back as `error`."""
         sort = _sort(sort)
         where = (where or "").strip()
+        search = (search or "").strip()
         per_page = max(1, min(int(per_page), MAX_PER_PAGE))
         page = max(1, int(page))
         direction = "DESC" if desc else "ASC"
+
+        def searched(con) -> ListPage:
+            # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
+            # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
+            hits = self._search_ids(search)
+            snap = None if where else self._snap(con)
+            table = snap.table if snap is not None else select_where(
+                self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
+            table = table.filter(pc.is_in(table.column("id"), value_set=hits))
+            total = table.num_rows
+            pages = max(1, math.ceil(total / per_page))
+            current = min(page, pages)
+            order = _sort_indices(table, sort, desc)[(current - 1) * per_page: current * per_page]
+            return ListPage(table.take(order).to_pylist(), total, current, pages, sort, desc, where,
+                            search=search)
 
         def cached(con) -> ListPage | None:
             snap = None if where else self._snap(con)
@@ -233,6 +274,8 @@ class StoreReader:
             return ListPage(snap.table.take(order).to_pylist(), total, current, pages, sort, desc, where)
 
         def work(con):
+            if search:
+                return searched(con)
             fast = cached(con)
             if fast is not None:
                 return fast
@@ -255,8 +298,9 @@ class StoreReader:
 
         try:
             return self._run(work)
-        except QueryError as exc:
-            return ListPage([], 0, 1, 1, sort, desc, where, error=str(exc))
+        except (QueryError, UsageError) as exc:  # a refused WHERE or search query, shown beside its box
+            source = "where" if isinstance(exc, QueryError) else "search"
+            return ListPage([], 0, 1, 1, sort, desc, where, error=str(exc), search=search, error_in=source)
 
     def selected_ids(self, where: str | None, limit: int) -> list[str]:
         """Ids of the user's selection (newest first), at most `limit` (for --export)."""

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 
-from omrl.view.data import SORTS, Group, ListPage
+from omrl.view.data import SORTS, Group, ListPage, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
 TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
@@ -136,14 +136,14 @@ def render(template: str, links: Links, **context: Any) -> str:
 def list_html(page: ListPage, links: Links, store_name: str) -> str:
     def sort_link(key: str) -> str:
         desc = not (page.sort == key and page.desc)
-        return links.home(where=page.where, sort=key, dir="desc" if desc else "asc")
+        return links.home(q=page.search, where=page.where, sort=key, dir="desc" if desc else "asc")
 
     def page_link(number: int) -> str:
-        return links.home(where=page.where, sort=page.sort, dir="desc" if page.desc else "asc",
+        return links.home(q=page.search, where=page.where, sort=page.sort, dir="desc" if page.desc else "asc",
                           page=number)
 
     return render("list.html", links, page=page, store_name=store_name, sorts=list(SORTS),
-                  sort_link=sort_link, page_link=page_link)
+                  sort_link=sort_link, page_link=page_link, search_box=search_available())
 
 
 def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
