@@ -138,3 +138,125 @@ def test_credit_of_real_grid_rollouts_is_stored_in_turn_info_and_visible_in_sql(
     assert all(len(sizes) == 1 for sizes in by_key.values())
     with pytest.raises(ValueError, match="rows"):
         store_in_turns(rows[:1], credit)
+
+
+# ---------------------------------------------------------------- the GRPO trainer piece (omrl/train/grpo_credit.py)
+
+def test_add_step_advantages_broadcasts_the_episode_advantage_and_masks_env_tokens():
+    torch = pytest.importorskip("torch")
+    from omrl.train.grpo_credit import add_step_advantages
+
+    output = {"advantages": torch.tensor([1.0, 0.0]), "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+              "tool_mask": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])}
+    out = add_step_advantages(output, [[0.5, 0.0, -0.5, 0.25], [2.0]])
+    assert out["advantages"].tolist() == [[1.5, 0.0, 0.5, 1.25], [2.0, 0.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="no omrl_step_advantages"):
+        add_step_advantages({**output, "advantages": torch.tensor([1.0, 0.0])}, [[0.0], None])
+    with pytest.raises(ValueError, match="5 step advantages for 4"):
+        add_step_advantages({**output, "advantages": torch.tensor([1.0, 0.0])}, [[0.0] * 5, [0.0]])
+
+
+def test_one_grpo_step_with_per_token_step_advantages(tmp_path):
+    """A real GRPOTrainer step on a tiny model: a flat group (TRL's episode advantage 0), so only the step
+    term from rollout_func can move the policy; a trainable token whose step advantage is 0 gets no
+    gradient, the others do; the loss is finite and the parameters change."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from datasets import Dataset
+    from omrl.models import cached_tiny_model
+    from omrl.train.grpo_credit import STEP_ADVANTAGES, step_credit_trainer
+
+    source = cached_tiny_model(hidden=32)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = enc("<|im_start|>user\ngoal: 3 up<|im_end|>\n<|im_start|>assistant\n")
+    turn1, observation, turn2 = enc("left") + [end], enc("\n<|im_start|>user\ngoal: 2 up<|im_end|>\n"), enc("up") + [end]
+    completion = turn1 + observation + turn2
+    env_mask = [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2)
+    # turn 1 of rollout 0 has step advantage 1, its turn 2 has 0; rollout 1: -1 then 0.5
+    steps = [token_advantages(env_mask, [1.0, 0.0]), token_advantages(env_mask, [-1.0, 0.5])]
+
+    def rollout(prompts, trainer):
+        n = len(prompts)
+        return {"prompt_ids": [prompt] * n, "completion_ids": [completion] * n,
+                "logprobs": [[0.0] * len(completion)] * n, "env_mask": [env_mask] * n,
+                "omrl_reward": [1.0] * n, STEP_ADVANTAGES: [steps[i % 2] for i in range(n)]}
+
+    def reward(prompts, completions, omrl_reward, **kwargs):
+        return omrl_reward  # the same for both: a flat group, TRL's episode advantage is 0
+
+    seen = {}
+
+    class Observed(step_credit_trainer()):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen["inputs"] = inputs
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            seen["loss"] = float(loss.detach())
+            return loss
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_steps=1, learning_rate=1e-2, beta=0.0, loss_type="dapo", max_completion_length=32,
+                      save_strategy="no", report_to="none", use_cpu=True, bf16=False, disable_tqdm=True,
+                      logging_steps=1, seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = Observed(model=model, reward_funcs=[reward], args=args, processing_class=tokenizer,
+                       train_dataset=Dataset.from_dict({"prompt": ["task-a", "task-b"]}), rollout_func=rollout)
+    trainer.train()
+    assert seen["loss"] == seen["loss"] and abs(seen["loss"]) < 1e6  # finite
+    assert any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters())
+    inputs = seen["inputs"]
+    adv = inputs["advantages"]
+    assert adv.shape == inputs["completion_ids"].shape
+    by_rollout = {tuple(r[: len(completion)].tolist()) for r in adv}
+    assert by_rollout == {tuple(float(v) for v in s) for s in steps}  # episode advantage 0 + the step term
+
+    # Gradient at the final hidden state that predicts each completion token (TRL 1.16 scores tokens with a
+    # fused LM head, no logits tensor: the last norm's output feeds only its own position's prediction),
+    # through TRL's own loss on the same inputs.
+    captured = {}
+
+    def keep(module, args, out):  # returns None: the output is left as it is
+        out.retain_grad()
+        captured["hidden"] = out
+
+    hook = model.model.norm.register_forward_hook(keep)
+    try:
+        model.zero_grad()
+        trainer.compute_loss(model, inputs).backward()
+    finally:
+        hook.remove()
+    logits_grad = captured["hidden"].grad  # [B, prompt + completion, H]; token t is predicted at P + t - 1
+    offset = inputs["prompt_ids"].shape[1] - 1
+    for b in range(adv.shape[0]):
+        for t in range(len(completion)):
+            signal = float(logits_grad[b, offset + t].abs().sum())
+            if env_mask[t] == 0 or float(adv[b, t]) == 0.0:
+                assert signal == 0.0, (b, t)  # an environment token, or a token whose advantage is 0
+            else:
+                assert signal > 0.0, (b, t)
+
+
+def test_the_step_credit_trainer_refuses_a_whole_sequence_loss(tmp_path):
+    pytest.importorskip("trl")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from datasets import Dataset
+    from omrl.models import cached_tiny_model
+    from omrl.train.grpo_credit import step_credit_trainer
+
+    source = cached_tiny_model(hidden=32)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_steps=1, loss_type="vespo", report_to="none", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match="per-token loss"):
+        step_credit_trainer()(model=AutoModelForCausalLM.from_pretrained(source), reward_funcs=[lambda **k: [0.0]],
+                              args=args, processing_class=AutoTokenizer.from_pretrained(source),
+                              train_dataset=Dataset.from_dict({"prompt": ["a"]}), rollout_func=lambda p, t: {})
