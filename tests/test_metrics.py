@@ -8,7 +8,7 @@ import pytest
 
 from omrl.annotate import metrics as M
 from omrl.annotate.inputs import final_answer, metric_inputs
-from omrl.annotate.reward import combined_reward, load_recipe, reward_sql
+from omrl.annotate.reward import combined_reward, components_sql, load_recipe
 from omrl.annotate.runner import annotate
 from omrl.schema import Message, ToolCall, Trajectory, Turn
 from omrl.store import Store
@@ -155,7 +155,7 @@ def test_combined_reward_missing_components_are_null_and_counted(tmp_path):
     assert summary.reward_missing == 2
     assert store.sql('SELECT reward FROM scores WHERE trajectory_id = \'a\'').column("reward")[0].as_py() == \
         pytest.approx(2.3)
-    assert store.sql(reward_sql(recipe)).num_rows == 3
+    assert store.sql(components_sql(recipe)).num_rows == 3
 
 
 def test_bad_recipe_is_refused():

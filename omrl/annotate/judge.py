@@ -14,6 +14,14 @@ Replies must be JSON (```json fences tolerated). An unparseable or out-of-range 
 timeouts, connection errors and malformed bodies are retried by the one LLM client (omrl/llm.py: the openai
 client's own exponential backoff, `max_retries`); a call that still fails is an error annotation, never a
 score. Valid replies are cached by prompt hash (cache.py), so a second run makes no calls.
+
+Prompt budget: every request carries `max_tokens` (the reply's limit). With `max_prompt_tokens` set (the
+judge's context minus `max_tokens`), the trajectories are rendered into what is left after the rubric,
+the examples and room for one re-ask (estimated at `chars_per_token`), eliding as render.py states; a
+re-ask sends the original prompt plus the invalid reply clipped to REASK_CLIP characters, so it never
+grows with the number of attempts. A group larger than `group_max` is scored in chunks of at most that
+many members (each chunk relative within itself); a prompt that still cannot fit is an error annotation,
+never a request the judge would refuse.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -28,12 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from omrl.annotate.cache import JudgeCache, prompt_hash
-from omrl.annotate.render import render_trajectory
+from omrl.annotate.render import clip, render_trajectory
 from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError
 from omrl.llm import LLMClient, LLMError, LLMStatusError
 
 MODES = ("pointwise", "pairwise", "group")
+REASK_CLIP = 400  # characters of an invalid reply (and of its error) quoted back in a re-ask
+REASK_ROOM_TOKENS = 2 * REASK_CLIP // 3 + 40  # budget kept free for that re-ask
+MIN_RENDER_CHARS = 200  # below this a trajectory rendering says nothing: refuse instead
 
 
 @dataclass
@@ -52,6 +64,10 @@ class JudgeConfig:
     keep_last: int = 6
     price_prompt: float | None = None  # USD per million prompt tokens
     price_completion: float | None = None  # USD per million completion tokens
+    max_tokens: int | None = 512  # the reply's token limit, sent with every request
+    max_prompt_tokens: int | None = None  # prompt budget (context - max_tokens); None: only max_chars applies
+    chars_per_token: float = 3.0  # budget estimate; 3 is conservative for English and JSON-ish traces
+    group_max: int | None = None  # group mode: larger groups are scored in chunks of at most this many
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -60,6 +76,22 @@ class JudgeConfig:
             raise ValueError("judge concurrency must be at least 1")
         if self.max_retries < 0 or self.max_invalid < 0:
             raise ValueError("judge max_retries and max_invalid must be at least 0")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("judge max_tokens must be at least 1")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 64:
+            raise ValueError("judge max_prompt_tokens must be at least 64")
+        if self.group_max is not None and self.group_max < 2:
+            raise ValueError("judge group_max must be at least 2 (a group of one has nothing to compare)")
+        if self.chars_per_token <= 0:
+            raise ValueError("judge chars_per_token must be positive")
+
+    def prompt_chars(self) -> int | None:
+        """The prompt budget in characters (None: unbounded)."""
+        return None if self.max_prompt_tokens is None else int(self.max_prompt_tokens * self.chars_per_token)
+
+    def estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt's size in tokens as the budget counts it."""
+        return math.ceil(_chars(messages) / self.chars_per_token)
 
     @property
     def annotator(self) -> str:
@@ -225,8 +257,9 @@ class Judge:
     async def _complete(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
         """One chat completion (the client retries transport failures); raises JudgeError when they run out."""
         try:
+            extra = {"max_tokens": self.config.max_tokens} if self.config.max_tokens else {}
             resp = await self.client.chat(model=self.config.model, messages=messages,
-                                          temperature=self.config.temperature)
+                                          temperature=self.config.temperature, **extra)
         except LLMStatusError as exc:
             if not exc.retried:
                 raise JudgeError(f"judge endpoint refused the request: {exc}") from None
@@ -245,8 +278,14 @@ class Judge:
         return content, pt, ct
 
     async def ask(self, messages: list[dict[str, Any]], validate: Callable[[str], Any]) -> Answer:
-        """A validated reply for a prompt: from the cache, or asked (re-asked while invalid)."""
+        """A validated reply for a prompt: from the cache, or asked (re-asked while invalid). A prompt over
+        the judge's budget is an error answer, not a request."""
         key = prompt_hash(self.config.model, messages, self.config.temperature)
+        limit = self.config.max_prompt_tokens
+        if limit is not None and self.config.estimate_tokens(messages) + REASK_ROOM_TOKENS > limit:
+            return Answer(error=f"judge prompt of ~{self.config.estimate_tokens(messages)} tokens (+ "
+                                f"{REASK_ROOM_TOKENS} for a re-ask) exceeds max_prompt_tokens={limit}",
+                          prompt_hash=key)
         hit = self.cache.get(key)
         if hit is not None:
             try:
@@ -272,8 +311,10 @@ class Judge:
             except ValueError as exc:
                 self.stats.invalid_replies += 1
                 answer.error = f"invalid judge reply after {answer.attempts} attempt(s): {exc}: {content[:200]!r}"
-                convo = [*messages, {"role": "assistant", "content": content},
-                         {"role": "user", "content": f"That reply was invalid: {exc}. Reply again with the JSON only."}]
+                # The original prompt and only the last invalid reply, clipped: re-asks never grow the prompt.
+                convo = [*messages, {"role": "assistant", "content": clip(content, REASK_CLIP)},
+                         {"role": "user", "content": f"That reply was invalid: {clip(str(exc), REASK_CLIP)}. "
+                                                     "Reply again with the JSON only."}]
                 continue
             answer.error = None
             self.cache.put(key, content, answer.prompt_tokens, answer.completion_tokens, self.config.model)
@@ -301,14 +342,48 @@ def _render(config: JudgeConfig, row: dict[str, Any], budget: int | None = None)
     return render_trajectory(row, max_chars=budget or config.max_chars, keep_last=config.keep_last)
 
 
+def _chars(messages: list[dict[str, Any]]) -> int:
+    """A prompt's size as the budget counts it: the contents plus some framing per message."""
+    return sum(len(str(m.get("content") or "")) + 16 for m in messages)
+
+
+def render_budget(config: JudgeConfig, frame: list[dict[str, Any]], n: int, default: int) -> int:
+    """Characters each of `n` trajectories may take in a prompt whose other text is `frame` (the messages
+    built with empty renderings): `default`, lowered to what the judge's prompt budget leaves."""
+    total = config.prompt_chars()
+    if total is None:
+        return default
+    room = total - _chars(frame) - int(REASK_ROOM_TOKENS * config.chars_per_token) - 40 * n
+    return min(default, room // n)
+
+
+def _too_small(budget: int, n: int) -> str:
+    return (f"the judge's max_prompt_tokens leaves {max(budget, 0)} characters per trajectory for {n} "
+            f"trajectorie(s), under {MIN_RENDER_CHARS}: raise max_prompt_tokens or lower group_max")
+
+
+def chunks(members: list[Any], size: int | None) -> list[list[Any]]:
+    """`members` split into balanced chunks of at most `size` (one chunk when size is None or enough)."""
+    if size is None or len(members) <= size:
+        return [members]
+    k = math.ceil(len(members) / size)
+    step = len(members) / k
+    return [members[round(i * step):round((i + 1) * step)] for i in range(k)]
+
+
 async def judge_pointwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
                           progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
     """One annotation per trajectory."""
     cfg = judge.config
     check = validate_pointwise(cfg.rubric)
 
+    budget = render_budget(cfg, pointwise_messages(cfg.rubric, ""), 1, cfg.max_chars)
+
     async def one(row: dict[str, Any]) -> dict[str, Any]:
-        answer = await judge.ask(pointwise_messages(cfg.rubric, _render(cfg, row)), check)
+        if budget < MIN_RENDER_CHARS:
+            progress(1)
+            return _row(cfg, row["id"], run_id, None, error=_too_small(budget, 1), metadata={"mode": "pointwise"})
+        answer = await judge.ask(pointwise_messages(cfg.rubric, _render(cfg, row, budget)), check)
         progress(1)
         meta = {"mode": "pointwise", "cached": answer.cached, "attempts": answer.attempts}
         if answer.error:
@@ -332,7 +407,8 @@ async def judge_pairwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_task[row["task_id"]].append(row)
-    renders = {r["id"]: _render(cfg, r) for r in rows}
+    budget = max(MIN_RENDER_CHARS, render_budget(cfg, pairwise_messages(cfg.rubric, "", ""), 2, cfg.max_chars))
+    renders = {r["id"]: _render(cfg, r, budget) for r in rows}  # an over-budget pair is refused by ask()
     pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
     singles = [g[0] for g in by_task.values() if len(g) == 1]
     judge.stats.skipped += len(singles)
@@ -393,10 +469,15 @@ async def judge_group(judge: Judge, rows: list[dict[str, Any]], run_id: str,
     for row in rows:
         groups[row["group_id"]].append(row)
 
-    async def one(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
+    async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
         n = len(members)
-        budget = max(1500, cfg.max_chars // n)  # the whole group shares one prompt
+        # Without a prompt budget, the historic per-member floor; with one, what the budget leaves.
+        default = max(1500, cfg.max_chars // n) if cfg.max_prompt_tokens is None else cfg.max_chars // n
+        budget = render_budget(cfg, group_messages(cfg.rubric, [""] * n), n, default)
+        meta = {"mode": "group", "group_size": size, **({"chunk": chunk, "chunks": of} if of > 1 else {})}
+        if budget < MIN_RENDER_CHARS:
+            progress(n)
+            return [_row(cfg, row["id"], run_id, None, error=_too_small(budget, n), metadata=meta) for row in members]
         answer = await judge.ask(group_messages(cfg.rubric, [_render(cfg, r, budget) for r in members]),
                                  validate_group(cfg.rubric, n))
         progress(n)
@@ -404,17 +485,21 @@ async def judge_group(judge: Judge, rows: list[dict[str, Any]], run_id: str,
                        completion_tokens=round(answer.completion_tokens / n))
         out = []
         for i, row in enumerate(members, 1):
-            meta = {"mode": "group", "group_size": n, "position": i, "cached": answer.cached,
-                    "attempts": answer.attempts}
+            row_meta = {**meta, "position": i, "cached": answer.cached, "attempts": answer.attempts}
             if answer.error:
-                out.append(_row(cfg, row["id"], run_id, share, error=answer.error, metadata=meta))
+                out.append(_row(cfg, row["id"], run_id, share, error=answer.error, metadata=row_meta))
             else:
                 v = answer.value[i]
                 out.append(_row(cfg, row["id"], run_id, share, score=v["score"], rationale=v["rationale"],
-                                metadata=meta))
+                                metadata=row_meta))
         return out
 
-    results = await asyncio.gather(*(one(m) for m in groups.values()))
+    jobs = []
+    for members in groups.values():
+        members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
+        parts = chunks(members, cfg.group_max)
+        jobs += [one(part, i, len(parts), len(members)) for i, part in enumerate(parts, 1)]
+    results = await asyncio.gather(*jobs)
     return [r for rs in results for r in rs]
 
 
@@ -430,3 +515,42 @@ async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str
     finally:
         await judge.close()
     return rows_out, judge.stats
+
+
+_SPEC_KEYS = {"rubric", "model", "base_url", "api_key_env", "mode", "concurrency", "max_retries", "max_invalid",
+              "timeout_s", "temperature", "max_chars", "keep_last", "price_prompt", "price_completion",
+              "max_tokens", "max_prompt_tokens", "chars_per_token", "group_max"}
+
+
+def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig:
+    """A JudgeConfig from a reward recipe's `judges` entry; errors name the recipe and the key.
+
+    `rubric` is a rubric YAML path or an inline rubric mapping; `base_url` of the form "$VAR" is read from
+    that environment variable (a server started per run); the API key only ever comes from the variable
+    named by `api_key_env` (default OPENAI_API_KEY), never from the recipe, which is stored with the scores.
+    """
+    import os
+
+    from omrl.annotate.rubric import load_rubric, rubric_from_dict
+
+    where = f"reward recipe {source}: judge"
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_SPEC_KEYS))})")
+    for key in ("rubric", "model", "base_url"):
+        if not spec.get(key):
+            raise ValueError(f"{where}: '{key}' is required")
+    rubric = spec["rubric"]
+    rubric = rubric_from_dict(rubric, f"{source} (inline)") if isinstance(rubric, dict) else load_rubric(rubric)
+    base_url = str(spec["base_url"])
+    if base_url.startswith("$"):
+        value = os.environ.get(base_url[1:])
+        if not value:
+            raise ValueError(f"{where}: base_url {base_url} names an environment variable that is not set")
+        base_url = value
+    options = {k: v for k, v in spec.items() if k not in ("rubric", "model", "base_url", "api_key_env")}
+    api_key = os.environ.get(str(spec.get("api_key_env") or "OPENAI_API_KEY"), "EMPTY")
+    try:
+        return JudgeConfig(rubric=rubric, model=str(spec["model"]), base_url=base_url, api_key=api_key, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where} {rubric.name!r}: {exc}") from None

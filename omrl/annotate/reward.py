@@ -8,6 +8,12 @@ Recipe YAML (see recipes/reward.yaml):
       exact_match: 0.5                 # any other name is an annotator (its latest ok score)
       judge:quality: {weight: 0.5, scale: [1, 10]}   # rescaled to 0..1 before weighting
     missing: null                      # or: renormalize
+    metrics: [exact_match]             # optional: how metric components are computed online (default: the
+                                       # components that are built-in metric names)
+    judges:                            # optional: how judge components are computed online (GRPO, RFT, iterate)
+      - {rubric: recipes/judges/quality.yaml, model: M, base_url: http://127.0.0.1:8000/v1, mode: pointwise,
+         max_tokens: 256, max_prompt_tokens: 8192}   # keys: omrl.annotate.judge.judge_from_dict
+    cache: runs/judge-cache            # optional: the judge reply cache folder (default STORE/cache/judge)
 
 reward = sum(weight * value). Missing components are explicit, never 0:
   missing: null         the row's reward is NULL when any component is missing (and counted);
@@ -17,6 +23,7 @@ reward = sum(weight * value). Missing components are explicit, never 0:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,18 +50,23 @@ class RewardRecipe:
     components: list[Component] = field(default_factory=list)
     missing: str = "null"
     source: str = ""
+    metrics: list[str] = field(default_factory=list)  # metric specs (omrl.annotate.metrics.load_metric)
+    judges: list[dict[str, Any]] = field(default_factory=list)  # judge specs (omrl.annotate.judge.judge_from_dict)
+    cache: str | None = None  # judge reply cache folder shared across stores (default: STORE/cache/judge)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "missing": self.missing,
                 "components": {c.name: {"weight": c.weight, **({"scale": list(c.scale)} if c.scale else {})}
-                               for c in self.components}}
+                               for c in self.components},
+                **({"metrics": self.metrics} if self.metrics else {}),
+                **({"judges": self.judges} if self.judges else {})}
 
 
 def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> RewardRecipe:
     """Validate a reward recipe mapping; errors name the file and the key."""
     if not isinstance(data, dict):
         raise ValueError(f"reward recipe {source}: expected a mapping")
-    unknown = set(data) - {"name", "components", "missing"}
+    unknown = set(data) - {"name", "components", "missing", "metrics", "judges", "cache"}
     if unknown:
         raise ValueError(f"reward recipe {source}: unknown key(s) {', '.join(sorted(unknown))}")
     name = str(data.get("name") or "reward")
@@ -84,7 +96,21 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> RewardReci
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"reward recipe {source}: components.{cname} weight must be a number")
         components.append(Component(str(cname), float(weight), scale))
-    return RewardRecipe(name=name, components=components, missing=missing, source=source)
+    metrics = data.get("metrics") or []
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise ValueError(f"reward recipe {source}: 'metrics' must be a list of metric names")
+    judges = data.get("judges") or []
+    if isinstance(judges, dict):
+        judges = [judges]
+    if not isinstance(judges, list) or not all(isinstance(j, dict) for j in judges):
+        raise ValueError(f"reward recipe {source}: 'judges' must be a list of judge mappings")
+    cache = data.get("cache")
+    if cache is not None and not isinstance(cache, str):
+        raise ValueError(f"reward recipe {source}: 'cache' must be a folder path")
+    return RewardRecipe(name=name, components=components, missing=missing, source=source, metrics=list(metrics),
+                        judges=[dict(j) for j in judges], cache=cache)
 
 
 def load_recipe(recipe: str | Path | dict[str, Any] | RewardRecipe) -> RewardRecipe:
@@ -103,15 +129,11 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def reward_sql(recipe: RewardRecipe, annotators: set[str] | None = None) -> str:
-    """SQL over the store's views giving (trajectory_id, reward, missing) for every trajectory.
+def components_sql(recipe: RewardRecipe, annotators: set[str] | None = None) -> str:
+    """SQL over the store's views giving trajectory_id and one column per component (raw, unscaled).
 
     `annotators`: the columns present in `scores`; a component without a column is NULL (missing).
-    When None, every component is assumed present. `missing` lists absent components, comma-separated.
+    When None, every component is assumed present. `combine` turns a row of it into the reward.
     """
     values = []
     for c in recipe.components:
@@ -121,22 +143,32 @@ def reward_sql(recipe: RewardRecipe, annotators: set[str] | None = None) -> str:
             v = f"s.{_q(c.name)}"
         else:
             v = "CAST(NULL AS DOUBLE)"
+        values.append(f"CAST({v} AS DOUBLE) AS {_q(c.name)}")
+    return (f"SELECT t.id AS trajectory_id, {', '.join(values)} "
+            f"FROM trajectories t LEFT JOIN scores s ON s.trajectory_id = t.id ORDER BY t.id")
+
+
+def combine(recipe: RewardRecipe, values: dict[str, float | None]) -> tuple[float | None, list[str]]:
+    """(reward, missing component names) from one trajectory's component values: the one combiner of
+    `omrl annotate`, filter, RFT, GRPO and iterate. A value that is None or absent is missing, never 0."""
+    present, missing = [], []
+    for c in recipe.components:
+        v = values.get(c.name)
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            missing.append(c.name)
+            continue
+        v = float(v)
         if c.scale:
             lo, hi = c.scale
-            v = f"(({v}) - {lo!r}) / {hi - lo!r}"
-        values.append((c, f"({v})"))
-    terms = " + ".join(f"{c.weight!r} * {v}" for c, v in values)
+            v = (v - lo) / (hi - lo)
+        present.append((c.weight, v))
+    total = sum(w * v for w, v in present)
     if recipe.missing == "null":
-        reward = terms
-    else:
-        present = " + ".join(f"(CASE WHEN {v} IS NULL THEN 0 ELSE {c.weight!r} END)" for c, v in values)
-        total = sum(c.weight for c in recipe.components)
-        filled = " + ".join(f"{c.weight!r} * coalesce({v}, 0)" for c, v in values)
-        reward = f"({filled}) * {total!r} / nullif({present}, 0)"
-    missing = ", ".join(f"CASE WHEN {v} IS NULL THEN {_lit(c.name)} END" for c, v in values)
-    return (f"SELECT t.id AS trajectory_id, CAST({reward} AS DOUBLE) AS reward, "
-            f"concat_ws(',', {missing}) AS missing "
-            f"FROM trajectories t LEFT JOIN scores s ON s.trajectory_id = t.id ORDER BY t.id")
+        return (None if missing else total), missing
+    weight = sum(w for w, _ in present)
+    if not present or weight == 0:  # nothing (with weight) to renormalise over
+        return None, missing
+    return total * sum(c.weight for c in recipe.components) / weight, missing
 
 
 def score_columns(con) -> set[str]:
@@ -148,12 +180,19 @@ def combined_reward(store: Store | str | Path, recipe: str | Path | dict[str, An
     """Arrow table (trajectory_id string, reward float64 | null, missing string) for every trajectory.
 
     `reward` is NULL where a component is missing under `missing: null`; `missing` names the absent
-    components ("" when none). Uses the latest ok annotation per annotator.
+    components, comma-separated ("" when none). Uses the latest ok annotation per annotator.
     """
     store = store if isinstance(store, Store) else Store(store)
     recipe = load_recipe(recipe)
     con = store.connect()
-    return con.sql(reward_sql(recipe, score_columns(con))).to_arrow_table()
+    table = con.sql(components_sql(recipe, score_columns(con))).to_arrow_table()
+    ids, rewards, missing = table.column("trajectory_id").to_pylist(), [], []
+    for values in table.drop_columns(["trajectory_id"]).to_pylist():
+        reward, absent = combine(recipe, values)
+        rewards.append(reward)
+        missing.append(",".join(absent))
+    return pa.table({"trajectory_id": pa.array(ids, pa.string()), "reward": pa.array(rewards, pa.float64()),
+                     "missing": pa.array(missing, pa.string())})
 
 
 def reward_annotations(table: pa.Table, recipe: RewardRecipe, run_id: str) -> list[dict[str, Any]]:

@@ -9,8 +9,10 @@ each repeated `samples_per_task` times. omrl.rollout.play_episodes, the episode 
 too (environments made in threads and always closed, a seed per episode), plays them as the recipe's
 `rollout` section says, all in flight at once, with an `HFPolicy` wrapping the live model, whose token
 traces become prompt_ids, completion_ids (model and environment tokens), env_mask (environment tokens
-carry no loss) and logprobs. The environment's reward (or the combined reward of omrl.annotate, when
-configured) is the reward; the group-relative advantages are TRL's. After each step's play its rows
+carry no loss) and logprobs. The environment's reward, or with `reward` the combined reward of a reward
+recipe (omrl/train/online_reward.py: metrics and judges score each group as soon as its episodes finish,
+while other groups still play; every score is a stored annotation), is the reward; a rollout without one
+is left out of its group's baseline; the group-relative advantages are TRL's. After each step's play its rows
 are appended to the store with their round and step, so GRPO data can be queried like any collection.
 
 On a CPU generation runs through transformers (HFPolicy). On a GPU, TRL's vLLM modes
@@ -61,8 +63,9 @@ class GRPORecipe:
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 skips the reference model"})
     loss_type: str = field(default="dapo", metadata={"help": "TRL GRPO loss type"})
     max_completion_length: int = field(default=160, metadata={"help": "TRL's completion budget (logging)"})
-    reward: str | None = field(default=None, metadata={"help": "combined-reward recipe; only None (the "
-                                                               "environment's reward) is supported online yet"})
+    reward: str | dict[str, Any] | None = field(default=None, metadata={
+        "help": "combined-reward recipe (path or mapping, as `omrl annotate --reward-recipe`): its metrics and "
+                "judges score each group as it finishes, every score stored (needs store); None: the env reward"})
     seed: int = field(default=0, metadata={"help": "seeds torch and the sampler (rollout.seed: the episodes)"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
@@ -90,9 +93,10 @@ class GRPORecipe:
         flat = {k: v for k, v in flat.items() if v is not None}
         if flat:
             self.rollout = replace(self.rollout, **flat)
-        if self.reward is not None:  # refuse rather than silently train on a different reward
-            raise ValueError("GRPO trains on the environment's reward: a combined-reward recipe is not wired "
-                             "into online rollouts yet (use it to select data: omrl filter/rft/iterate)")
+        if self.reward is not None:  # a broken recipe is refused at load time, not at the first step
+            from omrl.annotate.reward import load_recipe
+
+            load_recipe(self.reward)
 
 
 def _use_cpu(recipe: GRPORecipe) -> bool:
@@ -173,6 +177,29 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))
     history = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
-    (out / "omrl_grpo.json").write_text(json.dumps({"recipe": asdict(recipe), "log": history,
-                                                    "rollouts": rollout.summary()}, indent=1, default=str))
+    record = {"recipe": asdict(recipe), "log": with_missing_counts(history, rollout.reward_steps()),
+              "rollouts": rollout.summary()}
+    if rollout.online is not None:
+        record["reward_steps"] = rollout.reward_steps()
+        record["reward_summary"] = rollout.online.summary()
+    (out / "omrl_grpo.json").write_text(json.dumps(record, indent=1, default=str))
+    return out
+
+
+def with_missing_counts(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL's log entries, each with the missing reward components and dropped rollouts of the rollout steps it
+    covers (an entry at optimizer step s covers rollout steps after the previous entry's, up to s - 1)."""
+    if not steps:
+        return history
+    out, since = [], -1
+    for entry in history:
+        at = int(entry.get("step", 0)) - 1
+        covered = [s for s in steps if since < s["step"] <= at]
+        if "step" in entry:
+            since = max(since, at)
+        missing: dict[str, int] = {}
+        for s in covered:
+            for name, n in s["missing"].items():
+                missing[name] = missing.get(name, 0) + n
+        out.append({**entry, "reward_missing": missing, "reward_dropped": sum(s["dropped"] for s in covered)})
     return out

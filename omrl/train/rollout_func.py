@@ -6,6 +6,11 @@ episode's `prompt_ids`, `completion_ids` and `logprobs`; extra keys go to the re
 `env_mask`, which TRL uses as its tool mask (1 = the model's tokens, 0 = tokens the environment or the
 chat template added: no loss on them). The prompts are task ids, each repeated `num_generations` times
 in a row, so consecutive episodes of one task form one GRPO group.
+
+With a reward recipe (GRPORecipe.reward) each group is scored by omrl/train/online_reward.py as its last
+episode finishes (judge calls overlap the episodes still playing); the step's rows and then its
+annotations are appended to the store, and the combined reward (None when missing: left out of the
+group's baseline) is what TRL sees. A step in which no rollout has a reward stops with the first error.
 """
 
 from __future__ import annotations
@@ -35,13 +40,29 @@ class AgentRollout:
 
             self.store = Store.create(recipe.store, exist_ok=True)
             self.run_prefix = free_run_prefix(self.store, self.run_prefix)
+        self.online = None
+        if getattr(recipe, "reward", None) is not None:
+            if self.store is None:
+                raise ValueError("a reward recipe needs `store`: every online score is stored beside its rollout")
+            from omrl.annotate.reward import load_recipe
+            from omrl.train.online_reward import OnlineReward
+
+            reward = load_recipe(recipe.reward)
+            # The cache folder of `omrl annotate` unless the recipe shares one: a reply is asked once.
+            self.online = OnlineReward(reward, reward.cache or self.store.path / "cache" / "judge")
         self.calls = 0
         self.episodes = 0
         self.stored = 0
+        self.annotations = 0
         self.statuses: dict[str, int] = {}
 
     def summary(self) -> dict[str, Any]:
-        return {"calls": self.calls, "episodes": self.episodes, "stored": self.stored, "statuses": self.statuses}
+        return {"calls": self.calls, "episodes": self.episodes, "stored": self.stored, "statuses": self.statuses,
+                **({"annotations": self.annotations} if self.online is not None else {})}
+
+    def reward_steps(self) -> list[dict[str, Any]]:
+        """Per rollout step: scored, dropped and failed rollouts and missing components ([] without a recipe)."""
+        return list(self.online.steps) if self.online is not None else []
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         from omrl.policies.hf import HFPolicy
@@ -51,10 +72,10 @@ class AgentRollout:
         settings = self.settings(step, len(prompts))
         options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
         policy = HFPolicy(model, self.tokenizer, name=f"{self.recipe.run_name}@round{self.recipe.round}", **options)
-        episodes = asyncio.run(self._play(prompts, policy, settings, step))
+        episodes, scored = asyncio.run(self._play(prompts, policy, settings, step))
         self.calls += 1
-        self._store(episodes)  # before the all-failed check: a broken setup's rows are kept to inspect
-        return self._to_trl(episodes, step)
+        self._store(episodes, scored)  # before the all-failed check: a broken setup's rows are kept to inspect
+        return self._to_trl(episodes, step, scored)
 
     def settings(self, step: int, episodes: int):
         """The step's RolloutSettings: the recipe's, every episode of the step in flight (one generation
@@ -71,7 +92,9 @@ class AgentRollout:
         # One run id per step: (run, round, task) is then exactly the GRPO group TRL normalises over.
         return f"{self.run_prefix}/step-{step:05d}"
 
-    async def _play(self, prompts: list[str], policy: Any, settings: Any, step: int) -> list[Any]:
+    async def _play(self, prompts: list[str], policy: Any, settings: Any, step: int) -> tuple[list[Any], Any]:
+        from collections import Counter
+
         from omrl.rollout import play_episodes
 
         seen: dict[str, int] = {}
@@ -82,16 +105,28 @@ class AgentRollout:
             sample = seen.get(task_id, 0)
             seen[task_id] = sample + 1
             jobs.append((self.tasks[task_id], sample))
-        return await play_episodes(jobs, self.make_env, policy, settings, run_id=self._run_id(step),
-                                   round=self.recipe.round, source="collected:grpo",
-                                   metadata={"grpo_step": step, "grpo_round": self.recipe.round})
+        scoring = self.online.step(step, self.recipe.round, Counter(prompts)) if self.online is not None else None
+        try:
+            episodes = await play_episodes(jobs, self.make_env, policy, settings, run_id=self._run_id(step),
+                                           round=self.recipe.round, source="collected:grpo",
+                                           metadata={"grpo_step": step, "grpo_round": self.recipe.round},
+                                           on_episode=scoring.on_episode if scoring is not None else None)
+        except BaseException:
+            if scoring is not None:
+                await scoring.cancel()
+            raise
+        return episodes, (await scoring.finish() if scoring is not None else None)
 
-    def _store(self, episodes: list[Any]) -> None:
+    def _store(self, episodes: list[Any], scored: Any = None) -> None:
         if self.store is not None and episodes:
             self.store.append([e.row for e in episodes])
             self.stored += len(episodes)
+        if self.store is not None and scored is not None and scored.annotations:
+            # After the rows they score, in one part: a step's scores are committed together.
+            self.store.append(scored.annotations, table="annotations")
+            self.annotations += len(scored.annotations)
 
-    def _to_trl(self, episodes: list[Any], step: int) -> dict[str, list]:
+    def _to_trl(self, episodes: list[Any], step: int, scored: Any = None) -> dict[str, list]:
         from omrl.policies.hf import token_trace
 
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
@@ -109,8 +144,9 @@ class AgentRollout:
             out["completion_ids"].append(trace["completion_ids"])
             out["logprobs"].append(trace["logprobs"])
             out["env_mask"].append(trace["env_mask"])
-            # A failed episode has reward None: TRL leaves it out of its group's baseline (never a 0).
-            out["omrl_reward"].append(row["reward"])
+            # A failed episode has reward None: TRL leaves it out of its group's baseline (never a 0); so has
+            # a rollout whose combined reward is missing.
+            out["omrl_reward"].append(scored.rewards.get(row["id"]) if scored is not None else row["reward"])
             out["omrl_success"].append(row["success"])
             out["omrl_trajectory_id"].append(row["id"])
         self.episodes += len(episodes)
@@ -119,6 +155,11 @@ class AgentRollout:
             # Nothing to learn from and a setup that is broken: stop loudly (the rows are stored to inspect).
             raise RuntimeError(f"GRPO step {step}: all {len(episodes)} rollouts failed; first error "
                                f"({failed[0]['status']}): {failed[0]['error']}")
+        if scored is not None and episodes and all(r is None for r in out["omrl_reward"]):
+            # Every sample lacks a reward: training on nothing is a broken judge or recipe; say why.
+            raise RuntimeError(f"GRPO step {step}: no rollout has a reward ({scored.dropped} lacking a component, "
+                               f"{scored.failed} failed; missing {dict(scored.missing)}); first error: "
+                               f"{scored.first_error}")
         return out
 
 
