@@ -132,3 +132,68 @@ def test_grpo_settings_are_converted_to_their_types():
     grpo = GRPORecipe.from_dict({"model": "m", "tasks": "t", "output_dir": "o", "learning_rate": "1e-4",
                                  "max_steps": "5"})
     assert grpo.learning_rate == 1e-4 and isinstance(grpo.learning_rate, float) and grpo.max_steps == 5
+
+
+def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judging(tmp_path):
+    """collect -> annotate (the recipe's judge) -> filter -> GRPO (judged online); the run is SIGKILLed while
+    the annotate stage is asking the judge (a real server in its own process); the restarted run asks it
+    nothing it had answered, and every collected trajectory ends with one ok judge score."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from omrl.models import cached_tiny_model
+    from omrl.testing.judge_server import JudgeProcess
+    from omrl.train.iterate import IterateRecipe, run_iterate
+
+    tiny = cached_tiny_model(hidden=32)
+    with JudgeProcess(rule="grid", latency=0.3) as judge:
+        values = {
+            "output_dir": str(tmp_path / "run"), "model": str(tiny), "train_tasks": str(TASKS / "grid_train.jsonl"),
+            "eval_tasks": str(TASKS / "grid_eval.jsonl"), "rounds": 1, "demos": {"enabled": False},
+            "rollout": {"env": "grid", "max_turns": 3, "max_new_tokens": 4},
+            "collect": {"tasks": 4, "samples": 2},
+            "reward": {"components": {"env_reward": 0.0, "judge:grid_goal": {"weight": 1.0, "scale": [0, 10]}},
+                       "missing": "renormalize",
+                       "judges": [{"rubric": "recipes/judges/grid_goal.yaml", "model": "rule-judge",
+                                   "base_url": judge.base_url, "concurrency": 1}]},
+            "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "warmup_steps": 0, "quiet": True,
+                     "logging_steps": 1},
+            "eval": {"tasks": 2, "samples": 1, "greedy": False},
+        }
+        code = ("import json, sys\nfrom omrl.recipes import load_recipe\nfrom omrl.train.iterate import IterateRecipe,"
+                " run_iterate\nrun_iterate(load_recipe(json.loads(sys.argv[1]), IterateRecipe))\n")
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(values)], cwd=Path(__file__).parents[1],
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while judge.stats()["requests"] < 3 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGKILL)  # mid-annotate: 8 trajectories at 0.3 s each, one at a time
+        finally:
+            proc.wait()
+        asked = judge.stats()["requests"]
+        assert 3 <= asked < 8, "the kill did not land inside the annotate stage"
+        store = Store(tmp_path / "run" / "store")
+        assert store.sql("SELECT count(*) AS n FROM trajectories WHERE source = 'collected:grpo'"
+                         ).column("n")[0].as_py() == 0
+
+        config = load_recipe(values, IterateRecipe)
+        results = run_iterate(config)
+        stats = judge.stats()
+    assert [r["stage"] for r in results] == ["base", "grpo-1"]
+    # At most the one request in flight at the kill is asked again; every answered one came from the cache.
+    assert stats["repeated_prompts"] <= 1
+    assert results[-1]["annotate"]["judge_cache_hits"] >= asked - 1
+    collected = {r["id"] for r in store.sql("SELECT id FROM trajectories WHERE run_id = 'round-1'").to_pylist()}
+    judged = store.sql("SELECT trajectory_id, metadata FROM annotations WHERE annotator = 'judge:grid_goal' "
+                       "AND status = 'ok' AND run_id = 'annotate/round-1'").to_pylist()
+    assert sorted(a["trajectory_id"] for a in judged) == sorted(collected) and len(collected) == 8
+    assert all(json.loads(a["metadata"])["grpo_round"] == 1 for a in judged)
+    # GRPO's own rollouts were judged online too, with their step.
+    online = store.sql("SELECT metadata FROM annotations WHERE annotator = 'judge:grid_goal' AND "
+                       "run_id LIKE 'grpo/%'").to_pylist()
+    assert online and all(json.loads(a["metadata"])["grpo_step"] == 0 for a in online)

@@ -10,19 +10,42 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.annotate.cache import JudgeCache
-from omrl.annotate.judge import JudgeConfig, JudgeStats, run_judge
-from omrl.annotate.metrics import NamedMetric, annotate_row, load_metric
-from omrl.annotate.reward import RewardRecipe, combined_reward, load_recipe, reward_annotations
+from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, run_judge
+from omrl.annotate.metrics import BUILTIN, NamedMetric, annotate_row, load_metric
+from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combined_reward, load_recipe, reward_annotations
 from omrl.schema import new_id
 from omrl.store import Store
 
 WRITE_BATCH = 2000  # annotation rows per appended part: bounded memory, few parts
+
+
+def recipe_metrics(recipe: RewardRecipe) -> list[NamedMetric]:
+    """The metrics the recipe computes: its `metrics` list, else its components named after built-ins (the env
+    reward is the row's own column, not a metric)."""
+    specs = recipe.metrics or [c.name for c in recipe.components if c.name in BUILTIN and c.name != ENV_REWARD]
+    return [load_metric(spec) for spec in specs]
+
+
+def recipe_judges(recipe: RewardRecipe) -> list[JudgeConfig]:
+    """The judges of the recipe's `judges` list."""
+    return [judge_from_dict(spec, recipe.source or "<dict>") for spec in recipe.judges]
+
+
+def check_computable(recipe: RewardRecipe, metrics: list[NamedMetric], judges: list[JudgeConfig]) -> None:
+    """Refuse a recipe with a component nothing computes online (it would be missing on every rollout)."""
+    made = {ENV_REWARD} | {m.name for m in metrics} | {j.annotator for j in judges}
+    lacking = [c.name for c in recipe.components if c.name not in made]
+    if lacking:
+        raise ValueError(f"reward recipe {recipe.source or '<dict>'}: no metric or judge computes component(s) "
+                         f"{', '.join(lacking)} online (computed: {', '.join(sorted(made))}); add them to "
+                         "its 'metrics' or 'judges'")
 
 
 @dataclass
@@ -33,7 +56,8 @@ class AnnotateSummary:
     errors: Counter = field(default_factory=Counter)  # annotator -> error rows
     skipped: Counter = field(default_factory=Counter)  # annotator -> not applicable
     already_done: Counter = field(default_factory=Counter)  # annotator -> had an ok annotation (resume)
-    judge: JudgeStats | None = None
+    judge: JudgeStats | None = None  # all judges' calls together
+    judges: dict[str, JudgeStats] = field(default_factory=dict)  # annotator -> its judge's calls
     reward_missing: int = 0
 
     def table(self) -> list[dict[str, Any]]:
@@ -41,6 +65,36 @@ class AnnotateSummary:
         names = sorted(set(self.written) | set(self.skipped) | set(self.already_done))
         return [{"annotator": n, "written": self.written[n], "errors": self.errors[n],
                  "skipped": self.skipped[n], "already_done": self.already_done[n]} for n in names]
+
+
+def _ticker(report: Callable[[str, int, int], None], stage: str, total: int) -> Callable[[int], None]:
+    """A judge progress callback counting done rows into `report(stage, done, total)`."""
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        report(stage, done, total)
+
+    return tick
+
+
+def _merged(a: JudgeStats | None, b: JudgeStats) -> JudgeStats:
+    if a is None:
+        return JudgeStats(**vars(b))
+    return JudgeStats(**{k: getattr(a, k) + getattr(b, k) for k in vars(a)})
+
+
+def annotate_with_recipe(store: Store | str, recipe: str | dict[str, Any] | RewardRecipe, *, where: str | None = None,
+                         run_id: str | None = None, metadata: dict[str, Any] | None = None,
+                         progress: Callable[[str, int, int], None] | None = None) -> AnnotateSummary:
+    """`annotate` with the reward recipe's own metrics and judges, then its combined reward: the annotate stage
+    of RFT and iterate. Resumes like `annotate` (stored ok annotations are not redone; replies are cached)."""
+    recipe = load_recipe(recipe)
+    metrics, judges = recipe_metrics(recipe), recipe_judges(recipe)
+    check_computable(recipe, metrics, judges)
+    return annotate(store, metrics, judges, where=where, reward_recipe=recipe, run_id=run_id, progress=progress,
+                    metadata=metadata, cache_dir=recipe.cache)
 
 
 def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
@@ -57,11 +111,15 @@ def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
 class _Writer:
     """Buffers annotation rows and appends them in batches, counting per annotator."""
 
-    def __init__(self, store: Store, summary: AnnotateSummary):
+    def __init__(self, store: Store, summary: AnnotateSummary, metadata: dict[str, Any] | None = None):
         self.store, self.summary, self.buffer = store, summary, []
+        self.metadata = metadata or {}
 
     def add(self, rows: list[dict[str, Any]], whole: bool = False) -> None:
         """Buffer rows (written every WRITE_BATCH); `whole` commits them at once, in one part."""
+        if self.metadata:
+            rows = [{**r, "metadata": {**(r.get("metadata") if isinstance(r.get("metadata"), dict) else {}),
+                                       **self.metadata}} for r in rows]
         for r in rows:
             self.summary.written[r["annotator"]] += 1
             if r.get("status") == "error":
@@ -96,11 +154,15 @@ def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[
     return [r for r in rows if r[key] in open_sets]
 
 
-def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: JudgeConfig | None = None,
-             where: str | None = None, reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
-             progress: Callable[[str, int, int], None] | None = None, redo: bool = False) -> AnnotateSummary:
-    """Annotate the selected trajectories: metrics, then the judge, then the reward recipe (in that order,
-    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes.
+def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
+             judge: JudgeConfig | list[JudgeConfig] | None = None, where: str | None = None,
+             reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
+             progress: Callable[[str, int, int], None] | None = None, redo: bool = False,
+             metadata: dict[str, Any] | None = None, cache_dir: str | Path | None = None) -> AnnotateSummary:
+    """Annotate the selected trajectories: metrics, then the judge(s), then the reward recipe (in that order,
+    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes;
+    `metadata` is merged into every annotation's metadata; judge replies are cached in `cache_dir`
+    (default STORE/cache/judge).
 
     Resumes: a (trajectory, annotator, rubric, judge model) that already has an ok annotation is not
     annotated again
@@ -114,7 +176,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: J
     rows = select_rows(store, where)
     summary.trajectories = len(rows)
     report = progress or (lambda stage, done, total: None)
-    writer = _Writer(store, summary)
+    writer = _Writer(store, summary, metadata)
     done_pairs = set() if redo else annotated_pairs(store)
 
     if loaded:
@@ -127,21 +189,18 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (), judge: J
             report("metrics", i, len(rows))
         writer.flush()
 
-    judge_rows = _judge_todo(rows, judge, done_pairs) if judge is not None else []
-    if judge is not None:
-        summary.already_done[judge.annotator] += len(rows) - len(judge_rows)
-    if judge is not None and judge_rows:
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            done += n
-            report("judge", done, len(judge_rows))
-
-        cache = JudgeCache(store.path / "cache" / "judge")
-        out, stats = asyncio.run(run_judge(judge, judge_rows, summary.run_id, cache, tick))
-        summary.judge = stats
-        summary.skipped[judge.annotator] += stats.skipped
+    judges = [] if judge is None else [judge] if isinstance(judge, JudgeConfig) else list(judge)
+    cache = JudgeCache(cache_dir if cache_dir is not None else store.path / "cache" / "judge") if judges else None
+    for config in judges:
+        judge_rows = _judge_todo(rows, config, done_pairs)
+        summary.already_done[config.annotator] += len(rows) - len(judge_rows)
+        if not judge_rows:
+            continue
+        out, stats = asyncio.run(run_judge(config, judge_rows, summary.run_id, cache,
+                                           _ticker(report, f"judge {config.annotator}", len(judge_rows))))
+        summary.judges[config.annotator] = stats
+        summary.judge = _merged(summary.judge, stats)
+        summary.skipped[config.annotator] += stats.skipped
         writer.add(out, whole=True)  # a group's relative scores are committed together or not at all
 
     if recipe is not None:

@@ -17,7 +17,8 @@ Rule "length": shorter renderings score higher (1 / (1 + chars / 1000)), for any
 Faults, for tests: `--fault KIND=FRACTION` (repeatable) makes that fraction of prompts fail the same way
 every time they are asked (chosen by a hash of the trajectory text, so retries and re-asks fail too):
 500 (an HTTP 500), malformed (a 200 whose body is not JSON), badjson (a reply that is not JSON), range (a
-score outside the scale). GET /v1/stats returns {"requests": N, "by_kind": {...}} so tests can count calls.
+score outside the scale). GET /v1/stats returns {"requests", "by_kind", "distinct_prompts",
+"repeated_prompts"} so tests can count calls and see whether a prompt was asked twice.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class JudgeServer(FakeOpenAIServer):
         if sum(self.faults.values()) > 1.0 + 1e-9 or any(k not in FAULTS for k in self.faults):
             raise ValueError(f"faults must be kinds of {', '.join(FAULTS)} with fractions summing to <= 1")
         self.by_kind: Counter[str] = Counter()
+        self.prompts: Counter[str] = Counter()  # hash of the request's messages -> times asked
         self._count = threading.Lock()
 
     def start(self) -> JudgeServer:
@@ -111,8 +113,10 @@ class JudgeServer(FakeOpenAIServer):
         lo, hi = (float(scale.group(1)), float(scale.group(2))) if scale else (0.0, 1.0)
         mode, texts = _renderings(messages)
         fault = self._fault(texts)
+        key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
         with self._count:
             self.by_kind[fault or mode] += 1
+            self.prompts[key] += 1
         base = {"delay": self.latency} if self.latency else {}
         if fault == "500":
             return {**base, "status": 500, "message": "judge overloaded (scripted)"}
@@ -134,7 +138,8 @@ class JudgeServer(FakeOpenAIServer):
 
     def stats(self) -> dict[str, Any]:
         with self._count:
-            return {"requests": self.calls, "by_kind": dict(self.by_kind)}
+            return {"requests": self.calls, "by_kind": dict(self.by_kind), "distinct_prompts": len(self.prompts),
+                    "repeated_prompts": sum(1 for n in self.prompts.values() if n > 1)}
 
     def _handler_class(self):
         base = super()._handler_class()

@@ -16,6 +16,11 @@ The baselines: `baseline.expert` scores the scripted expert itself on the held-o
 ceiling); `baseline.more_sft` continues SFT from the SFT checkpoint for the wall time the GRPO rounds
 took (in SFT epochs, or `more_sft_epochs`): without it a GRPO gain can be SFT that had not finished.
 
+Rewards: with `reward` (a reward recipe, omrl/annotate/reward.py) a round is collect -> annotate (the
+recipe's metrics and judges score the collection, then its combined reward; every score stored) ->
+filter (ranked by it) -> GRPO (scored online by the same recipe) -> eval; the round's results carry the
+judge's calls, cache hits, tokens and cost.
+
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
 started again skips them and continues from the last finished stage (collection inside a stage resumes
 too: trajectory ids are deterministic).
@@ -69,8 +74,8 @@ class FilterSettings:
     drop_flat: bool = field(default=True, metadata={"help": "train GRPO only on tasks whose group is not flat"})
     sft_best: bool = field(default=False, metadata={"help": "also SFT on the best attempt of each group"})
     min_reward: float = field(default=1.0, metadata={"help": "reward an attempt needs to join the SFT set"})
-    reward_recipe: str | None = field(default=None, metadata={
-        "help": "combined-reward recipe (omrl annotate) ranking attempts; None = env reward"})
+    reward_recipe: str | dict[str, Any] | None = field(default=None, metadata={
+        "help": "combined-reward recipe (omrl annotate) ranking attempts; None = the run's `reward` (else env reward)"})
 
 
 @dataclass
@@ -133,6 +138,21 @@ class IterateRecipe:
     threads: int | None = field(default=None, metadata={
         "help": "torch CPU threads (None: torch's default); 1 is fastest for the tiny model on a busy box"})
     report: bool = field(default=False, metadata={"help": "write the omrl report into output_dir/report at the end"})
+    reward: str | dict[str, Any] | None = field(default=None, metadata={
+        "help": "reward recipe (path or mapping, omrl/annotate/reward.py): its metrics and judges annotate each "
+                "round's collection (annotate stage), the filter ranks by it and GRPO trains on it online, "
+                "unless filter.reward_recipe / grpo.reward say otherwise; None: the env reward"})
+
+    def __post_init__(self) -> None:
+        if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
+            from omrl.annotate.reward import load_recipe
+
+            load_recipe(self.reward)
+
+    @property
+    def filter_reward(self) -> str | dict[str, Any] | None:
+        """The recipe the round's annotate stage runs and its filter ranks by."""
+        return self.filter.reward_recipe if self.filter.reward_recipe is not None else self.reward
 
 
 def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
@@ -140,6 +160,8 @@ def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
     from omrl.recipes import to_dict
 
     rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)}
+    if recipe.grpo.reward is None and recipe.reward is not None and "reward" not in values:
+        values = {**values, "reward": recipe.reward}
     return recipe.grpo.to_recipe(seed=recipe.seed + round, rollout=rollout, **values)
 
 
@@ -464,21 +486,24 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
         round_settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
         collected = collect_with_model(checkpoint, tasks, store, round_settings, samples=recipe.collect.samples,
                                        round=r, run_id=run_id, progress=False)
+        if recipe.filter_reward is not None:
+            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r)
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
                                               drop_flat=recipe.filter.drop_flat,
-                                              reward_recipe=recipe.filter.reward_recipe)
+                                              reward_recipe=recipe.filter_reward)
         grpo_tasks = [t for t in tasks if t.id in informative]
         if len(grpo_tasks) < recipe.grpo.tasks_per_step:  # too few informative groups: GRPO needs full steps
             grpo_tasks = tasks
         tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
-        extra = {"grpo_tasks": len(grpo_tasks), "train_success": _round(collected.success_rate),
-                 "train_mean_reward": _round(collected.mean_reward), "flat_groups": flat}
+        extra.update(grpo_tasks=len(grpo_tasks), train_success=_round(collected.success_rate),
+                     train_mean_reward=_round(collected.mean_reward), flat_groups=flat)
     else:
         tasks_file = recipe.train_tasks
     started = time.monotonic()
     grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / "grpo"),
                                 "store": str(store.path), "round": r}, round=r)
     checkpoint = str(train_grpo(grpo))
+    extra.update(online_reward_totals(Path(grpo.output_dir) / "omrl_grpo.json"))
     if recipe.filter.sft_best and recipe.collect.enabled:
         from omrl.train.rft import select_best
 
@@ -488,7 +513,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
 
             shutil.rmtree(kept)
         selection = select_best(store, kept, where=where, threshold=recipe.filter.min_reward, keep_per_group=1,
-                                reward_recipe=recipe.filter.reward_recipe)
+                                reward_recipe=recipe.filter_reward)
         if sum(selection.kept.values()):
             best = recipe.sft_best.to_recipe(seed=recipe.seed + r, model=checkpoint, store=str(kept),
                                              output_dir=str(round_dir / "sft_best"))
@@ -497,6 +522,35 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"grpo-{r}", round=r)
     results.update(extra, train_s=train_s)
     return checkpoint, results
+
+
+def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: int) -> dict[str, Any]:
+    """The annotate stage of a round: the reward recipe's metrics and judges, then its combined reward, over
+    the round's collection. Resumable: stored ok annotations are skipped and judge replies are cached, so
+    a run killed here and started again asks the judge nothing it already answered."""
+    from omrl.annotate.runner import annotate_with_recipe
+
+    summary = annotate_with_recipe(store, reward, where=where, run_id=f"annotate/round-{round}",
+                                   metadata={"grpo_round": round})
+    stats = summary.judge
+    return {"written": sum(summary.written.values()), "errors": sum(summary.errors.values()),
+            "already_done": sum(summary.already_done.values()), "reward_missing": summary.reward_missing,
+            "judge_calls": stats.calls if stats else 0, "judge_cache_hits": stats.cache_hits if stats else 0}
+
+
+def online_reward_totals(record_path: Path) -> dict[str, Any]:
+    """Judge calls, cache hits, cost and dropped rollouts of a GRPO run's online reward ({} without one)."""
+    if not record_path.is_file():
+        return {}
+    summary = json.loads(record_path.read_text()).get("reward_summary")
+    if not summary:
+        return {}
+    judges = summary["judges"].values()
+    costs = [j["cost_usd"] for j in judges if j["cost_usd"] is not None]
+    return {"reward_dropped": summary["dropped"], "reward_missing": summary["missing"],
+            "judge_calls": sum(j["calls"] for j in judges), "judge_cache_hits": sum(j["cache_hits"] for j in judges),
+            "judge_tokens": sum(j["prompt_tokens"] + j["completion_tokens"] for j in judges),
+            "judge_cost_usd": round(sum(costs), 6) if costs else None}
 
 
 def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_recipe: str | None

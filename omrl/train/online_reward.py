@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from omrl.annotate.cache import JudgeCache
-from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeConfig, JudgeStats, judge_from_dict
-from omrl.annotate.metrics import BUILTIN, NamedMetric, annotate_row, load_metric
+from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeStats
+from omrl.annotate.metrics import annotate_row
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_recipe
+from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
 from omrl.schema import is_failed
 
 
@@ -52,28 +53,6 @@ class StepRewards:
         return {"step": self.step, "scored": len(self.rewards) - self.failed, "dropped": self.dropped,
                 "failed": self.failed, "missing": dict(sorted(self.missing.items())),
                 **({"first_error": self.first_error} if self.first_error else {})}
-
-
-def recipe_metrics(recipe: RewardRecipe) -> list[NamedMetric]:
-    """The metrics the recipe computes: its `metrics` list, else its components named after built-ins (the env
-    reward is the row's own column, not a metric)."""
-    specs = recipe.metrics or [c.name for c in recipe.components if c.name in BUILTIN and c.name != ENV_REWARD]
-    return [load_metric(spec) for spec in specs]
-
-
-def recipe_judges(recipe: RewardRecipe) -> list[JudgeConfig]:
-    """The judges of the recipe's `judges` list."""
-    return [judge_from_dict(spec, recipe.source or "<dict>") for spec in recipe.judges]
-
-
-def check_computable(recipe: RewardRecipe, metrics: list[NamedMetric], judges: list[JudgeConfig]) -> None:
-    """Refuse a recipe with a component nothing computes online (it would be missing on every rollout)."""
-    made = {ENV_REWARD} | {m.name for m in metrics} | {j.annotator for j in judges}
-    lacking = [c.name for c in recipe.components if c.name not in made]
-    if lacking:
-        raise ValueError(f"reward recipe {recipe.source or '<dict>'}: no metric or judge computes component(s) "
-                         f"{', '.join(lacking)} online (computed: {', '.join(sorted(made))}); add them to "
-                         "its 'metrics' or 'judges'")
 
 
 def _with_meta(row: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,8 @@
 
 The attempts land in the store (round `round`, run `run_id`), the kept ones in a filtered sibling store
 whose omrl.json records the selection (omrl.curate.filter_store), so the SFT set can be rebuilt.
+With `reward_recipe` the attempts are annotated first (omrl.annotate.runner.annotate_with_recipe: the
+recipe's metrics and judges, then its combined reward, every score stored; resumable) and ranked by it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class RFTRecipe:
     samples: int = field(default=8, metadata={"help": "attempts per task (the group)"})
     threshold: float = field(default=1.0, metadata={"help": "minimum reward of a kept attempt"})
     keep_per_group: int = field(default=1, metadata={"help": "best attempts kept per task"})
-    reward_recipe: str | None = field(default=None, metadata={"help": "combined-reward recipe; None = env reward"})
+    reward_recipe: str | dict[str, Any] | None = field(default=None, metadata={
+        "help": "combined-reward recipe (path or mapping, as `omrl annotate`): its metrics and judges annotate the "
+                "attempts, then the best by its combined reward are kept; None = env reward"})
     seed: int = field(default=0, metadata={"help": "seeds SFT (rollout.seed: the attempts)"})
     sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings (see omrl.train.sft)"})
 
@@ -76,7 +80,7 @@ def collect_with_model(model: str, tasks: list, store, settings, *, samples: int
 
 
 def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
-                reward_recipe: str | None = None):
+                reward_recipe: str | dict[str, Any] | None = None):
     """The best `keep_per_group` attempts of each group with reward >= threshold, as a filtered store."""
     from omrl.curate.filters import FilterOptions, filter_store
 
@@ -103,6 +107,12 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
                                    round=recipe.round, run_id=recipe.run_id)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
+    annotated = None
+    if recipe.reward_recipe is not None:
+        from omrl.annotate.runner import annotate_with_recipe
+
+        annotated = annotate_with_recipe(store, recipe.reward_recipe, where=where, run_id=f"{recipe.run_id}/annotate",
+                                         metadata={"round": recipe.round})
     kept_path = out / "kept"
     if kept_path.exists():  # a re-run rebuilds the selection from the (resumed) collection
         import shutil
@@ -124,5 +134,8 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
                                                    "kept": kept, "dropped": result.dropped,
                                                    "success_rate": result.success_rate,
                                                    "mean_reward": result.mean_reward,
+                                                   "annotate": annotated.table() if annotated else None,
+                                                   "judge": vars(annotated.judge) if annotated and annotated.judge
+                                                   else None,
                                                    "checkpoint": str(result.checkpoint)}, indent=1))
     return result
