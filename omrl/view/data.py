@@ -194,13 +194,18 @@ class StoreReader:
 
     def _search_ids(self, text: str) -> pa.Array:
         """Ids of the trajectories with a message matching `text` (omrl.search), kept for the current parts
-        so paging through one search searches once. UsageError for a query it refuses."""
+        so paging through one search searches once. UsageError for a query it refuses.
+
+        Called outside the connection's lock: the search reads the parts itself, and a slow one (a common
+        word on a big store) must not hold up the other pages."""
         from omrl.search import search
 
-        key = (self._parts, text)
-        if self._hits is None or self._hits[0] != key:
-            self._hits = (key, pc.unique(search(self.store, text).column("trajectory_id")))
-        return self._hits[1]
+        key = (tuple(self.store.parts("trajectories", warn=False)), text)
+        hits = self._hits  # one read: another request may replace it meanwhile
+        if hits is None or hits[0] != key:
+            hits = (key, pc.unique(search(self.store, text).column("trajectory_id")))
+            self._hits = hits
+        return hits[1]
 
     def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
         """Full rows of these ids read straight from their row groups (None: no index; [] entries dropped
@@ -248,10 +253,9 @@ class StoreReader:
         page = max(1, int(page))
         direction = "DESC" if desc else "ASC"
 
-        def searched(con) -> ListPage:
+        def searched(con, hits: pa.Array) -> ListPage:
             # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
             # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
-            hits = self._search_ids(search)
             snap = None if where else self._snap(con)
             table = snap.table if snap is not None else select_where(
                 self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
@@ -275,7 +279,7 @@ class StoreReader:
 
         def work(con):
             if search:
-                return searched(con)
+                return searched(con, hits)
             fast = cached(con)
             if fast is not None:
                 return fast
@@ -297,6 +301,7 @@ class StoreReader:
             return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where)
 
         try:
+            hits = self._search_ids(search) if search else None
             return self._run(work)
         except (QueryError, UsageError) as exc:  # a refused WHERE or search query, shown beside its box
             source = "where" if isinstance(exc, QueryError) else "search"
