@@ -58,6 +58,19 @@ def add_step_advantages(output: dict[str, Any], step_values: Sequence[Sequence[f
     return output
 
 
+def rollout_step_advantages(rows: Sequence[dict[str, Any]], env_masks: Sequence[Sequence[int]], settings: Any,
+                            rewards: Sequence[float | None] | None = None) -> list[list[float]]:
+    """For rollout_func, between playing a step and storing it: the step credit of the step's rows (whole
+    GRPO groups; `rewards` the ones TRL is given, default each row's), written into each turn's
+    info["credit"] (rows changed in place, so it is stored) and returned as the STEP_ADVANTAGES lists
+    (one per rollout, aligned with its env_mask; weight * step advantage on each turn's tokens)."""
+    from omrl.train.step_credit import credit_rows, step_token_advantages, store_in_turns
+
+    credit = credit_rows(rows, settings, rewards)
+    store_in_turns(rows, credit)
+    return step_token_advantages(env_masks, credit)
+
+
 @cache
 def step_credit_trainer() -> type:
     """TRL's GRPOTrainer with per-token step advantages from rollout_func (see the module doc)."""
