@@ -14,12 +14,12 @@ Semantics (the one definition; the index and the full scan both follow it):
 
 Index: one per trajectories part, in a hidden folder beside it (`.part-X.parquet.search/`, written in a
 temporary folder and renamed in whole, never matching the `part-*.parquet` names the store and its dataset
-card list). It is a tantivy index with one document per distinct message text (repeated system prompts and
-tool outputs are indexed once) holding that text's tokens, plus `keys.parquet` mapping each text to its
-(row, position) messages. A search asks tantivy for the texts holding every query token, then reads only the
-row groups holding those messages and checks each candidate text with the rules above, so the result
-equals the full scan by construction. A part without a usable index (an old store, a crash between the
-part and its index, a part rewritten since) is scanned with the same check instead.
+card list). It is a tantivy index whose documents are blocks of consecutive rows (about BLOCK_MESSAGES
+messages each) holding the tokens of the block's distinct message texts, without positions. A search asks
+tantivy for the blocks holding every query token, reads only the row groups of those rows and checks
+each of their messages with the rules above, so the result equals the full scan by construction. A part
+without a usable index (an old store, a crash between the part and its index, a part rewritten since) is
+scanned with the same check instead.
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ if TYPE_CHECKING:  # a type only: the store imports this module to index its par
 
 TOKEN = re.compile(r"\w+")
 INDEX_SUFFIX = ".search"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 META_FILE = "omrl-search.json"
-KEYS_FILE = "keys.parquet"
+# Rows per index document: enough messages that the index stays small, few enough that a rare word's
+# candidate blocks are a small share of the part.
+BLOCK_MESSAGES = 128
 # Longer tokens (hex blobs, minified code) stay out of the index, which keeps it small; a query token this
 # long narrows nothing there and is checked on the candidates like every other token.
 MAX_INDEXED_TOKEN_BYTES = 64
@@ -126,7 +128,7 @@ def parse_query(text: str) -> Query:
 # ------------------------------------------------------------------------------------- part contents
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Messages:
     """A part's messages, flattened: row in the part, position in its conversation, role, text id; and
     the distinct texts the ids point at (a text repeated across messages is held once)."""
@@ -136,8 +138,15 @@ class _Messages:
     position: np.ndarray
     role: pa.Array
     text_id: np.ndarray  # -1: no content
-    texts: list[str]
+    dictionary: pa.Array  # the distinct texts
     ids: pa.Array  # trajectory id of each row
+    _texts: list[str] | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        if self._texts is None:
+            self._texts = self.dictionary.to_pylist()
+        return self._texts
 
 
 _COLUMNS = ["id", "messages.list.element.role", "messages.list.element.content"]
@@ -148,15 +157,12 @@ def _flatten(table: pa.Table, rows: np.ndarray) -> _Messages:
     messages = table.column("messages").combine_chunks()
     parents = pc.list_parent_indices(messages).to_numpy(zero_copy_only=False)
     offsets = messages.offsets.to_numpy()
-    base = offsets[0]
     flat = pc.list_flatten(messages)
-    position = np.arange(len(flat), dtype=np.int64) + base - offsets[:-1][parents]
-    content = flat.field("content")
-    encoded = pc.dictionary_encode(content).combine_chunks() if isinstance(content, pa.ChunkedArray) \
-        else pc.dictionary_encode(content)
+    position = np.arange(len(flat), dtype=np.int64) + offsets[0] - offsets[:-1][parents]
+    encoded = pc.dictionary_encode(flat.field("content"))
     text_id = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     return _Messages(row=rows[parents], local=parents, position=position.astype(np.int32), role=flat.field("role"),
-                     text_id=text_id, texts=encoded.dictionary.to_pylist(), ids=table.column("id").combine_chunks())
+                     text_id=text_id, dictionary=encoded.dictionary, ids=table.column("id").combine_chunks())
 
 
 def _read_rows(part: Path, rows: np.ndarray | None = None) -> tuple[pa.Table, np.ndarray]:
@@ -189,7 +195,8 @@ def _schema():
 
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("tokens", tokenizer_name=_ANALYZER, index_option="basic")
-    builder.add_unsigned_field("text", fast=True)
+    builder.add_unsigned_field("first", fast=True)  # the block's first row
+    builder.add_unsigned_field("rows", fast=True)  # and its number of rows
     return builder.build()
 
 
@@ -199,6 +206,38 @@ def _register(index) -> None:
     analyzer = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace())
                 .filter(tantivy.Filter.remove_long(MAX_INDEXED_TOKEN_BYTES + 1)).build())
     index.register_tokenizer(_ANALYZER, analyzer)
+
+
+def token_texts(texts: pa.Array) -> list[str]:
+    """Each text's tokens (`tokenize`) joined by spaces. ASCII texts are done in Arrow: there `\\w` is
+    exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the result is the same, many times faster."""
+    is_ascii = pc.fill_null(pc.string_is_ascii(texts), True)
+    spaced = pc.replace_substring_regex(texts, r"[^A-Za-z0-9_]+", " ")
+    fast = pc.utf8_lower(pc.utf8_trim(spaced, characters=" ")).to_pylist()
+    mask = is_ascii.to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(~mask):
+        fast[i] = " ".join(tokenize(texts[int(i)].as_py()))
+    return ["" if t is None else t for t in fast]
+
+
+def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Consecutive rows grouped into blocks of about BLOCK_MESSAGES messages: (first row, row count, the
+    distinct text ids) of each block. A block is one index document: few, fat documents keep the index
+    small, and the check of a candidate block is cheap next to reading its row group."""
+    if num_rows == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), []
+    per_row = np.bincount(messages.local, minlength=num_rows)
+    before = np.cumsum(per_row) - per_row  # messages in the rows before each row
+    _, block_of_row = np.unique(before // BLOCK_MESSAGES, return_inverse=True)
+    firsts = np.flatnonzero(np.concatenate([[True], block_of_row[1:] != block_of_row[:-1]]))
+    counts = np.diff(np.concatenate([firsts, [num_rows]]))
+    has_text = messages.text_id >= 0
+    block_of_message = block_of_row[messages.local[has_text]]
+    pairs = np.unique(block_of_message.astype(np.int64) * (len(messages.dictionary) + 1) + messages.text_id[has_text])
+    pair_block = pairs // (len(messages.dictionary) + 1)
+    cuts = np.searchsorted(pair_block, np.arange(len(firsts)))
+    texts = np.split(pairs % (len(messages.dictionary) + 1), cuts[1:])
+    return firsts, counts, texts
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -213,6 +252,15 @@ def _fsync_tree(folder: Path) -> None:
         os.close(fd)
 
 
+def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages, int]:
+    """A whole part's messages (from `table`, its rows, when given) and its number of rows."""
+    if table is None:
+        table, rows = _read_rows(part)
+    else:
+        table, rows = table.select(["id", "messages"]), np.arange(table.num_rows, dtype=np.int64)
+    return _flatten(table, rows), table.num_rows
+
+
 def build_index(part: Path, table: pa.Table | None = None) -> Path:
     """Build the index of one trajectories part beside it, atomically; returns its folder.
 
@@ -223,41 +271,25 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
 
     part = Path(part)
     final = index_path(part)
-    if table is None:
-        table, rows = _read_rows(part)
-    else:
-        table, rows = table.select(["id", "messages"]), np.arange(table.num_rows, dtype=np.int64)
-    messages = _flatten(table, rows)
+    messages, num_rows = part_messages(part, table)
+    token_text = token_texts(messages.dictionary)
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
         index = tantivy.Index(_schema(), path=str(temp), reuse=False)
         _register(index)
-        indexed = np.zeros(len(messages.texts), dtype=bool)
         writer = index.writer(heap_size=TANTIVY_HEAP_BYTES, num_threads=1)
-        for text_id, text in enumerate(messages.texts):
-            tokens = set(tokenize(text))
-            if tokens:  # a text without a token can match no query
-                indexed[text_id] = True
-                doc = tantivy.Document()
-                doc.add_text("tokens", " ".join(tokens))
-                doc.add_unsigned("text", text_id)  # a plain int would be an i64, refused by the u64 column
-                writer.add_document(doc)
+        firsts, counts, texts = blocks(messages, num_rows)
+        for first, count, text_ids in zip(firsts, counts, texts, strict=True):
+            doc = tantivy.Document()
+            doc.add_text("tokens", " ".join(token_text[t] for t in text_ids))
+            doc.add_unsigned("first", int(first))  # a plain int would be an i64, refused by the u64 column
+            doc.add_unsigned("rows", int(count))
+            writer.add_document(doc)
         writer.commit()
         writer.wait_merging_threads()
-        keep = (messages.text_id >= 0) & indexed[np.maximum(messages.text_id, 0)]
-        order = np.argsort(messages.text_id[keep], kind="stable")
-        keys = pa.table({
-            "text": pa.array(messages.text_id[keep][order].astype(np.uint32)),
-            "row": pa.array(messages.row[keep][order].astype(np.uint32)),
-            "position": pa.array(messages.position[keep][order].astype(np.uint32)),
-        })
-        pq.write_table(keys, temp / KEYS_FILE, compression="zstd", use_dictionary=False,
-                       column_encoding={"text": "DELTA_BINARY_PACKED", "row": "DELTA_BINARY_PACKED",
-                                        "position": "DELTA_BINARY_PACKED"})
         meta = {"version": INDEX_VERSION, "part": part.name, "part_bytes": part.stat().st_size,
-                "rows": int(table.num_rows), "texts": len(messages.texts),
-                "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
+                "rows": int(num_rows), "blocks": len(firsts), "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
         _fsync_tree(temp)
         try:
@@ -333,9 +365,9 @@ def build_missing(store: Store) -> int:
 # ----------------------------------------------------------------------------------------- searching
 
 
-def _candidate_texts(part: Path, query: Query) -> tuple[np.ndarray, pa.Table] | None:
-    """(text ids holding every indexable query token, the keys of their messages), or None when the
-    index cannot narrow (no usable index, or every query token too long to be indexed)."""
+def _candidate_rows(part: Path, query: Query) -> np.ndarray | None:
+    """The sorted row numbers of the blocks holding every indexable query token, or None when the index
+    cannot narrow (no usable index, or every query token too long to be indexed)."""
     import tantivy
 
     if not _usable(part):
@@ -350,19 +382,20 @@ def _candidate_texts(part: Path, query: Query) -> tuple[np.ndarray, pa.Table] | 
         searcher = index.searcher()
         total = searcher.num_docs
         if total == 0:
-            return np.zeros(0, dtype=np.int64), pa.table({"text": pa.array([], pa.uint32())})
-        schema = index.schema
-        clauses = [(tantivy.Occur.Must, tantivy.Query.term_query(schema, "tokens", t, index_option="basic"))
+            return np.zeros(0, dtype=np.int64)
+        clauses = [(tantivy.Occur.Must, tantivy.Query.term_query(index.schema, "tokens", t, index_option="basic"))
                    for t in tokens]
         hits = searcher.search(tantivy.Query.boolean_query(clauses), limit=total, count=False).hits
-        text_ids = np.array(searcher.fast_field_values("text", [address for _, address in hits]),
-                            dtype=np.int64) if hits else np.zeros(0, dtype=np.int64)
-        keys = pq.read_table(folder / KEYS_FILE)
+        addresses = [address for _, address in hits]
+        firsts = searcher.fast_field_values("first", addresses) if addresses else []
+        counts = searcher.fast_field_values("rows", addresses) if addresses else []
     except (OSError, ValueError) as exc:  # removed or damaged under us: the scan gives the same rows
         warnings.warn(f"search index {folder} unusable ({type(exc).__name__}: {exc}); scanning its part",
                       SearchIndexWarning, stacklevel=3)
         return None
-    return np.sort(text_ids), keys
+    if not firsts:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]))
 
 
 def _snippet(text: str, query: Query) -> str:
@@ -392,24 +425,16 @@ def _hits(messages: _Messages, query: Query, candidates: np.ndarray | None = Non
 
 
 def _search_part(part: Path, query: Query, use_index: bool) -> pa.Table:
-    found = _candidate_texts(part, query) if use_index else None
-    if found is None:  # no index: every message is a candidate
-        table, rows = _read_rows(part)
-        return _hits(_flatten(table, rows), query)
-    text_ids, keys = found
-    if len(text_ids) == 0:
+    rows = _candidate_rows(part, query) if use_index else None
+    return hits_in_rows(part, query, rows)
+
+
+def hits_in_rows(part: Path, query: Query, rows: np.ndarray | None) -> pa.Table:
+    """The hits among a part's `rows` (sorted row numbers; None: every row), each message checked."""
+    if rows is not None and len(rows) == 0:
         return RESULT_SCHEMA.empty_table()
-    chosen = keys.filter(pc.is_in(keys.column("text"), pa.array(text_ids.astype(np.uint32))))
-    rows = np.unique(chosen.column("row").to_numpy())
     table, rows = _read_rows(part, rows)
-    messages = _flatten(table, rows)
-    # Only the candidate messages: the index says the others of these rows lack a query token.
-    wanted = _key(chosen.column("row").to_numpy(), chosen.column("position").to_numpy())
-    return _hits(messages, query, np.isin(_key(messages.row, messages.position), wanted))
-
-
-def _key(row: np.ndarray, position: np.ndarray) -> np.ndarray:
-    return (row.astype(np.int64) << 32) | position.astype(np.int64)
+    return _hits(_flatten(table, rows), query)
 
 
 def _each_part(store: Store, work) -> list[pa.Table]:

@@ -54,8 +54,10 @@ def _rows(rng: random.Random, start: int, n: int) -> list[dict]:
 
 
 @pytest.fixture
-def corpus(tmp_path: Path) -> Store:
-    """Three parts: two indexed, the third without an index (as after a crash between part and index)."""
+def corpus(tmp_path: Path, monkeypatch) -> Store:
+    """Three parts: two indexed, the third without an index (as after a crash between part and index);
+    index blocks of 8 messages, so that a part has many blocks."""
+    monkeypatch.setattr(S, "BLOCK_MESSAGES", 8)
     rng = random.Random(7)
     store = Store.create(tmp_path / "store")
     for start in (0, 60, 120):
@@ -157,15 +159,45 @@ def test_index_lives_beside_its_part_and_outside_the_data(corpus):
     assert corpus.parts() == parts  # the index folders are not parts
 
 
-def test_index_from_given_rows_equals_index_from_the_file(corpus, tmp_path):
+def _candidates(part, words=("alpha", "segfault", "東京", "x1", "zebra", "ıspanak")) -> dict:
+    return {w: S._candidate_rows(part, S.parse_query(w)).tolist() for w in words}
+
+
+def test_index_from_given_rows_equals_index_from_the_file(corpus):
     part = corpus.parts()[0]
-    keys = pq.read_table(S.index_path(part) / S.KEYS_FILE)
+    before = _candidates(part)
     S.remove_index(part)
     assert not S.index_path(part).exists() and part in S.missing_indexes(corpus)
     S.build_index(part, table=pq.read_table(part))
-    assert pq.read_table(S.index_path(part) / S.KEYS_FILE).equals(keys)
+    assert _candidates(part) == before
     S.remove_index(part)
     S.remove_index(part)  # removing twice is fine
+
+
+@pytest.mark.parametrize("text", ["Hello, World_x 42!", "tab\there\x00nul\x7fdel", "naïve Straße", "İstanbul ıi",
+                                  "ΟΔΟΣ ὀδός", "東京タワー", "x²½", "e\u0301", "", "🙂a🙂", "KELVIN \u212a"])
+def test_fast_token_text_equals_the_tokeniser(text):
+    import pyarrow as pa
+
+    assert S.token_texts(pa.array([text, None])) == [" ".join(S.tokenize(text)), ""]
+
+
+def test_blocks_cover_every_row_once(monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    monkeypatch.setattr(S, "BLOCK_MESSAGES", 4)
+    sizes = [0, 3, 1, 0, 9, 2, 2, 0]  # empty rows and a row larger than a block
+    table = pa.table({"id": [f"t{i}" for i in range(len(sizes))],
+                      "messages": [[{"role": "user", "content": f"w{i} w{j % 3}"} for j in range(n)]
+                                   for i, n in enumerate(sizes)]})
+    messages, num_rows = S.part_messages(Path("unused"), table)
+    firsts, counts, texts = S.blocks(messages, num_rows)
+    assert np.concatenate([np.arange(f, f + c) for f, c in zip(firsts, counts, strict=True)]).tolist() == \
+        list(range(len(sizes)))
+    for first, count, text_ids in zip(firsts, counts, texts, strict=True):
+        inside = (messages.row >= first) & (messages.row < first + count)
+        assert sorted(text_ids.tolist()) == sorted(set(messages.text_id[inside].tolist()))
 
 
 def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
@@ -186,7 +218,9 @@ def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
 def test_damaged_or_stale_index_falls_back_to_the_scan(corpus):
     part = corpus.parts()[0]
     expected = _keys(S.search(corpus, "alpha", use_index=False))
-    (S.index_path(part) / S.KEYS_FILE).write_bytes(b"not parquet")
+    for path in S.index_path(part).iterdir():
+        if path.name != S.META_FILE:
+            path.write_bytes(b"damaged")
     with pytest.warns(S.SearchIndexWarning):
         assert _keys(S.search(corpus, "alpha")) == expected
     S.remove_index(part)
@@ -201,10 +235,11 @@ def test_damaged_or_stale_index_falls_back_to_the_scan(corpus):
 
 def test_index_narrows_candidates(corpus):
     part = corpus.parts()[0]
-    text_ids, keys = S._candidate_texts(part, S.parse_query("segfault"))
-    total = json.loads((S.index_path(part) / S.META_FILE).read_text())["texts"]
-    assert 0 < len(text_ids) < total
-    assert S._candidate_texts(part, S.parse_query("zebra"))[0].size == 0
+    rows = pq.read_metadata(part).num_rows
+    found = S._candidate_rows(part, S.parse_query("segfault"))
+    assert 0 < len(found) < rows and found.tolist() == sorted(set(found.tolist()))
+    assert S._candidate_rows(part, S.parse_query("zebra")).size == 0
+    assert S._candidate_rows(part, S.parse_query("q" * 80)) is None  # too long to be indexed: scanned
 
 
 def test_empty_part_and_store(tmp_path):
