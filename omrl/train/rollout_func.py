@@ -16,6 +16,7 @@ group's baseline) is what TRL sees. A step in which no rollout has a reward stop
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from omrl.envs.base import Task
@@ -55,10 +56,14 @@ class AgentRollout:
         self.stored = 0
         self.annotations = 0
         self.statuses: dict[str, int] = {}
+        self.seconds: list[float] = []  # per step: play + scoring + storing (TRL's step_time is the update only)
+        self.scoring_tail: list[float] = []  # per step: seconds scoring went on after the last episode ended
 
     def summary(self) -> dict[str, Any]:
         return {"calls": self.calls, "episodes": self.episodes, "stored": self.stored, "statuses": self.statuses,
-                **({"annotations": self.annotations} if self.online is not None else {})}
+                "rollout_s": [round(x, 3) for x in self.seconds],
+                **({"annotations": self.annotations, "scoring_tail_s": [round(x, 3) for x in self.scoring_tail]}
+                   if self.online is not None else {})}
 
     def reward_steps(self) -> list[dict[str, Any]]:
         """Per rollout step: scored, dropped and failed rollouts and missing components ([] without a recipe)."""
@@ -67,6 +72,7 @@ class AgentRollout:
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         from omrl.policies.hf import HFPolicy
 
+        started = time.perf_counter()
         step = int(trainer.state.global_step)
         model = trainer.accelerator.unwrap_model(trainer.model)
         settings = self.settings(step, len(prompts))
@@ -75,6 +81,7 @@ class AgentRollout:
         episodes, scored = asyncio.run(self._play(prompts, policy, settings, step))
         self.calls += 1
         self._store(episodes, scored)  # before the all-failed check: a broken setup's rows are kept to inspect
+        self.seconds.append(time.perf_counter() - started)
         return self._to_trl(episodes, step, scored)
 
     def settings(self, step: int, episodes: int):
@@ -115,7 +122,12 @@ class AgentRollout:
             if scoring is not None:
                 await scoring.cancel()
             raise
-        return episodes, (await scoring.finish() if scoring is not None else None)
+        if scoring is None:
+            return episodes, None
+        played = time.perf_counter()
+        scored = await scoring.finish()
+        self.scoring_tail.append(time.perf_counter() - played)  # the part of scoring not overlapped with play
+        return episodes, scored
 
     def _store(self, episodes: list[Any], scored: Any = None) -> None:
         if self.store is not None and episodes:
