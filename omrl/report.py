@@ -202,25 +202,40 @@ def find_run_logs(folders: list[str | Path]) -> list[RunLog]:
 # Per step from the stored rollouts: GRPO and PPO tag each rollout's metadata with its step. A GRPO rollout
 # played at TRL global step k is trained on in update k + 1, the step its log entry carries: shifted to match.
 # The run is the run_id without its /step-N tail (an attempt-N of a re-run stays apart).
-STEPS_SQL = f"""
-WITH tagged AS (
-    SELECT regexp_replace(run_id, '/step-[0-9]+$', '') AS run, round, reward, success, status,
+_TAGGED_SQL = """
+SELECT id, regexp_replace(run_id, '/step-[0-9]+$', '') AS run, round, reward, success, status,
+       CASE WHEN grpo_step IS NOT NULL THEN 'grpo' ELSE 'ppo' END AS kind, coalesce(grpo_step + 1, ppo_step) AS step
+FROM (
+    SELECT *,
            CASE WHEN json_valid(metadata) THEN TRY_CAST(json_extract_string(metadata, '$.grpo_step') AS INTEGER)
            END AS grpo_step,
            CASE WHEN json_valid(metadata) THEN TRY_CAST(json_extract_string(metadata, '$.ppo_step') AS INTEGER)
            END AS ppo_step
     FROM trajectories WHERE contains(metadata, '_step')  -- cheap pre-filter
 )
-SELECT run, round, CASE WHEN grpo_step IS NOT NULL THEN 'grpo' ELSE 'ppo' END AS kind,
-       coalesce(grpo_step + 1, ppo_step) AS step, count(*) AS episodes, avg(reward) AS mean_reward, {SUCCESS_SQL}
-FROM tagged WHERE grpo_step IS NOT NULL OR ppo_step IS NOT NULL
-GROUP BY ALL ORDER BY run, round, step
+WHERE grpo_step IS NOT NULL OR ppo_step IS NOT NULL
+"""
+STEPS_SQL = f"""
+SELECT run, round, kind, step, count(*) AS episodes, avg(reward) AS mean_reward, {SUCCESS_SQL}
+FROM ({_TAGGED_SQL}) GROUP BY run, round, kind, step ORDER BY run, round, step
+"""
+# The mean judge score per step of those rollouts (newest ok score per trajectory and annotator).
+STEP_SCORES_SQL = f"""
+SELECT t.run, t.round, a.annotator, t.step, count(*) AS n, avg(a.score) AS mean_score
+FROM ({_TAGGED_SQL}) t JOIN latest_annotations a ON a.trajectory_id = t.id
+WHERE a.kind = 'score' AND a.status = 'ok' AND isfinite(a.score)
+GROUP BY t.run, t.round, a.annotator, t.step ORDER BY t.run, t.round, a.annotator, t.step
 """
 
 
 def stored_step_stats(store) -> list[dict[str, Any]]:
     """Episodes, mean reward and success rate per (run, round, step) of the GRPO/PPO rollouts in the store."""
     return store.sql(STEPS_SQL).to_pylist()
+
+
+def stored_step_scores(store) -> list[dict[str, Any]]:
+    """Mean score per (run, round, annotator, step) of the annotations on the stored GRPO/PPO rollouts."""
+    return store.sql(STEP_SCORES_SQL).to_pylist()
 
 
 def _by_run(stats: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -230,13 +245,17 @@ def _by_run(stats: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str,
     return runs
 
 
-def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path) -> Path:
-    """One panel per series any run logged; a line per run log, dashed lines for the stored rollouts."""
+def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path,
+               scores: list[dict[str, Any]] = ()) -> Path:
+    """One panel per series any run logged; a line per run log, dashed lines for the stored rollouts and
+    a panel of their mean judge score per annotator (`scores`, from STEP_SCORES_SQL)."""
     names = [n for n in STEP_KEYS if any(n in s for log in logs for s in log.steps)]
     for extra in ("reward", "success"):
         if stored and extra not in names:
             names.append(extra)
     names.sort(key=list(STEP_KEYS).index)
+    if scores:
+        names.append("judge score")
     plt = _plt()
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
@@ -246,6 +265,13 @@ def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path) -> 
             points = [(s["step"], s[name]) for s in log.steps if name in s]
             if points:
                 ax.plot(*zip(*points, strict=True), marker=".", label=f"{log.label} ({log.kind} log)")
+        if name == "judge score":
+            lines: dict[str, list[tuple[int, float]]] = {}
+            for row in scores:
+                lines.setdefault(f"{row['annotator']}: {row['run']} r{row['round']}", []).append(
+                    (row["step"], row["mean_score"]))
+            for label, points in lines.items():
+                ax.plot(*zip(*points, strict=True), linestyle="--", label=label)
         if name in ("reward", "success"):
             key = "mean_reward" if name == "reward" else "success_rate"
             for (run, number), rows_ in _by_run(stored).items():
@@ -272,7 +298,8 @@ def _steps_md(logs: list[RunLog], stored: list[dict[str, Any]]) -> list[str]:
                         "last_loss": last.get("loss"), "last_entropy": last.get("entropy")})
     md = ["## Training steps", "",
           "Per optimizer step from the trainers' logs (`omrl_grpo.json`: TRL's log; `omrl_ppo.json`), and "
-          "from the rollouts stored per step (dashed: episodes, reward and success of what each step trained on).",
+          "from the rollouts stored per step (dashed: episodes, reward, success and mean judge score of what each "
+          "step trained on).",
           ""]
     if summary:
         md += [_table_md(summary, ["run", "kind", "round", "steps", "last_step", "first_reward", "last_reward",
@@ -418,7 +445,7 @@ def write_report(store, out: str | Path, results: str | Path | None = None,
     logs = find_run_logs(list(runs)) if runs else []
     stored = stored_step_stats(store)
     if logs or stored:
-        paths["steps"] = plot_steps(logs, stored, out / "steps.png")
+        paths["steps"] = plot_steps(logs, stored, out / "steps.png", stored_step_scores(store) if stored else [])
         md += _steps_md(logs, stored)
     agreement = judge_agreement(store)
     if agreement:

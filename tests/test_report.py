@@ -121,6 +121,22 @@ def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
         assert step["loss"] == entry["loss"] and step["reward"] == entry["reward"]
         assert step["entropy"] == entry["entropy"]
 
+    # a judge's scores on those rollouts (as online judging stores them): its mean per step
+    from omrl.report import stored_step_scores
+    from omrl.schema import Annotation
+
+    rows = Store(tmp_path / "store").read().to_pylist()
+    notes = [Annotation(trajectory_id=r["id"], annotator="judge", score=(i % 5) / 4).to_row()
+             for i, r in enumerate(rows)]
+    Store(tmp_path / "store").append(notes, table="annotations")
+    expected = {}
+    for row, note in zip(rows, notes, strict=True):
+        expected.setdefault(json.loads(row["metadata"])["grpo_step"] + 1, []).append(note["score"])
+    got = stored_step_scores(Store(tmp_path / "store"))
+    assert [(g["run"], g["annotator"], g["step"], g["n"]) for g in got] == [
+        ("g/round-1", "judge", step, len(v)) for step, v in sorted(expected.items())]
+    assert [g["mean_score"] for g in got] == pytest.approx([sum(v) / len(v) for _, v in sorted(expected.items())])
+
     md = _report(tmp_path / "store", tmp_path / "rep", "--runs", run_dir)
     data = (tmp_path / "rep" / "steps.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -129,14 +145,16 @@ def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
     assert logged["run"] == "round-1/grpo" and logged["steps"] == "2" and logged["last_step"] == "2"
     assert logged["last_reward"] == f"{[e for e in written if 'loss' in e][-1]['reward']:.3f}"
     # per step from the store: rollouts of TRL step k (grpo_step k-1), computed here from the raw rows
-    rows = Store(tmp_path / "store").read().to_pylist()
     [stored] = _md_rows(md, "| run | round | kind | steps | episodes |")
     assert stored["run"] == "g/round-1" and stored["steps"] == "2" and stored["episodes"] == str(len(rows)) == "16"
     last = [r for r in rows if json.loads(r["metadata"])["grpo_step"] == 1]
     assert stored["last_success"] == f"{sum(bool(r['success']) for r in last) / len(last):.3f}"
     assert stored["last_reward"] == f"{sum(r['reward'] for r in last) / len(last):.3f}"
     page = (tmp_path / "rep" / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3 and "<h2>Training steps</h2>" in page
+    # the judge's annotations also give the agreement section: one round, all 16 rollouts
+    assert page.count("data:image/png;base64,") == 4 and "<h2>Training steps</h2>" in page
+    [agree] = _md_rows(md, "| annotator | round | n |")
+    assert (agree["annotator"], agree["round"], agree["n"]) == ("judge", "1", "16")
 
 
 def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
