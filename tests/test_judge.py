@@ -230,3 +230,71 @@ def test_annotate_cli_metrics_judge_and_reward(store, tmp_path):
     assert rewards == pytest.approx({"a": 1.9, "b": 0.2, "c": 1.9})
     bad = CliRunner().invoke(cli, ["annotate", str(store.path), "--judge", str(rubric)])
     assert bad.exit_code != 0 and "--judge-model" in bad.output
+
+
+# ---------------------------------------------------------------- prompt budget (8,192-token judges)
+
+
+def long_traj(tid: str, turns: int, sample: int = 0) -> dict:
+    msgs = [Message("system", "Solve it."), Message("user", "What is 6*7?")]
+    for k in range(turns):
+        msgs.append(Message("assistant", f"thinking step {k} " + "blah " * 60))
+        msgs.append(Message("user", f"observation {k} " + "data " * 60))
+    msgs.append(Message("assistant", None, tool_calls=[ToolCall("answer", json.dumps({"answer": "42"}), "c1")]))
+    return Trajectory(id=tid, task_id="t", run_id="r", sample=sample, messages=msgs, instruction="What is 6*7?",
+                      task=json.dumps({"answer": "42"}), reward=1.0).to_row()
+
+
+def flat_group_responder(request: dict) -> dict:
+    n = request["messages"][-1]["content"].count("=== TRAJECTORY ")
+    return {"content": json.dumps({"scores": [{"id": i, "score": 5} for i in range(1, n + 1)]})}
+
+
+def prompt_chars(request: dict) -> int:
+    return sum(len(m["content"] or "") for m in request["messages"])
+
+
+def test_requests_carry_max_tokens_and_prompts_fit_max_prompt_tokens(tmp_path):
+    store = Store.create(tmp_path / "s")
+    store.append([long_traj(f"x{i}", 40, sample=i) for i in range(2)])
+    with FakeOpenAIServer(responder=flat_group_responder) as server:
+        # The llama.cpp case of the issue: a group of two long trajectories, an 8,192-token context.
+        cfg = config(server, mode="group", max_tokens=256, max_prompt_tokens=8192 - 256)
+        summary = annotate(store, judge=cfg)
+    assert summary.errors["judge:q:group"] == 0 and server.calls == 1
+    request = server.requests[0]
+    assert request["max_tokens"] == 256
+    assert prompt_chars(request) / cfg.chars_per_token <= 8192 - 256  # within budget by the stated estimate
+    assert "messages elided" in request["messages"][-1]["content"]  # the long-trajectory rule did the cutting
+
+
+def test_a_group_larger_than_group_max_is_scored_in_chunks(tmp_path):
+    store = Store.create(tmp_path / "s")
+    store.append([traj(f"g{i}", "42" if i % 2 else "41", sample=i) for i in range(5)])
+    with FakeOpenAIServer(responder=flat_group_responder) as server:
+        annotate(store, judge=config(server, mode="group", group_max=2))
+    sizes = sorted(r["messages"][-1]["content"].count("=== TRAJECTORY ") for r in server.requests)
+    assert sizes == [1, 2, 2]
+    rows = judged(store, "judge:q:group")
+    assert len(rows) == 5 and all(r["status"] == "ok" for r in rows.values())
+    assert {json.loads(r["metadata"])["chunks"] for r in rows.values()} == {3}
+
+
+def test_a_prompt_that_cannot_fit_is_an_error_not_a_request(tmp_path):
+    store = Store.create(tmp_path / "s")
+    store.append([long_traj("y", 5)])
+    with FakeOpenAIServer(responder=pointwise_responder) as server:
+        summary = annotate(store, judge=config(server, max_prompt_tokens=300))
+    assert server.calls == 0 and summary.errors["judge:q"] == 1
+    (row,) = judged(store, "judge:q").values()
+    assert row["status"] == "error" and row["score"] is None and "max_prompt_tokens" in row["error"]
+
+
+def test_re_asks_send_the_original_prompt_and_a_clipped_reply_so_prompts_do_not_grow(store):
+    junk = "no json here " * 500
+    with FakeOpenAIServer(default={"content": junk}) as server:
+        summary = annotate(store, judge=config(server, max_invalid=3), where="id = 'a'")
+    assert summary.errors["judge:q"] == 1 and server.calls == 4
+    sizes = [prompt_chars(r) for r in server.requests]
+    assert sizes[1] == sizes[2] == sizes[3]  # every re-ask is the same size, not one reply longer each time
+    assert sizes[1] - sizes[0] < 1200 < len(junk)
