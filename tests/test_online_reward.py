@@ -150,3 +150,16 @@ def test_a_recipe_component_nothing_computes_is_refused(tmp_path, tiny):
     recipe = {"components": {"env_reward": 1.0, "judge:unknown": 1.0}}
     with pytest.raises(ValueError, match="no metric or judge computes component.*judge:unknown"):
         train_grpo(grpo(tmp_path, tiny, recipe))
+
+
+def test_turn_rewards_keep_the_env_shaping_and_add_up_to_the_trained_reward():
+    from omrl.train.advantages import turn_rewards
+
+    row = {"id": "a", "reward": 1.0, "turns": [{"reward": 0.0}, {"reward": 0.25}, {"reward": 0.75}]}
+    assert turn_rewards(row) == [0.0, 0.25, 0.75]
+    judged = turn_rewards(row, episode_reward=0.4)  # a judge's combined reward replaces the env's total
+    assert judged == pytest.approx([0.0, 0.25, 0.15]) and sum(judged) == pytest.approx(0.4)
+    assert turn_rewards({**row, "reward": None}) is None  # a failed episode: nothing, not zeros
+    assert turn_rewards({**row, "turns": []}) is None
+    with pytest.raises(ValueError, match="not finite"):
+        turn_rewards(row, episode_reward=float("nan"))

@@ -39,3 +39,26 @@ def flat_groups(rewards: Sequence[float], group_ids: Sequence[str]) -> set[str]:
     for reward, group in zip(rewards, group_ids, strict=True):
         seen[group].add(float(reward))
     return {group for group, values in seen.items() if len(values) == 1}
+
+
+def turn_rewards(row: dict, episode_reward: float | None = None) -> list[float] | None:
+    """Per-turn rewards of a stored trajectory (turns[].reward, what the environment paid each step), for
+    turn- or token-level advantages (omrl/train/gae.py, the PPO path).
+
+    `episode_reward`: the reward the episode is trained on when it is not the environment's (a reward
+    recipe's combined reward, e.g. a judge's score): the difference from the turns' sum is paid on the last
+    turn, so the turns add up to it and the environment's shaping is kept. None when there is nothing to
+    train on: a failed episode, no turns, or a missing combined reward (never a 0 in its place).
+    """
+    turns = row.get("turns") or []
+    if not turns:
+        return None
+    values = [float(t.get("reward") or 0.0) for t in turns]  # a turn without a reward paid nothing
+    if episode_reward is None:
+        if row.get("reward") is None:
+            return None
+        return values
+    if not math.isfinite(episode_reward):
+        raise ValueError(f"episode reward {episode_reward!r} of {row.get('id')!r} is not finite")
+    values[-1] += episode_reward - sum(values)
+    return values
