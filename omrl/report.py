@@ -325,6 +325,9 @@ def _steps_md(logs: list[RunLog], stored: list[dict[str, Any]]) -> list[str]:
 AGREEMENT_MIN_N = 5
 AGREEMENT_LOW = 0.3
 AGREEMENT_DROP = 0.2
+AGREEMENT_RULE = (f"flagged: n >= {AGREEMENT_MIN_N} and Pearson r < {AGREEMENT_LOW}, or r at least {AGREEMENT_DROP} "
+                  "below the annotator's previous round: the judge stops following the environment (a sign of "
+                  "reward hacking)")
 SCATTER_POINTS = 400  # per annotator and round, a deterministic sample (by id hash) for the plot
 
 # Pairs: the newest ok score of each annotator (latest_annotations) beside the trajectory's environment
@@ -364,7 +367,11 @@ def _number(value: Any) -> float | None:
 def judge_agreement(store) -> list[dict[str, Any]]:
     """Per score annotator and trajectory round, where both a judge score and an environment reward exist:
     n, Pearson and Spearman correlation, mean score and reward, and `flag` (the rule above; '' if none)."""
-    rows = store.sql(AGREEMENT_SQL).to_pylist()
+    return flag_agreement(store.sql(AGREEMENT_SQL).to_pylist())
+
+
+def flag_agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """AGREEMENT_SQL's rows (ordered by annotator, round) with NaN correlations as None and `flag` set."""
     previous: dict[str, float] = {}
     for row in rows:
         row["pearson"], row["spearman"] = _number(row["pearson"]), _number(row["spearman"])
@@ -404,9 +411,7 @@ def plot_agreement(store, annotators: list[str], path: Path) -> Path:
 def _agreement_md(rows: list[dict[str, Any]]) -> list[str]:
     return ["## Judge vs environment", "",
             "Per score annotator and round, on trajectories with both an ok judge score (the newest per "
-            "annotator) and an environment reward. Flagged: n >= "
-            f"{AGREEMENT_MIN_N} and Pearson r < {AGREEMENT_LOW}, or r at least {AGREEMENT_DROP} below the "
-            "annotator's previous round: the judge stops following the environment (a sign of reward hacking).",
+            f"annotator) and an environment reward; {AGREEMENT_RULE}.",
             "", _table_md(rows, ["annotator", "round", "n", "pearson", "spearman", "mean_score", "mean_reward",
                                  "flag"]),
             "", "![judge score against environment reward](agreement.png)", ""]

@@ -207,12 +207,31 @@ def test_runs_page_charts_success_and_reward_per_grpo_step(client, store):
     assert f"last {rate:.3g}" in html.unescape(svg)
 
 
+def test_runs_page_shows_judge_vs_environment_agreement(tmp_path):
+    from omrl.report import judge_agreement
+
+    store = Store.create(tmp_path / "agree")
+    rows = list(synthetic_trajectories(12, seed=3))
+    store.append(rows)
+    # a judge that follows the reward, and one that inverts it (flagged)
+    store.append([Annotation(trajectory_id=r["id"], annotator=name, score=s).to_row()
+                  for r in rows if r["reward"] is not None
+                  for name, s in (("follows", r["reward"]), ("inverts <b>", -r["reward"]))], table="annotations")
+    expected = {(a["annotator"], a["flag"] != "") for a in judge_agreement(store)}
+    assert expected == {("follows", False), ("inverts <b>", True)}
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        page = c.get("/runs").text
+    table = re.search(r'<table class="list" id="agreement">.*?</table>', page, re.S).group(0)
+    assert table.count('class="flagged"') == 1 and "inverts &lt;b&gt;" in table and "follows" in table
+    assert "low (r &lt; 0.3)" in table
+
+
 def test_runs_page_without_steps_has_no_step_charts(tmp_path):
     plain = Store.create(tmp_path / "plain")
     plain.append(list(synthetic_trajectories(5, seed=2)))
     with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:
         page = c.get("/runs").text
-    assert 'id="chart-env"' in page and "chart-step-success" not in page
+    assert 'id="chart-env"' in page and "chart-step-success" not in page and 'id="agreement"' not in page
 
 
 def test_text_search_filters_the_list(client, store):

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
-from omrl.report import STEPS_SQL
+from omrl.report import AGREEMENT_SQL, STEPS_SQL, flag_agreement
 from omrl.schema import conform, success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
@@ -454,5 +454,6 @@ class StoreReader:
             "GROUP BY annotator ORDER BY annotator")
         # per GRPO/PPO step of the rollouts stored by the trainers (omrl.report's one query for it)
         steps = self.sql(STEPS_SQL)
+        agreement = flag_agreement(self.sql(AGREEMENT_SQL))  # judge vs environment, omrl report's rule
         return {"counts": counts, "rounds": rounds, "by_round": by_round, "total": total,
-                "annotations": annotations, "steps": steps}
+                "annotations": annotations, "steps": steps, "agreement": agreement}

@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 
+from omrl.report import AGREEMENT_RULE
 from omrl.view.data import SORTS, Group, ListPage, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
@@ -258,7 +259,7 @@ def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
     success = _bars(by_round, "round", "success_rate", maximum=1.0)
     reward = _bars(by_round, "round", "mean_reward")
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
-                  steps=_step_charts(runs.get("steps") or []), store_name=store_name)
+                  steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name)
 
 
 def error_html(message: str, links: Links, store_name: str, status: int = 404) -> str:
