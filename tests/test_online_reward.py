@@ -163,3 +163,25 @@ def test_turn_rewards_keep_the_env_shaping_and_add_up_to_the_trained_reward():
     assert turn_rewards({**row, "turns": []}) is None
     with pytest.raises(ValueError, match="not finite"):
         turn_rewards(row, episode_reward=float("nan"))
+
+
+def test_omrl_train_grpo_takes_a_reward_recipe_file_and_reports_the_judge(tmp_path, tiny):
+    import yaml
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(2)], tmp_path / "tasks.jsonl")
+    with JudgeProcess(rule="length") as judge:
+        path = tmp_path / "reward.yaml"
+        path.write_text(yaml.safe_dump(reward_recipe(judge.base_url)))
+        result = CliRunner().invoke(cli, [
+            "train", "grpo", f"model={tiny}", f"tasks={tasks}", f"output_dir={tmp_path / 'out'}",
+            f"store={tmp_path / 'store'}", f"reward={path}", "rollout.env=test_online_reward:LetterEnv",
+            "rollout.max_turns=1", "rollout.max_new_tokens=4", "max_steps=1", "tasks_per_step=2",
+            "samples_per_task=2", "warmup_steps=0", "logging_steps=1", "quiet=true"])
+        assert result.exit_code == 0, result.output
+        assert judge.stats()["requests"] == 2
+    assert "4 rollouts scored, 0 dropped" in result.output and "judge:brevity:group: 2 calls" in result.output
+    stored = Store(tmp_path / "store").sql("SELECT DISTINCT rubric FROM annotations WHERE annotator = 'reward'")
+    assert stored.column("rubric").to_pylist() == [str(path)]

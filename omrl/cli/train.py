@@ -72,7 +72,10 @@ def sft(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verb
 def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
     """GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop, groups written to the store.
 
-    Example:  omrl train grpo --recipe recipes/grpo_grid.yaml max_steps=50
+    With reward=RECIPE (a reward recipe, as `omrl annotate --reward-recipe`) its metrics and judges score
+    each group online and every score is stored.
+
+    Example:  omrl train grpo --recipe recipes/grpo_grid.yaml max_steps=50 [reward=recipes/reward.yaml]
     """
     from omrl.train.grpo import GRPORecipe, train_grpo
 
@@ -81,6 +84,8 @@ def grpo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, ver
         return _print_config(config)
     with _view(verbose, "grpo") as view, view.stage("grpo", f"-> {config.output_dir}"):
         checkpoint = train_grpo(config)
+    if config.reward is not None:
+        console.print(_reward_summary(checkpoint / "omrl_grpo.json"))
     console.print(f"checkpoint [bold]{checkpoint}[/bold]")
 
 
@@ -107,7 +112,10 @@ def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verb
 @_recipe_options
 @user_errors
 def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
-    """Rejection-sampling fine-tuning: N attempts per task, keep the best above a threshold, SFT.
+    """Rejection-sampling fine-tuning: N attempts per task, [annotate,] keep the best above a threshold, SFT.
+
+    With reward_recipe=RECIPE the attempts are first annotated by its metrics and judges and ranked by its
+    combined reward.
 
     Example:  omrl train rft --recipe recipes/rft_grid.yaml samples=8 threshold=1.0
     """
@@ -126,9 +134,12 @@ def rft(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verb
 @_recipe_options
 @user_errors
 def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verbose: bool) -> None:
-    """Iterative rounds: collect -> filter -> GRPO (-> SFT on best) -> held-out eval; resumes when re-run.
+    """Iterative rounds: collect -> [annotate ->] filter -> GRPO (-> SFT on best) -> held-out eval; resumes.
 
-    Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2
+    With reward=RECIPE each round's collection is annotated by its metrics and judges, the filter ranks by
+    it and GRPO is scored online by it.
+
+    Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2 [reward=recipes/reward.yaml]
     """
     from omrl.train.iterate import IterateRecipe, round_table, run_iterate
 
@@ -139,6 +150,19 @@ def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool, 
         results = run_iterate(config, view=view)
     console.print(round_table(results))
     console.print(f"results: {config.output_dir}/results.json")
+
+
+def _reward_summary(record_path) -> str:
+    """One line on a GRPO run's online reward: scored, dropped, missing components, judge calls and cost."""
+    import json
+
+    summary = json.loads(record_path.read_text()).get("reward_summary") or {}
+    judges = "; ".join(f"{name}: {j['calls']} calls, {j['cache_hits']} cached, "
+                       f"{j['prompt_tokens'] + j['completion_tokens']} tokens"
+                       + (f", ${j['cost_usd']:.4f}" if j.get("cost_usd") is not None else "")
+                       for name, j in (summary.get("judges") or {}).items())
+    return (f"reward: {summary.get('scored', 0)} rollouts scored, {summary.get('dropped', 0)} dropped, missing "
+            f"{summary.get('missing') or 'none'}" + (f"; {judges}" if judges else ""))
 
 
 def _summary(report: dict) -> str:

@@ -280,7 +280,8 @@ def round_table(results: list[dict[str, Any]]):
     columns = [("stage", "stage"), ("tasks", "tasks"), ("success", "success"), ("success_ci95", "+-95%"),
                ("mean_reward", "reward"), ("greedy_success", "greedy success"),
                ("greedy_mean_reward", "greedy reward"), ("grpo_tasks", "grpo tasks"),
-               ("train_success", "train success"), ("train_s", "train s"), ("minutes", "minutes")]
+               ("train_success", "train success"), ("judge_calls", "judge calls"),
+               ("judge_cost_usd", "judge $"), ("train_s", "train s"), ("minutes", "minutes")]
     present = [(c, title) for c, title in columns if any(r.get(c) is not None for r in results)]
     for c, title in present:
         table.add_column(title, justify="left" if c == "stage" else "right")
@@ -299,6 +300,8 @@ def _fmt(column: str, value: Any) -> str:
         return f"{value:.1%}"
     if column in ("train_s", "minutes"):
         return f"{value:.1f}"
+    if column == "judge_cost_usd":
+        return f"{value:.4f}"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
