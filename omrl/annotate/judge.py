@@ -525,8 +525,8 @@ _SPEC_KEYS = {"rubric", "model", "base_url", "api_key_env", "mode", "concurrency
 def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig:
     """A JudgeConfig from a reward recipe's `judges` entry; errors name the recipe and the key.
 
-    `rubric` is a rubric YAML path or an inline rubric mapping; `base_url` of the form "$VAR" is read from
-    that environment variable (a server started per run); the API key only ever comes from the variable
+    `rubric` is a rubric YAML path or an inline rubric mapping; `base_url` or `model` of the form "$VAR" is
+    read from that environment variable (a server started per run); the API key only ever comes from the variable
     named by `api_key_env` (default OPENAI_API_KEY), never from the recipe, which is stored with the scores.
     """
     import os
@@ -542,15 +542,18 @@ def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig
             raise ValueError(f"{where}: '{key}' is required")
     rubric = spec["rubric"]
     rubric = rubric_from_dict(rubric, f"{source} (inline)") if isinstance(rubric, dict) else load_rubric(rubric)
-    base_url = str(spec["base_url"])
-    if base_url.startswith("$"):
-        value = os.environ.get(base_url[1:])
-        if not value:
-            raise ValueError(f"{where}: base_url {base_url} names an environment variable that is not set")
-        base_url = value
+    def expand(key: str) -> str:
+        value = str(spec[key])
+        if value.startswith("$"):
+            if not os.environ.get(value[1:]):
+                raise ValueError(f"{where}: {key} {value} names an environment variable that is not set")
+            return os.environ[value[1:]]
+        return value
+
+    base_url, model = expand("base_url"), expand("model")
     options = {k: v for k, v in spec.items() if k not in ("rubric", "model", "base_url", "api_key_env")}
     api_key = os.environ.get(str(spec.get("api_key_env") or "OPENAI_API_KEY"), "EMPTY")
     try:
-        return JudgeConfig(rubric=rubric, model=str(spec["model"]), base_url=base_url, api_key=api_key, **options)
+        return JudgeConfig(rubric=rubric, model=model, base_url=base_url, api_key=api_key, **options)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where} {rubric.name!r}: {exc}") from None
