@@ -70,7 +70,19 @@ class RolloutSettings:
     episode_timeout: float | None = field(default=None, metadata={
         "help": "seconds per episode", "flag": "--episode-timeout"})
     concurrency: int = field(default=8, metadata={
-        "help": "episodes in flight at once (batched generation needs many)", "flag": "--concurrency"})
+        "help": "episodes in flight at once (batched generation needs many); with --ray: per Ray worker",
+        "flag": "--concurrency"})
+    # Where a cluster plays the episodes (omrl collect/eval --ray): what each environment holds there.
+    ray_num_cpus: float = field(default=1.0, metadata={
+        "help": "with --ray: CPUs one environment in flight holds on the cluster (a worker reserves this times "
+                "its episodes in flight; a worker that would not fit on a node plays fewer at once)",
+        "flag": "--ray-num-cpus"})
+    ray_resources: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "with --ray: custom Ray resources one environment in flight holds (NAME=AMOUNT)",
+        "flag": "--ray-resource"})
+    ray_workers: int | None = field(default=None, metadata={
+        "help": "with --ray: Ray workers (actors) playing episodes, each with its own environments and policy "
+                "(unset: as many as the cluster's CPUs hold)", "flag": "--ray-workers"})
 
 
 @dataclass
@@ -161,7 +173,7 @@ def episode_seed(seed: int | None, task_id: str, sample: int) -> int | None:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-class _Writer:
+class RowWriter:
     """Buffers finished rows and appends them to the store in batches (one atomic part each).
 
     Rows whose id the store already holds (another run of the same command got there first) are
@@ -205,7 +217,7 @@ class _Writer:
                 await self.flush()
 
 
-class _Progress:
+class CollectProgress:
     """A rich progress bar: episodes done/total, success so far, episodes/s, tokens/s, errors."""
 
     def __init__(self, total: int, label: str, enabled: bool):
@@ -220,7 +232,7 @@ class _Progress:
                                 console=Console(stderr=True), transient=False)
             self.task = self.bar.add_task(label, total=total, stats="")
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> CollectProgress:
         if self.enabled:
             self.bar.start()
         return self
@@ -345,12 +357,15 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
                   settings: RolloutSettings | None = None, *, samples: int = 1, round: int = 0,
                   run_id: str | None = None, batch_size: int = 64, flush_seconds: float = 10.0,
                   progress: bool = True, source: str = "collected",
-                  on_episode: Callable[[Episode], None] | None = None, **knobs: Any) -> CollectResult:
+                  on_episode: Callable[[Episode], None] | None = None, ray: str | None = None,
+                  **knobs: Any) -> CollectResult:
     """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish.
 
     The rollout knobs come from `settings` (RolloutSettings); keyword arguments named like its fields
     (max_turns=..., concurrency=...) replace single values. `env_spec` is an environment name or a
-    factory; None takes `settings.env`.
+    factory; None takes `settings.env`. `ray` ("auto", an ADDRESS, or "local" for a cluster of this
+    machine) plays the episodes on a Ray cluster instead (omrl.distributed.ray_collect): the env
+    factory and policy are pickled to each worker, rows come back here and are appended the same way.
     """
     settings = _settings(settings, env_spec, knobs)
     if samples < 1 or settings.concurrency < 1 or settings.max_turns < 1:
@@ -366,21 +381,23 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     if run_id is None:
         env_name = settings.env if not callable(env_spec) else getattr(env_spec, "__name__", "env")
         run_id = default_run_name(env_name, None, getattr(policy, "name", "policy"))
-    done_ids = await asyncio.to_thread(store.ids)
-    jobs = [(task, s) for task in tasks for s in range(samples)
-            if trajectory_id(run_id, round, task.id, s) not in done_ids]
-    result = CollectResult(run_id=run_id, round=round, total=len(tasks) * samples,
-                           skipped=len(tasks) * samples - len(jobs))
+    jobs, result = await pending_jobs(store, tasks, samples, run_id, round)
     if not jobs:
         return result
 
     # A bad env spec or option should stop the run here, not become one env_error row per episode.
     probe = await asyncio.to_thread(make)
     await asyncio.to_thread(probe.close)
+    if ray is not None:
+        from omrl.distributed.ray_collect import play_on_ray
 
-    writer = _Writer(store, batch_size, flush_seconds)
+        return await play_on_ray(jobs, result, make, policy, store, settings, address=ray, batch_size=batch_size,
+                                 flush_seconds=flush_seconds, progress=progress, source=source,
+                                 on_episode=on_episode)
+
+    writer = RowWriter(store, batch_size, flush_seconds)
     started = time.monotonic()
-    with _Progress(len(jobs), f"collect {run_id}", progress) as bar:
+    with CollectProgress(len(jobs), f"collect {run_id}", progress) as bar:
 
         async def finished(episode: Episode) -> None:
             result.add(episode.row)
@@ -402,6 +419,16 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
             result.already_stored = writer.already_stored
             result.duration_s = time.monotonic() - started
     return result
+
+
+async def pending_jobs(store: Store, tasks: list[Any], samples: int, run_id: str,
+                       round: int) -> tuple[list[tuple[Any, int]], CollectResult]:
+    """The (task, sample) jobs of this run and round not yet in `store`, and a CollectResult counting the rest."""
+    done_ids = await asyncio.to_thread(store.ids)
+    jobs = [(task, s) for task in tasks for s in range(samples)
+            if trajectory_id(run_id, round, task.id, s) not in done_ids]
+    return jobs, CollectResult(run_id=run_id, round=round, total=len(tasks) * samples,
+                               skipped=len(tasks) * samples - len(jobs))
 
 
 def _settings(settings: RolloutSettings | None, env_spec: Any, knobs: dict[str, Any]) -> RolloutSettings:

@@ -43,6 +43,9 @@ def _settings_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any
         elif f.name == "env_options":
             options.append(click.option(flag, "env_option", multiple=True, metavar="KEY=VALUE",
                                         help=help_text[:-1] + " (repeatable)."))
+        elif f.name == "ray_resources":
+            options.append(click.option(flag, "ray_resource", multiple=True, metavar="NAME=AMOUNT",
+                                        help=help_text[:-1] + " (repeatable)."))
         else:
             kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
             names = [flag, *f.metadata.get("aliases", ()), *(["-c"] if f.name == "concurrency" else [])]
@@ -72,6 +75,9 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="UNSAFE: run agent-written code (the code env's tests) without the bubblewrap sandbox, "
                           "with your privileges, files and network. Same as --env-option unsafe_no_sandbox=true."),
         click.option("--batch-size", default=64, show_default=True, help="Episodes per store append."),
+        click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS|local",
+                     help="Play the episodes on a Ray cluster: auto (the running one), HOST:PORT, or local "
+                          "(start one on this machine). Needs `pip install omrl[ray]`."),
         click.option("--progress/--no-progress", default=True, help="Show the progress bar."),
     ]
     for option in reversed(options):
@@ -115,14 +121,35 @@ def rollout_settings(args: dict[str, Any]):
     from omrl.rollout import RolloutSettings
 
     values = {f.name: args[f.name] for f in dataclasses.fields(RolloutSettings) if f.name in args}
-    return RolloutSettings(**values, env=args["env_spec"], env_options={
-        **env_options(args["env_option"]), **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})})
+    return RolloutSettings(**values, env=args["env_spec"], ray_resources=ray_resources(args.get("ray_resource", ())),
+                           env_options={**env_options(args["env_option"]),
+                                        **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})})
+
+
+def ray_resources(values: tuple[str, ...]) -> dict[str, float]:
+    """NAME=AMOUNT pairs of custom Ray resources, amounts as non-negative numbers."""
+    out: dict[str, float] = {}
+    for item in values:
+        name, sep, amount = item.partition("=")
+        try:
+            number = float(amount)
+        except ValueError:
+            number = -1.0
+        if not sep or not name or not number >= 0 or number == float("inf"):
+            raise click.BadParameter(f"{item!r} is not NAME=AMOUNT with a non-negative AMOUNT",
+                                     param_hint="--ray-resource")
+        out[name] = number
+    return out
 
 
 def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
     """collect's arguments from the flags: the settings object and the run's own options."""
+    if args.get("ray_address"):
+        from omrl.distributed.ray_collect import require_ray
+
+        require_ray()  # before loading tasks or models: say at once how to get it
     return {"settings": rollout_settings(args), "round": args["round_"], "batch_size": args["batch_size"],
-            "progress": args["progress"]}
+            "progress": args["progress"], "ray": args.get("ray_address")}
 
 
 @click.command()
@@ -139,12 +166,13 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
     from omrl.rollout import default_run_name
     from omrl.store import Store
 
+    options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
                             args["concurrency"], args["limit"], args["split"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
     result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
-                                                     run_id=run_id, **rollout_kwargs(args))))
+                                                     run_id=run_id, **options)))
     statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
     rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"
     console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "

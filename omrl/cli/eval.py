@@ -27,6 +27,7 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
     from omrl.rollout import default_run_name, evaluate
     from omrl.store import Store
 
+    options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
                             args["concurrency"], args["limit"], args["split"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"],
@@ -34,7 +35,7 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp:
         store = Store.create(store_path or f"{tmp}/store")
         result = asyncio.run(closing(policy, evaluate(None, tasks, policy, store, samples=samples,
-                                                      run_id=run_id, **rollout_kwargs(args))))
+                                                      run_id=run_id, **options)))
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))

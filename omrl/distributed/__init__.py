@@ -1,0 +1,1 @@
+"""Playing episodes past one machine: omrl.distributed.ray_collect runs collection shards on a Ray cluster."""

@@ -1,0 +1,192 @@
+"""Collection on a Ray cluster: shards of (task, sample) jobs played by Ray actors, rows committed by the driver.
+
+    result = await collect(None, tasks, policy, store, settings, samples=4, ray="auto")   # omrl.rollout.collect
+
+- Each worker is a Ray actor holding its own environments (from the pickled env factory) and its own
+  copy of the policy (pickled: an openai policy opens its own HTTP clients there, an hf policy loads its
+  own model), and plays every shard it is given through the one episode runner, omrl.rollout.play_episodes.
+- Resources per environment come from RolloutSettings: a worker playing `concurrency` episodes at once
+  reserves ray_num_cpus and ray_resources times that; one that would not fit on the largest node plays
+  fewer at once. ray_workers sets how many workers (default: as many as the cluster's CPUs hold).
+- Rows go back to the driver, which appends them through the store's normal path (RowWriter: batches,
+  skip_existing under the store's lock). A worker killed mid-shard is restarted by Ray and the shard is
+  played again (max_task_retries); nothing of it had been committed, and ids are deterministic in
+  (run, round, task, sample), so nothing is lost or doubled.
+- The progress bar counts finished episodes over the whole cluster (it moves as shards finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from omrl.errors import OmrlError, UsageError
+
+TASK_RETRIES = 3  # how often Ray replays a shard whose worker died
+RAY_HINT = "--ray needs Ray: pip install omrl[ray]"
+
+
+def require_ray() -> Any:
+    """The ray module, or a UsageError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(RAY_HINT) from None
+    return ray
+
+
+def connect(address: str) -> Any:
+    """Join the cluster at `address` ("auto", HOST:PORT, ray://...), or start one on this machine ("local").
+
+    A Ray session this process already holds is used as it is (tests and notebooks start their own)."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+        try:
+            if address == "local":
+                ray.init(include_dashboard=False, **options)
+            else:
+                ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UsageError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+    return ray
+
+
+def plan(settings: Any, cluster: dict[str, float], nodes: list[dict[str, float]], jobs: int) -> dict[str, Any]:
+    """Workers, episodes in flight per worker and the resources each reserves, from the settings and the cluster.
+
+    `cluster` is the cluster's total resources and `nodes` each alive node's; raises UsageError when one
+    environment does not fit anywhere or more workers are asked for than the cluster holds."""
+    per_env_cpus = float(settings.ray_num_cpus)
+    if per_env_cpus < 0 or any(v < 0 for v in settings.ray_resources.values()):
+        raise UsageError("--ray-num-cpus and --ray-resource amounts must not be negative")
+    largest = max((n.get("CPU", 0.0) for n in nodes), default=cluster.get("CPU", 0.0))
+    in_flight = min(settings.concurrency, max(jobs, 1))
+    if per_env_cpus > 0:
+        in_flight = min(in_flight, math.floor(largest / per_env_cpus + 1e-9))
+    for name, amount in settings.ray_resources.items():
+        have = max((n.get(name, 0.0) for n in nodes), default=0.0)
+        if amount > 0:
+            in_flight = min(in_flight, math.floor(have / amount + 1e-9))
+    if in_flight < 1:
+        wanted = {"CPU": per_env_cpus, **settings.ray_resources}
+        raise UsageError(f"one environment needs {wanted} but no node of the Ray cluster has that much "
+                         f"(cluster: {cluster})")
+    cpus = per_env_cpus * in_flight
+    resources = {name: amount * in_flight for name, amount in settings.ray_resources.items()}
+    fit = [math.floor(cluster.get(name, 0.0) / amount + 1e-9) for name, amount in
+           [("CPU", cpus), *resources.items()] if amount > 0]
+    most = max(1, min(fit)) if fit else max(1, jobs)
+    workers = settings.ray_workers if settings.ray_workers is not None else most
+    if workers < 1:
+        raise UsageError(f"--ray-workers must be at least 1, got {workers}")
+    if workers > most:
+        raise UsageError(f"{workers} Ray workers of {in_flight} episodes each need {workers * cpus:g} CPUs; "
+                         f"the cluster has {cluster.get('CPU', 0):g} (lower --ray-workers or --ray-num-cpus)")
+    workers = min(workers, max(1, math.ceil(jobs / in_flight)))  # no idle workers for a small run
+    return {"workers": workers, "in_flight": in_flight, "num_cpus": cpus, "resources": resources}
+
+
+def shard_size(jobs: int, workers: int, in_flight: int) -> int:
+    """Episodes per shard: several rounds per worker (so a fast worker takes more and the bar moves),
+    each at least one full set of episodes in flight."""
+    return max(in_flight, min(64, math.ceil(jobs / (workers * 4))))
+
+
+class EpisodeWorker:
+    """A Ray actor: plays shards of (task, sample) jobs with its own environments and policy copy."""
+
+    def __init__(self, make_env: Callable[[], Any], policy: Any, settings: Any, run: dict[str, Any]):
+        self.make_env, self.policy, self.settings, self.run = make_env, policy, settings, run
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def play(self, shard: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+        """The rows of the shard's episodes, in shard order."""
+        from omrl.rollout import play_episodes
+
+        episodes = await play_episodes(shard, self.make_env, self.policy, self.settings, **self.run)
+        return [episode.row for episode in episodes]
+
+    async def close(self) -> None:
+        close = getattr(self.policy, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callable[[], Any], policy: Any,
+                      store: Any, settings: Any, *, address: str, batch_size: int, flush_seconds: float,
+                      progress: bool, source: str, on_episode: Callable[[Any], None] | None) -> Any:
+    """Play `jobs` on the cluster at `address` and append their rows to `store`; fills and returns `result`.
+
+    omrl.rollout.collect calls this after its checks (pending jobs, env probe); use collect(..., ray=...)."""
+    import time
+
+    from omrl.rollout import CollectProgress, RowWriter
+
+    if on_episode is not None:  # an Episode holds its live context, which stays on the worker
+        raise UsageError("on_episode callbacks are not available with ray; read the rows from the store")
+
+    ray = connect(address)
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    layout = plan(settings, ray.cluster_resources(), nodes, len(jobs))
+    size = shard_size(len(jobs), layout["workers"], layout["in_flight"])
+    worker_settings = _replace(settings, concurrency=layout["in_flight"])
+    run = {"run_id": result.run_id, "round": result.round, "source": source}
+    actor_class = ray.remote(EpisodeWorker).options(
+        num_cpus=layout["num_cpus"], resources=layout["resources"] or None,
+        max_restarts=TASK_RETRIES, max_task_retries=TASK_RETRIES)
+    try:
+        policy_ref = ray.put(policy)  # one copy in the object store, not one per worker
+    except Exception as exc:  # pickling fails inside Ray with its own error types
+        raise UsageError(f"the policy cannot be sent to Ray workers ({type(exc).__name__}: {exc})") from None
+    actors = [actor_class.remote(make_env, policy_ref, worker_settings, run) for _ in range(layout["workers"])]
+    shards = deque(jobs[i:i + size] for i in range(0, len(jobs), size))
+    writer = RowWriter(store, batch_size, flush_seconds)
+    running: dict[asyncio.Future, Any] = {}
+    started = time.monotonic()
+    label = f"collect {result.run_id} on {layout['workers']} Ray worker(s)"
+
+    def submit(actor: Any) -> None:
+        if shards:
+            running[asyncio.wrap_future(actor.play.remote(shards.popleft()).future())] = actor
+
+    with CollectProgress(len(jobs), label, progress) as bar:
+        try:
+            for actor in actors:
+                submit(actor)
+            while running:
+                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    actor = running.pop(future)
+                    try:
+                        rows = future.result()
+                    except ray.exceptions.RayError as exc:
+                        raise OmrlError(f"a Ray shard failed after {TASK_RETRIES} retries: "
+                                        f"{type(exc).__name__}: {str(exc)[:500]}") from None
+                    for row in rows:
+                        result.add(row)
+                        await writer.add(row)
+                    bar.update(result)
+                    submit(actor)
+        finally:
+            # Also on failure or Ctrl-C: write what finished, then stop the workers.
+            for future in running:
+                future.cancel()
+            await asyncio.shield(writer.flush())
+            result.written, result.already_stored = writer.written, writer.already_stored
+            result.duration_s = time.monotonic() - started
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+    return result
+
+
+def _replace(settings: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)

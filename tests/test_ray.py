@@ -1,0 +1,205 @@
+"""Collection on a real local Ray cluster: the same rows as in-process, a killed worker, the CLI through `ray start`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+from test_agent import CountEnv, count_tasks  # noqa: E402
+
+from omrl.distributed.ray_collect import plan  # noqa: E402
+from omrl.policies.random_policy import RandomPolicy  # noqa: E402
+from omrl.policies.scripted import ScriptedPolicy  # noqa: E402
+from omrl.rollout import RolloutSettings, collect  # noqa: E402
+from omrl.store import Store  # noqa: E402
+from omrl.tasks import load_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GRID_TASKS = REPO / "datasets" / "tasks" / "grid_eval.jsonl"
+TIMING = ("created_at", "duration_s")
+
+
+def comparable(row: dict) -> dict:
+    """A row without what depends on the clock (times, latencies)."""
+    out = {k: v for k, v in row.items() if k not in TIMING}
+    out["turns"] = [{k: v for k, v in t.items() if k != "latency_s"} for t in row["turns"]]
+    return out
+
+
+def short_tmp() -> str:
+    # Ray's socket paths must stay under 107 characters: pytest's tmp_path is too deep.
+    return tempfile.mkdtemp(prefix="omrlray", dir="/tmp")
+
+
+def kill_tree(match: str) -> None:
+    """SIGKILL every process whose command line names `match` (this test's own cluster), and their children."""
+    victims = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if match in " ".join(proc.info["cmdline"] or []):
+                victims.extend([proc, *proc.children(recursive=True)])
+        except psutil.Error:
+            continue
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):  # already gone with its parent: nothing left to stop
+            proc.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the CLI against a cluster from `ray start`
+# First in the file: it runs before the module's in-process cluster exists, so only one cluster is up at a time.
+
+
+def test_cli_collect_and_eval_on_a_cluster_from_ray_start(tmp_path: Path):
+    port, temp_dir = free_port(), short_tmp()
+    ray_bin = Path(sys.executable).parent / "ray"
+    # Token auth off: ~/.ray/auth_token is shared by every cluster of this user (other sessions' too), and
+    # this cluster listens on 127.0.0.1 only, for this test.
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_AUTH_MODE": "disabled"}
+    subprocess.run([str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", "2", "--temp-dir", temp_dir,
+                    "--node-ip-address", "127.0.0.1", "--include-dashboard", "false", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env, timeout=180)
+    try:
+        store = tmp_path / "s"
+        common = ["--env", "grid", "--tasks", str(GRID_TASKS), "--limit", "3", "--policy", "random",
+                  "--ray", f"127.0.0.1:{port}", "--ray-num-cpus", "0.5", "-c", "2", "--no-progress"]
+        out = subprocess.run([sys.executable, "-m", "omrl", "collect", *common, "--store", str(store), "-n", "2",
+                              "--run", "r"], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "6 played" in out.stdout and "6 written" in out.stdout
+        out = subprocess.run([sys.executable, "-m", "omrl", "eval", *common, "--store", str(store), "-k", "2",
+                              "--run", "e"], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "grid" in out.stdout
+    finally:
+        kill_tree(temp_dir)
+    rows = Store(store).read().to_pylist()
+    assert len(rows) == 12 and len({r["id"] for r in rows}) == 12
+    assert sorted({r["run_id"] for r in rows}) == ["e", "r"]
+    assert Store(store).check() == []
+
+
+def test_cli_without_ray_says_how_to_get_it(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    out = CliRunner().invoke(cli, ["collect", "--env", "grid", "--tasks", str(GRID_TASKS), "--policy", "random",
+                                   "--store", str(tmp_path / "s"), "--ray", "auto", "--no-progress"])
+    assert out.exit_code != 0 and "pip install omrl[ray]" in out.output
+
+
+# ---------------------------------------------------------------- one in-process cluster for the rest
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    temp_dir = short_tmp()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}})
+    yield
+    ray.shutdown()
+    kill_tree(temp_dir)
+
+
+def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
+    tasks = load_tasks(str(GRID_TASKS))[:5]
+    settings = RolloutSettings(env="grid", max_turns=8, seed=3, concurrency=2, ray_num_cpus=0.5, ray_workers=2)
+    here, there = Store.create(tmp_path / "here"), Store.create(tmp_path / "there")
+    local = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), here, settings, samples=2, run_id="r",
+                                progress=False))
+    remote = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), there, settings, samples=2, run_id="r",
+                                 progress=False, ray="auto"))
+    assert (local.played, remote.played, remote.written) == (10, 10, 10)
+    a = {r["id"]: comparable(r) for r in here.read().to_pylist()}
+    b = {r["id"]: comparable(r) for r in there.read().to_pylist()}
+    assert sorted(a) == sorted(b) and a == b
+    assert len({str(r["messages"]) for r in a.values()}) > 1  # the random moves differ between episodes
+    # Re-running resumes: nothing left to play, nothing written twice.
+    again = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), there, settings, samples=2, run_id="r",
+                                progress=False, ray="auto"))
+    assert (again.played, again.skipped, len(there.read())) == (0, 10, 10)
+
+
+def ray_workers_of_this_process() -> list:
+    """The live Ray actor processes of this test's in-process cluster (descendants of this process)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "EpisodeWorker" in " ".join(proc.cmdline() or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # exited (or a zombie) while we looked: not a worker to kill
+            continue
+    return found
+
+
+def test_a_worker_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path, cluster):
+    tasks = count_tasks(10, target=3)  # 4 steps of 0.3 s: a shard takes a few seconds
+    settings = RolloutSettings(concurrency=2, ray_num_cpus=0.5, ray_workers=2, max_turns=6)
+    store = Store.create(tmp_path / "s")
+    make = functools.partial(CountEnv, step_sleep=0.3)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = asyncio.run(collect(make, tasks, ScriptedPolicy(), store, settings, samples=2,
+                                                    run_id="k", batch_size=1, progress=False, ray="auto"))
+        except BaseException as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)  # a hung run must not keep pytest from exiting
+    thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (ray_workers_of_this_process() and store.ids()):
+        time.sleep(0.2)
+    victims = ray_workers_of_this_process()
+    assert victims, "no Ray worker process found to kill"
+    before = len(store.ids())
+    os.kill(victims[0].pid, signal.SIGKILL)
+    assert before < 20  # killed mid-run, with episodes still to play
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    rows = store.read().to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(rows) == 20 and len(set(ids)) == 20  # exactly tasks x samples, no duplicate
+    assert all(r["status"] == "ok" and r["success"] for r in rows)
+    assert store.check() == []
+
+
+def test_plan_fits_workers_to_the_cluster():
+    s = RolloutSettings(concurrency=8, ray_num_cpus=1.0)
+    two = [{"CPU": 2.0}]
+    assert plan(s, {"CPU": 2.0}, two, 100) == {"workers": 1, "in_flight": 2, "num_cpus": 2.0, "resources": {}}
+    half = RolloutSettings(concurrency=2, ray_num_cpus=0.5)
+    assert plan(half, {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 100)["workers"] == 4
+    assert plan(half, {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 3)["workers"] == 2  # no idle workers for 3 jobs
+    gpu = RolloutSettings(concurrency=4, ray_num_cpus=0.0, ray_resources={"sandbox": 1.0})
+    assert plan(gpu, {"CPU": 2.0, "sandbox": 3.0}, [{"CPU": 2.0, "sandbox": 3.0}], 100)["in_flight"] == 3
+    from omrl.errors import UsageError
+
+    with pytest.raises(UsageError, match="no node of the Ray cluster"):
+        plan(RolloutSettings(ray_num_cpus=4.0), {"CPU": 2.0}, two, 10)
+    with pytest.raises(UsageError, match="lower --ray-workers"):
+        plan(RolloutSettings(concurrency=1, ray_workers=3), {"CPU": 2.0}, two, 10)
