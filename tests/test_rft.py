@@ -56,3 +56,38 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
     assert record["kept"] == result.kept and record["attempts"] == 96
     sft = json.loads((result.checkpoint / "omrl_sft.json").read_text())
     assert sft["bridge"]["examples"] == result.kept
+
+
+def test_rft_with_a_reward_recipe_annotates_the_attempts_with_its_judge_and_keeps_the_judges_best(tmp_path):
+    from omrl.envs.grid import grid_tasks
+    from omrl.store import Store
+    from omrl.tasks import write_tasks
+    from omrl.testing.judge_server import JudgeProcess
+    from omrl.train.rft import train_rft
+
+    model = random_mover_model(tmp_path / "mover")
+    tasks_file = write_tasks(grid_tasks(4, seed=3), tmp_path / "tasks.parquet")
+    with JudgeProcess(rule="length") as judge:  # shorter trajectories score higher: not the env's ranking
+        reward = {"components": {"env_reward": 0.0, "judge:q:group": {"weight": 1.0, "scale": [0, 1]}},
+                  "judges": [{"rubric": {"name": "q", "criteria": ["short"]}, "model": "rule-judge",
+                              "base_url": judge.base_url, "mode": "group"}]}
+        result = train_rft({"model": str(model), "tasks": str(tasks_file), "output_dir": str(tmp_path / "rft"),
+                            "rollout": {"env": "grid", "max_turns": 4, "max_new_tokens": 4}, "samples": 4,
+                            "threshold": 0.0, "keep_per_group": 1, "reward_recipe": reward,
+                            "sft": {"epochs": 1, "batch_size": 4, "quiet": True}})
+        assert judge.stats()["requests"] == 4  # one call per task's group of 4
+    attempts = Store(tmp_path / "rft" / "store")
+    scores = {r["trajectory_id"]: r["score"] for r in attempts.sql(
+        "SELECT trajectory_id, score FROM annotations WHERE annotator = 'judge:q:group' AND status = 'ok'").to_pylist()}
+    combined = {r["trajectory_id"]: r["score"] for r in attempts.sql(
+        "SELECT trajectory_id, score FROM annotations WHERE annotator = 'reward'").to_pylist()}
+    assert len(scores) == len(combined) == 16 and combined == pytest.approx(scores)
+    groups = {}
+    for r in attempts.sql("SELECT id, group_id FROM trajectories").to_pylist():
+        groups.setdefault(r["group_id"], []).append(r["id"])
+    kept = Store(tmp_path / "rft" / "kept").sql("SELECT id, group_id FROM trajectories").to_pylist()
+    assert result.kept == len(kept) == 4
+    for row in kept:  # the judge's best of its group (ties: any of the best)
+        assert scores[row["id"]] == max(scores[i] for i in groups[row["group_id"]])
+    record = json.loads((tmp_path / "rft" / "omrl_rft.json").read_text())
+    assert record["judge"]["calls"] == 4
