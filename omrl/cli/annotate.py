@@ -22,6 +22,13 @@ from omrl.cli.common import console, user_errors
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Judge requests in flight at once.")
 @click.option("--max-chars", type=int, default=12000, show_default=True,
               help="Judge rendering budget per trajectory (long ones keep the task, last turns and outcome).")
+@click.option("--max-tokens", type=int, default=512, show_default=True,
+              help="Token limit of each judge reply, sent with every request.")
+@click.option("--max-prompt-tokens", type=int, default=None,
+              help="Judge prompt budget in tokens (its context minus --max-tokens): renderings are elided to fit, "
+                   "and a prompt that cannot fit is an error row, not a request. Default: no budget.")
+@click.option("--group-max", type=int, default=None,
+              help="Group mode: score larger groups in chunks of at most this many trajectories.")
 @click.option("--price-prompt", type=float, help="USD per million prompt tokens (for cost_usd).")
 @click.option("--price-completion", type=float, help="USD per million completion tokens (for cost_usd).")
 @click.option("--reward-recipe", type=click.Path(exists=True, dir_okay=False),
@@ -31,7 +38,7 @@ from omrl.cli.common import console, user_errors
                    "(by default a re-run resumes and skips those).")
 @user_errors
 def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where, concurrency, max_chars,
-             price_prompt, price_completion, reward_recipe, redo):
+             max_tokens, max_prompt_tokens, group_max, price_prompt, price_completion, reward_recipe, redo):
     """Score trajectories with metrics, an LLM judge and a reward recipe.
 
     Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
@@ -50,7 +57,8 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
         if not (judge_model and base_url):
             raise click.UsageError("--judge needs --judge-model and --base-url")
         judge = JudgeConfig(rubric=load_rubric(rubric), model=judge_model, base_url=base_url, api_key=api_key,
-                            mode=mode, concurrency=concurrency, max_chars=max_chars,
+                            mode=mode, concurrency=concurrency, max_chars=max_chars, max_tokens=max_tokens,
+                            max_prompt_tokens=max_prompt_tokens, group_max=group_max,
                             price_prompt=price_prompt, price_completion=price_completion)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

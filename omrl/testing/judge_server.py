@@ -12,7 +12,8 @@ Rule "grid" (grid navigation, omrl/envs/grid.py renderings): the first observati
 gives the shortest path (5 moves); a trajectory whose last observation is "reached the goal" scores
 1 - 0.25 per move beyond the shortest path (at least 0.1: reaching beats not reaching), one that does not
 reach it scores 0; the 0..1 value is mapped onto the rubric's scale.
-Rule "length": shorter renderings score higher (1 / (1 + chars / 1000)), for any environment.
+Rule "reached": 1 if the last observation is "reached the goal", else 0 (coarser than the env's reward:
+no penalty for wasted moves). Rule "length": shorter renderings score higher (1 / (1 + chars / 1000)), for any environment.
 
 Faults, for tests: `--fault KIND=FRACTION` (repeatable) makes that fraction of prompts fail the same way
 every time they are asked (chosen by a hash of the trajectory text, so retries and re-asks fail too):
@@ -54,11 +55,17 @@ def grid_rule(rendering: str) -> float:
     return max(0.1, 1.0 - 0.25 * max(0, moves - shortest))
 
 
+def reached_rule(rendering: str) -> float:
+    """1 when the last observation says the goal was reached, else 0: no credit for a short path."""
+    observations = re.findall(r"^USER: (.*)$", rendering, flags=re.MULTILINE)
+    return 1.0 if observations and "reached the goal" in observations[-1] else 0.0
+
+
 def length_rule(rendering: str) -> float:
     return 1.0 / (1.0 + len(rendering) / 1000.0)
 
 
-RULES = {"grid": grid_rule, "length": length_rule}
+RULES = {"grid": grid_rule, "reached": reached_rule, "length": length_rule}
 
 
 def _renderings(messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
