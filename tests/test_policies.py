@@ -236,3 +236,98 @@ def test_make_policy_specs():
         make_policy("openai:qwen", retries=-1)
     with pytest.raises(ValueError, match="takes no option"):
         make_policy("scripted", base_url="http://x")
+
+
+# ---------------------------------------------------------------- vllm: TRL's VLLMGeneration faked at its API
+# VLLMPolicy (omrl/policies/vllm.py) on CPU: the generator is answered by a real tiny model (greedy), so the
+# traces must equal HFPolicy's exactly.
+
+from omrl.agent import run_episode  # noqa: E402
+from omrl.envs.grid import GridEnv, grid_tasks  # noqa: E402
+from omrl.policies.hf import HFPolicy, token_trace  # noqa: E402
+from omrl.policies.vllm import VLLMPolicy  # noqa: E402
+
+
+class FakeVLLMGeneration:
+    """trl.generation.vllm_generation.VLLMGeneration's generate(), answered by a real model (greedy):
+    the same signature, sampling settings read from the attributes at each call, the same return shapes."""
+
+    def __init__(self, hf: HFPolicy, top_k: int = 0):
+        self.hf, self.top_k = hf, top_k
+        self.temperature, self.max_completion_length = 1.0, 256
+        self.calls: list[dict] = []
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        assert images is None and num_generations == 1
+        self.calls.append({"n": len(prompts), "temperature": self.temperature, "max": self.max_completion_length})
+        outs = self.hf._generate([list(p) for p in prompts], 0.0, self.max_completion_length, [0] * len(prompts))
+        completions = [ids for ids, _, _ in outs]
+        # logprobs=top_k: the sampled token's logprob plus top_k others ranked before it (vLLM's shape),
+        # so the policy must pick the sampled one by id, not take the first.
+        logprobs = [[[-9.0] * self.top_k + [lp] for lp in lps] for _, lps, _ in outs]
+        logprob_ids = [[[(i + 1 + k) for k in range(self.top_k)] + [i] for i in ids] for ids in completions]
+        return [list(p) for p in prompts], completions, logprobs, logprob_ids
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("torch")
+    from omrl.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2)
+
+
+def play_grid(policy, tasks, max_turns=3):
+    async def main():
+        return await asyncio.gather(*[run_episode(GridEnv(), t, policy, run_id="v", max_turns=max_turns,
+                                                  temperature=0.0, max_tokens=5) for t in tasks])
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_traces_equal_hf_policy_traces(tiny, top_k):
+    hf = HFPolicy(str(tiny), max_new_tokens=5)
+    tasks = grid_tasks(4, seed=1, split="eval")
+    generator = FakeVLLMGeneration(HFPolicy(str(tiny)), top_k=top_k)
+    vllm = VLLMPolicy(generator, hf.tokenizer, max_new_tokens=5)
+    expected = play_grid(hf, tasks)
+    got = play_grid(vllm, tasks)
+    for a, b in zip(expected, got, strict=True):
+        trace_a, trace_b = token_trace(a.context), token_trace(b.context)
+        assert trace_b["prompt_ids"] == trace_a["prompt_ids"] and trace_b["env_mask"] == trace_a["env_mask"]
+        assert trace_b["completion_ids"] == trace_a["completion_ids"]
+        assert trace_b["logprobs"] == pytest.approx(trace_a["logprobs"], abs=1e-6)
+        assert [t["completion_ids"] for t in b.row["turns"]] == [t["completion_ids"] for t in a.row["turns"]]
+        assert [m["content"] for m in b.row["messages"]] == [m["content"] for m in a.row["messages"]]
+    assert any(0 in token_trace(e.context)["env_mask"] for e in got)  # multi-turn: environment tokens masked
+    # One generator call per batch of concurrent turns, with the turn's settings set and then put back.
+    assert generator.calls[0] == {"n": 4, "temperature": 0.0, "max": 5}
+    assert (generator.temperature, generator.max_completion_length) == (1.0, 256)
+
+
+def test_bad_generator_replies_are_policy_errors(tiny):
+    hf = HFPolicy(str(tiny))
+
+    class NoLogprobs(FakeVLLMGeneration):
+        def generate(self, prompts, images, num_generations, profiler=None):
+            out = super().generate(prompts, images, num_generations, profiler)
+            return out[0], out[1], None, None
+
+    episode = play_grid(VLLMPolicy(NoLogprobs(hf), hf.tokenizer, max_new_tokens=3), grid_tasks(1, seed=0), max_turns=1)[0]
+    assert episode.row["status"] == "policy_error" and "logprob" in episode.row["error"]
+    with pytest.raises(TypeError, match="VLLMGeneration-like"):
+        VLLMPolicy(object(), hf.tokenizer)
+
+
+def test_from_trainer_reads_trls_attributes(tiny):
+    from types import SimpleNamespace
+
+    hf = HFPolicy(str(tiny))
+    generator = FakeVLLMGeneration(hf)
+    trainer = SimpleNamespace(vllm_generation=generator, processing_class=hf.tokenizer,
+                              args=SimpleNamespace(max_completion_length=7), model=hf.model)
+    policy = VLLMPolicy.from_trainer(trainer)
+    assert policy.generator is generator and policy.max_new_tokens == 7 and policy.tokenizer is hf.tokenizer
+    with pytest.raises(PolicyError, match="use_vllm=True"):
+        VLLMPolicy.from_trainer(SimpleNamespace(vllm_generation=None))
