@@ -331,3 +331,39 @@ def test_from_trainer_reads_trls_attributes(tiny):
     assert policy.generator is generator and policy.max_new_tokens == 7 and policy.tokenizer is hf.tokenizer
     with pytest.raises(PolicyError, match="use_vllm=True"):
         VLLMPolicy.from_trainer(SimpleNamespace(vllm_generation=None))
+
+
+def load_gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_imports_without_a_gpu_and_parses_its_arguments():
+    gpu_check = load_gpu_check()
+    args = gpu_check.parse_args([])
+    assert (args.backends, args.device, args.vllm_mode, args.grpo_steps) == (["hf", "vllm"], "cuda", "colocate", 30)
+    args = gpu_check.parse_args(["--backend", "hf", "--device", "cpu", "--grpo-steps", "2", "--out", "/tmp/x"])
+    assert (args.backends, args.device, args.grpo_steps, args.out) == (["hf"], "cpu", 2, "/tmp/x")
+    assert gpu_check.parse_args(["--backend", "vllm", "--vllm-mode", "server"]).vllm_mode == "server"
+    for bad in (["--device", "cpu"], ["--grpo-steps", "0"], ["--backend", "sglang"], ["--vllm-mode", "remote"]):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(bad)
+
+
+def test_gpu_check_counts_the_completion_tokens_of_one_backend(tmp_path):
+    from omrl.schema import Trajectory
+    from omrl.store import Store
+
+    gpu_check = load_gpu_check()
+    store = Store.create(tmp_path / "s")
+    store.append([Trajectory(id=f"{run}-{i}", run_id=f"{run}/step-0000{i}", task_id="t", completion_tokens=n).to_row()
+                  for run, n in (("grpo-hf", 5), ("grpo-vllm", 7)) for i in range(3)])
+    assert gpu_check.completion_tokens(store, "grpo-hf") == 15
+    assert gpu_check.completion_tokens(store, "grpo-vllm") == 21
+    assert gpu_check.completion_tokens(store, "grpo-none") == 0
