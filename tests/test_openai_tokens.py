@@ -124,3 +124,32 @@ def test_garbage_token_ids_are_not_stored(bad):
         with pytest.warns(UserWarning, match="returned no token ids"):
             reply = asyncio.run(policy.act([{"role": "user", "content": "hi"}], [], ctx()))
     assert reply.completion_ids == [] and reply.logprobs == [-0.5, -0.25, -1.0]
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_cli_collect_stores_server_tokens_unless_off(tmp_path: Path, mode: str):
+    import json
+
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+    from omrl.envs.math import generate_tasks
+
+    tasks = generate_tasks(3, seed=2)
+    tasks_file = tmp_path / "math.jsonl"
+    tasks_file.write_text("".join(json.dumps(t.to_row()) + "\n" for t in tasks))
+    reply = {"content": "The answer is 3.", "completion_ids": [11, 12, 13], "logprobs": [-0.5, -0.25, -0.125]}
+    with FakeOpenAIServer(default=reply) as server:
+        out = CliRunner().invoke(cli, ["collect", "--env", "math", "--tasks", str(tasks_file), "--policy",
+                                       "openai:fake", "--base-url", server.base_url, "--server-tokens", mode,
+                                       "--no-progress", "--store", str(tmp_path / "s"), "--max-turns", "1"])
+    assert out.exit_code == 0, out.output
+    turns = [t for r in Store(tmp_path / "s").read().to_pylist() for t in r["turns"]]
+    assert len(turns) == 3
+    if mode == "auto":
+        assert all(t["completion_ids"] == [11, 12, 13] and t["logprobs"] == [-0.5, -0.25, -0.125] for t in turns)
+    else:
+        assert all(t["completion_ids"] == [] and t["logprobs"] == [] for t in turns)
+    bad = CliRunner().invoke(cli, ["collect", "--env", "math", "--tasks", str(tasks_file), "--policy", "scripted",
+                                   "--server-tokens", "off", "--store", str(tmp_path / "s2")])
+    assert bad.exit_code != 0 and "only applies to openai" in bad.output

@@ -69,6 +69,10 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--run", "run_id", default=None,
                      help="Run name; default derived from env, tasks file and policy, so re-runs resume."),
         click.option("--base-url", default=None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)."),
+        click.option("--server-tokens", default=None, type=click.Choice(["auto", "standard", "off"]),
+                     help="openai:MODEL: ask the server for each completion's token ids and logprobs, stored in "
+                          "turns: auto (default: logprobs, plus vLLM/SGLang token-id fields except on "
+                          "api.openai.com), standard (logprobs only) or off."),
         click.option("--limit", default=None, type=int, help="Use only the first N tasks."),
         click.option("--split", default=None, help="Use only tasks of this split."),
         click.option("--unsafe-no-sandbox", is_flag=True, default=False,
@@ -86,7 +90,7 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
-            limit: int | None, split: str | None):
+            limit: int | None, split: str | None, server_tokens: str | None = None):
     """Tasks and policy from the CLI flags."""
     from omrl.policies import make_policy
     from omrl.tasks import load_tasks
@@ -98,9 +102,11 @@ def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | No
         raise click.ClickException(f"no tasks in {tasks_path}" + (f" for split {split!r}" if split else ""))
     options: dict[str, Any] = {}
     if policy_spec.startswith("openai:"):
-        options = {"base_url": base_url, "max_connections": max(concurrency, 16)}
+        options = {"base_url": base_url, "max_connections": max(concurrency, 16), "tokens": server_tokens}
     elif base_url:
         raise click.BadParameter("--base-url only applies to openai:MODEL policies", param_hint="--base-url")
+    elif server_tokens:
+        raise click.BadParameter("--server-tokens only applies to openai:MODEL policies", param_hint="--server-tokens")
     return tasks, make_policy(policy_spec, **options)
 
 
@@ -168,7 +174,8 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
-                            args["concurrency"], args["limit"], args["split"])
+                            args["concurrency"], args["limit"], args["split"],
+                            args["server_tokens"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
     result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
