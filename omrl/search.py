@@ -240,6 +240,26 @@ def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, 
     return firsts, counts, texts
 
 
+def block_tokens(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
+    """`blocks` with each block's distinct tokens of at most MAX_INDEXED_TOKEN_BYTES (deduplicated in
+    Arrow: the index needs each token once per block, and tantivy then handles a quarter of the tokens)."""
+    firsts, counts, texts = blocks(messages, num_rows)
+    per_text = pc.split_pattern(pa.array(token_texts(messages.dictionary), pa.string()), " ")
+    text_of_pair = np.concatenate(texts) if texts else np.zeros(0, dtype=np.int64)
+    block_of_pair = np.repeat(np.arange(len(texts)), [len(t) for t in texts])
+    taken = per_text.take(pa.array(text_of_pair))  # each (block, distinct text) pair's tokens
+    pairs = pa.table({"block": pa.array(block_of_pair).take(pc.list_parent_indices(taken)),
+                      "token": pc.list_flatten(taken)})
+    keep = pc.and_(pc.greater(pc.binary_length(pairs.column("token")), 0),
+                   pc.less_equal(pc.binary_length(pairs.column("token")), MAX_INDEXED_TOKEN_BYTES))
+    grouped = pairs.filter(keep).group_by("block").aggregate([("token", "distinct")])
+    tokens: list[list[str]] = [[] for _ in firsts]
+    for block, distinct in zip(grouped.column("block").to_pylist(), grouped.column("token_distinct").to_pylist(),
+                               strict=True):
+        tokens[block] = distinct
+    return firsts, counts, tokens
+
+
 def _fsync_tree(folder: Path) -> None:
     for path in folder.iterdir():
         if path.is_file():
@@ -272,17 +292,16 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
     part = Path(part)
     final = index_path(part)
     messages, num_rows = part_messages(part, table)
-    token_text = token_texts(messages.dictionary)
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
         index = tantivy.Index(_schema(), path=str(temp), reuse=False)
         _register(index)
         writer = index.writer(heap_size=TANTIVY_HEAP_BYTES, num_threads=1)
-        firsts, counts, texts = blocks(messages, num_rows)
-        for first, count, text_ids in zip(firsts, counts, texts, strict=True):
+        firsts, counts, tokens = block_tokens(messages, num_rows)
+        for first, count, distinct in zip(firsts, counts, tokens, strict=True):
             doc = tantivy.Document()
-            doc.add_text("tokens", " ".join(token_text[t] for t in text_ids))
+            doc.add_text("tokens", " ".join(distinct))
             doc.add_unsigned("first", int(first))  # a plain int would be an i64, refused by the u64 column
             doc.add_unsigned("rows", int(count))
             writer.add_document(doc)
