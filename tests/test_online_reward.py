@@ -120,10 +120,14 @@ def test_failed_judge_calls_are_missing_components_renormalised_never_zero(tmp_p
         # Renormalised over env_reward and num_turns: the judge's absence is not a 0.
         expected = (rows[a["trajectory_id"]]["reward"] + 0.1 * turns[a["trajectory_id"]]) * total / present
         assert a["status"] == "ok" and a["score"] == pytest.approx(expected)
-    steps = json.loads((out / "omrl_grpo.json").read_text())["reward_steps"]
+    record = json.loads((out / "omrl_grpo.json").read_text())
+    steps = record["reward_steps"]
     assert steps == [{"step": 0, "scored": 8, "dropped": 0, "failed": 0, "missing": {"judge:brevity": 8},
                       "first_error": steps[0]["first_error"]}]
     assert "judge" in steps[0]["first_error"]
+    # TRL's own log entry keeps its keys and gains the step's missing counts; the run summary totals them.
+    assert "loss" in record["log"][0] and record["log"][0]["reward_missing"] == {"judge:brevity": 8}
+    assert record["reward_summary"]["missing"] == {"judge:brevity": 8}
 
 
 def test_missing_null_drops_samples_and_a_step_without_any_reward_stops_with_the_first_error(tmp_path, tiny):
