@@ -1,7 +1,9 @@
 """`annotate`: run metrics, a judge and a reward recipe over a store's trajectories; append annotations.
 
 Annotations are appended (history kept); the `scores` view shows the latest ok score per annotator.
-Judge replies are cached in STORE/cache/judge/ so a re-run costs no calls.
+Judge replies are cached in STORE/cache/judge/ so a re-run costs no calls. `annotate_with_recipe` runs a
+reward recipe's own metrics and judges (its `metrics` / `judges` keys) and then its combined reward: the
+annotate stage of RFT and iterate; GRPO scores online with the same pieces (omrl/train/online_reward.py).
 """
 
 from __future__ import annotations
