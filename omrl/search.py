@@ -418,8 +418,9 @@ def _candidate_rows(part: Path, query: Query) -> np.ndarray | None:
 
 
 def _snippet(text: str, query: Query) -> str:
-    """About SNIPPET_CHARS characters of `text` around the first query word, whitespace collapsed."""
-    found = re.search(r"(?<!\w)" + re.escape(query.words[0]) + r"(?!\w)", text, re.IGNORECASE)
+    """About SNIPPET_CHARS characters of `text` around the first phrase or word, whitespace collapsed."""
+    first = query.phrases[0] if query.phrases else (query.words[0],)  # a phrase is the rarer sight
+    found = re.search(r"(?<!\w)" + r"\W+".join(map(re.escape, first)) + r"(?!\w)", text, re.IGNORECASE)
     at = found.start() if found else 0  # lower-casing can move offsets (rare scripts): then the start
     start = max(0, at - SNIPPET_CHARS // 3)
     piece = " ".join(text[start:start + SNIPPET_CHARS].split())

@@ -131,6 +131,8 @@ def test_hits_carry_role_snippet_and_deterministic_order(corpus):
         message = rows[hit["trajectory_id"]]["messages"][hit["position"]]
         assert hit["role"] == message["role"]
         assert "segfault" in hit["snippet"].lower() and len(hit["snippet"]) <= S.SNIPPET_CHARS + 2
+    phrase_hits = S.search(corpus, 'beta "alpha gamma"').column("snippet").to_pylist()
+    assert phrase_hits and all(re.search(r"alpha\W+gamma", snippet.lower()) for snippet in phrase_hits)
     assert S.search(corpus, "segfault", limit=3).equals(hits.slice(0, 3))
     assert S.search(corpus, "segfault", limit=0).num_rows == 0
 

@@ -41,10 +41,12 @@ def query(store: str, sql: str | None, search_text: str | None, fmt: str, out: s
     and search_hits with --search. The query sees only these views: no files, no network, no
     extensions; it writes nothing.
 
-    Examples:  omrl query demo-store "SELECT env, avg(reward) FROM trajectories GROUP BY env"
-               omrl query demo-store --search '"stack trace" segfault'
-               omrl query demo-store --search segfault "SELECT t.env, count(*) FROM search_hits h
-                   JOIN trajectories t ON t.id = h.trajectory_id GROUP BY t.env"
+    \b
+    Examples:
+      omrl query demo-store "SELECT env, avg(reward) FROM trajectories GROUP BY env"
+      omrl query demo-store --search '"stack trace" segfault'
+      omrl query demo-store --search segfault "SELECT t.env, count(*) AS n FROM search_hits h
+          JOIN trajectories t ON t.id = h.trajectory_id GROUP BY t.env"
     """
     if sql is None and search_text is None:
         raise click.UsageError("give SQL, --search TEXT, or both")
