@@ -63,7 +63,9 @@ def corpus(tmp_path: Path, monkeypatch) -> Store:
     for start in (0, 60, 120):
         appended = store.append(_rows(rng, start, 60))
         if start < 120:
-            S.build_index(appended.part)
+            S.build_index(appended.part)  # kept as it is when the store's append has built it already
+        else:
+            S.remove_index(appended.part)
     return store
 
 
@@ -159,6 +161,10 @@ def test_index_lives_beside_its_part_and_outside_the_data(corpus):
     assert ".search" not in card and all(p.name in card for p in parts)
     assert S.build_missing(corpus) == 1 and S.missing_indexes(corpus) == []
     assert corpus.parts() == parts  # the index folders are not parts
+    meta = (S.index_path(parts[0]) / S.META_FILE).read_text()
+    assert S.build_index(parts[0]) == S.index_path(parts[0])  # built again (a racing writer): one index kept
+    assert (S.index_path(parts[0]) / S.META_FILE).read_text() == meta
+    assert not [p for p in folder.iterdir() if ".building-" in p.name] and S.missing_indexes(corpus) == []
 
 
 def _candidates(part, words=("alpha", "segfault", "東京", "x1", "zebra", "ıspanak")) -> dict:
@@ -207,8 +213,9 @@ def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
     old = corpus.parts()
     dead = corpus.table_dir("trajectories") / f"{S.index_path(old[0]).name}.building-999999999-0123abcd"
     dead.mkdir()  # a builder that was killed (its pid does not exist)
-    corpus.compact()
-    assert S.missing_indexes(corpus) == corpus.parts()  # the merged part has no index yet: scanned
+    merged = corpus.compact()
+    S.remove_index(merged)  # as when a crash came between the compaction and its index
+    assert S.missing_indexes(corpus) == corpus.parts() == [merged]  # scanned until it is built
     assert {q: _keys(S.search(corpus, q)) for q in before} == before
     assert S.build_missing(corpus) == 1
     left = sorted(p.name for p in corpus.table_dir("trajectories").iterdir() if p.name.startswith("."))
