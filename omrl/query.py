@@ -1,6 +1,7 @@
 """The SQL layer: DuckDB views over a store, and confined, read-only query execution.
 
-Views: trajectories, messages (one row per message), turns, tool_calls, annotations,
+Views: trajectories, messages (one row per message), turns, tool_calls (read from each part's flat side
+file where it has one: omrl.store_layout), annotations,
 latest_annotations (newest per trajectory and annotator), scores (latest ok scores pivoted, one
 column per annotator), groups (per group_id: n, mean and std of reward, success rate).
 
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMAS
+from omrl.store_layout import TOOL_CALLS_SCHEMA
 
 if TYPE_CHECKING:  # a type only: store.py imports this module (Store.sql, Store.connect)
     from omrl.store import Store
@@ -88,6 +90,30 @@ def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str) ->
         full = pa.schema(list(schema) + [extra[n] for n in sorted(extra)])
         con.register(name, ds.dataset([str(p) for p in parts], schema=full, format="parquet"))
     return f"SELECT * FROM {name}"
+
+
+def _register_tool_calls(con: duckdb.DuckDBPyConnection, store: Store) -> str:
+    """The `tool_calls` rows: read flat from the parts' side files; parts without one (v1 parts, a side
+    file lost) are unnested as before, with the same columns and values."""
+    sides, lacking = store.side_files("tool_calls")
+    con.register("_omrl_tool_calls_side", ds.dataset([str(p) for p in sides], schema=TOOL_CALLS_SCHEMA,
+                                                     format="parquet") if sides else TOOL_CALLS_SCHEMA.empty_table())
+    schema = SCHEMAS["trajectories"]
+    con.register("_omrl_trajectories_unflattened", ds.dataset([str(p) for p in lacking], schema=schema,
+                                                              format="parquet") if lacking else schema.empty_table())
+    columns = ", ".join(_ident(f.name) for f in TOOL_CALLS_SCHEMA)
+    return f"""
+        SELECT {columns} FROM _omrl_tool_calls_side
+        UNION ALL
+        SELECT trajectory_id, run_id, round, task_id, env, position AS message_position,
+               generate_subscripts(tool_calls, 1) - 1 AS call_index,
+               unnest(tool_calls, recursive := true)
+        FROM (SELECT id AS trajectory_id, run_id, round, task_id, env,
+                     generate_subscripts(messages, 1) - 1 AS position,
+                     unnest(messages, recursive := true)
+              FROM _omrl_trajectories_unflattened)
+        WHERE len(tool_calls) > 0
+    """
 
 
 def _remove_temp_dir(path: str) -> None:
@@ -150,16 +176,7 @@ def _define_views(con: duckdb.DuckDBPyConnection, store: Store) -> None:
         FROM trajectories
         """
     )
-    con.execute(
-        """
-        CREATE VIEW tool_calls AS
-        SELECT trajectory_id, run_id, round, task_id, env, position AS message_position,
-               generate_subscripts(tool_calls, 1) - 1 AS call_index,
-               unnest(tool_calls, recursive := true)
-        FROM messages
-        WHERE len(tool_calls) > 0
-        """
-    )
+    con.execute(f"CREATE VIEW tool_calls AS {_register_tool_calls(con, store)}")
     con.execute(
         """
         CREATE VIEW latest_annotations AS

@@ -19,7 +19,10 @@ import pyarrow as pa
 
 from omrl.errors import OmrlError
 
-SCHEMA_VERSION = 1
+# The store's version. 2: repeated text dictionary-encoded, flat side data per part (omrl.store_layout); stores of
+# version 1 are read as they are. Rows did not change: their JSON Schema keeps ROW_SCHEMA_VERSION.
+SCHEMA_VERSION = 2
+ROW_SCHEMA_VERSION = 1
 
 STATUSES = ("ok", "truncated", "env_error", "policy_error", "timeout")
 # An episode that ran to its end (done, or out of turns): its `success` is an outcome.
@@ -850,8 +853,8 @@ def json_schema(name: str = "trajectories") -> dict[str, Any]:
     schema = SCHEMAS[name]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://omrl.dev/schemas/{name}.v{SCHEMA_VERSION}.json",
-        "title": f"omrl {name} row, schema version {SCHEMA_VERSION}",
+        "$id": f"https://omrl.dev/schemas/{name}.v{ROW_SCHEMA_VERSION}.json",
+        "title": f"omrl {name} row, schema version {ROW_SCHEMA_VERSION}",
         "type": "object",
         "properties": {f.name: _json_type(f.type, f.nullable, _kind(f)) for f in schema},
         "required": [f.name for f in schema if not f.nullable],

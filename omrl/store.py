@@ -3,6 +3,7 @@
     STORE/README.md                       dataset card (configs: trajectories, annotations)
     STORE/omrl.json                       manifest: schema version, lineage of derived stores
     STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
+    STORE/data/trajectories/_side/        flat side data of each part (omrl.store_layout), not in the card
 
 Every commit is whole and goes through one store-wide write lock: an append of any size is one part
 (temporary file, fsync, rename), its ids are checked against the store's under the lock (ids are unique
@@ -10,7 +11,7 @@ per store, whoever writes), and the dataset card is rewritten to list exactly th
 compaction renames its merged part in before it removes the parts it replaces; a crash in between is
 finished by the next writer. Derived stores are built in a hidden staging folder and renamed into
 place whole (`Store.staged`). A part that cannot be read is reported by name and skipped, so one bad
-file never takes a store down.
+file never takes a store down. Once small parts accumulate, an append compacts them (CompactPolicy).
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ import pyarrow.parquet as pq
 
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
+from omrl.store_layout import (
+    SIDE_DIR,
+    SIDE_KINDS,
+    CompactPolicy,
+    part_of_side,
+    side_matches,
+    side_path,
+    side_tables,
+    write_parquet,
+)
 
 TABLES = ("trajectories", "annotations")
 MANIFEST = "omrl.json"
@@ -46,13 +57,13 @@ REPLACES_KEY = b"omrl.replaces"
 T = TypeVar("T")
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 MAX_ROW_GROUP_ROWS = 16_384
-ZSTD_LEVEL = 3  # as fast to write as level 1 here, about 10% smaller
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
 RELIST_ATTEMPTS = 5
 # A temporary file or staging folder whose writer process is gone, or older than this, is garbage.
 STALE_SECONDS = 24 * 3600
 # Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
 _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
+_SIDE_TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.\w+\.parquet\.tmp$")
 _STAGING_PID = re.compile(r"\.(?:staging|creating|replaced)-(\d+)-[0-9a-f]+$")
 
 
@@ -62,6 +73,14 @@ class StoreError(OmrlError, RuntimeError):
 
 class CorruptPartWarning(UserWarning):
     """A part file that could not be read and was skipped."""
+
+
+class AutoCompactWarning(UserWarning):
+    """An automatic compaction that failed after its append was committed (the append stands)."""
+
+
+class SearchIndexWarning(UserWarning):
+    """A part whose text-search index could not be built (the part stands; searches scan it)."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +228,7 @@ class Store:
         if not (self.path / MANIFEST).is_file():
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
         self._footers: dict[tuple[str, int, int], _Footer] = {}
+        self._sides: dict[tuple[str, int, int, str, int], bool] = {}  # (side file stat, part, rows) -> it matches
         # table -> (the part keys whose ids are in the set, the set): the id check's index
         self._id_index: dict[str, tuple[frozenset[tuple[str, int, int]], set[str]]] = {}
 
@@ -303,12 +323,17 @@ class Store:
         return json.loads((self.path / MANIFEST).read_text())
 
     @contextlib.contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        """An exclusive advisory lock shared by all processes using this store."""
+    def _lock(self, name: str, wait: bool = True) -> Iterator[bool]:
+        """An exclusive advisory lock shared by all processes using this store; yields whether it is held
+        (always True when `wait`)."""
         with open(self.path / f".{name}.lock", "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                yield
+                fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -341,6 +366,7 @@ class Store:
         and nothing is written.
         """
         self.table_dir(table)  # an unknown table name fails here, with the list of tables
+        policy = self.compact_policy  # bad settings refuse the append before anything is written
         data = conform(rows, table) if isinstance(rows, pa.Table) else to_table(list(rows), table)
         _refuse_repeated_ids(data)
         if data.num_rows == 0:
@@ -361,7 +387,32 @@ class Store:
                 return Appended(None, 0, skipped)
             part = self._write_part(data, table, metadata)
             self._rewrite_card({table: [p.name for p in live] + [part.name]})
+            if self.manifest.get("schema_version", 1) < SCHEMA_VERSION:  # a v1 store now holds v2 parts
+                self.update_manifest(schema_version=SCHEMA_VERSION)
+        if table == "trajectories":
+            self._index(part, data)
+        self._auto_compact(table, policy)
         return Appended(part, data.num_rows, skipped)
+
+    def _index(self, part: Path, data: pa.Table | None = None) -> None:
+        """Build a new trajectories part's search index (omrl.search) outside the write lock. The part is
+        committed already: a failure is a warning, and searches scan the part instead."""
+        from omrl.search import build_index
+
+        try:
+            build_index(part, data)
+        except FileNotFoundError:
+            return  # compacted away meanwhile: the merged part gets its own index
+        except Exception as exc:  # any failure of the index library: the committed part must stand
+            warnings.warn(f"no search index for {part} (searches scan it instead): {type(exc).__name__}: {exc}",
+                          SearchIndexWarning, stacklevel=3)
+
+    def search(self, query: str, limit: int | None = None) -> pa.Table:
+        """Messages matching a text query (words and "phrases"; rules in omrl.search), exactly what a
+        full scan finds: trajectory_id, position, role, snippet, ordered; at most `limit` rows."""
+        from omrl.search import search
+
+        return search(self, query, limit)
 
     def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
         """Write a part to a hidden temporary file, fsync it and rename it in (callers hold the write lock)."""
@@ -370,20 +421,14 @@ class Store:
         # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
         name = f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
         final = directory / name
-        tmp = directory / f".{name}.tmp"  # hidden and not *.parquet: no reader ever picks it up
         if metadata:
             data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(data, f, compression="zstd", compression_level=ZSTD_LEVEL,
-                               row_group_size=_row_group_rows(data))
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(directory)
+        if table == "trajectories":
+            # Side files go in first: a crash before the part's rename leaves only an orphan (removed by
+            # the next writer), never a part without its side data that a reader would then unnest.
+            for kind, side in side_tables(data, name).items():
+                _write_renamed(side_path(final, kind), lambda f, t=side: write_parquet(t, f, 1 << 20))
+        _write_renamed(final, lambda f: write_parquet(data, f, _row_group_rows(data)))
         return final
 
     def _sync_card(self) -> None:
@@ -428,14 +473,41 @@ class Store:
             # live parts first, so the card never names a part that is gone (load_dataset would fail).
             self._rewrite_card()
         for path in leftovers:
-            path.unlink(missing_ok=True)
+            self._remove_part(path)
             removed += 1
         if temporary:
             for tmp in self.table_dir(table).glob(".part-*.tmp"):
                 if _is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
                     removed += 1
+        return removed + self._remove_orphan_side_files(table, temporary)
+
+    def _remove_orphan_side_files(self, table: str, temporary: bool) -> int:
+        """Side files whose part is gone (a writer killed between them; callers hold the write lock, so
+        no writer is between its side files and its part now) and, with `temporary`, stale side temporaries."""
+        folder = self.table_dir(table) / SIDE_DIR
+        if not folder.is_dir():
+            return 0
+        removed = 0
+        for side in folder.iterdir():
+            if side.name.startswith("."):
+                orphan = temporary and _is_stale(side, _SIDE_TMP_PID)
+            else:
+                orphan = not (side.parent.parent / part_of_side(side)).exists()
+            if orphan:
+                side.unlink(missing_ok=True)
+                removed += 1
         return removed
+
+    def _remove_part(self, part: Path) -> None:
+        """Delete a part and then what belongs to it (a crash in between leaves orphans, removed later)."""
+        part.unlink(missing_ok=True)
+        for kind in SIDE_KINDS:
+            side_path(part, kind).unlink(missing_ok=True)
+        if part.parent.name == "trajectories":
+            from omrl.search import remove_index
+
+            remove_index(part)
 
     def _ids_locked(self, table: str, parts: list[Path]) -> set[str]:
         """The ids of the live `parts`. Kept between commits and grown by the parts added since, so a
@@ -599,17 +671,25 @@ class Store:
 
     # ------------------------------------------------------------ maintenance
 
-    def compact(self, table: str = "trajectories", min_parts: int = 2) -> Path | None:
+    def compact(self, table: str = "trajectories", min_parts: int = 2, policy: CompactPolicy | None = None,
+                wait: bool = True) -> Path | None:
         """Merge all readable parts into one, keeping the first copy of any repeated id; crash-safe.
 
         The merged part names the parts it replaces and is renamed in before they are removed, so a
         crash in between hides them from readers, and the next writer (or compaction) removes them.
+        With `policy` (automatic compaction) only its small parts are merged, once there are enough of
+        them; without `wait`, a compaction another process is running already makes this one return None.
         """
-        with self._lock(f"compact-{table}"):
+        with self._lock(f"compact-{table}", wait=wait) as locked:
+            if not locked:
+                return None
             with self._lock("write"):
                 self._finish_cleanup(table)
             parts = self.parts(table)
-            duplicated = bool(self._duplicate_problems(table))
+            # Appends refuse repeated ids, so only old stores hold them; the full check is for `omrl store compact`.
+            duplicated = policy is None and bool(self._duplicate_problems(table))
+            if policy is not None:
+                parts = policy.small(parts)
             if len(parts) < min_parts and not duplicated:
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
@@ -621,8 +701,59 @@ class Store:
                 new = self._write_part(data, table, {REPLACES_KEY: replaces})
                 self._rewrite_card()
                 for p in parts:
-                    p.unlink(missing_ok=True)
+                    self._remove_part(p)
+            if table == "trajectories":
+                self._index(new, data)
             return new
+
+    @property
+    def compact_policy(self) -> CompactPolicy:
+        """When appends compact small parts (the manifest's "auto_compact"; defaults otherwise)."""
+        try:
+            return CompactPolicy.from_manifest(self.manifest)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{self.path / MANIFEST}: {exc}") from None
+
+    def set_compact_policy(self, policy: CompactPolicy) -> None:
+        """Store the automatic compaction settings in the manifest (for every process using the store)."""
+        self.update_manifest(auto_compact={"small_parts": policy.small_parts,
+                                           "small_part_bytes": policy.small_part_bytes})
+
+    def _auto_compact(self, table: str, policy: CompactPolicy) -> Path | None:
+        """Merge the small parts once the policy says there are enough (after a commit, outside its lock).
+
+        The append before it is committed whatever happens here: a failure is a warning, not an error
+        (the small parts stay, readable, and the next append tries again).
+        """
+        try:
+            if not policy.small(self.parts(table, warn=False)):
+                return None
+            return self.compact(table, min_parts=policy.small_parts, policy=policy, wait=False)
+        except (OSError, OmrlError, pa.ArrowException) as exc:
+            warnings.warn(f"automatic compaction of {self.path} {table} failed (the append is committed; "
+                          f"run `omrl store compact`): {type(exc).__name__}: {exc}", AutoCompactWarning, stacklevel=3)
+            return None
+
+    def side_files(self, kind: str = "tool_calls") -> tuple[list[Path], list[Path]]:
+        """(side files, parts without one) of the live trajectories parts: readers use the side files and
+        unnest only the parts lacking one (v1 parts, a side file lost or damaged)."""
+        def listing() -> tuple[list[Path], list[Path]]:
+            sides, lacking = [], []
+            for part in self.parts("trajectories"):
+                side = side_path(part, kind)
+                rows = self._footer(part).num_rows  # FileNotFoundError when compacted away: listed again
+                try:
+                    st = side.stat()
+                except FileNotFoundError:
+                    lacking.append(part)
+                    continue
+                key = (str(side), st.st_size, st.st_mtime_ns, part.name, rows)
+                if key not in self._sides:
+                    self._sides[key] = side_matches(side, part.name, rows)
+                (sides if self._sides[key] else lacking).append(side if self._sides[key] else part)
+            return sides, lacking
+
+        return self._retry_on_vanished(listing)
 
     def sql(self, query: str) -> pa.Table:
         """Run read-only SQL over the store's views; returns Arrow."""
@@ -635,6 +766,22 @@ class Store:
         from omrl.query import connect
 
         return connect(self)
+
+
+def _write_renamed(path: Path, write: Callable[[Any], None]) -> None:
+    """Write a file through a hidden temporary beside it, fsync it and rename it in."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"  # hidden and not *.parquet: no reader ever picks it up
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 def _refuse_foreign(root: Path) -> None:

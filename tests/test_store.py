@@ -23,7 +23,7 @@ def test_layout_is_a_dataset_folder(tmp_path):
     assert (store.path / "data" / "annotations").is_dir()
     card = (store.path / "README.md").read_text()
     assert "config_name: trajectories" in card and "data/trajectories/part-*.parquet" in card
-    assert store.manifest["schema_version"] == 1
+    assert store.manifest["schema_version"] == 2
 
 
 def test_opening_a_missing_store_says_how_to_create_one(tmp_path):
@@ -39,8 +39,13 @@ def test_create_refuses_a_foreign_non_empty_folder(tmp_path):
 
 
 def test_append_writes_one_part_and_no_temp_files(store):
-    files = list((store.path / "data" / "trajectories").iterdir())
+    folder = store.path / "data" / "trajectories"
+    files = [f for f in folder.iterdir() if f.is_file()]
     assert [f.suffix for f in files] == [".parquet"]
+    part = files[0]
+    # beside it only its side data and its search index, none of them a temporary
+    assert sorted(f.name for f in folder.iterdir() if f.is_dir()) == [f".{part.name}.search", "_side"]
+    assert [f.name for f in (folder / "_side").iterdir()] == [f"{part.stem}.tool_calls.parquet"]
     assert store.count() == 6
 
 

@@ -1,0 +1,160 @@
+"""The physical layout of a store part (schema version 2): Parquet write options, flat side data, auto-compaction.
+
+The logical layout (columns, one row per trajectory, what `load_dataset` reads) is the schema's; this
+module decides only how a part's bytes are laid out and what travels beside it:
+
+- Exact repeats (a system prompt, the tool outputs the samples of one GRPO group share, a file read again
+  and again) are stored once per row group by Parquet's dictionary encoding, with a dictionary page limit
+  sized for message text (Arrow's default of 1 MB falls back to plain encoding after the first megabyte,
+  which is why v1 stored every repeat again).
+- A flat `tool_calls` side file per trajectories part (one row per tool call), so the `tool_calls` view
+  reads three narrow columns instead of unnesting every conversation. Side files live in the table's
+  hidden `_side/` folder, are written and renamed in before their part, carry the part's name and row
+  count (a side file that does not match is ignored), and are never listed in the dataset card.
+- When small parts accumulate, appends compact them (`CompactPolicy`).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
+# Dictionary pages up to this size: one row group's distinct message texts fit (row groups are ~32 MB).
+DICTIONARY_PAGE_BYTES = 256 * 1024 * 1024
+SIDE_DIR = "_side"
+SIDE_KINDS = ("tool_calls",)
+SIDE_OF_KEY = b"omrl.side_of"  # the part a side file belongs to
+SIDE_ROWS_KEY = b"omrl.part_rows"  # and that part's row count: a side file from another part never matches
+
+TOOL_CALLS_SCHEMA = pa.schema([
+    pa.field("trajectory_id", pa.string()),
+    pa.field("run_id", pa.string()),
+    pa.field("round", pa.int32()),
+    pa.field("task_id", pa.string()),
+    pa.field("env", pa.string()),
+    pa.field("message_position", pa.int64()),
+    pa.field("call_index", pa.int64()),
+    pa.field("id", pa.string()),
+    pa.field("name", pa.string()),
+    pa.field("arguments", pa.string()),
+])
+
+
+def write_parquet(data: pa.Table, sink: str | os.PathLike[str] | BinaryIO, row_group_rows: int) -> None:
+    """Write `data` with the v2 options: zstd, dictionary pages sized for repeated message text."""
+    pq.write_table(data, sink, compression="zstd", compression_level=ZSTD_LEVEL, row_group_size=row_group_rows,
+                   dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
+
+
+# ------------------------------------------------------------------------------------------ side data
+
+
+def side_path(part: Path, kind: str = "tool_calls") -> Path:
+    """Where the `kind` side file of a part lives (not a `part-*.parquet` name: never taken for a part)."""
+    return part.parent / SIDE_DIR / f"{part.stem}.{kind}.parquet"
+
+
+def part_of_side(side: Path) -> str:
+    """The name of the part a side file belongs to."""
+    stem = side.name.removesuffix(".parquet")
+    return stem.rsplit(".", 1)[0] + ".parquet"
+
+
+def _positions(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """(parent row, index within its list) of every value of `lists`, in flatten order (nulls hold none)."""
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    parents = np.repeat(np.arange(len(lists), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return parents, np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
+
+
+def tool_calls_table(data: pa.Table) -> pa.Table:
+    """One row per tool call of a trajectories table, in the `tool_calls` view's columns and order."""
+    messages = data.column("messages").combine_chunks()
+    if isinstance(messages, pa.ChunkedArray):  # no chunks at all (an empty table)
+        messages = pa.array([], messages.type)
+    message_row, position = _positions(messages)
+    calls = pc.struct_field(messages.flatten(), "tool_calls")
+    call_message, call_index = _positions(calls)
+    flat_calls = calls.flatten()
+    rows = pa.array(message_row[call_message])
+    columns = {name: data.column(name).take(rows) for name in ("id", "run_id", "round", "task_id", "env")}
+    return pa.Table.from_arrays(
+        [columns["id"], columns["run_id"], columns["round"], columns["task_id"], columns["env"],
+         pa.array(position[call_message]), pa.array(call_index), pc.struct_field(flat_calls, "id"),
+         pc.struct_field(flat_calls, "name"), pc.struct_field(flat_calls, "arguments")],
+        schema=TOOL_CALLS_SCHEMA)
+
+
+SIDE_BUILDERS = {"tool_calls": tool_calls_table}
+
+
+def side_tables(data: pa.Table, part_name: str) -> dict[str, pa.Table]:
+    """The side tables of a trajectories part, each stamped with the part's name and row count."""
+    stamp = {SIDE_OF_KEY: part_name.encode(), SIDE_ROWS_KEY: str(data.num_rows).encode()}
+    return {kind: build(data).replace_schema_metadata(stamp) for kind, build in SIDE_BUILDERS.items()}
+
+
+def side_matches(side: Path, part_name: str, part_rows: int) -> bool:
+    """Whether `side` is a readable side file of exactly this part (else readers unnest the part)."""
+    try:
+        meta = pq.read_metadata(side).metadata or {}
+    except FileNotFoundError:
+        return False
+    except Exception as exc:  # a truncated or garbage side file: the part itself still answers
+        warnings.warn(f"ignoring unreadable side file {side}: {type(exc).__name__}: {exc}", stacklevel=2)
+        return False
+    return meta.get(SIDE_OF_KEY) == part_name.encode() and meta.get(SIDE_ROWS_KEY) == str(part_rows).encode()
+
+
+# --------------------------------------------------------------------------------- auto-compaction
+
+
+@dataclass(frozen=True)
+class CompactPolicy:
+    """When appends compact a table: once `small_parts` parts smaller than `small_part_bytes` each exist.
+
+    Only those small parts are merged (large parts are not rewritten again and again); `small_parts` 0
+    turns automatic compaction off. Stored in the manifest's "auto_compact" object.
+    """
+
+    small_parts: int = 32
+    small_part_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.small_parts < 0 or self.small_part_bytes <= 0:
+            raise ValueError(f"auto_compact needs small_parts >= 0 and small_part_bytes > 0, got {asdict(self)}")
+        if self.small_parts == 1:
+            raise ValueError("auto_compact small_parts must be 0 (off) or at least 2 (one part is never merged)")
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> CompactPolicy:
+        """The policy a manifest states (defaults for what it leaves out, v1 stores included)."""
+        given = manifest.get("auto_compact") or {}
+        names = {f.name for f in fields(cls)}
+        unknown = set(given) - names
+        if unknown:
+            raise ValueError(f"unknown auto_compact setting(s) {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**{k: int(v) for k, v in given.items()})
+
+    def small(self, parts: list[Path]) -> list[Path]:
+        """The parts small enough to merge, or [] while there are too few of them to bother."""
+        if self.small_parts == 0:
+            return []
+        small = []
+        for part in parts:
+            try:
+                if part.stat().st_size < self.small_part_bytes:
+                    small.append(part)
+            except FileNotFoundError:  # compacted away meanwhile
+                continue
+        return small if len(small) >= self.small_parts else []
