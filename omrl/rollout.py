@@ -241,14 +241,16 @@ class CollectProgress:
         if self.enabled:
             self.bar.stop()
 
-    def update(self, result: CollectResult) -> None:
+    def update(self, result: CollectResult, pending: int = 0) -> None:
+        """Show `result`; `pending`: episodes finished elsewhere (Ray workers) whose rows are not here yet."""
         if not self.enabled:
             return
         elapsed = max(time.monotonic() - self.started, 1e-9)
         rate = "-" if result.success_rate is None else f"{result.success_rate:.0%}"
-        stats = (f"success {rate}  {result.played / elapsed:.1f} ep/s  "
+        done = result.played + pending
+        stats = (f"success {rate}  {done / elapsed:.1f} ep/s  "
                  f"{result.completion_tokens / elapsed:.0f} tok/s  errors {result.errors}")
-        self.bar.update(self.task, completed=result.played, stats=stats)
+        self.bar.update(self.task, completed=done, stats=stats)
 
 
 async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | None, policy: Any,

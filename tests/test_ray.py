@@ -165,7 +165,7 @@ def test_a_worker_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path, clust
     def run() -> None:
         try:
             outcome["result"] = asyncio.run(collect(make, tasks, ScriptedPolicy(), store, settings, samples=2,
-                                                    run_id="k", batch_size=1, progress=False, ray="auto"))
+                                                    run_id="k", batch_size=1, progress=True, ray="auto"))
         except BaseException as exc:  # reported by the assertion below
             outcome["error"] = exc
 
@@ -197,6 +197,8 @@ def test_plan_fits_workers_to_the_cluster():
     assert plan(half, {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 3)["workers"] == 2  # no idle workers for 3 jobs
     gpu = RolloutSettings(concurrency=4, ray_num_cpus=0.0, ray_resources={"sandbox": 1.0})
     assert plan(gpu, {"CPU": 2.0, "sandbox": 3.0}, [{"CPU": 2.0, "sandbox": 3.0}], 100)["in_flight"] == 3
+    free = RolloutSettings(concurrency=4, ray_num_cpus=0.0)
+    assert plan(free, {"CPU": 2.0}, two, 100)["workers"] == 2  # nothing reserved: a worker per CPU, not per job
     from omrl.errors import UsageError
 
     with pytest.raises(UsageError, match="no node of the Ray cluster"):

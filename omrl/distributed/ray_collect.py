@@ -12,7 +12,8 @@
   skip_existing under the store's lock). A worker killed mid-shard is restarted by Ray and the shard is
   played again (max_task_retries); nothing of it had been committed, and ids are deterministic in
   (run, round, task, sample), so nothing is lost or doubled.
-- The progress bar counts finished episodes over the whole cluster (it moves as shards finish).
+- The progress bar counts finished episodes over the whole cluster: committed rows plus the episodes
+  each worker has finished in its running shard (polled twice a second).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from omrl.errors import OmrlError, UsageError
 
 TASK_RETRIES = 3  # how often Ray replays a shard whose worker died
+QUEUED_PER_WORKER = 2  # shards sent to a worker ahead: one playing, one waiting
 RAY_HINT = "--ray needs Ray: pip install omrl[ray]"
 
 
@@ -80,7 +82,8 @@ def plan(settings: Any, cluster: dict[str, float], nodes: list[dict[str, float]]
     resources = {name: amount * in_flight for name, amount in settings.ray_resources.items()}
     fit = [math.floor(cluster.get(name, 0.0) / amount + 1e-9) for name, amount in
            [("CPU", cpus), *resources.items()] if amount > 0]
-    most = max(1, min(fit)) if fit else max(1, jobs)
+    # Nothing reserved (ray_num_cpus 0): one worker process per cluster CPU, not one per job.
+    most = max(1, min(fit)) if fit else max(1, int(cluster.get("CPU", 1)))
     workers = settings.ray_workers if settings.ray_workers is not None else most
     if workers < 1:
         raise UsageError(f"--ray-workers must be at least 1, got {workers}")
@@ -102,15 +105,28 @@ class EpisodeWorker:
 
     def __init__(self, make_env: Callable[[], Any], policy: Any, settings: Any, run: dict[str, Any]):
         self.make_env, self.policy, self.settings, self.run = make_env, policy, settings, run
+        self.finished = 0  # episodes of the current shard finished so far (the driver's live progress)
+        # The driver keeps two shards queued per worker, so the next is here when one ends (no idle round
+        # trip); this makes them play one after the other, at `concurrency` episodes in flight.
+        self.turn = asyncio.Semaphore(1)
 
     def pid(self) -> int:
         return os.getpid()
+
+    def progress(self) -> int:
+        return self.finished
 
     async def play(self, shard: list[tuple[Any, int]]) -> list[dict[str, Any]]:
         """The rows of the shard's episodes, in shard order."""
         from omrl.rollout import play_episodes
 
-        episodes = await play_episodes(shard, self.make_env, self.policy, self.settings, **self.run)
+        def count(_episode: Any) -> None:
+            self.finished += 1
+
+        async with self.turn:
+            self.finished = 0
+            episodes = await play_episodes(shard, self.make_env, self.policy, self.settings, on_episode=count,
+                                           **self.run)
         return [episode.row for episode in episodes]
 
     async def close(self) -> None:
@@ -141,11 +157,11 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
     actor_class = ray.remote(EpisodeWorker).options(
         num_cpus=layout["num_cpus"], resources=layout["resources"] or None,
         max_restarts=TASK_RETRIES, max_task_retries=TASK_RETRIES)
-    try:
-        policy_ref = ray.put(policy)  # one copy in the object store, not one per worker
+    try:  # Ray moves a large argument (an hf model) through its object store by itself
+        actors = [actor_class.remote(make_env, policy, worker_settings, run) for _ in range(layout["workers"])]
     except Exception as exc:  # pickling fails inside Ray with its own error types
-        raise UsageError(f"the policy cannot be sent to Ray workers ({type(exc).__name__}: {exc})") from None
-    actors = [actor_class.remote(make_env, policy_ref, worker_settings, run) for _ in range(layout["workers"])]
+        raise UsageError(f"the policy or environment cannot be sent to Ray workers ({type(exc).__name__}: "
+                         f"{exc})") from None
     shards = deque(jobs[i:i + size] for i in range(0, len(jobs), size))
     writer = RowWriter(store, batch_size, flush_seconds)
     running: dict[asyncio.Future, Any] = {}
@@ -156,10 +172,22 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
         if shards:
             running[asyncio.wrap_future(actor.play.remote(shards.popleft()).future())] = actor
 
+    async def live(bar: Any) -> None:
+        """Every half second: committed episodes plus those finished inside running shards, cluster-wide."""
+        while True:
+            await asyncio.sleep(0.5)
+            busy = list({id(a): a for a in running.values()}.values())  # two shards queued per worker: ask once
+            counts = await asyncio.gather(*[asyncio.wrap_future(a.progress.remote().future()) for a in busy],
+                                          return_exceptions=True)
+            # A worker that just died reports an error here; its shard is replayed, the bar counts it later.
+            bar.update(result, pending=sum(c for c in counts if isinstance(c, int)))
+
     with CollectProgress(len(jobs), label, progress) as bar:
+        ticker = asyncio.create_task(live(bar)) if bar.enabled else None
         try:
-            for actor in actors:
-                submit(actor)
+            for _ in range(QUEUED_PER_WORKER):
+                for actor in actors:
+                    submit(actor)
             while running:
                 done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
@@ -176,6 +204,9 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
                     submit(actor)
         finally:
             # Also on failure or Ctrl-C: write what finished, then stop the workers.
+            if ticker is not None:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
             for future in running:
                 future.cancel()
             await asyncio.shield(writer.flush())
