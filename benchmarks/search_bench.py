@@ -118,9 +118,47 @@ def pick_queries(store: Store, rng: random.Random) -> dict[str, str]:
             "absent_word": "zzqxv"}
 
 
+def _hands_off(store: Store) -> None:
+    """Stop the store from indexing or compacting by itself, so this benchmark times each step alone."""
+    if hasattr(store, "_index"):
+        store._index = lambda part, data=None: None
+    if hasattr(store, "_auto_compact"):
+        store._auto_compact = lambda table, policy: None
+
+
+def time_queries(store: Store, queries: dict[str, str], parquet: bool) -> dict:
+    """Median times of the full scan, the tantivy index and (with `parquet`) the Parquet postings, each
+    result asserted equal to the scan's."""
+    out = {}
+    for name, query in queries.items():
+        scan_s, expected = median_time(lambda q=query: S.search(store, q, use_index=False))
+        index_s, indexed = median_time(lambda q=query: S.search(store, q))
+        assert indexed.equals(expected), (name, query, indexed.num_rows, expected.num_rows)
+        out[name] = {"query": query, "hits": expected.num_rows, "scan_s": round(scan_s, 4),
+                     "tantivy_s": round(index_s, 4), "speedup": round(scan_s / index_s, 1)}
+        if parquet:
+            pq_s, pq_result = median_time(lambda q=query: parquet_search(store, q))
+            assert pq_result.equals(expected), (name, query, pq_result.num_rows, expected.num_rows)
+            out[name].update(parquet_s=round(pq_s, 4), parquet_speedup=round(scan_s / pq_s, 1))
+    return out
+
+
+def small_row_groups(merged: Path, rows_per_group: int, workdir: Path, queries: dict[str, str]) -> dict:
+    """What smaller row groups would give: the merged part rewritten with `rows_per_group`, indexed, searched."""
+    store = Store.create(workdir)
+    _hands_off(store)
+    part = store.table_dir("trajectories") / merged.name
+    pq.write_table(pq.read_table(merged), part, compression="zstd", row_group_size=rows_per_group)
+    S.build_index(part)
+    timed = time_queries(store, queries, parquet=False)
+    return {"rows_per_group": rows_per_group, "part_bytes": part.stat().st_size,
+            "search_speedup": min(q["speedup"] for q in timed.values()), "queries": timed}
+
+
 def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
     rows = list(make_corpus(n, seed))
     store = Store.create(workdir / f"store-{n}")
+    _hands_off(store)
     write_s = tantivy_s = parquet_s = 0.0
     for i in range(0, n, batch):
         table = to_table(rows[i:i + batch])
@@ -147,16 +185,8 @@ def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
         if leftover.is_dir() and not (store.table_dir("trajectories") / leftover.name[1:].rsplit(".", 1)[0]).exists():
             shutil.rmtree(leftover)  # indexes of the parts the compaction replaced
 
-    queries = {}
-    for name, query in pick_queries(store, random.Random(seed)).items():
-        scan_s, expected = median_time(lambda q=query: S.search(store, q, use_index=False))
-        index_s, indexed = median_time(lambda q=query: S.search(store, q))
-        pq_s, pq_result = median_time(lambda q=query: parquet_search(store, q))
-        assert indexed.equals(expected), (name, query, indexed.num_rows, expected.num_rows)
-        assert pq_result.equals(expected), (name, query, pq_result.num_rows, expected.num_rows)
-        queries[name] = {"query": query, "hits": expected.num_rows, "scan_s": round(scan_s, 4),
-                         "tantivy_s": round(index_s, 4), "parquet_s": round(pq_s, 4),
-                         "speedup": round(scan_s / index_s, 1), "parquet_speedup": round(scan_s / pq_s, 1)}
+    picked = pick_queries(store, random.Random(seed))
+    queries = time_queries(store, picked, parquet=True)
     part_bytes = merged.stat().st_size
     return {
         "n": n, "part_bytes": part_bytes, "part_write_s": round(write_s, 3),
@@ -172,6 +202,7 @@ def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
         "search_speedup": min(q["speedup"] for q in queries.values()),
         "parquet_search_speedup": min(q["parquet_speedup"] for q in queries.values()),
         "queries": queries,
+        "small_row_groups": small_row_groups(merged, 64, workdir / f"store-{n}-rg", picked),
     }
 
 
