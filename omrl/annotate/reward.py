@@ -195,13 +195,16 @@ def combined_reward(store: Store | str | Path, recipe: str | Path | dict[str, An
                      "missing": pa.array(missing, pa.string())})
 
 
-def reward_annotations(table: pa.Table, recipe: RewardRecipe, run_id: str) -> list[dict[str, Any]]:
-    """Annotation rows for a combined-reward table: ok with the score, or an error naming what is missing."""
+def reward_annotations(table: pa.Table | list[dict[str, Any]], recipe: RewardRecipe, run_id: str
+                       ) -> list[dict[str, Any]]:
+    """Annotation rows for combined rewards (a combined_reward table, or its rows as dicts; run_id per row
+    when a row has one): ok with the score, or an error naming what is missing."""
     rows = []
     meta = {"recipe": recipe.to_dict(), "source": recipe.source}
-    for r in table.to_pylist():
+    for r in table.to_pylist() if isinstance(table, pa.Table) else table:
         base = {"trajectory_id": r["trajectory_id"], "annotator": recipe.name, "kind": "score",
-                "rubric": recipe.source or None, "run_id": run_id, "metadata": meta}
+                "rubric": recipe.source or None, "run_id": r.get("run_id") or run_id,
+                "metadata": {**meta, "missing": [m for m in (r["missing"] or "").split(",") if m]}}
         if r["reward"] is None:
             rows.append({**base, "status": "error", "error": f"missing component(s): {r['missing'] or '?'}"})
         else:

@@ -31,7 +31,7 @@ from typing import Any
 from omrl.annotate.cache import JudgeCache
 from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeStats
 from omrl.annotate.metrics import annotate_row
-from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_recipe
+from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_recipe, reward_annotations
 from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
 from omrl.schema import is_failed
 
@@ -153,20 +153,14 @@ class StepScoring:
             if a.get("cost_usd") is not None and not (a.get("metadata") or {}).get("cached"):
                 self.online.judge_cost[a["annotator"]] += a["cost_usd"]
         recipe = self.online.recipe
+        combined = []
         for row in live:
-            values = {ENV_REWARD: row["reward"], **scores[row["id"]]}
-            reward, absent = combine(recipe, values)
+            reward, absent = combine(recipe, {ENV_REWARD: row["reward"], **scores[row["id"]]})
             out.rewards[row["id"]] = reward
             out.missing.update(absent)
             out.dropped += reward is None
-            base = {"trajectory_id": row["id"], "annotator": recipe.name, "kind": "score",
-                    "rubric": recipe.source or None, "run_id": run_id,
-                    "metadata": {"recipe": recipe.to_dict(), "source": recipe.source, "missing": absent}}
-            if reward is None:
-                annotations.append({**base, "status": "error",
-                                    "error": f"missing component(s): {','.join(absent) or '?'}"})
-            else:
-                annotations.append({**base, "status": "ok", "score": reward})
+            combined.append({"trajectory_id": row["id"], "reward": reward, "missing": ",".join(absent)})
+        annotations += reward_annotations(combined, recipe, run_id)  # as `omrl annotate --reward-recipe` writes
         out.annotations += [_with_meta(a, self.meta) for a in annotations]
 
     async def cancel(self) -> None:
