@@ -20,8 +20,9 @@ from omrl.cli.common import console, user_errors
 def report(store: str, out_dir: str, results: str | None, runs: tuple[str, ...]) -> None:
     """Write per-round and per-step curves, judge-vs-environment agreement, report.md and report.html.
 
-    Example:  omrl report runs/quickstart/store --out runs/quickstart/report --results runs/quickstart/results.json
-              --runs runs/quickstart
+    \b
+    Example:  omrl report runs/quickstart/store --out runs/quickstart/report \\
+                --results runs/quickstart/results.json --runs runs/quickstart
     """
     from omrl.report import write_report
 
