@@ -210,3 +210,27 @@ def test_shipped_walled_task_files_match_the_generator():
     for split in ("train", "eval"):
         shipped = load_tasks(f"datasets/tasks/grid_walls_{split}.jsonl")
         assert [t.payload for t in shipped] == [t.payload for t in grid_wall_tasks(len(shipped), seed=0, split=split)]
+
+
+def test_slack_sets_the_budget_beyond_the_shortest_path():
+    from omrl.envs.base import Task
+    from omrl.envs.grid import grid_wall_tasks
+
+    plain = Task(id="g", instruction="", env="grid", payload={"size": 7, "start": [7, 7], "goal": [4, 5]})
+    walled = grid_wall_tasks(1, seed=0, split="eval")[0]
+    for slack in (0, 2, 6):
+        env = GridEnv(slack=slack)
+        env.reset(plain)
+        assert env.budget == 5 + slack
+        env.reset(walled)
+        assert env.budget == env.distance + slack
+    env = GridEnv(slack=0)
+    env.reset(plain)
+    result = env.step(Action(text="down"))  # budget 5, a bump into the border: the goal is out of reach
+    for move in ["left", "left", "left", "up"]:
+        result = env.step(Action(text=move))
+    assert result.done and not result.info["success"]
+    import pytest
+
+    with pytest.raises(ValueError, match="slack"):
+        GridEnv(slack=-1)

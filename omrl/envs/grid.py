@@ -6,7 +6,7 @@ a bump into the border "blocked, goal: ..."; the right move is easy to read even
 the observation stays a few tokens long (the whole conversation is re-read every turn, so every token
 of it costs on a CPU).
 Actions: one of up/down/left/right, as plain text (the move alone; default) or as the tool call `move(direction)`
-(`action_format="tool"`). The step budget is the Manhattan distance + 2, so one detour is allowed.
+(`action_format="tool"`). The step budget is the Manhattan distance + `slack` (2: one detour is allowed).
 
 Reward (paid on the last step): 1.0 for reaching the goal in the fewest steps, 0.25 less per wasted
 step (a detour costs 2 steps, a bump into the border 1), 0 when the budget runs out. An efficient
@@ -183,9 +183,13 @@ class GridEnv:
 
     name = "grid"
 
-    def __init__(self, action_format: str = "text", noise: float = 0.3, seed: int | None = None) -> None:
+    def __init__(self, action_format: str = "text", noise: float = 0.3, seed: int | None = None, slack: int = 2
+                 ) -> None:
         if action_format not in ("text", "tool"):
             raise ValueError(f"action_format must be 'text' or 'tool', got {action_format!r}")
+        if int(slack) < 0:
+            raise ValueError(f"slack must be 0 or more (steps beyond the shortest path), got {slack!r}")
+        self.slack = int(slack)  # the step budget is the shortest path + slack (2: one detour)
         self.action_format = action_format
         self.noise = noise
         self.seed = seed
@@ -214,7 +218,7 @@ class GridEnv:
         if distance is None or self.pos in self.walls:
             raise ValueError(f"grid task {task.id}: the goal cannot be reached from the start")
         self.distance = distance
-        self.budget = self.distance + 2
+        self.budget = self.distance + self.slack
         self.steps = self.invalid = 0
         self.done = False
         # With a seed, the expert's noise depends on (seed, task, reset count) only: reproducible in any order.
