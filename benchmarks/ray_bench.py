@@ -7,8 +7,8 @@
   twice in the bubblewrap sandbox, or unsandboxed with --unsafe-no-sandbox where bubblewrap cannot run).
   Episodes/s in-process (one episode at a time) and on Ray with 1 and 2 workers (1 CPU and one episode
   each). ray_speedup_2 = Ray 2 workers / Ray 1 worker (target >= 1.7 on 2 free cores).
-- I/O-bound: the math environment answered by the real `openai:` policy from a local fake server with a
-  fixed latency. ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
+- I/O-bound: the math environment answered by the real `openai:` policy from a local fake server (its own
+  process) with a fixed latency. ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
   at the same concurrency (target <= 0.10). Ray's time includes starting its workers; ray_worker_start_s
   is that start alone (one actor: process, imports, first answer), measured after the runs.
 
@@ -65,18 +65,37 @@ def cpu_bound(root: str, samples: int, unsafe: bool) -> dict[str, float]:
     }
 
 
+SERVER = """
+import json, sys, time
+from omrl.testing.openai_server import FakeOpenAIServer
+server = FakeOpenAIServer(default={"content": "The answer is 4.", "delay": float(sys.argv[1])}).start()
+print(server.base_url, flush=True)
+time.sleep(3600)
+"""
+
+
 def io_bound(root: str, samples: int, latency: float, concurrency: int) -> dict[str, float]:
+    import subprocess
+
     from omrl.policies.openai_policy import OpenAIPolicy
-    from omrl.testing.openai_server import FakeOpenAIServer
 
     tasks = load_tasks(str(REPO / "datasets" / "tasks" / "math_arith.jsonl"))
     settings = RolloutSettings(env="math", max_turns=1, concurrency=concurrency, ray_num_cpus=0.01, ray_workers=1)
-    with FakeOpenAIServer(default={"content": "The answer is 4.", "delay": latency}) as server:
+    # The server in a process of its own: in this one its threads would share the GIL with in-process
+    # collection but not with a Ray worker, which would flatter Ray.
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(latency)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        base_url = server.stdout.readline().strip()
+
         def policy():  # a fresh policy per run: no client of an earlier loop travels to the workers
-            return OpenAIPolicy("fake", base_url=server.base_url, max_connections=concurrency, tokens="off")
+            return OpenAIPolicy("fake", base_url=base_url, max_connections=concurrency, tokens="off")
 
         return {"inproc": timed(tasks, policy(), settings, samples, None, root, "io-inproc"),
                 "ray1": timed(tasks, policy(), settings, samples, "auto", root, "io-ray1")}
+    finally:
+        server.kill()
+        server.wait()
 
 
 def worker_start_s() -> float:
