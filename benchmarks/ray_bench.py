@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -122,9 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     cpu_samples, io_samples = (1, 4) if args.quick else (3, 40)
+    ray_dir = tempfile.mkdtemp(prefix="omrlrb", dir="/tmp")  # short: Ray's socket paths have a length limit
     with tempfile.TemporaryDirectory(prefix="omrl-ray-bench-") as root:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(
-            prefix="omrlrb", dir="/tmp"), runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
         try:
             cpu = cpu_bound(root, cpu_samples, args.unsafe_no_sandbox)
             io = io_bound(root, io_samples, args.latency, concurrency=32)
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
             io_episodes = io_samples * len(load_tasks(str(REPO / "datasets" / "tasks" / "math_arith.jsonl")))
         finally:
             ray.shutdown()
+            shutil.rmtree(ray_dir, ignore_errors=True)
     out = {
         "cpu_episodes_per_s": {k: round(v, 3) for k, v in cpu.items()},
         "ray_speedup_2": round(cpu["ray2"] / cpu["ray1"], 3),

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -94,6 +95,7 @@ def test_cli_collect_and_eval_on_a_cluster_from_ray_start(tmp_path: Path):
         assert "grid" in out.stdout
     finally:
         kill_tree(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)  # the cluster's logs and sockets
     rows = Store(store).read().to_pylist()
     assert len(rows) == 12 and len({r["id"] for r in rows}) == 12
     assert sorted({r["run_id"] for r in rows}) == ["e", "r"]
@@ -122,6 +124,7 @@ def cluster():
     yield
     ray.shutdown()
     kill_tree(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
