@@ -145,7 +145,11 @@ def jsonl_groups(path: Path) -> dict:
     rewards: dict[str, list[float]] = defaultdict(list)
     for row in _jsonl_rows(path):
         rewards[row["group_id"]].append(row["reward"])
-    return {g: (len(r), statistics.fmean(r), statistics.pstdev(r)) for g, r in rewards.items()}
+    out = {}
+    for g, r in rewards.items():
+        known = [x for x in r if x is not None]  # imported rows may have no reward; SQL's avg skips NULL
+        out[g] = (len(r), statistics.fmean(known) if known else None, statistics.pstdev(known) if known else None)
+    return out
 
 
 def jsonl_tool_counts(path: Path) -> Counter:
