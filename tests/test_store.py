@@ -219,3 +219,21 @@ def test_appending_an_arrow_table_conforms_it(tmp_path):
     table = pa.Table.from_pylist([row]).drop_columns(["metadata"])
     store.append(table)
     assert store.read().to_pylist()[0]["messages"] == row["messages"]
+
+
+def test_store_auto_compact_cli_shows_changes_and_refuses_settings(tmp_path):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+    from omrl.store_layout import CompactPolicy
+
+    Store.create(tmp_path / "s")
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["store", "auto-compact", str(tmp_path / "s")])
+    assert shown.exit_code == 0 and "once 32 parts under 16 MB" in shown.output
+    changed = runner.invoke(cli, ["store", "auto-compact", str(tmp_path / "s"), "--parts", "4", "--part-mb", "2"])
+    assert changed.exit_code == 0, changed.output
+    assert Store(tmp_path / "s").compact_policy == CompactPolicy(small_parts=4, small_part_bytes=2 * 1024 * 1024)
+    refused = runner.invoke(cli, ["store", "auto-compact", str(tmp_path / "s"), "--parts", "1"])
+    assert refused.exit_code == 2 and "at least 2" in refused.output
+    assert Store(tmp_path / "s").compact_policy.small_parts == 4

@@ -9,6 +9,7 @@ import click
 from omrl.cli.common import console, user_errors
 from omrl.files import append_files
 from omrl.store import TABLES, Store, open_store
+from omrl.store_layout import CompactPolicy
 
 
 @click.group()
@@ -118,3 +119,30 @@ def compact(path: str, table: tuple[str, ...]) -> None:
         before = len(target.parts(name))
         new = target.compact(name)
         console.print(f"{name}: {before} parts -> {1 if new else before}")
+
+
+@store.command("auto-compact")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--parts", "small_parts", type=click.IntRange(min=0), default=None,
+              help="Compact once this many small parts exist (0 turns automatic compaction off; 1 is refused).")
+@click.option("--part-mb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="A part smaller than this many megabytes counts as small (only small parts are merged).")
+@user_errors
+def auto_compact(path: str, small_parts: int | None, part_mb: float | None) -> None:
+    """Show or change when appends compact small parts by themselves (stored in the store's omrl.json).
+
+    Example:  omrl store auto-compact my-store --parts 64 --part-mb 32
+    """
+    target = open_store(path)
+    policy = target.compact_policy
+    if small_parts is not None or part_mb is not None:
+        try:
+            policy = CompactPolicy(small_parts=policy.small_parts if small_parts is None else small_parts,
+                                   small_part_bytes=policy.small_part_bytes if part_mb is None
+                                   else int(part_mb * 1024 * 1024))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        target.set_compact_policy(policy)
+    state = "off" if policy.small_parts == 0 else (
+        f"once {policy.small_parts} parts under {policy.small_part_bytes / 1024 / 1024:g} MB exist")
+    console.print(f"automatic compaction: {state}", highlight=False)
