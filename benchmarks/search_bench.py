@@ -52,9 +52,16 @@ def parquet_index_path(part: Path) -> Path:
 def build_parquet_index(part: Path, table: pa.Table | None = None) -> Path:
     """The same blocks and tokens as omrl.search, as token -> block postings (sorted by token) and a block table."""
     messages, num_rows = S.part_messages(part, table)
-    firsts, counts, tokens = S.block_tokens(messages, num_rows)
-    postings = pa.table({"token": pa.array([t for distinct in tokens for t in distinct], pa.string()),
-                         "block": pa.array(np.repeat(np.arange(len(tokens)), [len(d) for d in tokens]), pa.uint32())})
+    firsts, counts, texts = S.blocks(messages, num_rows)
+    per_text = pc.utf8_split_whitespace(pa.array(S.token_texts(messages.texts), pa.string()))
+    text_of_pair = np.concatenate(texts) if texts else np.zeros(0, dtype=np.int64)
+    block_of_pair = np.repeat(np.arange(len(texts)), [len(t) for t in texts])
+    taken = per_text.take(pa.array(text_of_pair))  # each (block, distinct text) pair's tokens
+    postings = pa.table({"token": pc.list_flatten(taken),
+                         "block": pa.array(block_of_pair, pa.uint32()).take(pc.list_parent_indices(taken))})
+    length = pc.binary_length(postings.column("token"))  # splitting leaves empty strings at runs' ends
+    postings = postings.filter(pc.and_(pc.greater(length, 0), pc.less_equal(length, S.MAX_INDEXED_TOKEN_BYTES)))
+    postings = postings.group_by(["token", "block"]).aggregate([])  # one posting per token and block
     postings = postings.sort_by([("token", "ascending"), ("block", "ascending")])
     folder = parquet_index_path(part)
     folder.mkdir()

@@ -208,16 +208,23 @@ def _register(index) -> None:
     index.register_tokenizer(_ANALYZER, analyzer)
 
 
-def token_texts(texts: pa.Array) -> list[str]:
-    """Each text's tokens (`tokenize`) joined by spaces. ASCII texts are done in Arrow: there `\\w` is
-    exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the result is the same, many times faster."""
-    is_ascii = pc.fill_null(pc.string_is_ascii(texts), True)
-    spaced = pc.replace_substring_regex(texts, r"[^A-Za-z0-9_]+", " ")
-    fast = pc.utf8_lower(pc.utf8_trim(spaced, characters=" ")).to_pylist()
-    mask = is_ascii.to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(~mask):
-        fast[i] = " ".join(tokenize(texts[int(i)].as_py()))
-    return ["" if t is None else t for t in fast]
+# ASCII bytes: letters lower-cased, digits and underscore kept, every other byte a space
+_ASCII_TOKENS = bytes(c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95) else 32
+                      for c in range(256))
+
+
+def token_texts(texts: list[str | None]) -> list[str]:
+    """Each text's tokens (`tokenize`) separated by whitespace. ASCII text is mapped byte by byte: there
+    `\\w` is exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the tokens are the same, many times faster."""
+    out = []
+    for text in texts:
+        if text is None:
+            out.append("")
+        elif text.isascii():
+            out.append(text.encode("ascii").translate(_ASCII_TOKENS).decode("ascii"))
+        else:
+            out.append(" ".join(tokenize(text)))
+    return out
 
 
 def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -238,26 +245,6 @@ def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, 
     cuts = np.searchsorted(pair_block, np.arange(len(firsts)))
     texts = np.split(pairs % (len(messages.dictionary) + 1), cuts[1:])
     return firsts, counts, texts
-
-
-def block_tokens(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
-    """`blocks` with each block's distinct tokens of at most MAX_INDEXED_TOKEN_BYTES (deduplicated in
-    Arrow: the index needs each token once per block, and tantivy then handles a quarter of the tokens)."""
-    firsts, counts, texts = blocks(messages, num_rows)
-    per_text = pc.split_pattern(pa.array(token_texts(messages.dictionary), pa.string()), " ")
-    text_of_pair = np.concatenate(texts) if texts else np.zeros(0, dtype=np.int64)
-    block_of_pair = np.repeat(np.arange(len(texts)), [len(t) for t in texts])
-    taken = per_text.take(pa.array(text_of_pair))  # each (block, distinct text) pair's tokens
-    pairs = pa.table({"block": pa.array(block_of_pair).take(pc.list_parent_indices(taken)),
-                      "token": pc.list_flatten(taken)})
-    keep = pc.and_(pc.greater(pc.binary_length(pairs.column("token")), 0),
-                   pc.less_equal(pc.binary_length(pairs.column("token")), MAX_INDEXED_TOKEN_BYTES))
-    grouped = pairs.filter(keep).group_by("block").aggregate([("token", "distinct")])
-    tokens: list[list[str]] = [[] for _ in firsts]
-    for block, distinct in zip(grouped.column("block").to_pylist(), grouped.column("token_distinct").to_pylist(),
-                               strict=True):
-        tokens[block] = distinct
-    return firsts, counts, tokens
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -298,10 +285,11 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
         index = tantivy.Index(_schema(), path=str(temp), reuse=False)
         _register(index)
         writer = index.writer(heap_size=TANTIVY_HEAP_BYTES, num_threads=1)
-        firsts, counts, tokens = block_tokens(messages, num_rows)
-        for first, count, distinct in zip(firsts, counts, tokens, strict=True):
+        token_text = token_texts(messages.texts)
+        firsts, counts, texts = blocks(messages, num_rows)
+        for first, count, text_ids in zip(firsts, counts, texts, strict=True):
             doc = tantivy.Document()
-            doc.add_text("tokens", " ".join(distinct))
+            doc.add_text("tokens", " ".join(token_text[t] for t in text_ids))  # tantivy keeps a token once
             doc.add_unsigned("first", int(first))  # a plain int would be an i64, refused by the u64 column
             doc.add_unsigned("rows", int(count))
             writer.add_document(doc)

@@ -185,9 +185,7 @@ def test_index_from_given_rows_equals_index_from_the_file(corpus):
 @pytest.mark.parametrize("text", ["Hello, World_x 42!", "tab\there\x00nul\x7fdel", "naïve Straße", "İstanbul ıi",
                                   "ΟΔΟΣ ὀδός", "東京タワー", "x²½", "e\u0301", "", "🙂a🙂", "KELVIN \u212a"])
 def test_fast_token_text_equals_the_tokeniser(text):
-    import pyarrow as pa
-
-    assert S.token_texts(pa.array([text, None])) == [" ".join(S.tokenize(text)), ""]
+    assert [t.split() for t in S.token_texts([text, None])] == [S.tokenize(text), []]
 
 
 def test_blocks_cover_every_row_once(monkeypatch):
