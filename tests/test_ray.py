@@ -208,3 +208,14 @@ def test_plan_fits_workers_to_the_cluster():
         plan(RolloutSettings(ray_num_cpus=4.0), {"CPU": 2.0}, two, 10)
     with pytest.raises(UsageError, match="lower --ray-workers"):
         plan(RolloutSettings(concurrency=1, ray_workers=3), {"CPU": 2.0}, two, 10)
+
+
+def test_a_policy_that_cannot_travel_is_a_usage_error(tmp_path: Path, cluster):
+    from omrl.errors import UsageError
+
+    policy = RandomPolicy(seed=1)
+    policy.lock = threading.Lock()  # cannot be pickled
+    settings = RolloutSettings(env="grid", max_turns=2, concurrency=1, ray_num_cpus=0.5)
+    with pytest.raises(UsageError, match="cannot be sent to Ray workers"):
+        asyncio.run(collect(None, load_tasks(str(GRID_TASKS))[:2], policy, Store.create(tmp_path / "s"), settings,
+                            run_id="p", progress=False, ray="auto"))

@@ -129,11 +129,6 @@ class EpisodeWorker:
                                            **self.run)
         return [episode.row for episode in episodes]
 
-    async def close(self) -> None:
-        close = getattr(self.policy, "aclose", None)
-        if close is not None:
-            await close()
-
 
 async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callable[[], Any], policy: Any,
                       store: Any, settings: Any, *, address: str, batch_size: int, flush_seconds: float,
@@ -195,8 +190,8 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
                     try:
                         rows = future.result()
                     except ray.exceptions.RayError as exc:
-                        raise OmrlError(f"a Ray shard failed after {TASK_RETRIES} retries: "
-                                        f"{type(exc).__name__}: {str(exc)[:500]}") from None
+                        raise OmrlError(f"a Ray shard failed (a dead worker's shard is replayed up to "
+                                        f"{TASK_RETRIES} times): {type(exc).__name__}: {str(exc)[:500]}") from None
                     for row in rows:
                         result.add(row)
                         await writer.add(row)
