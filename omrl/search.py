@@ -247,12 +247,8 @@ def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, 
     return firsts, counts, texts
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.iterdir():
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -298,13 +294,15 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
         meta = {"version": INDEX_VERSION, "part": part.name, "part_bytes": part.stat().st_size,
                 "rows": int(num_rows), "blocks": len(firsts), "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
-        _fsync_tree(temp)
+        _fsync(temp / META_FILE)  # tantivy's commit has synced its own files and folder already
+        _fsync(temp)
         try:
             os.rename(temp, final)
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             shutil.rmtree(temp, ignore_errors=True)  # built by someone else meanwhile: theirs is as good
+        _fsync(part.parent)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
