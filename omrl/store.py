@@ -3,7 +3,7 @@
     STORE/README.md                       dataset card (configs: trajectories, annotations)
     STORE/omrl.json                       manifest: schema version, lineage of derived stores
     STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
-    STORE/data/trajectories/_side/        flat side data of each part (omrl.store_layout), not in the card
+    STORE/data/trajectories/.side/        flat side data of each part (omrl.store_layout), not in the card
 
 Every commit is whole and goes through one store-wide write lock: an append of any size is one part
 (temporary file, fsync, rename), its ids are checked against the store's under the lock (ids are unique

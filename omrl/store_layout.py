@@ -9,7 +9,7 @@ module decides only how a part's bytes are laid out and what travels beside it:
   which is why v1 stored every repeat again).
 - A flat `tool_calls` side file per trajectories part (one row per tool call), so the `tool_calls` view
   reads three narrow columns instead of unnesting every conversation. Side files live in the table's
-  hidden `_side/` folder, are written and renamed in before their part, carry the part's name and row
+  hidden `.side/` folder, are written and renamed in before their part, carry the part's name and row
   count (a side file that does not match is ignored), and are never listed in the dataset card.
 - When small parts accumulate, appends compact them (`CompactPolicy`).
 """
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
 # Dictionary pages up to this size: one row group's distinct message texts fit (row groups are ~32 MB).
 DICTIONARY_PAGE_BYTES = 256 * 1024 * 1024
-SIDE_DIR = "_side"
+SIDE_DIR = ".side"  # hidden: never listed in the card, left out of Hub uploads (hub.PUSH_IGNORE)
 SIDE_KINDS = ("tool_calls",)
 SIDE_OF_KEY = b"omrl.side_of"  # the part a side file belongs to
 SIDE_ROWS_KEY = b"omrl.part_rows"  # and that part's row count: a side file from another part never matches

@@ -36,7 +36,7 @@ def unnested(store: Store, sql: str = TOOL_CALLS):
     copy = store.path.parent / f"{store.path.name}-unnested"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(store.path, copy)
-    shutil.rmtree(copy / "data" / "trajectories" / "_side", ignore_errors=True)
+    shutil.rmtree(copy / "data" / "trajectories" / ".side", ignore_errors=True)
     other = Store(copy)
     assert other.side_files()[0] == []
     return other.sql(sql)
@@ -149,7 +149,7 @@ def test_the_next_writer_removes_side_files_whose_part_never_landed(tmp_path):
     shutil.copy(side_path(part), orphan)  # a writer killed after its side file, before its part
     store.append(varied_rows(100))
     assert not orphan.exists()
-    assert sorted(p.name for p in (part.parent / "_side").iterdir()) == sorted(
+    assert sorted(p.name for p in (part.parent / ".side").iterdir()) == sorted(
         side_path(p).name for p in store.parts())
 
 
@@ -267,7 +267,7 @@ def test_a_sigkill_during_automatic_compaction_loses_and_doubles_nothing(tmp_pat
     assert final.partial is None and sorted(final.keys) == sorted(expected + ["traj-2000"])
     assert Counter(final.keys).most_common(1)[0][1] == 1
     assert after.check() == []
-    assert sorted(p.name for p in (store.path / "data" / "trajectories" / "_side").iterdir()) == sorted(
+    assert sorted(p.name for p in (store.path / "data" / "trajectories" / ".side").iterdir()) == sorted(
         side_path(p).name for p in after.parts())
 
 
