@@ -39,6 +39,24 @@ def test_tool_calls_view(store):
     assert first == [{"message_position": 2, "call_index": 0, "arguments": '{"expression": "2+1"}'}]
 
 
+def test_tool_calls_view_reads_the_side_file_not_the_conversations(store):
+    import pyarrow.parquet as pq
+
+    from omrl.store import Store
+    from omrl.store_layout import side_path
+
+    (part,) = store.parts()
+    side = side_path(part)
+    table = pq.read_table(side)
+    names = table.column("name").to_pylist()
+    # rewrite the side file's names (stamp kept): the view must answer from it, so its change shows
+    changed = table.set_column(table.schema.get_field_index("name"), "name",
+                               [[f"side-{n}" for n in names]]).replace_schema_metadata(table.schema.metadata)
+    pq.write_table(changed, side)
+    rows = Store(store.path).sql("SELECT DISTINCT name FROM tool_calls ORDER BY name").to_pylist()
+    assert rows == [{"name": "side-answer"}, {"name": "side-calculator"}]
+
+
 def test_groups_view_statistics(store):
     rows = store.sql("SELECT task_id, n, mean_reward, std_reward, success_rate FROM groups ORDER BY task_id")
     assert rows.to_pylist() == [
