@@ -291,7 +291,8 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
             writer.add_document(doc)
         writer.commit()
         writer.wait_merging_threads()
-        meta = {"version": INDEX_VERSION, "part": part.name, "part_bytes": part.stat().st_size,
+        meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
+                "part_bytes": part.stat().st_size,
                 "rows": int(num_rows), "blocks": len(firsts), "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
         _fsync(temp / META_FILE)  # tantivy's commit has synced its own files and folder already
@@ -321,10 +322,14 @@ def remove_index(part: Path) -> None:
 
 
 def _usable(part: Path) -> bool:
-    """Whether the part has an index that was built from it as it is now."""
+    """Whether the part has an index that was built from it as it is now, by this version of tantivy (its
+    file format changes between versions: an index of another is rebuilt by `build_missing`)."""
+    import tantivy
+
     try:
         meta = json.loads((index_path(part) / META_FILE).read_text())
-        return (meta.get("version") == INDEX_VERSION and meta.get("part") == part.name
+        return (meta.get("version") == INDEX_VERSION and meta.get("tantivy") == tantivy.__version__
+                and meta.get("part") == part.name
                 and meta.get("part_bytes") == part.stat().st_size
                 and meta.get("max_token_bytes") == MAX_INDEXED_TOKEN_BYTES)
     except (OSError, ValueError):

@@ -216,9 +216,8 @@ def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
     assert S.missing_indexes(corpus) == corpus.parts() == [merged]  # scanned until it is built
     assert {q: _keys(S.search(corpus, q)) for q in before} == before
     assert S.build_missing(corpus) == 1
-    left = sorted(p.name for p in corpus.table_dir("trajectories").iterdir() if p.name.startswith("."))
-    assert left == [S.index_path(corpus.parts()[0]).name] + sorted(
-        p.name for p in corpus.table_dir("trajectories").iterdir() if p.name.endswith(".lock"))
+    left = [p.name for p in corpus.table_dir("trajectories").iterdir() if S.INDEX_SUFFIX in p.name]
+    assert left == [S.index_path(merged).name]  # the replaced parts' indexes and the dead builder's folder are gone
     assert {q: _keys(S.search(corpus, q)) for q in before} == before
 
 
@@ -238,6 +237,17 @@ def test_damaged_or_stale_index_falls_back_to_the_scan(corpus):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an index that does not fit is not used, silently
         assert _keys(S.search(corpus, "beta")) == _keys(S.search(corpus, "beta", use_index=False))
+
+
+def test_index_of_another_tantivy_version_is_rebuilt(corpus):
+    part = corpus.parts()[0]
+    meta_path = S.index_path(part) / S.META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "tantivy": "tantivy v0.1.0, index_format v1"}))
+    assert part in S.missing_indexes(corpus)
+    assert _keys(S.search(corpus, "alpha")) == _brute_force(corpus, "alpha")  # scanned meanwhile
+    assert S.build_missing(corpus) == 2 and S.missing_indexes(corpus) == []  # with the unindexed third part
+    assert json.loads(meta_path.read_text())["tantivy"] == meta["tantivy"]
 
 
 def test_index_narrows_candidates(corpus):
