@@ -5,8 +5,8 @@ held-out success, and vllm_speedup (vLLM tokens/s over HFPolicy's).
 Usage (on a machine with a GPU and vllm):  python scripts/gpu_check.py --out /tmp/gpu-check
                                            python scripts/gpu_check.py --backend hf --device cpu   # dry run
 
---backend vllm needs omrl.train.grpo to accept use_vllm (today it refuses on every machine; the figure then
-says so instead of a number). The model is omrl's tiny grid model unless --model names a local checkpoint.
+--backend vllm sets the GRPO recipe's use_vllm (refused on a CPU; a missing vllm is reported instead of a
+number). The model is omrl's tiny grid model unless --model names a local checkpoint.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ def completion_tokens(store: Any, run_prefix: str) -> int:
 def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, tasks_file: Path, store: Any,
                  held_out: list[Any]) -> dict[str, Any]:
     """Train GRPO generating with `backend`; its step time, tokens/s and held-out success (or why it could not)."""
-    import dataclasses
 
     from omrl.policies.hf import HFPolicy
     from omrl.rollout import evaluate
@@ -65,8 +64,7 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
     options: dict[str, Any] = {}
     if backend == "vllm":
         options["use_vllm"] = True
-        if "vllm_mode" in {f.name for f in dataclasses.fields(GRPORecipe)}:
-            options["vllm_mode"] = args.vllm_mode
+        options["vllm_mode"] = args.vllm_mode
     run_name = f"grpo-{backend}"
     start = time.perf_counter()
     try:
@@ -74,7 +72,7 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
             model=str(sft_checkpoint), tasks=str(tasks_file), output_dir=str(out / run_name), store=str(store.path),
             run_name=run_name, max_steps=args.grpo_steps, learning_rate=2e-4, warmup_steps=5, max_new_tokens=4,
             max_turns=14, use_cpu=args.device == "cpu", quiet=True, **options))
-    except (ValueError, ImportError) as exc:  # use_vllm refused by this build, or vllm not installed
+    except (ValueError, ImportError) as exc:  # use_vllm refused on a CPU, or vllm not installed
         return {"error": f"{type(exc).__name__}: {exc}"}
     seconds = time.perf_counter() - start
     tokens = completion_tokens(store, run_name)

@@ -96,3 +96,58 @@ def test_flat_rollout_keywords_and_keys_still_fill_the_rollout_section():
     loaded = GRPORecipe.from_dict({"model": "m", "tasks": "t", "output_dir": "o", "env": "math", "max_turns": 3,
                                    "temperature": 0.5})
     assert loaded.rollout == flat.rollout
+
+
+def test_use_vllm_is_refused_on_a_cpu_and_passed_to_trl_on_a_gpu(monkeypatch):
+    from omrl.train import grpo
+
+    recipe = GRPORecipe(model="m", tasks="t.jsonl", output_dir="o", use_vllm=True, use_cpu=True)
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        grpo._trl_config(recipe)
+    # On a GPU machine the vLLM settings reach GRPOConfig; TRL validates them when the trainer starts, so
+    # only the config values are checked here (GRPOConfig itself refuses use_vllm without vllm installed).
+    seen = {}
+
+    class Config:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    import trl
+
+    monkeypatch.setattr(trl, "GRPOConfig", Config)
+    monkeypatch.setattr(grpo, "_use_cpu", lambda recipe: False)
+    grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="server",
+                                         vllm_server_base_url="http://127.0.0.1:8000"))
+    assert (seen["use_vllm"], seen["vllm_mode"], seen["vllm_server_base_url"]) == (True, "server",
+                                                                                   "http://127.0.0.1:8000")
+    with pytest.raises(ValueError, match="colocate or server"):
+        grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="remote"))
+
+
+def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
+    from types import SimpleNamespace
+
+    from omrl.policies.hf import HFPolicy
+    from omrl.policies.vllm import VLLMPolicy
+    from omrl.train.rollout_func import AgentRollout
+
+    model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=1)
+    tasks = [Task(id="a", instruction="go")]
+    recipe = GRPORecipe(model=str(model), tasks="t.jsonl", output_dir=str(tmp_path / "o"))
+    hf = HFPolicy(str(model))
+    rollout = AgentRollout(recipe, tasks, hf.tokenizer)
+    settings = rollout.settings(0, 2)
+
+    class Generator:  # VLLMGeneration's interface; not called here
+        temperature, max_completion_length = 1.0, 16
+
+        def generate(self, prompts, images, num_generations, profiler=None):
+            raise AssertionError("not called")
+
+    trainer = SimpleNamespace(args=SimpleNamespace(use_vllm=True, max_completion_length=16),
+                              vllm_generation=Generator(), processing_class=hf.tokenizer, model=hf.model)
+    assert isinstance(rollout.policy(trainer, settings), VLLMPolicy)
+    trainer.args.use_vllm = False
+    trainer.accelerator = SimpleNamespace(unwrap_model=lambda m: m)
+    policy = rollout.policy(trainer, settings)
+    assert type(policy) is HFPolicy and policy.model is hf.model

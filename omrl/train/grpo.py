@@ -15,9 +15,10 @@ while other groups still play; every score is a stored annotation), is the rewar
 is left out of its group's baseline; the group-relative advantages are TRL's. After each step's play its rows
 are appended to the store with their round and step, so GRPO data can be queried like any collection.
 
-On a CPU generation runs through transformers (HFPolicy). On a GPU, TRL's vLLM modes
-(`use_vllm=True`, colocate or server) plug in at the policy: rollout_func would hand the agent loop a
-policy that calls `trainer.vllm_generation` instead of HFPolicy; the rest of the path is unchanged.
+On a CPU generation runs through transformers (HFPolicy). On a GPU, `use_vllm: true` turns on TRL's
+vLLM generation (`vllm_mode` colocate or server): rollout_func then hands the agent loop a VLLMPolicy
+(omrl/policies/vllm.py) that calls `trainer.vllm_generation`, whose weights TRL syncs before each step;
+the rest of the path is unchanged. Not yet run on a GPU in this project (scripts/gpu_check.py does it).
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ class GRPORecipe:
     seed: int = field(default=0, metadata={"help": "seeds torch and the sampler (rollout.seed: the episodes)"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
-    use_vllm: bool = field(default=False, metadata={"help": "TRL vLLM generation (GPU only; see module doc)"})
+    use_vllm: bool = field(default=False, metadata={"help": "generate with TRL's vLLM integration (CUDA GPU and "
+                                                            "`pip install vllm` needed; see module doc)"})
+    vllm_mode: str = field(default="colocate", metadata={
+        "help": "colocate (a vLLM engine in the training process) or server (`trl vllm-serve`)"})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+        "help": "GPU memory share of the colocated vLLM engine"})
+    vllm_server_base_url: str | None = field(default=None, metadata={
+        "help": "server mode: base URL of `trl vllm-serve` (default: TRL's localhost:8000)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
     # Flat rollout keywords of the constructor, before `rollout` existed (omrl/demo.py and scripts/gpu_check.py
     # still pass them); YAML and from_dict move them through LEGACY_KEYS instead.
@@ -108,8 +116,17 @@ def _use_cpu(recipe: GRPORecipe) -> bool:
 def _trl_config(recipe: GRPORecipe):
     from trl import GRPOConfig
 
+    vllm: dict[str, Any] = {}
     if recipe.use_vllm:
-        raise ValueError("use_vllm needs a GPU policy backend in rollout_func; not wired on this build")
+        if _use_cpu(recipe):
+            raise ValueError("use_vllm needs a CUDA GPU (and `pip install vllm`); this run is on the CPU: "
+                             "set use_vllm: false to generate with transformers")
+        if recipe.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be colocate or server, got {recipe.vllm_mode!r}")
+        vllm = {"use_vllm": True, "vllm_mode": recipe.vllm_mode,
+                "vllm_gpu_memory_utilization": recipe.vllm_gpu_memory_utilization}
+        if recipe.vllm_server_base_url:
+            vllm["vllm_server_base_url"] = recipe.vllm_server_base_url
     return GRPOConfig(
         output_dir=recipe.output_dir,
         per_device_train_batch_size=recipe.tasks_per_step * recipe.samples_per_task,
@@ -132,6 +149,7 @@ def _trl_config(recipe: GRPORecipe):
         bf16=False,
         disable_tqdm=recipe.quiet,
         log_level="warning" if recipe.quiet else "passive",
+        **vllm,
     )
 
 

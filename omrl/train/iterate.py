@@ -442,9 +442,11 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
 
     if recipe.report:
         try:  # the figures are a convenience: a plotting failure must not throw away the measured table
-            from omrl.report import write_report
+            from omrl.report import RUN_LOGS, write_report
 
-            write_report(store, out / "report", results=out / "results.json")
+            # The rounds' trainer logs (TRL's loss and entropy per step) when a round has trained.
+            runs = [out] if any(next(out.rglob(name), None) for name in RUN_LOGS) else []
+            write_report(store, out / "report", results=out / "results.json", runs=runs)
         except Exception as exc:  # noqa: BLE001 - said out loud, never silently
             if view is not None:
                 view.print(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")

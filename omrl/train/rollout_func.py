@@ -70,19 +70,28 @@ class AgentRollout:
         return list(self.online.steps) if self.online is not None else []
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
-        from omrl.policies.hf import HFPolicy
-
         started = time.perf_counter()
         step = int(trainer.state.global_step)
-        model = trainer.accelerator.unwrap_model(trainer.model)
         settings = self.settings(step, len(prompts))
-        options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
-        policy = HFPolicy(model, self.tokenizer, name=f"{self.recipe.run_name}@round{self.recipe.round}", **options)
+        policy = self.policy(trainer, settings)
         episodes, scored = asyncio.run(self._play(prompts, policy, settings, step))
         self.calls += 1
         self._store(episodes, scored)  # before the all-failed check: a broken setup's rows are kept to inspect
         self.seconds.append(time.perf_counter() - started)
         return self._to_trl(episodes, step, scored)
+
+    def policy(self, trainer: Any, settings: Any) -> Any:
+        """The live model as a policy: generation through TRL's vLLM engine when the trainer has one
+        (use_vllm), else through transformers; both give the same token traces."""
+        options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
+        name = f"{self.recipe.run_name}@round{self.recipe.round}"
+        if getattr(trainer.args, "use_vllm", False):
+            from omrl.policies.vllm import VLLMPolicy
+
+            return VLLMPolicy.from_trainer(trainer, name=name, **options)
+        from omrl.policies.hf import HFPolicy
+
+        return HFPolicy(trainer.accelerator.unwrap_model(trainer.model), self.tokenizer, name=name, **options)
 
     def settings(self, step: int, episodes: int):
         """The step's RolloutSettings: the recipe's, every episode of the step in flight (one generation
