@@ -218,9 +218,12 @@ def main() -> None:
     parser.add_argument("--n", default="1000,4000", help="comma-separated corpus sizes (trajectories)")
     parser.add_argument("--batch", type=int, default=500, help="rows per append (one part and one index each)")
     parser.add_argument("--seed", type=int, default=0, help="corpus and query seed")
+    parser.add_argument("--block-messages", type=int, default=S.BLOCK_MESSAGES,
+                        help="messages per index block (smaller: more exact candidates, a bigger index)")
     parser.add_argument("--workdir", default=None, help="where to write (default: a temporary folder, removed)")
     args = parser.parse_args()
     sizes = [int(v) for v in args.n.split(",")]
+    S.BLOCK_MESSAGES = args.block_messages
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omrl-search-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -229,7 +232,8 @@ def main() -> None:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     last = runs[-1]
-    top = {k: last[k] for k in ("n", "index_build_vs_write", "index_size_ratio", "search_speedup",
+    top = {"block_messages": S.BLOCK_MESSAGES}
+    top |= {k: last[k] for k in ("n", "index_build_vs_write", "index_size_ratio", "search_speedup",
                                 "parquet_build_vs_write", "parquet_index_size_ratio", "parquet_search_speedup")}
     print(json.dumps({**top, "runs": runs}))
 
