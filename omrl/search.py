@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
+from omrl.store import fsync_path  # the store imports this module only inside its methods
 
 if TYPE_CHECKING:  # a type only: the store imports this module to index its parts
     from omrl.store import Store
@@ -254,14 +255,6 @@ def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, 
     return firsts, counts, texts
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages, int]:
     """A whole part's messages (from `table`, its rows, when given) and its number of rows."""
     if table is None:
@@ -302,15 +295,15 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
                 "part_bytes": part.stat().st_size,
                 "rows": int(num_rows), "blocks": len(firsts), "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
-        _fsync(temp / META_FILE)  # tantivy's commit has synced its own files and folder already
-        _fsync(temp)
+        fsync_path(temp / META_FILE)  # tantivy's commit has synced its own files and folder already
+        fsync_path(temp)
         try:
             os.rename(temp, final)
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             shutil.rmtree(temp, ignore_errors=True)  # built by someone else meanwhile: theirs is as good
-        _fsync(part.parent)
+        fsync_path(part.parent)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

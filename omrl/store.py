@@ -98,7 +98,8 @@ class _Footer:
     replaces: frozenset[str] = frozenset()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder: so that renames and new names in it are durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -113,7 +114,7 @@ def _write_atomic_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def dataset_card(name: str, description: str = "") -> str:
@@ -259,7 +260,7 @@ class Store:
             if not exist_ok:
                 raise StoreError(f"{root} already holds a store") from None
             # A racing process created it first: that is the store the caller asked for.
-        _fsync_dir(root.parent)
+        fsync_path(root.parent)
         return cls(root)
 
     @classmethod
@@ -302,7 +303,7 @@ class Store:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        _fsync_dir(root.parent)
+        fsync_path(root.parent)
         store.path = root
 
     @staticmethod
@@ -781,7 +782,7 @@ def _write_renamed(path: Path, write: Callable[[Any], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def _refuse_foreign(root: Path) -> None:

@@ -310,3 +310,16 @@ def test_search_view_keeps_the_connection_confined(corpus, sql, tmp_path):
         assert not (tmp_path / "out.csv").exists()
     finally:
         os.chdir(cwd)
+
+
+def test_store_check_names_unindexed_parts_and_repair_builds_them(corpus):
+    before = _keys(S.search(corpus, "alpha"))
+    unindexed = S.missing_indexes(corpus)
+    assert len(unindexed) == 1  # the fixture's third part
+    checked = CliRunner().invoke(cli, ["store", "check", str(corpus.path)])
+    assert checked.exit_code == 0, checked.output  # scanned parts are information, not a problem
+    assert "1 part(s) without an index are scanned" in checked.output
+    repaired = CliRunner().invoke(cli, ["store", "check", str(corpus.path), "--repair"])
+    assert repaired.exit_code == 0, repaired.output
+    assert "1 missing index(es) built" in repaired.output and "without an index" not in repaired.output
+    assert S.missing_indexes(corpus) == [] and _keys(S.search(corpus, "alpha")) == before

@@ -75,12 +75,22 @@ def check(path: str, repair: bool, model: str | None, where: str | None, show: i
     if where and not model:
         raise click.UsageError("--where only applies with --tokens")
     target = open_store(path)
+    from omrl.search import build_missing, missing_indexes
+
     if repair:
         removed = target.repair()
         console.print(f"repaired: {removed} leftover file(s) removed, dataset card rewritten", highlight=False)
+        with console.status("building missing search indexes"):
+            built = build_missing(target)
+        if built:
+            console.print(f"search: {built} missing index(es) built", highlight=False)
     problems = target.check()
     if not problems:
         console.print("all parts readable, every id stored once")
+    unindexed = missing_indexes(target)
+    if unindexed:  # information, not a problem: searches scan these parts, with the same results
+        console.print(f"search: {len(unindexed)} part(s) without an index are scanned (--repair builds them)",
+                      highlight=False)
     for problem in problems:
         console.print(f"[red]problem[/red] {problem.path}: {problem.error}", highlight=False)
     drifted = False
