@@ -11,10 +11,8 @@
    settings, turn-level GAE) with max_steps x tasks_per_step x samples_per_task rollouts, as GRPO.
 3. Each is evaluated on the held-out walled tasks, sampled (eval.samples per task, temperature 1) and greedy.
 
-GRPO with step credit needs rollout_func to hand TRL the per-token step advantages. Until omrl/train/grpo.py
-takes a `step_credit` recipe section, this script swaps in the two pieces for its own run only
-(`_step_credit_grpo`): the step-credit trainer for TRL's GRPOTrainer and an AgentRollout that calls
-omrl.train.grpo_credit.rollout_step_advantages before storing a step. Everything else is train_grpo's path.
+GRPO with step credit is train_grpo with the recipe's `step_credit` section (rollout_func hands TRL the
+per-token step advantages; omrl/train/grpo_credit.py's trainer adds them to TRL's episode advantage).
 
 Prints ONE JSON line: success per method, and points against SFT (the baseline measured in this run).
 The same line is written to OUT/benchmark.json (the iterate stages' rows are in OUT/results.json; the
@@ -24,7 +22,6 @@ two extra stages resume from OUT/benchmark_state.json).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -36,39 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 QUICK = ["demos.tasks=16", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",
          "grpo.samples_per_task=4", "grpo.warmup_steps=0", "eval.tasks=6", "eval.samples=2", "tiny.hidden=32"]
-
-
-@contextlib.contextmanager
-def _step_credit_grpo(settings):
-    """train_grpo with step credit, for this process only (see the module doc)."""
-    import trl
-
-    from omrl.policies.hf import token_trace
-    from omrl.train import rollout_func
-    from omrl.train.grpo_credit import STEP_ADVANTAGES, rollout_step_advantages, step_credit_trainer
-
-    base = rollout_func.AgentRollout
-
-    class CreditRollout(base):
-        def _store(self, episodes, scored=None):
-            rows = [e.row for e in episodes]
-            rewards = [scored.rewards.get(r["id"]) if scored is not None else r["reward"] for r in rows]
-            masks = [(token_trace(e.context) or {}).get("env_mask") or [] for e in episodes]
-            self.step_advantages = rollout_step_advantages(rows, masks, settings, rewards)  # fills info.credit
-            super()._store(episodes, scored)
-
-        def _to_trl(self, episodes, step, scored=None):
-            out = super()._to_trl(episodes, step, scored)
-            out[STEP_ADVANTAGES] = self.step_advantages
-            return out
-
-    trainer = step_credit_trainer()
-    saved = trl.GRPOTrainer
-    trl.GRPOTrainer, rollout_func.AgentRollout = trainer, CreditRollout
-    try:
-        yield
-    finally:
-        trl.GRPOTrainer, rollout_func.AgentRollout = saved, base
 
 
 def _row(results: dict, keep=("success", "greedy_success", "mean_reward", "greedy_mean_reward", "success_ci95",
@@ -109,9 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not state.done("grpo-credit"):
         credit = grpo_recipe(recipe, {"model": sft, "tasks": recipe.train_tasks, "output_dir": str(out / "grpo-credit"),
                                       "store": str(store.path), "round": 1, "run_name": "grpo-credit"}, round=1)
+        credit.step_credit = StepCreditSettings(weight=args.weight, gamma=args.gamma)
         t0 = time.monotonic()
-        with _step_credit_grpo(StepCreditSettings(weight=args.weight, gamma=args.gamma)):
-            checkpoint = str(train_grpo(credit))
+        checkpoint = str(train_grpo(credit))
         results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, "grpo-credit", round=1)
         results["train_s"] = round(time.monotonic() - t0, 1)
         state.finish("grpo-credit", checkpoint=checkpoint, results=results)

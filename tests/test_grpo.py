@@ -151,3 +151,24 @@ def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
     trainer.accelerator = SimpleNamespace(unwrap_model=lambda m: m)
     policy = rollout.policy(trainer, settings)
     assert type(policy) is HFPolicy and policy.model is hf.model
+
+
+def test_step_credit_recipe_trains_through_train_grpo_and_stores_the_credit(tmp_path):
+    from omrl.envs.grid import grid_tasks
+    from omrl.train.step_credit import StepCreditSettings
+
+    model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=1)
+    tasks = write_tasks(grid_tasks(2, seed=3), tmp_path / "tasks.jsonl")
+    recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
+                        rollout=RolloutSettings(env="grid", max_turns=3, max_new_tokens=4),
+                        store=str(tmp_path / "store"), run_name="credit", max_steps=1, tasks_per_step=2,
+                        samples_per_task=4, warmup_steps=0, logging_steps=1, quiet=True,
+                        step_credit=StepCreditSettings(weight=0.5))
+    out = train_grpo(recipe)
+    log = json.loads((out / "omrl_grpo.json").read_text())["log"]
+    assert any("step_credit/step_abs_mean" in entry for entry in log)  # the step-credit trainer ran
+    # Every stored turn carries its step group and advantages, visible in SQL.
+    credit = Store(tmp_path / "store").sql(
+        "SELECT json_extract_string(t.info, '$.state') AS state, json_extract(t.info, '$.credit') AS credit "
+        "FROM trajectories, unnest(turns) AS u(t)").to_pylist()
+    assert credit and all(c["state"] and c["credit"] is not None for c in credit)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from omrl.rollout import RolloutSettings
+from omrl.train.step_credit import StepCreditSettings
 
 # The rollout knobs a training recipe declared itself before they moved to its `rollout` section.
 LEGACY_ROLLOUT_KEYS = ("env", "env_options", "temperature", "max_turns", "max_new_tokens")
@@ -67,6 +68,10 @@ class GRPORecipe:
     reward: str | dict[str, Any] | None = field(default=None, metadata={
         "help": "combined-reward recipe (path or mapping, as `omrl annotate --reward-recipe`): its metrics and "
                 "judges score each group as it finishes, every score stored (needs store); None: the env reward"})
+    step_credit: StepCreditSettings | None = field(default=None, metadata={
+        "help": "GiGPO-style step credit (omrl/train/step_credit.py): turns of a group that share an env "
+                "state (info.state) are compared, their step advantage added per token; {} for defaults; "
+                "None: plain GRPO"})
     seed: int = field(default=0, metadata={"help": "seeds torch and the sampler (rollout.seed: the episodes)"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
@@ -188,6 +193,10 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     rollout = AgentRollout(recipe, tasks, tokenizer)
     # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
     dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})
+    if recipe.step_credit is not None:  # TRL's episode advantage + rollout_func's per-token step term
+        from omrl.train.grpo_credit import step_credit_trainer
+
+        GRPOTrainer = step_credit_trainer()  # noqa: N806 - a GRPOTrainer subclass
     trainer = GRPOTrainer(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
                           train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
     trainer.train()

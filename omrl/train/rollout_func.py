@@ -76,9 +76,28 @@ class AgentRollout:
         policy = self.policy(trainer, settings)
         episodes, scored = asyncio.run(self._play(prompts, policy, settings, step))
         self.calls += 1
+        step_advantages = self._step_credit(episodes, scored)  # before storing: it writes turns' info.credit
         self._store(episodes, scored)  # before the all-failed check: a broken setup's rows are kept to inspect
         self.seconds.append(time.perf_counter() - started)
-        return self._to_trl(episodes, step, scored)
+        out = self._to_trl(episodes, step, scored)
+        if step_advantages is not None:
+            from omrl.train.grpo_credit import STEP_ADVANTAGES
+
+            out[STEP_ADVANTAGES] = step_advantages
+        return out
+
+    def _step_credit(self, episodes: list[Any], scored: Any) -> list[list[float]] | None:
+        """With the recipe's step_credit: per-token step advantages of the step's rollouts (whole groups,
+        from the rewards TRL is given), also written into each turn's info["credit"]; else None."""
+        if self.recipe.step_credit is None:
+            return None
+        from omrl.policies.hf import token_trace
+        from omrl.train.grpo_credit import rollout_step_advantages
+
+        rows = [e.row for e in episodes]
+        rewards = [scored.rewards.get(r["id"]) if scored is not None else r["reward"] for r in rows]
+        masks = [(token_trace(e.context) or {}).get("env_mask") or [] for e in episodes]
+        return rollout_step_advantages(rows, masks, self.recipe.step_credit, rewards)
 
     def policy(self, trainer: Any, settings: Any) -> Any:
         """The live model as a policy: generation through TRL's vLLM engine when the trainer has one
