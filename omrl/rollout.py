@@ -393,9 +393,10 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     if ray is not None:
         from omrl.distributed.ray_collect import play_on_ray
 
-        return await play_on_ray(jobs, result, make, policy, store, settings, address=ray, batch_size=batch_size,
-                                 flush_seconds=flush_seconds, progress=progress, source=source,
-                                 on_episode=on_episode)
+        return await play_on_ray(jobs, result, make, policy, settings, address=ray, play_episodes=play_episodes,
+                                 writer=RowWriter(store, batch_size, flush_seconds),
+                                 progress_bar=lambda label: CollectProgress(len(jobs), label, progress),
+                                 source=source, on_episode=on_episode)
 
     writer = RowWriter(store, batch_size, flush_seconds)
     started = time.monotonic()

@@ -49,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.errors import UsageError
-from omrl.store import fsync_path  # the store imports this module only inside its methods
 
 if TYPE_CHECKING:  # a type only: the store imports this module to index its parts
     from omrl.store import Store
@@ -343,13 +343,11 @@ def missing_indexes(store: Store) -> list[Path]:
 
 def _leftovers(store: Store) -> list[Path]:
     """Index folders whose part is gone, stale ones of rewritten parts, and temporary folders of dead builders."""
-    from omrl.store import _is_stale  # the store's one rule for a dead writer's temporary files
-
     folder = store.table_dir("trajectories")
     out = []
     for path in folder.glob(f".part-*{INDEX_SUFFIX}*"):
         if _BUILDING.search(path.name):
-            if _is_stale(path, _BUILDING):
+            if is_stale(path, _BUILDING):
                 out.append(path)
         elif path.name.endswith(INDEX_SUFFIX):
             part = folder / path.name[1:-len(INDEX_SUFFIX)]

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from omrl.durable import fsync_path, is_stale
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
 from omrl.store_layout import (
@@ -59,8 +60,6 @@ ROW_GROUP_BYTES = 32 * 1024 * 1024
 MAX_ROW_GROUP_ROWS = 16_384
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
 RELIST_ATTEMPTS = 5
-# A temporary file or staging folder whose writer process is gone, or older than this, is garbage.
-STALE_SECONDS = 24 * 3600
 # Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
 _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
 _SIDE_TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.\w+\.parquet\.tmp$")
@@ -96,15 +95,6 @@ class _Footer:
     error: str | None
     num_rows: int = 0
     replaces: frozenset[str] = frozenset()
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a folder (a folder: so that renames and new names in it are durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_atomic_bytes(path: Path, data: bytes) -> None:
@@ -183,28 +173,6 @@ def _card_lists_parts(card: str, table: str) -> list[str] | None:
     if match is None or match.group(1).strip():
         return None
     return re.findall(rf"    - data/{table}/(part-[^\s*]+\.parquet)", match.group(2))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _is_stale(path: Path, pattern: re.Pattern[str]) -> bool:
-    """A temporary file or folder whose writer has died (its pid is in the name), or that is very old."""
-    match = pattern.search(path.name)
-    try:
-        age = time.time() - path.lstat().st_mtime
-    except FileNotFoundError:
-        return False
-    if match is not None and not _pid_alive(int(match.group(1))):
-        return True
-    return age > STALE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -478,7 +446,7 @@ class Store:
             removed += 1
         if temporary:
             for tmp in self.table_dir(table).glob(".part-*.tmp"):
-                if _is_stale(tmp, _TMP_PID):
+                if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
                     removed += 1
         return removed + self._remove_orphan_side_files(table, temporary)
@@ -492,7 +460,7 @@ class Store:
         removed = 0
         for side in folder.iterdir():
             if side.name.startswith("."):
-                orphan = temporary and _is_stale(side, _SIDE_TMP_PID)
+                orphan = temporary and is_stale(side, _SIDE_TMP_PID)
             else:
                 orphan = not (side.parent.parent / part_of_side(side)).exists()
             if orphan:
@@ -795,7 +763,7 @@ def _new_staging(root: Path, kind: str) -> Path:
     ones of killed processes are removed first."""
     root.parent.mkdir(parents=True, exist_ok=True)
     for old in root.parent.glob(f".{root.name}.*-*-*"):
-        if not (_STAGING_PID.search(old.name) and _is_stale(old, _STAGING_PID)):
+        if not (_STAGING_PID.search(old.name) and is_stale(old, _STAGING_PID)):
             continue
         if ".replaced-" in old.name and not root.exists():
             os.rename(old, root)  # killed while swapping in a replacement: the previous store comes back

@@ -103,8 +103,10 @@ def shard_size(jobs: int, workers: int, in_flight: int) -> int:
 class EpisodeWorker:
     """A Ray actor: plays shards of (task, sample) jobs with its own environments and policy copy."""
 
-    def __init__(self, make_env: Callable[[], Any], policy: Any, settings: Any, run: dict[str, Any]):
+    def __init__(self, make_env: Callable[[], Any], policy: Any, settings: Any, run: dict[str, Any],
+                 play_episodes: Callable[..., Any]):
         self.make_env, self.policy, self.settings, self.run = make_env, policy, settings, run
+        self.play_episodes = play_episodes  # omrl.rollout's episode runner, handed in (no import cycle)
         self.finished = 0  # episodes of the current shard finished so far (the driver's live progress)
         # The driver keeps two shards queued per worker, so the next is here when one ends (no idle round
         # trip); this makes them play one after the other, at `concurrency` episodes in flight.
@@ -118,27 +120,27 @@ class EpisodeWorker:
 
     async def play(self, shard: list[tuple[Any, int]]) -> list[dict[str, Any]]:
         """The rows of the shard's episodes, in shard order."""
-        from omrl.rollout import play_episodes
-
         def count(_episode: Any) -> None:
             self.finished += 1
 
         async with self.turn:
             self.finished = 0
-            episodes = await play_episodes(shard, self.make_env, self.policy, self.settings, on_episode=count,
+            episodes = await self.play_episodes(shard, self.make_env, self.policy, self.settings, on_episode=count,
                                            **self.run)
         return [episode.row for episode in episodes]
 
 
 async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callable[[], Any], policy: Any,
-                      store: Any, settings: Any, *, address: str, batch_size: int, flush_seconds: float,
-                      progress: bool, source: str, on_episode: Callable[[Any], None] | None) -> Any:
-    """Play `jobs` on the cluster at `address` and append their rows to `store`; fills and returns `result`.
+                      settings: Any, *, address: str, play_episodes: Callable[..., Any], writer: Any,
+                      progress_bar: Callable[[str], Any], source: str,
+                      on_episode: Callable[[Any], None] | None) -> Any:
+    """Play `jobs` on the cluster at `address`, each shard through `play_episodes` on a worker, and hand
+    the rows to `writer` (omrl.rollout.RowWriter); fills and returns `result`. `progress_bar(label)` makes
+    the bar (omrl.rollout.CollectProgress).
 
-    omrl.rollout.collect calls this after its checks (pending jobs, env probe); use collect(..., ray=...)."""
+    omrl.rollout.collect calls this after its checks (pending jobs, env probe) and hands in its own
+    runner, writer and bar; use collect(..., ray=...)."""
     import time
-
-    from omrl.rollout import CollectProgress, RowWriter
 
     if on_episode is not None:  # an Episode holds its live context, which stays on the worker
         raise UsageError("on_episode callbacks are not available with ray; read the rows from the store")
@@ -153,12 +155,12 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
         num_cpus=layout["num_cpus"], resources=layout["resources"] or None,
         max_restarts=TASK_RETRIES, max_task_retries=TASK_RETRIES)
     try:  # Ray moves a large argument (an hf model) through its object store by itself
-        actors = [actor_class.remote(make_env, policy, worker_settings, run) for _ in range(layout["workers"])]
+        actors = [actor_class.remote(make_env, policy, worker_settings, run, play_episodes)
+                  for _ in range(layout["workers"])]
     except Exception as exc:  # pickling fails inside Ray with its own error types
         raise UsageError(f"the policy or environment cannot be sent to Ray workers ({type(exc).__name__}: "
                          f"{exc})") from None
     shards = deque(jobs[i:i + size] for i in range(0, len(jobs), size))
-    writer = RowWriter(store, batch_size, flush_seconds)
     running: dict[asyncio.Future, Any] = {}
     started = time.monotonic()
     label = f"collect {result.run_id} on {layout['workers']} Ray worker(s)"
@@ -177,7 +179,7 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
             # A worker that just died reports an error here; its shard is replayed, the bar counts it later.
             bar.update(result, pending=sum(c for c in counts if isinstance(c, int)))
 
-    with CollectProgress(len(jobs), label, progress) as bar:
+    with progress_bar(label) as bar:
         ticker = asyncio.create_task(live(bar)) if bar.enabled else None
         try:
             for _ in range(QUEUED_PER_WORKER):

@@ -1,0 +1,43 @@
+"""Durable writes on a local file system: what the store and its search index use to survive a crash."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+# A temporary file or staging folder whose writer process is gone, or older than this, is garbage.
+STALE_SECONDS = 24 * 3600
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder: so that renames and new names in it are durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def is_stale(path: Path, pattern: re.Pattern[str]) -> bool:
+    """A temporary file or folder whose writer has died (its pid is group 1 of `pattern` in the name), or
+    that is very old."""
+    match = pattern.search(path.name)
+    try:
+        age = time.time() - path.lstat().st_mtime
+    except FileNotFoundError:
+        return False
+    if match is not None and not _pid_alive(int(match.group(1))):
+        return True
+    return age > STALE_SECONDS
