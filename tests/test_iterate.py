@@ -197,3 +197,26 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
     online = store.sql("SELECT metadata FROM annotations WHERE annotator = 'judge:grid_goal' AND "
                        "run_id LIKE 'grpo/%'").to_pylist()
     assert online and all(json.loads(a["metadata"])["grpo_step"] == 0 for a in online)
+
+
+def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
+    """algorithm: ppo runs its rounds as ppo-N stages, PPO rollouts stored with their round; a judged
+    reward with ppo, or an unknown algorithm, is refused at load time."""
+    from omrl.models import cached_tiny_model
+    from omrl.recipes import RecipeError
+    from omrl.train.iterate import IterateRecipe, run_iterate
+
+    tiny = cached_tiny_model(hidden=32)
+    config = dataclasses.replace(recipe(tmp_path, tiny), rounds=1, algorithm="ppo")
+    config.ppo = dataclasses.replace(config.ppo, max_steps=1, tasks_per_step=2, samples_per_task=2, quiet=True)
+    results = run_iterate(config)
+    assert [r["stage"] for r in results] == ["base", "sft", "ppo-1"]
+    store = Store(tmp_path / "run" / "store")
+    ppo_rows = store.sql("SELECT count(*) AS n FROM trajectories WHERE source = 'collected:ppo' AND round = 1")
+    assert ppo_rows.to_pylist()[0]["n"] == 4  # 1 step x 2 tasks x 2 samples
+    assert (tmp_path / "run" / "round-1" / "ppo" / "omrl_ppo.json").exists()
+    base = {"output_dir": str(tmp_path / "x"), "train_tasks": "t.jsonl", "eval_tasks": "e.jsonl"}
+    with pytest.raises(RecipeError, match="environment reward"):
+        load_recipe({**base, "algorithm": "ppo", "reward": "recipes/reward.yaml"}, IterateRecipe)
+    with pytest.raises(RecipeError, match="algorithm must be one of"):
+        load_recipe({**base, "algorithm": "dpo"}, IterateRecipe)

@@ -16,6 +16,10 @@ The baselines: `baseline.expert` scores the scripted expert itself on the held-o
 ceiling); `baseline.more_sft` continues SFT from the SFT checkpoint for the wall time the GRPO rounds
 took (in SFT epochs, or `more_sft_epochs`): without it a GRPO gain can be SFT that had not finished.
 
+Update step: `algorithm: grpo` (default; the `grpo` section, with `step_credit` for GiGPO-style step
+credit) or `algorithm: ppo` (the `ppo` section: a critic and GAE, omrl/train/ppo.py); its stages are
+named grpo-N or ppo-N.
+
 Rewards: with `reward` (a reward recipe, omrl/annotate/reward.py) a round is collect -> annotate (the
 recipe's metrics and judges score the collection, then its combined reward; every score stored) ->
 filter (ranked by it) -> GRPO (scored online by the same recipe) -> eval; the round's results carry the
@@ -38,12 +42,18 @@ from typing import Any, ClassVar
 from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.grpo import GRPORecipe
+from omrl.train.ppo import PPORecipe
 from omrl.train.rft import SFTSection
 
 GRPOSection = section(GRPORecipe, "GRPOSection",
                       ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
                       "The GRPO settings of an iterate round (omrl/train/grpo.py); the run sets the checkpoint, "
                       "tasks, folders, round, seed and rollout.")
+PPOSection = section(PPORecipe, "PPOSection",
+                     ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
+                     "The PPO settings of an iterate round with algorithm: ppo (omrl/train/ppo.py); the run sets "
+                     "the checkpoint, tasks, folders, round, seed and rollout.")
+ALGORITHMS = ("grpo", "ppo")
 
 
 @dataclass
@@ -129,8 +139,13 @@ class IterateRecipe:
     sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the demo SFT"})
     collect: CollectSettings = field(default_factory=CollectSettings, metadata={"help": "per-round collection"})
     filter: FilterSettings = field(default_factory=FilterSettings, metadata={"help": "per-round selection"})
+    algorithm: str = field(default="grpo", metadata={
+        "help": "the update step of each round: grpo (the grpo section; step_credit there for GiGPO-style "
+                "step credit) or ppo (the ppo section: a critic and GAE); stages are named grpo-N or ppo-N"})
     grpo: GRPOSection = field(default_factory=GRPOSection, metadata={
         "help": "GRPO settings of each round (omrl.train.grpo); rollouts as the rollout section says"})
+    ppo: PPOSection = field(default_factory=PPOSection, metadata={
+        "help": "PPO settings of each round with algorithm: ppo (omrl.train.ppo); rollouts as the rollout section says"})
     sft_best: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the best-of SFT"})
     eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
     baseline: BaselineSettings = field(default_factory=BaselineSettings, metadata={
@@ -144,6 +159,12 @@ class IterateRecipe:
                 "unless filter.reward_recipe / grpo.reward say otherwise; None: the env reward"})
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.algorithm == "ppo" and (self.reward is not None or self.grpo.reward is not None):
+            # PPO trains on the environment's reward; judged rewards reach GRPO and RFT only (for now).
+            raise ValueError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
+                             "or use algorithm: grpo")
         if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
             from omrl.annotate.reward import load_recipe
 
@@ -413,11 +434,12 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
                    train_s=results["train_s"], epochs=sft.epochs)
 
     for r in range(1, recipe.rounds + 1):
-        stage = f"grpo-{r}"
+        stage = f"{recipe.algorithm}-{r}"
         if state.done(stage):
             continue
-        with shown(stage, f"GRPO round {r} ({recipe.grpo.max_steps} steps)",
-                   success=_grpo_success(store, r) if view is not None else None):
+        steps = (recipe.grpo if recipe.algorithm == "grpo" else recipe.ppo).max_steps
+        with shown(stage, f"{recipe.algorithm.upper()} round {r} ({steps} steps)",
+                   success=_update_success(store, r, recipe.algorithm) if view is not None else None):
             checkpoint, results = _grpo_round(recipe, state.checkpoint, train_tasks, eval_tasks, store, out, r)
             finish(stage, checkpoint=checkpoint, results=results, train_s=results["train_s"])
 
@@ -426,7 +448,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     if recipe.baseline.more_sft and sft_record and recipe.rounds and not state.done("sft-more"):
         from omrl.train.sft import train_sft
 
-        grpo_s = sum(state.done(f"grpo-{r}").get("train_s", 0.0) for r in range(1, recipe.rounds + 1))
+        grpo_s = sum(state.done(f"{recipe.algorithm}-{r}").get("train_s", 0.0) for r in range(1, recipe.rounds + 1))
         epoch_s = max(sft_record.get("train_s", 0.0) / max(sft_record.get("epochs", 1), 1), 1e-6)
         matched = max(1, round(grpo_s / epoch_s))
         epochs = recipe.baseline.more_sft_epochs or matched
@@ -458,13 +480,13 @@ def _train_seconds(trained) -> float:
     return round(float(trained.metrics.get("train_runtime") or trained.duration_s), 1)
 
 
-def _grpo_success(store, round_: int) -> Callable[[], float | None]:
-    """Success so far of the GRPO rollouts of `round` (the rollout function stores each step's rows)."""
+def _update_success(store, round_: int, algorithm: str = "grpo") -> Callable[[], float | None]:
+    """Success so far of the GRPO (or PPO) rollouts of `round` (the trainer stores each step's rows)."""
     from omrl.query import quote_literal
 
     def success() -> float | None:
         rows = store.sql(f"SELECT avg(success::INT) AS s FROM trajectories WHERE round = {int(round_)} AND "
-                         f"source = {quote_literal('collected:grpo')} AND success IS NOT NULL").to_pylist()
+                         f"source = {quote_literal('collected:' + algorithm)} AND success IS NOT NULL").to_pylist()
         return rows[0]["s"] if rows else None
 
     return success
@@ -472,7 +494,7 @@ def _grpo_success(store, round_: int) -> Callable[[], float | None]:
 
 def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_tasks: list, store, out: Path,
                 r: int) -> tuple[str, dict[str, Any]]:
-    """One round: [collect -> filter ->] GRPO [-> SFT on the best] -> held-out eval."""
+    """One round: [collect -> [annotate ->] filter ->] GRPO or PPO [-> SFT on the best] -> held-out eval."""
     import time
     from dataclasses import replace
 
@@ -497,7 +519,8 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter_reward)
         grpo_tasks = [t for t in tasks if t.id in informative]
-        if len(grpo_tasks) < recipe.grpo.tasks_per_step:  # too few informative groups: GRPO needs full steps
+        per_step = (recipe.grpo if recipe.algorithm == "grpo" else recipe.ppo).tasks_per_step
+        if len(grpo_tasks) < per_step:  # too few informative groups: an update step needs full steps
             grpo_tasks = tasks
         tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
         extra.update(grpo_tasks=len(grpo_tasks), train_success=_round(collected.success_rate),
@@ -505,10 +528,19 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     else:
         tasks_file = recipe.train_tasks
     started = time.monotonic()
-    grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / "grpo"),
-                                "store": str(store.path), "round": r}, round=r)
-    checkpoint = str(train_grpo(grpo))
-    extra.update(online_reward_totals(Path(grpo.output_dir) / "omrl_grpo.json"))
+    if recipe.algorithm == "ppo":
+        from omrl.recipes import to_dict
+        from omrl.train.ppo import train_ppo
+
+        rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, r)}
+        ppo = recipe.ppo.to_recipe(seed=recipe.seed + r, rollout=rollout, model=checkpoint, tasks=tasks_file,
+                                   output_dir=str(round_dir / "ppo"), store=str(store.path), round=r)
+        checkpoint = str(train_ppo(ppo).checkpoint)
+    else:
+        grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / "grpo"),
+                                    "store": str(store.path), "round": r}, round=r)
+        checkpoint = str(train_grpo(grpo))
+        extra.update(online_reward_totals(Path(grpo.output_dir) / "omrl_grpo.json"))
     if recipe.filter.sft_best and recipe.collect.enabled:
         from omrl.train.rft import select_best
 
@@ -524,7 +556,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
                                              output_dir=str(round_dir / "sft_best"))
             checkpoint = str(train_sft(best).checkpoint)
     train_s = round(time.monotonic() - started, 1)
-    results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"grpo-{r}", round=r)
+    results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"{recipe.algorithm}-{r}", round=r)
     results.update(extra, train_s=train_s)
     return checkpoint, results
 
