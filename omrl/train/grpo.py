@@ -193,12 +193,13 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     rollout = AgentRollout(recipe, tasks, tokenizer)
     # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
     dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})
+    trainer_class = GRPOTrainer
     if recipe.step_credit is not None:  # TRL's episode advantage + rollout_func's per-token step term
         from omrl.train.grpo_credit import step_credit_trainer
 
-        GRPOTrainer = step_credit_trainer()  # noqa: N806 - a GRPOTrainer subclass
-    trainer = GRPOTrainer(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
-                          train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
+        trainer_class = step_credit_trainer()  # a GRPOTrainer subclass
+    trainer = trainer_class(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
+                            train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
     trainer.train()
     out = Path(recipe.output_dir)
     trainer.save_model(str(out))
