@@ -25,7 +25,8 @@ def test_two_process_sft_runs(tmp_path):
     omrl = shutil.which("omrl") or str(Path(sys.executable).parent / "omrl")
     out = tmp_path / "out"
     # torchrun is what `accelerate launch --multi_gpu` runs under the hood; on CPU the trainer picks gloo.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    # --standalone: torchrun picks a free port itself (a fixed port collided with other jobs on the machine).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            omrl, "train", "sft",
            f"model={tiny}", f"store={store.path}", f"output_dir={out}", "batch_size=2", "max_steps=2",
            "logging_steps=1", "quiet=true"]
