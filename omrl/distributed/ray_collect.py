@@ -23,6 +23,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from omrl.errors import OmrlError, UsageError
@@ -149,7 +150,7 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     layout = plan(settings, ray.cluster_resources(), nodes, len(jobs))
     size = shard_size(len(jobs), layout["workers"], layout["in_flight"])
-    worker_settings = _replace(settings, concurrency=layout["in_flight"])
+    worker_settings = replace(settings, concurrency=layout["in_flight"])
     run = {"run_id": result.run_id, "round": result.round, "source": source}
     actor_class = ray.remote(EpisodeWorker).options(
         num_cpus=layout["num_cpus"], resources=layout["resources"] or None,
@@ -212,9 +213,3 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
             for actor in actors:
                 ray.kill(actor, no_restart=True)
     return result
-
-
-def _replace(settings: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(settings, **changes)
