@@ -35,10 +35,12 @@ def expert_with_tokens(style: str):
     return responder
 
 
-def collect_count(tmp_path: Path, responder, **policy_options):
+def collect_count(tmp_path: Path, responder, reshape=None, **policy_options):
     store = Store.create(tmp_path / "s")
     tasks = count_tasks(3, target=2)
     with FakeOpenAIServer(responder=responder) as server:
+        if reshape is not None:
+            reshape(server)
         policy = OpenAIPolicy("fake-model", base_url=server.base_url, retries=1, **policy_options)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -55,6 +57,12 @@ def test_stored_ids_and_logprobs_equal_what_the_server_sent(tmp_path: Path, styl
     assert warned == []
     assert all(r["logprobs"] is True and r["top_logprobs"] == 1 for r in requests)
     assert all(r["return_token_ids"] is True and r["return_tokens_as_token_ids"] is True for r in requests)
+    assert all(r["return_meta_info"] is True for r in requests)
+    assert_turn_tokens(store)
+
+
+def assert_turn_tokens(store: Store) -> None:
+    """Every stored turn holds the ids and logprobs tokens_for() made the server send for it."""
     rows = store.read().to_pylist()
     assert len(rows) == 6
     for row in rows:
@@ -66,6 +74,57 @@ def test_stored_ids_and_logprobs_equal_what_the_server_sent(tmp_path: Path, styl
             assert turn["logprobs"] == logprobs
             assert turn["completion_tokens"] == 3 and turn["prompt_tokens"] == 7
     assert store.check() == []
+
+
+def as_sglang_meta_info(keep_content: bool):
+    """Reshape the fake's "sglang" replies as SGLang's chat endpoint answers `return_meta_info`
+    (sglang/srt/entrypoints/openai: protocol.py ChatCompletionResponseChoice.meta_info, serving_chat.py
+    _build_chat_response): no choices[0].token_ids; meta_info.output_token_logprobs holds one
+    [logprob, token_id, text] per token. Without `keep_content` the logprobs.content list is gone too."""
+    def reshape(server: FakeOpenAIServer) -> None:
+        original = server.completion_body
+
+        def body(request, reply):
+            out = original(request, reply)
+            choice = out["choices"][0]
+            ids = choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+            if ids is not None and request.get("return_meta_info"):
+                texts = [f"<{i}>" for i in ids]
+                choice["meta_info"] = {"id": out["id"], "finish_reason": {"type": "stop"},
+                                       "output_token_logprobs": [[lp, i, t] for lp, i, t in
+                                                                 zip(reply["logprobs"], ids, texts, strict=True)],
+                                       "completion_tokens": len(ids)}
+            if not keep_content:
+                choice["logprobs"] = None
+            return out
+
+        server.completion_body = body
+    return reshape
+
+
+@pytest.mark.parametrize("keep_content", [True, False])
+def test_sglang_meta_info_ids_and_logprobs_are_stored(tmp_path: Path, keep_content: bool):
+    store, requests, warned = collect_count(tmp_path, expert_with_tokens("sglang"),
+                                            reshape=as_sglang_meta_info(keep_content))
+    assert warned == [] and all(r["return_meta_info"] is True for r in requests)
+    assert_turn_tokens(store)
+
+
+@pytest.mark.parametrize(("entries", "ids", "logprobs"), [
+    ([[-0.5, "x", None]], [], [-0.5]),  # a garbage id: no ids, the logprob is still one
+    ([[-0.5]], [], []),  # not [logprob, id, text]
+    ([["-0.5", 3, None]], [3], []),  # a string is not a logprob
+    ([[True, 3, None]], [3], []),
+    ({}, [], []),
+])
+def test_malformed_sglang_meta_info_is_not_trusted(entries, ids, logprobs):
+    from types import SimpleNamespace
+
+    from omrl.policies.openai_policy import completion_tokens
+
+    choice = SimpleNamespace(logprobs=None, model_extra={"meta_info": {"output_token_logprobs": entries}})
+    assert completion_tokens(choice) == (ids, logprobs)
 
 
 def test_a_plain_server_leaves_the_columns_empty_and_warns_once(tmp_path: Path):

@@ -14,9 +14,12 @@ logprobs (stored in turns), so data collected from a server trains without re-to
     return_token_ids=true              vLLM >= 0.10.2 and SGLang: choices[0].token_ids (and prompt_token_ids,
                                        top-level in vLLM, per choice in SGLang)
     return_tokens_as_token_ids=true    vLLM (also before 0.10.2): logprobs.content[i].token is "token_id:N"
+    return_meta_info=true              SGLang: choices[0].meta_info.output_token_logprobs, a list of
+                                       [logprob, token_id, text] (its native generate's meta_info; the
+                                       fallback where a chat reply carries no choices[0].token_ids)
     (nothing more to ask)              llama.cpp server: logprobs.content[i].id
 
-The two extension fields are not sent to api.openai.com (which refuses unknown fields) nor with tokens="standard";
+The three extension fields are not sent to api.openai.com (which refuses unknown fields) nor with tokens="standard";
 tokens="off" asks for nothing. A server that returns no ids leaves completion_ids empty and the policy warns
 once (per policy object, so once per run).
 """
@@ -150,7 +153,7 @@ class OpenAIPolicy:
 
 
 TOKEN_MODES = ("auto", "standard", "off")
-TOKEN_ID_FIELDS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+TOKEN_ID_FIELDS = {"return_token_ids": True, "return_tokens_as_token_ids": True, "return_meta_info": True}
 _TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -172,14 +175,36 @@ def completion_tokens(choice: Any) -> tuple[list[int], list[float]]:
 
     Either list is empty when the server did not send it; ids are only returned when known for every
     token (a half-known list would misalign training). Sources, first found wins for ids:
-    choice.token_ids (vLLM, SGLang), "token_id:N" token strings (vLLM), per-token `id` (llama.cpp)."""
+    choice.token_ids (vLLM, SGLang), meta_info.output_token_logprobs (SGLang), "token_id:N" token strings
+    (vLLM), per-token `id` (llama.cpp). Logprobs come from logprobs.content, else from SGLang's meta_info."""
     extra = _extra(choice)
     entries = list(getattr(getattr(choice, "logprobs", None), "content", None) or [])
     logprobs = [float(t.logprob) for t in entries]
+    meta_ids, meta_logprobs = _from_meta_info(extra.get("meta_info"))
     ids = _int_list(extra.get("token_ids"))
+    if ids is None:
+        ids = meta_ids
     if ids is None and entries:
         ids = _ids_from_entries(entries)
+    if not logprobs and meta_logprobs is not None:
+        logprobs = meta_logprobs
     return ids or [], logprobs
+
+
+def _from_meta_info(meta: Any) -> tuple[list[int] | None, list[float] | None]:
+    """(ids, logprobs) from SGLang's meta_info.output_token_logprobs: one [logprob, token_id, text] per
+    token (sglang/srt/entrypoints/openai/utils.py reads it so); None for what is missing or malformed."""
+    entries = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return None, None
+    if not all(isinstance(e, list) and len(e) >= 2 for e in entries):
+        return None, None
+    ids = _int_list([e[1] for e in entries])
+    values = [e[0] for e in entries]
+    # A bool or a string is a server's garbage, not a probability.
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return ids, None
+    return ids, [float(v) for v in values]
 
 
 def _ids_from_entries(entries: list[Any]) -> list[int] | None:
