@@ -24,7 +24,7 @@ Tensors are [batch, time]; `mask` is 1/0 (bool or float).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,34 +133,48 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return GAEResult(advantages, returns, starts)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.float()
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+# `reduce` (optional): sums a tensor over the training processes (no gradient), so that the statistics
+# below are those of the whole batch, not of one process's share; None: this process's tensors only.
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+    """Mean of `values` over the masked-in entries (0 when there is none)."""
     mask = mask.float()
-    count = mask.sum()
-    mean = masked_mean(values, mask)
-    var = (((values - mean) * mask) ** 2).sum() / count.clamp(min=1.0)
+    total, count = (values * mask).sum(), mask.sum()
+    if reduce is not None:
+        total, count = reduce(torch.stack([total.detach(), count]))
+    return total / count.clamp(min=1.0)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True,
+               reduce: Reduce | None = None) -> torch.Tensor:
+    """Variance over the masked-in entries (two passes: the mean first, then the squared deviations)."""
+    mask = mask.float()
+    mean = masked_mean(values, mask, reduce)
+    squares, count = (((values - mean) * mask) ** 2).sum(), mask.sum()
+    if reduce is not None:
+        squares, count = reduce(torch.stack([squares.detach(), count]))
+    var = squares / count.clamp(min=1.0)
     if unbiased and count > 1:
         var = var * count / (count - 1)
     return var
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
-                  ) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  reduce: Reduce | None = None) -> torch.Tensor:
     """(x - mean) / std with mean and std over the masked-in entries only; 0 on the others."""
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    mean, var = masked_mean(values, mask, reduce), masked_var(values, mask, reduce=reduce)
     whitened = (values - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return whitened * mask.float()
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       reduce: Reduce | None = None) -> float:
     """1 - Var(returns - values) / Var(returns) over the masked-in entries (nan when returns are flat)."""
-    var_returns = masked_var(returns, mask)
+    var_returns = masked_var(returns, mask, reduce=reduce)
     if float(var_returns) == 0.0:
         return float("nan")
-    return float(1.0 - masked_var(returns - values, mask) / var_returns)
+    return float(1.0 - masked_var(returns - values, mask, reduce=reduce) / var_returns)

@@ -22,7 +22,16 @@ The critic is a linear value head on the policy's last hidden state (`critic: he
 or a separate model (`critic: separate`, from `critic_model`, default the starting checkpoint) with its
 own head. A token's value is read from the hidden state before it (the state it was sampled in).
 Saved: the policy (model + tokenizer) in output_dir, the critic in output_dir/critic, the per-step log
-in output_dir/omrl_ppo.json. Single process; several processes (accelerate) are not wired yet.
+in output_dir/omrl_ppo.json.
+
+Several processes (`accelerate launch` or `torchrun`; gloo on a CPU): every process draws the same tasks
+and plays its contiguous share of the step's (task, sample) episodes (a task's samples stay together; each
+episode's seed depends on (seed, task, sample) only, so the episodes are those of one process) and stores
+only its own rows; GAE is per episode, on the process that played it; whitening, explained variance and
+the token means of the losses are over the whole batch (sums all-reduced), and the policy and critic are
+one DDP module (accelerate's prepare), so every process applies the same averaged gradient. Logged metrics
+are over all processes' samples; the main process prints, saves the checkpoint and writes omrl_ppo.json
+(with each process's parameter digest: equal digests show the copies stayed identical).
 """
 
 from __future__ import annotations
@@ -175,17 +184,23 @@ def _collate(traces: list[dict[str, list]], rewards: list[list[float]], terminal
     return _Batch(input_ids, attention, positions, completion, mask, placed, sampled, width, episode_reward, success)
 
 
-def _forward(policy: Any, critic: Any, batch: _Batch, rows: Any, temperature: float, with_values: bool = True):
+def _inputs(batch: _Batch, rows: Any) -> tuple[Any, ...]:
+    """The model inputs of `rows` of the batch: ids, attention, positions, completion ids and prompt width."""
+    return (batch.input_ids[rows], batch.attention[rows], batch.positions[rows], batch.completion[rows],
+            batch.prompt_width)
+
+
+def _forward(policy: Any, critic: Any, ids: Any, att: Any, pos: Any, completion: Any, width: int,
+             temperature: float, with_values: bool = True):
     """Logprobs and entropies of the completion tokens under `policy`, and the critic's values: [b, C] each."""
     import torch
 
-    ids, att, pos = batch.input_ids[rows], batch.attention[rows], batch.positions[rows]
     shared = critic is not None and critic.trunk is None and with_values
     out = policy(input_ids=ids, attention_mask=att, position_ids=pos, output_hidden_states=shared, use_cache=False)
-    start, length = batch.prompt_width - 1, batch.completion.shape[1]
+    start, length = width - 1, completion.shape[1]
     logits = out.logits[:, start: start + length].float() / temperature  # position i predicts token i + 1
     logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, batch.completion[rows].unsqueeze(-1)).squeeze(-1)
+    logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     values = None
     if with_values and critic is not None:
@@ -197,24 +212,86 @@ def _forward(policy: Any, critic: Any, batch: _Batch, rows: Any, temperature: fl
     return logprobs, entropy, values
 
 
+def _actor_critic(policy: Any, critic: Any):
+    """The policy and its critic as one module: one DDP wrapper then averages the gradients of both."""
+    import torch
+
+    class ActorCritic(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.policy, self.critic = policy, critic
+
+        def forward(self, ids, att, pos, completion, width, temperature):
+            return _forward(self.policy, self.critic, ids, att, pos, completion, width, temperature)
+
+    return ActorCritic()
+
+
+class _Processes:
+    """The run's processes (accelerate): this one's rank, their number, and sums/maxima over all of them."""
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        self.rank, self.count = accelerator.process_index, accelerator.num_processes
+        self.main = accelerator.is_main_process
+
+    def sum(self, tensor: Any) -> Any:
+        """`tensor` summed over the processes (a new tensor; no gradient)."""
+        return self._reduce(tensor, "SUM")
+
+    def max(self, tensor: Any) -> Any:
+        return self._reduce(tensor, "MAX")
+
+    def _reduce(self, tensor: Any, op: str) -> Any:
+        out = tensor.detach().clone()
+        if self.count > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, op))
+        return out
+
+    def share(self, jobs: list[Any]) -> list[Any]:
+        """This process's contiguous share of `jobs` (shares differ in size by at most one)."""
+        n = len(jobs)
+        return jobs[self.rank * n // self.count: (self.rank + 1) * n // self.count]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's `value`, in rank order."""
+        if self.count == 1:
+            return [value]
+        from accelerate.utils import gather_object
+
+        return gather_object([value])
+
+    def from_main(self, value: Any) -> Any:
+        """The main process's `value`, on every process."""
+        if self.count == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([value])[0]
+
+
 # ---------------------------------------------------------------- rollouts
 
 def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], make_env: Any, step: int,
-          run_id: str, rng: random.Random) -> list[Any]:
+          run_id: str, rng: random.Random, procs: _Processes) -> list[Any]:
     import asyncio
 
     from omrl.policies.hf import HFPolicy
     from omrl.rollout import episode_seed, play_episodes
 
     chosen = rng.sample(tasks, recipe.tasks_per_step)
-    jobs = [(task, sample) for task in chosen for sample in range(recipe.samples_per_task)]
+    # Every process draws the same tasks (same rng) and plays its share: the batch is played once.
+    jobs = procs.share([(task, sample) for task in chosen for sample in range(recipe.samples_per_task)])
     base = recipe.rollout
     settings = replace(base, seed=episode_seed(base.seed, f"ppo/round-{recipe.round}", step),
                        concurrency=max(base.concurrency, len(jobs)))
     options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
     policy = HFPolicy(model, tokenizer, name=f"{recipe.run_name}@round{recipe.round}", **options)
     return asyncio.run(play_episodes(jobs, make_env, policy, settings, run_id=run_id, round=recipe.round,
-                                     source="collected:ppo", metadata={"ppo_step": step, "ppo_round": recipe.round}))
+                                     source="collected:ppo", metadata={"ppo_step": step, "ppo_round": recipe.round,
+                                                               "ppo_process": procs.rank}))
 
 
 def _episodes_to_batch(episodes: list[Any], pad_id: int) -> tuple[_Batch | None, int]:
@@ -242,98 +319,146 @@ def _episodes_to_batch(episodes: list[Any], pad_id: int) -> tuple[_Batch | None,
 # ---------------------------------------------------------------- the update
 
 def ppo_losses(logp: Any, old_logp: Any, advantages: Any, mask: Any, values: Any, old_values: Any, returns: Any,
-               value_mask: Any, clip_range: float = 0.2, clip_range_value: float = 0.2):
+               value_mask: Any, clip_range: float = 0.2, clip_range_value: float = 0.2,
+               counts: tuple[Any, Any] | None = None):
     """The clipped surrogate (token mean over `mask`) and the clipped value loss (mean over `value_mask`),
-    with their statistics. Tokens outside the masks add nothing to either loss nor to their gradients."""
+    with their statistics. Tokens outside the masks add nothing to either loss nor to their gradients.
+    `counts`: the two means' denominators (default the masks' sums); with the whole batch's counts over
+    several processes each process's losses and statistics are its share of the batch means (they add up)."""
     import torch
 
-    from omrl.train.gae import masked_mean
-
     mask, value_mask = mask.float(), value_mask.float()
+    tokens, value_tokens = counts if counts is not None else (mask.sum(), value_mask.sum())
+
+    def mean(x, m, count):
+        return (x * m).sum() / max(float(count), 1.0)
+
     logratio = (logp - old_logp) * mask
     ratio = logratio.exp()
     surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
-    policy_loss = masked_mean(surrogate, mask)
+    policy_loss = mean(surrogate, mask, tokens)
     delta = values - old_values
     clipped = old_values + delta.clamp(-clip_range_value, clip_range_value)
     value_errors = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
-    value_loss = 0.5 * masked_mean(value_errors, value_mask)
+    value_loss = 0.5 * mean(value_errors, value_mask, value_tokens)
     with torch.no_grad():
         stats = {
             "policy_loss": float(policy_loss.detach()), "value_loss": float(value_loss.detach()),
-            "clip_fraction": float(masked_mean(((ratio - 1).abs() > clip_range).float(), mask)),
-            "value_clip_fraction": float(masked_mean((delta.abs() > clip_range_value).float(), value_mask)),
+            "clip_fraction": float(mean(((ratio - 1).abs() > clip_range).float(), mask, tokens)),
+            "value_clip_fraction": float(mean((delta.abs() > clip_range_value).float(), value_mask, value_tokens)),
             # k3 estimator of KL(old || new) (Schulman): unbiased, never negative
-            "approx_kl": float(masked_mean((ratio - 1) - logratio, mask)),
+            "approx_kl": float(mean((ratio - 1) - logratio, mask, tokens)),
         }
     return policy_loss, value_loss, stats
 
 
-def _update(recipe: PPORecipe, policy: Any, critic: Any, reference: Any, optimizer: Any, batch: _Batch,
-            generator: Any) -> dict[str, float]:
+def _empty_batch(pad_id: int) -> _Batch:
+    """One masked pad token: a process whose episodes all failed still joins every gradient all-reduce."""
+    trace = {"prompt_ids": [pad_id], "completion_ids": [pad_id], "env_mask": [0], "logprobs": [0.0]}
+    return _collate([trace], [[]], [0.0], pad_id, [], [])
+
+
+def _update(recipe: PPORecipe, model: Any, reference: Any, optimizer: Any, batch: _Batch, generator: Any,
+            procs: _Processes) -> dict[str, float]:
+    """`ppo_epochs` passes of clipped PPO over this process's episodes; statistics over all processes'."""
     import torch
 
-    from omrl.train.gae import explained_variance, gae, masked_mean, masked_whiten
+    from omrl.train.gae import explained_variance, gae, masked_whiten
 
     temperature = recipe.rollout.temperature or 1.0
+    net = procs.accelerator.unwrap_model(model)
     everything = torch.arange(batch.mask.shape[0])
     mask = batch.mask
     with torch.no_grad():
-        old_logp, _, old_values = _forward(policy, critic, batch, everything, temperature)
+        old_logp, _, old_values = net(*_inputs(batch, everything), temperature)
         rewards = batch.rewards.clone()
-        kl_ref = float("nan")
+        kl_sum = torch.zeros(())
         if reference is not None:
-            ref_logp, _, _ = _forward(reference, None, batch, everything, temperature, with_values=False)
+            ref_logp, _, _ = _forward(reference, None, *_inputs(batch, everything), temperature, with_values=False)
             kl = (old_logp - ref_logp) * mask
             rewards = rewards - recipe.beta * kl
-            kl_ref = float(kl.sum() / mask.shape[0])  # per episode, summed over its tokens
+            kl_sum = kl.sum()
         result = gae(rewards, old_values, mask, recipe.gamma, recipe.lam, level=recipe.level)
-        advantages = masked_whiten(result.advantages, mask) if recipe.whiten_advantages else result.advantages
+        advantages = (masked_whiten(result.advantages, mask, reduce=procs.sum) if recipe.whiten_advantages
+                      else result.advantages)
         value_mask, returns = result.value_mask, result.returns
-        ev = explained_variance(old_values, returns, value_mask)
+        ev = explained_variance(old_values, returns, value_mask, reduce=procs.sum)
         # Training recomputes the logprobs in one padded pass; they must match what was sampled.
-        logprob_gap = float(((old_logp - batch.sampled_logprobs).abs() * mask).max())
+        logprob_gap = procs.max((old_logp - batch.sampled_logprobs).abs().mul(mask).max())
 
-    sums: dict[str, float] = {}
-    updates = 0
+    shares: dict[str, float] = {}  # this process's shares of each update's batch means, summed over updates
+    grad_norms: list[float] = []
     for _ in range(recipe.ppo_epochs):
         order = torch.randperm(mask.shape[0], generator=generator)
-        for rows in order.chunk(recipe.minibatches):
-            logp, entropy, values = _forward(policy, critic, batch, rows, temperature)
+        # Exactly `minibatches` chunks on every process (some may be empty), so all join the same all-reduces.
+        for rows in torch.tensor_split(order, recipe.minibatches):
+            live = 1.0
+            if len(rows) == 0:
+                rows, live = order[:1], 0.0  # a forward with no weight: zero gradients, same collectives
+            m, vm = mask[rows] * live, value_mask[rows] * live
+            tokens, value_tokens = procs.sum(torch.stack([m.sum(), vm.sum()]))
+            if tokens == 0:
+                continue  # the minibatch is empty on every process: no step (AdamW would move on momentum)
+            logp, entropy, values = model(*_inputs(batch, rows), temperature)
             policy_loss, value_loss, stats = ppo_losses(
-                logp, old_logp[rows], advantages[rows], mask[rows], values, old_values[rows], returns[rows],
-                value_mask[rows], recipe.clip_range, recipe.clip_range_value)
-            mean_entropy = masked_mean(entropy, mask[rows])
+                logp, old_logp[rows], advantages[rows], m, values, old_values[rows], returns[rows], vm,
+                recipe.clip_range, recipe.clip_range_value, counts=(tokens, value_tokens))
+            mean_entropy = (entropy * m).sum() / tokens
             loss = policy_loss + recipe.vf_coef * value_loss - recipe.entropy_coef * mean_entropy
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # DDP averages gradients over processes; each loss is this process's share of the batch mean.
+            procs.accelerator.backward(loss * procs.count)
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)))
             optimizer.step()
-            stats.update(entropy=float(mean_entropy.detach()), grad_norm=float(grad_norm))
+            stats["entropy"] = float(mean_entropy.detach())
             for key, value in stats.items():
-                sums[key] = sums.get(key, 0.0) + value
-            updates += 1
-    out = {key: value / updates for key, value in sums.items()}
+                shares[key] = shares.get(key, 0.0) + value
+    updates = len(grad_norms)  # the same on every process
+    keys = ("policy_loss", "value_loss", "clip_fraction", "value_clip_fraction", "approx_kl", "entropy")
+    means = procs.sum(torch.tensor([shares.get(k, 0.0) for k in keys], dtype=torch.float64)) / max(updates, 1)
+    out = {k: float(v) if updates else float("nan") for k, v in zip(keys, means, strict=True)}
     known = [s for s in batch.success if s is not None]
-    out.update(explained_variance=ev, kl_ref=kl_ref, logprob_gap=logprob_gap,
-               reward=sum(batch.episode_reward) / len(batch.episode_reward),
-               success=sum(map(bool, known)) / len(known) if known else float("nan"),
-               trainable_tokens=int(mask.sum()), mean_return=float(masked_mean(returns, value_mask)),
-               mean_value=float(masked_mean(old_values, value_mask)))
+    totals = procs.sum(torch.tensor([
+        sum(batch.episode_reward), len(batch.episode_reward), sum(map(bool, known)), len(known), float(mask.sum()),
+        float(kl_sum), float((returns * value_mask).sum()), float((old_values * value_mask).sum()),
+        float(value_mask.sum())], dtype=torch.float64)).tolist()
+    reward, episodes, solved, judged, trainable, kl_total, return_sum, value_sum, value_count = totals
+    out.update(explained_variance=ev, logprob_gap=float(logprob_gap), updates=updates,
+               grad_norm=sum(grad_norms) / updates if updates else float("nan"),
+               kl_ref=kl_total / episodes if reference is not None and episodes else float("nan"),
+               reward=reward / episodes if episodes else float("nan"),
+               success=solved / judged if judged else float("nan"), trainable_tokens=int(trainable),
+               mean_return=return_sum / max(value_count, 1.0), mean_value=value_sum / max(value_count, 1.0))
     return out
 
 
 # ---------------------------------------------------------------- the run
 
+def _digest(module: Any) -> str:
+    """sha256 of every parameter's bytes, in name order: equal digests, identical copies."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, param in sorted(module.named_parameters()):
+        h.update(name.encode())
+        h.update(param.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
-    """Run PPO as the recipe says; return the checkpoint folder and the per-step log."""
+    """Run PPO as the recipe says (one process, or each process of `accelerate launch`/`torchrun` its share);
+    return the checkpoint folder and the per-step log (the same on every process)."""
     import copy
 
     import torch
+    from accelerate import Accelerator
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from omrl.errors import UsageError
     from omrl.rollout import env_factory
     from omrl.tasks import load_tasks
     from omrl.train.rollout_func import free_run_prefix
@@ -349,15 +474,21 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     device = "cpu" if (recipe.use_cpu if recipe.use_cpu is not None else not torch.cuda.is_available()) else "cuda"
     if device != "cpu":
         raise ValueError("train_ppo runs on the CPU only in this build (use_cpu=true); GPU placement is not wired")
+    accelerator = Accelerator(cpu=True)
+    procs = _Processes(accelerator)
+    episodes_per_step = recipe.tasks_per_step * recipe.samples_per_task
+    if episodes_per_step < procs.count:
+        raise UsageError(f"{episodes_per_step} episodes per step (tasks_per_step x samples_per_task) for "
+                         f"{procs.count} processes: every process needs at least one")
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     policy = AutoModelForCausalLM.from_pretrained(recipe.model)
-    policy.eval()  # no dropout: the old and new logprobs of one batch must agree before the first update
     critic = _make_critic(recipe, policy)
-    critic.eval()
+    # eval: no dropout, so the old and new logprobs of one batch agree before the first update
+    model = accelerator.prepare(_actor_critic(policy, critic).eval())
     reference = None
     if recipe.beta > 0:
         reference = copy.deepcopy(policy).requires_grad_(False)
-    params = [p for p in policy.parameters() if p.requires_grad] + [p for p in critic.parameters() if p.requires_grad]
+    params = [p for p in accelerator.unwrap_model(model).parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate)
     warmup = max(recipe.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
@@ -368,8 +499,13 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     if recipe.store:
         from omrl.store import Store
 
-        store = Store.create(recipe.store, exist_ok=True)
-        prefix = free_run_prefix(store, prefix)
+        if procs.main:
+            store = Store.create(recipe.store, exist_ok=True)
+            prefix = free_run_prefix(store, prefix)
+        # One prefix for all, chosen before any process stores this run's rows (they would look like an earlier run's).
+        prefix = procs.from_main(prefix)
+        if store is None:
+            store = Store.create(recipe.store, exist_ok=True)
     make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
     rng = random.Random(f"ppo-{recipe.seed}")
     generator = torch.Generator().manual_seed(recipe.seed)
@@ -378,41 +514,55 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     statuses: dict[str, int] = {}
     for step in range(recipe.max_steps):
         started = time.monotonic()
-        episodes = _play(recipe, policy, tokenizer, tasks, make_env, step, f"{prefix}/step-{step:05d}", rng)
+        episodes = _play(recipe, policy, tokenizer, tasks, make_env, step, f"{prefix}/step-{step:05d}", rng, procs)
         played = time.monotonic() - started
         if store is not None and episodes:
-            store.append([e.row for e in episodes])
+            store.append([e.row for e in episodes])  # this process's own episodes (the store's lock orders appends)
             stored += len(episodes)
         for episode in episodes:
             statuses[episode.status] = statuses.get(episode.status, 0) + 1
         batch, failed = _episodes_to_batch(episodes, pad_id)
-        if batch is None:
+        trainable = int(procs.sum(torch.tensor(0 if batch is None else batch.mask.shape[0])))
+        if trainable == 0:
             first = episodes[0].row if episodes else {"status": "none", "error": "no episodes"}
             raise RuntimeError(f"PPO step {step}: all {len(episodes)} rollouts failed; first error "
                                f"({first['status']}): {first['error']}")
-        stats = _update(recipe, policy, critic, reference, optimizer, batch, generator)
-        stats = {"step": step, **stats, "episodes": len(episodes), "failed": failed,
-                 "learning_rate": optimizer.param_groups[0]["lr"], "rollout_s": round(played, 3),
-                 "step_s": round(time.monotonic() - started, 3)}
+        stats = _update(recipe, model, reference, optimizer, batch if batch is not None else _empty_batch(pad_id),
+                        generator, procs)
+        counts = procs.sum(torch.tensor([len(episodes), failed]))
+        stats = {"step": step, **stats, "episodes": int(counts[0]), "failed": int(counts[1]),
+                 "learning_rate": optimizer.param_groups[0]["lr"], "rollout_s": round(float(procs.max(
+                     torch.tensor(played))), 3), "step_s": round(time.monotonic() - started, 3)}
         scheduler.step()
         log.append(stats)
-        if not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0 or step == recipe.max_steps - 1):
+        if procs.main and not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0
+                                                or step == recipe.max_steps - 1):
             print(f"ppo step {step}: " + ", ".join(f"{k} {_fmt(stats.get(k))}" for k in LOGGED
                                                    if k != "kl_ref" or recipe.beta > 0), flush=True)
 
+    digests = procs.gather(_digest(accelerator.unwrap_model(model)))
+    shares = procs.gather({"stored": stored, "statuses": statuses})
+    stored = sum(s["stored"] for s in shares)
+    totals: dict[str, int] = {}
+    for share in shares:
+        for status, n in share["statuses"].items():
+            totals[status] = totals.get(status, 0) + n
     out = Path(recipe.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    critic_dir = out / "critic"
-    critic_dir.mkdir(exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in critic.head.state_dict().items()},
-              str(critic_dir / "value_head.safetensors"))
-    if critic.trunk is not None:
-        critic.trunk.save_pretrained(str(critic_dir))
-    (out / "omrl_ppo.json").write_text(json.dumps({
-        "recipe": asdict(recipe), "log": log, "rollouts": {"stored": stored, "statuses": statuses,
-                                                           "run_prefix": prefix}}, indent=1, default=str))
+    if procs.main:
+        out.mkdir(parents=True, exist_ok=True)
+        policy.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+        critic_dir = out / "critic"
+        critic_dir.mkdir(exist_ok=True)
+        save_file({k: v.detach().contiguous() for k, v in critic.head.state_dict().items()},
+                  str(critic_dir / "value_head.safetensors"))
+        if critic.trunk is not None:
+            critic.trunk.save_pretrained(str(critic_dir))
+        (out / "omrl_ppo.json").write_text(json.dumps({
+            "recipe": asdict(recipe), "log": log,
+            "rollouts": {"stored": stored, "statuses": totals, "run_prefix": prefix},
+            "processes": {"count": procs.count, "parameter_sha256": digests}}, indent=1, default=str))
+    accelerator.wait_for_everyone()  # no process returns before the checkpoint is on disk
     return PPOResult(checkpoint=out, log=log, stored=stored)
 
 
