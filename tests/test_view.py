@@ -322,17 +322,77 @@ def test_export_pages_the_list(store, tmp_path):
         export_site(store, out, per_page=0)
 
 
+def _live_list(client, **params) -> list[str]:
+    """Trajectory ids of the served list for these params, every page walked (default order)."""
+    ids, number = [], 1
+    while True:
+        page = client.get("/", params=dict(params, per_page=7, page=number)).text
+        ids += [link.removeprefix("/t/") for link in _trajectory_links(page)]
+        if 'rel="next"' not in page:
+            return ids
+        number += 1
+
+
+def _exported_list(out: Path) -> list[str]:
+    """Trajectory file keys of an export's list, index.html then page-2.html, ... in order."""
+    keys, name = [], "index.html"
+    while name:
+        page = (out / name).read_text()
+        keys += [link.removeprefix("t/").removesuffix(".html") for link in _trajectory_links(page)]
+        nxt = re.findall(r'rel="next" href="([^"]+)"', page)
+        name = nxt[0] if nxt else None
+    return keys
+
+
+@pytest.mark.parametrize("where", ["", "success", "env = 'math' OR id LIKE 'xss%'"])
+def test_export_with_search_is_the_live_list(client, store, tmp_path, where):
+    """`--export --search TEXT [--where SQL]` writes exactly the list the viewer shows for the same search
+    and WHERE, in its order; the row cap keeps the first rows of that list and says how many matched."""
+    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    live = _live_list(client, q="function", where=where)
+    everything = _live_list(client)
+    assert 0 < len(live) < len(everything)  # the search narrows (and the WHERE further)
+    done = export_site(store, tmp_path / "site", where=where, search="function", per_page=4)
+    assert done.trajectories == done.matched == len(live)
+    assert _exported_list(tmp_path / "site") == [file_key(i) for i in live]
+    assert sorted(p.stem for p in (tmp_path / "site" / "t").glob("*.html")) == sorted(file_key(i) for i in live)
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert 'id="export-search"' in index and "function" in index
+    cut = export_site(store, tmp_path / "cut", where=where, search="function", limit=3, per_page=2)
+    assert (cut.trajectories, cut.matched, cut.pages) == (3, len(live), 2)
+    assert _exported_list(tmp_path / "cut") == [file_key(i) for i in live[:3]]
+    assert f"the first 3 of {len(live)} matching" in (tmp_path / "cut" / "index.html").read_text()
+
+
+def test_export_search_errors_name_the_option(store, tmp_path):
+    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    with pytest.raises(OmrlError, match="--search: .*unclosed quote"):
+        export_site(store, tmp_path / "a", search='"unclosed')
+    with pytest.raises(OmrlError, match="--where: .*does not parse"):
+        export_site(store, tmp_path / "b", search="function", where="reward >")
+    none = export_site(store, tmp_path / "c", search="zzqqxxnothere")
+    assert (none.trajectories, none.pages) == (0, 1) and "0 trajectories" in (tmp_path / "c" / "index.html").read_text()
+
+
 def test_cli_export_and_help(store, tmp_path):
     result = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "s"), "--where",
                                       "success", "--limit", "5"])
     assert result.exit_code == 0, result.output
-    assert "wrote 5 trajectories" in result.output and "(1 list page)" in result.output
+    successes = store.sql("SELECT count(*) FROM trajectories WHERE success").column(0)[0].as_py()
+    assert "wrote 5 trajectories" in result.output
+    assert f"(1 list page; {successes} matched, --limit kept the newest)" in result.output
     paged = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "p"), "--limit", "7",
                                      "--per-page", "3"])
-    assert paged.exit_code == 0 and "(3 list pages)" in paged.output, paged.output
+    assert paged.exit_code == 0 and "(3 list pages; 62 matched" in paged.output, paged.output
     assert (tmp_path / "p" / "page-3.html").is_file()
     serving = CliRunner().invoke(cli, ["view", str(store.path), "--per-page", "3"])
     assert serving.exit_code != 0 and "--per-page sets the pages --export writes" in serving.output
+    served = CliRunner().invoke(cli, ["view", str(store.path), "--search", "evil"])
+    assert served.exit_code != 0 and "--search selects what --export writes" in served.output
+    searched = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "q"), "--search",
+                                        "evil", "--limit", "1"])
+    assert searched.exit_code == 0, searched.output
+    assert "wrote 1 trajectories" in searched.output and "2 matched, --limit kept the newest" in searched.output
     assert len(list((tmp_path / "s" / "t").glob("*.html"))) == 5
     bad = CliRunner().invoke(cli, ["view", str(store.path), "--export", str(tmp_path / "b"), "--where", "x >"])
     assert bad.exit_code != 0 and "does not parse" in bad.output

@@ -22,17 +22,20 @@ def _need_view_extra(exc: ImportError) -> click.ClickException:
 @click.option("--export", "export_dir", type=click.Path(file_okay=False),
               help="Write the pages as static HTML files into this folder instead of serving.")
 @click.option("--where", help="With --export: the SQL condition selecting the trajectories to export.")
+@click.option("--search", help="With --export: only trajectories with a message matching this text search "
+                               '(words and "phrases", as in the viewer\'s search box).')
 @click.option("--limit", type=int, default=1000, show_default=True,
               help="With --export: at most this many trajectories (newest first).")
 @click.option("--per-page", type=int, default=100, show_default=True,
               help="With --export: rows per list page (index.html, page-2.html, ... linked by next/prev).")
 @user_errors
 def view(store: str, port: int, host: str, open_browser: bool, export_dir: str | None, where: str | None,
-         limit: int, per_page: int) -> None:
+         search: str | None, limit: int, per_page: int) -> None:
     """Browse trajectories in a local, read-only web viewer: list with SQL filter, threads, groups, runs.
 
     Example:  omrl view demo-store --open
               omrl view demo-store --export site --where "NOT success" --limit 200
+              omrl view demo-store --export site --search '"tool call" timeout'
     """
     opened = open_store(store)
     if export_dir is not None:
@@ -41,12 +44,15 @@ def view(store: str, port: int, host: str, open_browser: bool, export_dir: str |
         except ImportError as exc:
             raise _need_view_extra(exc) from None
 
-        done = export_site(opened, export_dir, where=where, limit=limit, per_page=per_page)
+        done = export_site(opened, export_dir, where=where, limit=limit, per_page=per_page, search=search)
+        cut = f"; {done.matched} matched, --limit kept the newest" if done.matched > done.trajectories else ""
         click.echo(f"wrote {done.trajectories} trajectories and {done.groups} groups to {done.index} "
-                   f"({done.pages} list page{'s' if done.pages != 1 else ''})")
+                   f"({done.pages} list page{'s' if done.pages != 1 else ''}{cut})")
         return
     if where:
         raise click.UsageError("--where selects what --export writes; in the viewer, type it in the WHERE box")
+    if search:
+        raise click.UsageError("--search selects what --export writes; in the viewer, type it in the search box")
     if click.get_current_context().get_parameter_source("per_page") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--per-page sets the pages --export writes; the viewer pages with its own links")
     try:

@@ -70,6 +70,7 @@ class ListPage:
     error: str | None = None
     search: str = ""  # the text search the rows also match (omrl.search), "" for none
     error_in: str = "where"  # the box `error` is about: where or search
+    matched: int | None = None  # an export's whole selection when its row cap left some out
 
 
 def search_available() -> bool:
@@ -241,64 +242,56 @@ class StoreReader:
 
     # ------------------------------------------------------------------------------------ pages
 
+    def _window(self, con: duckdb.DuckDBPyConnection, where: str, hits: pa.Array | None, sort: str,
+                desc: bool, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Rows [offset, offset + limit) of the list matching `where` and the search `hits` (None: no
+        search) in the (sort, desc) order, and how many match in all. The one selection of the list:
+        the served pages and the export both read it."""
+        snap = None if where else self._snap(con)
+        if hits is not None:
+            # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
+            # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
+            table = snap.table if snap is not None else select_where(
+                self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
+            table = table.filter(pc.is_in(table.column("id"), value_set=hits))
+            order = _sort_indices(table, sort, desc)[offset: offset + limit]
+            return table.take(order).to_pylist(), table.num_rows
+        if snap is not None:
+            order = self._order(snap, sort, desc)[offset: offset + limit]
+            return snap.table.take(order).to_pylist(), snap.table.num_rows
+        # one scan: the window's rows, each carrying the count of all matching rows
+        direction = "DESC" if desc else "ASC"
+        order_by = f"{SORTS[sort]} {direction} NULLS LAST, id ASC LIMIT {int(limit)} OFFSET {int(offset)}"
+        rows = select_where(self.store, where or None, columns=LIST_COLUMNS + ", count(*) OVER () AS _n",
+                            order_by=order_by, con=con, timeout=self.timeout).to_pylist()
+        if rows:
+            total = rows[0]["_n"]
+            for row in rows:
+                del row["_n"]
+            return rows, total
+        # past the end (or nothing matches): the count alone
+        return [], select_where(self.store, where or None, columns="count(*) AS n", con=con,
+                                timeout=self.timeout).column(0)[0].as_py()
+
     def list_page(self, where: str = "", sort: str | None = None, desc: bool = True, page: int = 1,
                   per_page: int = PER_PAGE, search: str = "") -> ListPage:
         """One page of the trajectory list, sorted by a whitelisted column and filtered by the user's
         WHERE (through omrl.query's checker) and text `search` (omrl.search: a message matches it); a
-        refused or failing filter comes back as `error`."""
+        refused or failing filter comes back as `error`. A page past the last shows the last."""
         sort = _sort(sort)
         where = (where or "").strip()
         search = (search or "").strip()
         per_page = max(1, min(int(per_page), MAX_PER_PAGE))
         page = max(1, int(page))
-        direction = "DESC" if desc else "ASC"
-
-        def searched(con, hits: pa.Array) -> ListPage:
-            # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
-            # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
-            snap = None if where else self._snap(con)
-            table = snap.table if snap is not None else select_where(
-                self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
-            table = table.filter(pc.is_in(table.column("id"), value_set=hits))
-            total = table.num_rows
-            pages = max(1, math.ceil(total / per_page))
-            current = min(page, pages)
-            order = _sort_indices(table, sort, desc)[(current - 1) * per_page: current * per_page]
-            return ListPage(table.take(order).to_pylist(), total, current, pages, sort, desc, where,
-                            search=search)
-
-        def cached(con) -> ListPage | None:
-            snap = None if where else self._snap(con)
-            if snap is None:
-                return None
-            total = snap.table.num_rows
-            pages = max(1, math.ceil(total / per_page))
-            current = min(page, pages)
-            order = self._order(snap, sort, desc)[(current - 1) * per_page: current * per_page]
-            return ListPage(snap.table.take(order).to_pylist(), total, current, pages, sort, desc, where)
 
         def work(con):
-            if search:
-                return searched(con, hits)
-            fast = cached(con)
-            if fast is not None:
-                return fast
-            def fetch(number: int) -> list[dict[str, Any]]:
-                # one scan: the page's rows, each carrying the count of all matching rows
-                order = (f"{SORTS[sort]} {direction} NULLS LAST, id ASC "
-                         f"LIMIT {int(per_page)} OFFSET {int((number - 1) * per_page)}")
-                return select_where(self.store, where or None, columns=LIST_COLUMNS + ", count(*) OVER () AS _n",
-                                    order_by=order, con=con, timeout=self.timeout).to_pylist()
-
-            rows, current = fetch(page), page
-            if rows:
-                total = rows[0]["_n"]
-            else:  # past the last page (or nothing matches): count, then show the last page
-                total = select_where(self.store, where or None, columns="count(*) AS n", con=con,
-                                     timeout=self.timeout).column(0)[0].as_py()
-                current = max(1, math.ceil(total / per_page))
-                rows = fetch(current) if total and current != page else []
-            return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where)
+            rows, total = self._window(con, where, hits, sort, desc, (page - 1) * per_page, per_page)
+            pages = max(1, math.ceil(total / per_page))
+            current = min(page, pages)
+            if current != page and total:
+                rows, total = self._window(con, where, hits, sort, desc, (current - 1) * per_page, per_page)
+            return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where,
+                            search=search)
 
         try:
             hits = self._search_ids(search) if search else None
@@ -307,20 +300,13 @@ class StoreReader:
             source = "where" if isinstance(exc, QueryError) else "search"
             return ListPage([], 0, 1, 1, sort, desc, where, error=str(exc), search=search, error_in=source)
 
-    def selected_ids(self, where: str | None, limit: int) -> list[str]:
-        """Ids of the user's selection (newest first), at most `limit` (for --export)."""
-        order = f"created_at DESC NULLS LAST, id ASC LIMIT {int(limit)}"
-        return self._run(lambda con: select_where(
-            self.store, where or None, columns="id", order_by=order, con=con,
-            timeout=self.timeout).column(0).to_pylist())
-
-    def list_rows(self, ids: list[str]) -> list[dict[str, Any]]:
-        """List-page rows of these ids, newest first."""
-        if not ids:
-            return []
-        values = ", ".join(quote_literal(i) for i in ids)
-        return self.sql(f"SELECT {LIST_COLUMNS} FROM trajectories WHERE id IN ({values}) "
-                        "ORDER BY created_at DESC NULLS LAST, id")
+    def selection(self, where: str | None = None, search: str | None = None, limit: int = 1000
+                  ) -> tuple[list[dict[str, Any]], int]:
+        """The first `limit` rows of the list the viewer shows for this WHERE and search in its default
+        order (newest first), and how many match in all (for --export). Refused filters raise."""
+        where, search = (where or "").strip(), (search or "").strip()
+        hits = self._search_ids(search) if search else None
+        return self._run(lambda con: self._window(con, where, hits, DEFAULT_SORT, True, 0, int(limit)))
 
     def annotations(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
         """The annotations of these trajectories, newest first, by trajectory id (one query)."""

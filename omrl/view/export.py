@@ -14,7 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
+from omrl.query import QueryError
 from omrl.store import Store
 from omrl.view import pages
 from omrl.view.data import ListPage, StoreReader
@@ -30,6 +31,7 @@ class Exported:
     groups: int
     index: Path
     pages: int = 1  # list files: index.html, page-2.html, ...
+    matched: int = 0  # trajectories the selection matched (more than written when the limit cut it)
 
 
 def _write(path: Path, text: str) -> None:
@@ -40,9 +42,10 @@ def _write(path: Path, text: str) -> None:
 
 
 def export_site(store: Store, out: str | os.PathLike[str], where: str | None = None,
-                limit: int = DEFAULT_LIMIT, per_page: int = DEFAULT_PER_PAGE) -> Exported:
-    """Write the pages of the trajectories matching `where` (newest first, at most `limit`) under `out`,
-    the list `per_page` rows a file."""
+                limit: int = DEFAULT_LIMIT, per_page: int = DEFAULT_PER_PAGE, search: str | None = None
+                ) -> Exported:
+    """Write the pages of the trajectories matching `where` and the text `search` (exactly the viewer's
+    list for them, newest first, at most `limit`) under `out`, the list `per_page` rows a file."""
     if limit < 1:
         raise OmrlError(f"--limit must be at least 1, not {limit}")
     if per_page < 1:
@@ -53,20 +56,24 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
     reader = StoreReader(store)
     name = store.path.resolve().name
     try:
-        ids = reader.selected_ids(where, limit)
-        rows = reader.list_rows(ids)
+        try:
+            rows, matched = reader.selection(where, search, limit)
+        except (QueryError, UsageError) as exc:  # the message names the problem; say which option
+            raise UsageError(f"--{'where' if isinstance(exc, QueryError) else 'search'}: {exc}") from None
+        ids = [r["id"] for r in rows]
         groups = sorted({r["group_id"] for r in rows if r.get("group_id")})
         links = pages.Links(export=True, trajectories=set(ids), groups=set(groups))
         top, deep = links.at_depth(0), links.at_depth(1)
         root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(STATIC_DIR, root / "static", dirs_exist_ok=True)
-        selection = (where or "").strip()
+        selection, text = (where or "").strip(), (search or "").strip()
         count = max(1, math.ceil(len(rows) / per_page))
         for stale in root.glob("page-*.html"):  # a re-export with fewer pages must not leave old ones linked
             stale.unlink()
         for number in range(1, count + 1):
             chunk = rows[(number - 1) * per_page: number * per_page]
-            listing = ListPage(chunk, len(rows), number, count, "created", True, selection)
+            listing = ListPage(chunk, len(rows), number, count, "created", True, selection, search=text,
+                               matched=matched)
             _write(root / Path(top.home(page=number)).name, pages.list_html(listing, top, name))
         _write(root / "runs.html", pages.runs_html(reader.runs(), top, name))
         notes = reader.annotations(ids)
@@ -85,4 +92,4 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
                 _write(root / "g" / f"{pages.file_key(gid)}.html", pages.group_html(group, deep, name))
     finally:
         reader.close()
-    return Exported(len(ids), len(groups), root / "index.html", count)
+    return Exported(len(ids), len(groups), root / "index.html", count, matched)
