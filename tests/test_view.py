@@ -426,6 +426,42 @@ def test_new_parts_and_compaction_are_seen(tmp_path):
         assert "14 trajectories" in c.get("/").text
 
 
+def test_trajectory_page_reads_one_row_group_and_no_sql(tmp_path, monkeypatch):
+    """Once the indexes exist, a trajectory page runs no query (no scan of trajectories or annotations):
+    it decodes the one row group holding the row and finds annotations and children by index; annotations
+    written later show up (new parts: new index)."""
+    import omrl.view.data as data
+    from omrl.view.rows import RowGroups
+
+    store = build_store(tmp_path / "store", n=30)
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        assert c.get("/").status_code == 200 and c.get(f"/t/{CHILD_ID}").status_code == 200  # indexes built
+        reads = []
+        real = RowGroups._group
+
+        def spy(self, part, rg, columns):
+            hit = (part, rg, columns) in self._cache
+            reads.append((self.table, hit))
+            return real(self, part, rg, columns)
+
+        def no_sql(*args, **kwargs):
+            raise AssertionError("a trajectory page ran a query")
+
+        monkeypatch.setattr(RowGroups, "_group", spy)
+        for name in ("run_query", "select_where"):
+            monkeypatch.setattr(data, name, no_sql)
+        monkeypatch.setattr(data.StoreReader, "sql", no_sql)
+        page = c.get(f"/t/{XSS_ID}").text
+        assert "The agent wrote" in page and "metric crashed" in page  # both annotations
+        assert f'class="child-link" href="/t/{CHILD_ID}"' in page
+        assert [table for table, _ in reads] == ["trajectories", "annotations"]
+        monkeypatch.undo()
+        store.append([Annotation(trajectory_id=XSS_ID, annotator="later", score=1.0,
+                                 rationale="written after the viewer opened").to_row()], table="annotations")
+        page = c.get(f"/t/{XSS_ID}").text
+        assert "written after the viewer opened" in page and "annotations (3)" in page
+
+
 def test_diff_page(client, store):
     page = client.get("/diff", params={"a": XSS_ID, "b": CHILD_ID})
     assert page.status_code == 200

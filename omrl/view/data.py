@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +19,10 @@ import pyarrow.parquet as pq
 from omrl.errors import UsageError
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
 from omrl.report import AGREEMENT_SQL, STEPS_SQL, flag_agreement
-from omrl.schema import conform, success_sql
+from omrl.schema import success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
+from omrl.view.rows import Location, RowGroups, scan_keys
 
 # sort key in the URL -> the SQL it orders by (the only SQL a request's sort can choose)
 SORTS: dict[str, str] = {
@@ -42,8 +42,8 @@ DEFAULT_SORT = "created"
 PER_PAGE = 50
 MAX_PER_PAGE = 500
 # Up to this many trajectories the unfiltered list is served from an in-memory table of the list columns
-# (sorted once per sort key) and rows are found by an id -> (part, row group, row) index; above it every
-# page is a DuckDB query (slower, but memory stays flat).
+# (sorted once per sort key) and rows are found by an id -> (part, row group, row) index (annotations by a
+# trajectory_id index, up to as many); above it every page is a DuckDB query (slower, memory stays flat).
 CACHE_MAX_ROWS = 2_000_000
 ROW_GROUP_CACHE = 2
 
@@ -51,7 +51,9 @@ ROW_GROUP_CACHE = 2
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
                 "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
                 "source, parent_id, created_at")
-ANNOTATION_COLUMNS = "annotator, kind, score, label, rationale, status, error, judge_model, rubric, created_at"
+ANNOTATION_FIELDS = ["annotator", "kind", "score", "label", "rationale", "status", "error", "judge_model", "rubric",
+                     "created_at"]
+ANNOTATION_COLUMNS = ", ".join(ANNOTATION_FIELDS)
 GROUP_COLUMNS = ("id, sample, model, reward, success, status, error, num_turns, "
                  "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
                  "task_id, run_id, round, instruction, "
@@ -119,27 +121,38 @@ class _Snapshot:
     """What one listing of the parts knows: the list columns of every row and where each row lives."""
 
     table: pa.Table
-    where: dict[str, tuple[str, int, int]]  # id -> (part path, row group, row in the group)
+    where: dict[str, Location]  # id -> (part path, row group, row in the group)
     groups: dict[str, list[str]]  # group_id -> ids
     orders: dict[tuple[str, bool], pa.Array] = field(default_factory=dict)  # (sort, desc) -> row order
+    _children: dict[str, list[int]] | None = None  # parent_id -> rows of `table` derived from it
+
+    def children(self, trajectory_id: str) -> list[dict[str, Any]]:
+        """The rows derived from this trajectory (id, source, reward, success), by id."""
+        if self._children is None:  # built on the first trajectory page: most rows have no parent
+            self._children = {}
+            for at, parent in enumerate(self.table.column("parent_id").to_pylist()):
+                if parent is not None:
+                    self._children.setdefault(parent, []).append(at)
+        rows = self.table.take(pa.array(self._children.get(trajectory_id, []), type=pa.int64()))
+        return sorted(rows.select(["id", "source", "reward", "success"]).to_pylist(), key=lambda r: r["id"])
 
 
-def _locate(parts: tuple) -> tuple[dict[str, tuple[str, int, int]], dict[str, list[str]]]:
-    where: dict[str, tuple[str, int, int]] = {}
+def _locate(parts: tuple) -> tuple[dict[str, Location], dict[str, list[str]]]:
+    where: dict[str, Location] = {}
     groups: dict[str, list[str]] = {}
-    for part in parts:
-        file = pq.ParquetFile(part)
-        names = file.schema_arrow.names
-        columns = ["id"] + (["group_id"] if "group_id" in names else [])
-        for rg in range(file.num_row_groups):
-            data = file.read_row_group(rg, columns=columns)
-            ids = data.column("id").to_pylist()
-            gids = data.column("group_id").to_pylist() if "group_id" in columns else [None] * len(ids)
-            for row, (tid, gid) in enumerate(zip(ids, gids, strict=True)):
-                where.setdefault(tid, (str(part), rg, row))
-                if gid is not None:
-                    groups.setdefault(gid, []).append(tid)
+    for at, (tid, gid) in scan_keys(parts, ["id", "group_id"]):
+        where.setdefault(tid, at)  # an id stored twice (refused since store v2) shows its first copy
+        if gid is not None:
+            groups.setdefault(gid, []).append(tid)
     return where, groups
+
+
+def _newest_first(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Annotations as `ORDER BY created_at DESC, annotator` orders them (DuckDB puts NULLs last)."""
+    notes = sorted(notes, key=lambda a: a["annotator"] or "")
+    dated = sorted((a for a in notes if a["created_at"] is not None), key=lambda a: a["created_at"],
+                   reverse=True)
+    return dated + [a for a in notes if a["created_at"] is None]
 
 
 class StoreReader:
@@ -156,7 +169,9 @@ class StoreReader:
         self._too_big = False
         self._runs: tuple | None = None
         self._hits: tuple | None = None  # ((parts, search text), matching trajectory ids)
-        self._row_groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._row_groups = RowGroups("trajectories", keep=ROW_GROUP_CACHE)
+        self._notes: dict[str, list[Location]] | None = None  # trajectory_id -> its annotations' rows
+        self._note_rows = RowGroups("annotations", keep=ROW_GROUP_CACHE)
 
     def close(self) -> None:
         with self._lock:
@@ -171,7 +186,9 @@ class StoreReader:
             if self._con is not None:
                 close(self._con)
             self._con, self._parts, self._snapshot, self._too_big = connect(self.store), parts, None, False
+            self._notes = None
             self._row_groups.clear()
+            self._note_rows.clear()
         return self._con
 
     def _snap(self, con: duckdb.DuckDBPyConnection) -> _Snapshot | None:
@@ -209,22 +226,26 @@ class StoreReader:
         return hits[1]
 
     def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
-        """Full rows of these ids read straight from their row groups (None: no index; [] entries dropped
-        for unknown ids). A part that a compaction removed raises FileNotFoundError."""
+        """Full rows of these ids read straight from their row groups (None: no index; unknown ids
+        dropped). A part that a compaction removed raises FileNotFoundError."""
         snap = self._snap(self._connection())
         if snap is None:
             return None
-        wanted: dict[tuple[str, int], list[tuple[int, str]]] = {}
-        for tid in ids:
-            if tid in snap.where:
-                part, rg, row = snap.where[tid]
-                wanted.setdefault((part, rg), []).append((row, tid))
-        found: dict[str, dict[str, Any]] = {}
-        for (part, rg), rows in wanted.items():
-            data = self._row_group(part, rg)
-            picked = conform(data.take([r for r, _ in rows]), "trajectories").to_pylist()
-            found.update({tid: row for (_, tid), row in zip(rows, picked, strict=True)})
-        return [found[tid] for tid in ids if tid in found]
+        return self._row_groups.read([snap.where[tid] for tid in ids if tid in snap.where])
+
+    def _note_index(self) -> dict[str, list[Location]] | None:
+        """trajectory_id -> where its annotations lie, for the current parts (None above CACHE_MAX_ROWS
+        annotations: those are found by a query)."""
+        self._connection()
+        if self._notes is None:
+            parts = self._parts[1]
+            if sum(pq.ParquetFile(p).metadata.num_rows for p in parts) > CACHE_MAX_ROWS:
+                return None
+            notes: dict[str, list[Location]] = {}
+            for at, (tid,) in scan_keys(parts, ["trajectory_id"]):
+                notes.setdefault(tid, []).append(at)
+            self._notes = notes
+        return self._notes
 
     def _run(self, work):
         """`work(con)` under the lock; once again on a new connection when a part vanished under it."""
@@ -309,11 +330,29 @@ class StoreReader:
         return self._run(lambda con: self._window(con, where, hits, DEFAULT_SORT, True, 0, int(limit)))
 
     def annotations(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """The annotations of these trajectories, newest first, by trajectory id (one query)."""
+        """The annotations of these trajectories, newest first, by trajectory id (read from their row
+        groups through the index; one query when there is none)."""
         if not ids:
             return {}
-        values = ", ".join(quote_literal(i) for i in ids)
         out: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+
+        def indexed() -> bool:
+            index = self._note_index()
+            if index is None:
+                return False
+            for tid in out:
+                out[tid] = _newest_first(self._note_rows.read(index.get(tid, []), ANNOTATION_FIELDS))
+            return True
+
+        with self._lock:
+            try:
+                done = indexed()
+            except FileNotFoundError:  # compacted meanwhile: index the new parts
+                self._connection(refresh=True)
+                done = indexed()
+        if done:
+            return out
+        values = ", ".join(quote_literal(i) for i in ids)
         for a in self.sql(f"SELECT trajectory_id, {ANNOTATION_COLUMNS} FROM annotations "
                           f"WHERE trajectory_id IN ({values}) ORDER BY created_at DESC, annotator"):
             out[a.pop("trajectory_id")].append(a)
@@ -335,10 +374,8 @@ class StoreReader:
         parent = row.get("parent_id")
         snap = self._snapshot
         if snap is not None:
-            table = snap.table
-            derived = table.filter(pc.equal(table.column("parent_id"), trajectory_id))
-            row["children"] = sorted(derived.select(["id", "source", "reward", "success"]).to_pylist(),
-                                     key=lambda r: r["id"])
+            with self._lock:
+                row["children"] = snap.children(trajectory_id)
             row["parent_exists"] = bool(parent) and parent in snap.where
             return row
         row["children"] = self.sql(
@@ -355,19 +392,6 @@ class StoreReader:
             return list(ids)
         far = ("\uffff", 0, 0)
         return sorted(ids, key=lambda i: snap.where.get(i, far))
-
-    def _row_group(self, part: str, rg: int) -> pa.Table:
-        """One row group, kept among the last ROW_GROUP_CACHE read (a group's samples and the trajectory
-        opened from its page share one; parts never change, only vanish)."""
-        key = (part, rg)
-        if key in self._row_groups:
-            self._row_groups.move_to_end(key)
-            return self._row_groups[key]
-        data = pq.ParquetFile(part).read_row_group(rg)
-        self._row_groups[key] = data
-        while len(self._row_groups) > ROW_GROUP_CACHE:
-            self._row_groups.popitem(last=False)
-        return data
 
     def _indexed(self, ids: list[str]) -> list[dict[str, Any]] | None:
         """`_rows` under the lock, with the index built again once when a part vanished."""
