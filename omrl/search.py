@@ -1,4 +1,4 @@
-"""Text search over a store's messages: a per-part index that narrows, a check that makes it exact.
+"""Text search over a store's messages: a per-part index that is exact by itself, the scan where there is none.
 
 Semantics (the one definition; the index and the full scan both follow it):
 
@@ -14,19 +14,26 @@ Semantics (the one definition; the index and the full scan both follow it):
 
 Index: one per trajectories part, in a hidden folder beside it (`.part-X.parquet.search/`, written in a
 temporary folder and renamed in whole, never matching the `part-*.parquet` names the store and its dataset
-card list). It is a tantivy index whose documents are blocks of consecutive rows (about BLOCK_MESSAGES
-messages each) holding the tokens of the block's distinct message texts, without positions. A search asks
-tantivy for the blocks holding every query token, reads only the row groups of those rows and checks
-each of their messages with the rules above, so the result equals the full scan by construction. A part
-without a usable index (an old store, a crash between the part and its index, a part rewritten since) is
-scanned with the same check instead.
+card list). It holds
 
-Why tantivy (maintained, Rust, wheels for every platform): benchmarks/search_bench.py compares it with a
-plain inverted index of the same blocks in Parquet (token -> block, read with row-group pruning). At 2,000
-trajectories both are 8% of the part's bytes and cost about the part's write to build; tantivy looks a
-token up in 1.5 ms where the Parquet file takes 15 ms, and it leaves positions, prefixes and ranking
-within reach. DuckDB's fts extension cannot be installed offline, and its index lives in a database file
-rather than beside immutable parts.
+- a tantivy index with one document per distinct message text of the part (a system prompt or a tool
+  output repeated in many messages is indexed once), its tokens made by `tokenize` above and handed to
+  tantivy joined by spaces, split again by tantivy's ASCII-whitespace tokenizer with positions: tantivy
+  never tokenises on its own, so it cannot disagree with the scan. A token longer than MAX_TERM_BYTES is
+  indexed as its first bytes plus a mark no token holds (tantivy drops terms over 64 KB); a query with such a
+  token gets a superset from the index and only those candidate messages are read and checked;
+- `messages.parquet`: for every message with a token, (text, row, position, role), sorted by text;
+- `rows.parquet`: the trajectory id of each row of the part.
+
+So a search is tantivy's boolean query (every word a term, every phrase a phrase query over positions),
+its text numbers mapped to messages and ids by the two tables: no message text is read to decide a hit.
+Text is read only for the snippets of the hits returned (after `limit`; none with `snippets=False` or
+`search_ids`). A part without a usable index (an old store, an index of an older version, a crash between
+the part and its index, a part rewritten since) is scanned with the same rules instead.
+
+Why tantivy (maintained, Rust, wheels for every platform): positions and phrase queries, fast fields, a
+compact term dictionary; benchmarks/search_bench.py measures it against the scan. DuckDB's fts extension
+cannot be installed offline, and its index lives in a database file rather than beside immutable parts.
 """
 
 from __future__ import annotations
@@ -37,12 +44,14 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,24 +66,30 @@ if TYPE_CHECKING:  # a type only: the store imports this module to index its par
 
 TOKEN = re.compile(r"\w+")
 INDEX_SUFFIX = ".search"
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: exact documents per distinct text with positions (2: blocks of rows, checked on read)
 META_FILE = "omrl-search.json"
-# Rows per index document: enough messages that the index stays small, few enough that a rare word's
-# candidate blocks are a small share of the part.
-BLOCK_MESSAGES = 128
-# Longer tokens (hex blobs, minified code) stay out of the index, which keeps it small; a query token this
-# long narrows nothing there and is checked on the candidates like every other token.
-MAX_INDEXED_TOKEN_BYTES = 64
+MESSAGES_FILE = "messages.parquet"
+ROWS_FILE = "rows.parquet"
+# Longer tokens (hex blobs, minified code) are indexed cut to this many bytes, which keeps the term
+# dictionary small; the few queries holding one are checked on their candidates' text.
+MAX_TERM_BYTES = 64
+CUT_MARK = "\u2026"  # ends a cut term: not a word character, so a cut term never equals a whole token
 SNIPPET_CHARS = 160
-TANTIVY_HEAP_BYTES = 50_000_000  # one writer thread: the index is built beside an append, on shared cores
+# tantivy's writer: one thread for a part of the usual size (the index is built beside an append, on
+# shared cores); a second thread only pays for parts this many texts and larger (benchmarks/search_bench.py).
+TANTIVY_HEAP_BYTES = 64_000_000
+TWO_THREADS_TEXTS = 200_000
 RELIST_ATTEMPTS = 5
-_ANALYZER = "omrl_tokens"  # whitespace-separated tokens made by `tokenize`: tantivy splits nothing itself
-RESULT_SCHEMA = pa.schema([
+LOADED_CACHE = 32  # opened indexes kept per process (a viewer searches the same parts again and again)
+_FIELD = "tokens"
+_TEXT = "text"  # fast field: the document's text number, the key of messages.parquet
+_ANALYZER = "omrl_tokens"  # splits on the spaces `token_texts` put between tokens: tantivy splits nothing else
+_HITS_SCHEMA = pa.schema([
     pa.field("trajectory_id", pa.string()),
     pa.field("position", pa.int32()),
     pa.field("role", pa.string()),
-    pa.field("snippet", pa.string()),
 ])
+RESULT_SCHEMA = _HITS_SCHEMA.append(pa.field("snippet", pa.string()))
 _BUILDING = re.compile(r"\.search\.(?:building|removing)-(\d+)-[0-9a-f]+$")
 
 
@@ -85,6 +100,17 @@ class SearchIndexWarning(UserWarning):
 def tokenize(text: str) -> list[str]:
     """The tokens of `text`: lower-cased, maximal runs of Unicode word characters, in order."""
     return TOKEN.findall(text.lower())
+
+
+def index_term(token: str) -> str:
+    """The term the index holds for `token`: itself, or when longer than MAX_TERM_BYTES its first bytes
+    (whole characters) and CUT_MARK."""
+    if len(token) * 4 <= MAX_TERM_BYTES:  # a character is at most 4 bytes: short tokens skip the encoding
+        return token
+    raw = token.encode()
+    if len(raw) <= MAX_TERM_BYTES:
+        return token
+    return raw[:MAX_TERM_BYTES].decode("utf-8", "ignore") + CUT_MARK  # "ignore": a character cut in two goes
 
 
 # ------------------------------------------------------------------------------------------ queries
@@ -108,6 +134,11 @@ class Query:
         if not set(self.words) <= set(tokens):
             return False
         return all(_has_run(tokens, phrase) for phrase in self.phrases)
+
+    @property
+    def index_is_exact(self) -> bool:
+        """Whether the index alone decides this query (no token of it is cut in the index)."""
+        return all(index_term(word) == word for word in self.words)
 
 
 def _has_run(tokens: list[str], phrase: tuple[str, ...]) -> bool:
@@ -158,6 +189,7 @@ class _Messages:
 
 
 _COLUMNS = ["id", "messages.list.element.role", "messages.list.element.content"]
+_CONTENT = ["messages.list.element.content"]
 
 
 def _flatten(table: pa.Table, rows: np.ndarray) -> _Messages:
@@ -167,26 +199,70 @@ def _flatten(table: pa.Table, rows: np.ndarray) -> _Messages:
     offsets = messages.offsets.to_numpy()
     flat = pc.list_flatten(messages)
     position = np.arange(len(flat), dtype=np.int64) + offsets[0] - offsets[:-1][parents]
-    encoded = pc.dictionary_encode(flat.field("content"))
+    encoded = pc.dictionary_encode(pc.struct_field(flat, "content"))
     text_id = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return _Messages(row=rows[parents], local=parents, position=position.astype(np.int32), role=flat.field("role"),
-                     text_id=text_id, dictionary=encoded.dictionary, ids=table.column("id").combine_chunks())
+    return _Messages(row=rows[parents], local=parents, position=position.astype(np.int32),
+                     role=pc.struct_field(flat, "role"), text_id=text_id, dictionary=encoded.dictionary,
+                     ids=table.column("id").combine_chunks())
 
 
-def _read_rows(part: Path, rows: np.ndarray | None = None) -> tuple[pa.Table, np.ndarray]:
-    """The id, role and content of a part's `rows` (sorted row numbers; None: all), reading only the row
-    groups that hold them; returns the rows' table and their numbers."""
-    file = pq.ParquetFile(part)
-    if rows is None:
-        table = file.read(columns=_COLUMNS)
-        return table, np.arange(table.num_rows, dtype=np.int64)
+def _row_groups(file: pq.ParquetFile, rows: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The row groups holding `rows` (part row numbers) and, for each row, its row in those groups read."""
     sizes = [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
-    table = file.read_row_groups(groups.tolist(), columns=_COLUMNS)
-    group_rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
-    local = np.searchsorted(group_rows, rows)
-    return table.take(pa.array(local)), rows
+    first_read = np.cumsum(np.concatenate([[0], np.diff(starts)[groups]]))[:-1]  # each group's first row read
+    at = np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)
+    return groups.tolist(), first_read[at] + rows - starts[groups][at]
+
+
+def _read_rows(part: Path) -> tuple[pa.Table, np.ndarray]:
+    """The id, role and content of every row of a part, and the rows' numbers."""
+    table = pq.ParquetFile(part).read(columns=_COLUMNS)
+    return table, np.arange(table.num_rows, dtype=np.int64)
+
+
+def message_texts(part: Path, rows: np.ndarray, positions: np.ndarray) -> list[str | None]:
+    """The content of the messages at (`rows`, `positions`) of a part, reading only the row groups holding them."""
+    if len(rows) == 0:
+        return []
+    file = pq.ParquetFile(part)
+    groups, local = _row_groups(file, np.asarray(rows, dtype=np.int64))
+    messages = file.read_row_groups(groups, columns=_CONTENT).column("messages").combine_chunks()
+    offsets = messages.offsets.to_numpy().astype(np.int64)
+    flat = pc.struct_field(pc.list_flatten(messages), "content")
+    return flat.take(pa.array(offsets[local] - offsets[0] + np.asarray(positions, dtype=np.int64))).to_pylist()
+
+
+def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages, int]:
+    """A whole part's messages (from `table`, its rows, when given) and its number of rows."""
+    if table is None:
+        table, rows = _read_rows(part)
+    else:
+        table, rows = table.select(["id", "messages"]), np.arange(table.num_rows, dtype=np.int64)
+    return _flatten(table, rows), table.num_rows
+
+
+# ASCII bytes: letters lower-cased, digits and underscore kept, every other byte a space
+_ASCII_TOKENS = bytes(c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95) else 32
+                      for c in range(256))
+_LONG_ASCII = re.compile(rf"(?<![^ ])[^ ]{{{MAX_TERM_BYTES + 1},}}")  # a token over the limit (ASCII: a byte a character)
+
+
+def token_texts(texts: list[str | None]) -> list[str]:
+    """Each text's index terms (`index_term` of each `tokenize` token) separated by spaces. ASCII text is
+    mapped byte by byte: there `\\w` is exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the tokens are
+    the same, many times faster."""
+    out = []
+    cut = lambda m: m.group()[:MAX_TERM_BYTES] + CUT_MARK  # noqa: E731  (ASCII: a byte is a character)
+    for text in texts:
+        if text is None:
+            out.append("")
+        elif text.isascii():
+            out.append(_LONG_ASCII.sub(cut, text.encode("ascii").translate(_ASCII_TOKENS).decode("ascii")))
+        else:
+            out.append(" ".join(map(index_term, tokenize(text))))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the index
@@ -202,66 +278,52 @@ def _schema():
     import tantivy
 
     builder = tantivy.SchemaBuilder()
-    builder.add_text_field("tokens", tokenizer_name=_ANALYZER, index_option="basic")
-    builder.add_unsigned_field("first", fast=True)  # the block's first row
-    builder.add_unsigned_field("rows", fast=True)  # and its number of rows
+    builder.add_text_field(_FIELD, tokenizer_name=_ANALYZER, index_option="position")
+    builder.add_unsigned_field(_TEXT, fast=True)
     return builder.build()
 
 
-def _register(index) -> None:
+def analyzer():
+    """The tantivy analyzer of the index: splits on ASCII whitespace, changes nothing."""
     import tantivy
 
-    analyzer = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace())
-                .filter(tantivy.Filter.remove_long(MAX_INDEXED_TOKEN_BYTES + 1)).build())
-    index.register_tokenizer(_ANALYZER, analyzer)
+    return tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
 
 
-# ASCII bytes: letters lower-cased, digits and underscore kept, every other byte a space
-_ASCII_TOKENS = bytes(c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95) else 32
-                      for c in range(256))
+def _occurrences(messages: _Messages, indexed: np.ndarray) -> pa.Table:
+    """Every message whose text has a token, as (text, row, position, role) sorted by text (then row, position)."""
+    keep = messages.text_id >= 0
+    keep[keep] = indexed[messages.text_id[keep]]
+    text, row, position = messages.text_id[keep], messages.row[keep], messages.position[keep]
+    order = np.lexsort((position, row, text))
+    return pa.table({"text": pa.array(text[order], pa.uint32()), "row": pa.array(row[order], pa.uint32()),
+                     "position": pa.array(position[order], pa.int32()),
+                     "role": messages.role.filter(pa.array(keep)).take(pa.array(order))})
 
 
-def token_texts(texts: list[str | None]) -> list[str]:
-    """Each text's tokens (`tokenize`) separated by whitespace. ASCII text is mapped byte by byte: there
-    `\\w` is exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the tokens are the same, many times faster."""
-    out = []
-    for text in texts:
-        if text is None:
-            out.append("")
-        elif text.isascii():
-            out.append(text.encode("ascii").translate(_ASCII_TOKENS).decode("ascii"))
-        else:
-            out.append(" ".join(tokenize(text)))
-    return out
+def _write_tables(folder: Path, messages: _Messages, indexed: np.ndarray) -> None:
+    delta = {"text": "DELTA_BINARY_PACKED", "row": "DELTA_BINARY_PACKED", "position": "DELTA_BINARY_PACKED"}
+    pq.write_table(_occurrences(messages, indexed), folder / MESSAGES_FILE, compression="zstd",
+                   use_dictionary=["role"], column_encoding=delta)
+    pq.write_table(pa.table({"id": messages.ids}), folder / ROWS_FILE, compression="zstd")
+    for name in (MESSAGES_FILE, ROWS_FILE):
+        fsync_path(folder / name)
 
 
-def blocks(messages: _Messages, num_rows: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Consecutive rows grouped into blocks of about BLOCK_MESSAGES messages: (first row, row count, the
-    distinct text ids) of each block. A block is one index document: few, fat documents keep the index
-    small, and the check of a candidate block is cheap next to reading its row group."""
-    if num_rows == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), []
-    per_row = np.bincount(messages.local, minlength=num_rows)
-    before = np.cumsum(per_row) - per_row  # messages in the rows before each row
-    _, block_of_row = np.unique(before // BLOCK_MESSAGES, return_inverse=True)
-    firsts = np.flatnonzero(np.concatenate([[True], block_of_row[1:] != block_of_row[:-1]]))
-    counts = np.diff(np.concatenate([firsts, [num_rows]]))
-    has_text = messages.text_id >= 0
-    block_of_message = block_of_row[messages.local[has_text]]
-    pairs = np.unique(block_of_message.astype(np.int64) * (len(messages.dictionary) + 1) + messages.text_id[has_text])
-    pair_block = pairs // (len(messages.dictionary) + 1)
-    cuts = np.searchsorted(pair_block, np.arange(len(firsts)))
-    texts = np.split(pairs % (len(messages.dictionary) + 1), cuts[1:])
-    return firsts, counts, texts
+def _write_tantivy(folder: Path, terms: list[str], indexed: np.ndarray) -> None:
+    import tantivy
 
-
-def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages, int]:
-    """A whole part's messages (from `table`, its rows, when given) and its number of rows."""
-    if table is None:
-        table, rows = _read_rows(part)
-    else:
-        table, rows = table.select(["id", "messages"]), np.arange(table.num_rows, dtype=np.int64)
-    return _flatten(table, rows), table.num_rows
+    index = tantivy.Index(_schema(), path=str(folder), reuse=False)
+    index.register_tokenizer(_ANALYZER, analyzer())
+    threads = 2 if len(terms) >= TWO_THREADS_TEXTS and (os.cpu_count() or 1) > 1 else 1
+    writer = index.writer(heap_size=TANTIVY_HEAP_BYTES * threads, num_threads=threads)
+    for text_id in np.flatnonzero(indexed).tolist():
+        doc = tantivy.Document()
+        doc.add_text(_FIELD, terms[text_id])
+        doc.add_unsigned(_TEXT, text_id)  # add_unsigned: a plain int would be an i64, refused by the u64 field
+        writer.add_document(doc)
+    writer.commit()  # syncs tantivy's own files
+    writer.wait_merging_threads()
 
 
 def build_index(part: Path, table: pa.Table | None = None) -> Path:
@@ -275,27 +337,18 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
     part = Path(part)
     final = index_path(part)
     messages, num_rows = part_messages(part, table)
+    terms = token_texts(messages.texts)
+    indexed = np.fromiter((bool(t) and not t.isspace() for t in terms), dtype=bool, count=len(terms))
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
-        index = tantivy.Index(_schema(), path=str(temp), reuse=False)
-        _register(index)
-        writer = index.writer(heap_size=TANTIVY_HEAP_BYTES, num_threads=1)
-        token_text = token_texts(messages.texts)
-        firsts, counts, texts = blocks(messages, num_rows)
-        for first, count, text_ids in zip(firsts, counts, texts, strict=True):
-            doc = tantivy.Document()
-            doc.add_text("tokens", " ".join(token_text[t] for t in text_ids))  # tantivy keeps a token once
-            doc.add_unsigned("first", int(first))  # a plain int would be an i64, refused by the u64 column
-            doc.add_unsigned("rows", int(count))
-            writer.add_document(doc)
-        writer.commit()
-        writer.wait_merging_threads()
+        _write_tantivy(temp, terms, indexed)
+        _write_tables(temp, messages, indexed)
         meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
-                "part_bytes": part.stat().st_size,
-                "rows": int(num_rows), "blocks": len(firsts), "max_token_bytes": MAX_INDEXED_TOKEN_BYTES}
+                "part_bytes": part.stat().st_size, "rows": int(num_rows), "texts": int(indexed.sum()),
+                "messages": len(messages.text_id), "max_term_bytes": MAX_TERM_BYTES}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
-        fsync_path(temp / META_FILE)  # tantivy's commit has synced its own files and folder already
+        fsync_path(temp / META_FILE)
         fsync_path(temp)
         try:
             os.rename(temp, final)
@@ -321,19 +374,26 @@ def remove_index(part: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _usable(part: Path) -> bool:
-    """Whether the part has an index that was built from it as it is now, by this version of tantivy (its
-    file format changes between versions: an index of another is rebuilt by `build_missing`)."""
+def _meta_if_usable(part: Path) -> os.stat_result | None:
+    """The stat of the index's meta file when the part has an index built from it as it is now, in this
+    format, by this version of tantivy (its file format changes between versions); None otherwise."""
     import tantivy
 
+    meta_path = index_path(part) / META_FILE
     try:
-        meta = json.loads((index_path(part) / META_FILE).read_text())
-        return (meta.get("version") == INDEX_VERSION and meta.get("tantivy") == tantivy.__version__
-                and meta.get("part") == part.name
-                and meta.get("part_bytes") == part.stat().st_size
-                and meta.get("max_token_bytes") == MAX_INDEXED_TOKEN_BYTES)
+        stat = meta_path.stat()
+        meta = json.loads(meta_path.read_text())
+        usable = (meta.get("version") == INDEX_VERSION and meta.get("tantivy") == tantivy.__version__
+                  and meta.get("part") == part.name and meta.get("part_bytes") == part.stat().st_size
+                  and meta.get("max_term_bytes") == MAX_TERM_BYTES)
     except (OSError, ValueError):
-        return False
+        return None
+    return stat if usable else None
+
+
+def _usable(part: Path) -> bool:
+    """Whether the part has an index that fits it (see `_meta_if_usable`); others are rebuilt by `build_missing`."""
+    return _meta_if_usable(part) is not None
 
 
 def missing_indexes(store: Store) -> list[Path]:
@@ -373,37 +433,143 @@ def build_missing(store: Store) -> int:
 # ----------------------------------------------------------------------------------------- searching
 
 
-def _candidate_rows(part: Path, query: Query) -> np.ndarray | None:
-    """The sorted row numbers of the blocks holding every indexable query token, or None when the index
-    cannot narrow (no usable index, or every query token too long to be indexed)."""
+@dataclass
+class _Opened:
+    """One part's index, opened: tantivy's searcher and the two tables that map its documents to messages."""
+
+    index: Any
+    searcher: Any
+    text: np.ndarray  # messages.parquet's text column (sorted): where each text's messages start and end
+    occurrences: pa.Table  # row, position, role
+    ids: pa.Array  # trajectory id of each row
+
+    def matching_texts(self, query: Query) -> np.ndarray:
+        """The sorted text numbers whose terms hold every word and phrase of `query` (`index_term`s)."""
+        import tantivy
+
+        if self.searcher.num_docs == 0:
+            return np.zeros(0, dtype=np.int64)
+        schema = self.index.schema
+        in_phrases = {token for phrase in query.phrases for token in phrase}
+        clauses = [(tantivy.Occur.Must, tantivy.Query.term_query(schema, _FIELD, index_term(word)))
+                   for word in query.words if word not in in_phrases]
+        clauses += [(tantivy.Occur.Must, tantivy.Query.phrase_query(schema, _FIELD, list(map(index_term, phrase))))
+                    for phrase in query.phrases]
+        # ordered by the fast field, tantivy hands back each document's text number instead of a score
+        hits = self.searcher.search(tantivy.Query.boolean_query(clauses), limit=self.searcher.num_docs,
+                                    count=False, order_by_field=_TEXT).hits
+        return np.sort(np.fromiter((value for value, _ in hits), dtype=np.int64, count=len(hits)))
+
+    def messages_of(self, texts: np.ndarray) -> np.ndarray:
+        """The rows of `occurrences` holding `texts` (sorted text numbers), in text order."""
+        starts = np.searchsorted(self.text, texts, side="left")
+        lengths = np.searchsorted(self.text, texts, side="right") - starts
+        before = np.cumsum(lengths) - lengths
+        return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+_opened: OrderedDict[tuple, _Opened] = OrderedDict()
+_opened_lock = threading.Lock()
+
+
+def _open(part: Path) -> _Opened | None:
+    """The part's usable index, opened (kept for the next search while its meta file is unchanged); None
+    when it has none. OSError or ValueError when its files are damaged or removed meanwhile."""
     import tantivy
 
-    if not _usable(part):
-        return None
-    tokens = [t for t in query.words if len(t.encode()) <= MAX_INDEXED_TOKEN_BYTES]
-    if not tokens:
+    stat = _meta_if_usable(part)
+    if stat is None:
         return None
     folder = index_path(part)
-    try:
-        index = tantivy.Index.open(str(folder))
-        _register(index)
-        searcher = index.searcher()
-        total = searcher.num_docs
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        clauses = [(tantivy.Occur.Must, tantivy.Query.term_query(index.schema, "tokens", t, index_option="basic"))
-                   for t in tokens]
-        hits = searcher.search(tantivy.Query.boolean_query(clauses), limit=total, count=False).hits
-        addresses = [address for _, address in hits]
-        firsts = searcher.fast_field_values("first", addresses) if addresses else []
-        counts = searcher.fast_field_values("rows", addresses) if addresses else []
-    except (OSError, ValueError) as exc:  # removed or damaged under us: the scan gives the same rows
-        warnings.warn(f"search index {folder} unusable ({type(exc).__name__}: {exc}); scanning its part",
-                      SearchIndexWarning, stacklevel=3)
-        return None
-    if not firsts:
-        return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]))
+    key = (str(folder), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    with _opened_lock:
+        if key in _opened:
+            _opened.move_to_end(key)
+            return _opened[key]
+    index = tantivy.Index.open(str(folder))
+    index.register_tokenizer(_ANALYZER, analyzer())
+    occurrences = pq.read_table(folder / MESSAGES_FILE)
+    opened = _Opened(index=index, searcher=index.searcher(),
+                     text=occurrences.column("text").to_numpy().astype(np.int64),
+                     occurrences=occurrences.drop_columns(["text"]),
+                     ids=pq.read_table(folder / ROWS_FILE).column("id").combine_chunks())
+    with _opened_lock:
+        _opened[key] = opened
+        while len(_opened) > LOADED_CACHE:
+            _opened.popitem(last=False)
+    return opened
+
+
+# A part's hits before snippets: the result columns, and where each hit's text is (for its snippet).
+_PART_HITS = _HITS_SCHEMA.append(pa.field("snippet", pa.string())).append(pa.field("_row", pa.int64())).append(
+    pa.field("_text", pa.int64()))
+
+
+def _indexed_hits(part: Path, opened: _Opened, query: Query) -> pa.Table:
+    """The hits of one indexed part, decided by the index (candidates read and checked only for a query
+    holding a token the index keeps cut)."""
+    texts = opened.matching_texts(query)
+    if not query.index_is_exact and len(texts):
+        first = np.searchsorted(opened.text, texts)  # each candidate text's first message: its text is read
+        found = message_texts(part, opened.occurrences.column("row").to_numpy()[first],
+                              opened.occurrences.column("position").to_numpy()[first])
+        texts = texts[np.fromiter((query.matches(text) for text in found), dtype=bool, count=len(found))]
+    where = pa.array(opened.messages_of(texts))
+    hits = opened.occurrences.take(where)
+    rows = hits.column("row").combine_chunks()
+    return pa.table({
+        "trajectory_id": opened.ids.take(rows),
+        "position": hits.column("position"),
+        "role": hits.column("role"),
+        "snippet": pa.nulls(hits.num_rows, pa.string()),  # made after ordering and `limit`
+        "_row": pc.cast(rows, pa.int64()),
+        "_text": pa.array(opened.text[where.to_numpy()], pa.int64()),
+    }, schema=_PART_HITS)
+
+
+def _scanned_hits(part: Path, query: Query, snippets: bool) -> pa.Table:
+    """The hits of one part found by reading and checking every message (the reference the index is
+    tested against, and what a part without an index gets)."""
+    table, rows = _read_rows(part)
+    messages = _flatten(table, rows)
+    has_text = messages.text_id >= 0
+    verdicts = np.zeros(len(messages.dictionary), dtype=bool)
+    for text_id in np.unique(messages.text_id[has_text]):  # each distinct text checked once
+        verdicts[text_id] = query.matches(messages.texts[text_id])
+    where = np.flatnonzero(has_text & verdicts[np.maximum(messages.text_id, 0)])
+    if snippets:
+        made = {int(t): _snippet(messages.texts[t], query) for t in np.unique(messages.text_id[where])}
+        snippet = pa.array([made[int(t)] for t in messages.text_id[where]], pa.string())
+    else:
+        snippet = pa.nulls(len(where), pa.string())
+    return pa.table({
+        "trajectory_id": messages.ids.take(pa.array(messages.local[where])),
+        "position": pa.array(messages.position[where], pa.int32()),
+        "role": messages.role.take(pa.array(where)),
+        "snippet": snippet,
+        "_row": pa.array(messages.row[where], pa.int64()),
+        "_text": pa.array(messages.text_id[where], pa.int64()),
+    }, schema=_PART_HITS)
+
+
+def _part_hits(part: Path, query: Query, use_index: bool, snippets: bool) -> pa.Table:
+    if use_index:
+        try:
+            opened = _open(part)
+            if opened is not None:
+                return _indexed_hits(part, opened, query)
+        except FileNotFoundError:
+            if not part.exists():
+                raise  # compacted away: the caller lists the parts again
+            _warn_unusable(part, "its files went missing")
+        except (OSError, ValueError) as exc:  # damaged (pyarrow's and tantivy's errors are ValueErrors)
+            _warn_unusable(part, f"{type(exc).__name__}: {exc}")
+    return _scanned_hits(part, query, snippets)
+
+
+def _warn_unusable(part: Path, why: str) -> None:
+    warnings.warn(f"search index {index_path(part)} unusable ({why}); scanning its part",
+                  SearchIndexWarning, stacklevel=4)
 
 
 def _snippet(text: str, query: Query) -> str:
@@ -416,68 +582,81 @@ def _snippet(text: str, query: Query) -> str:
     return ("…" if start > 0 else "") + piece + ("…" if start + SNIPPET_CHARS < len(text) else "")
 
 
-def _hits(messages: _Messages, query: Query, candidates: np.ndarray | None = None) -> pa.Table:
-    """The hits among `messages`: every message with text is checked, or only the `candidates` (a mask)."""
-    has_text = messages.text_id >= 0
-    candidates = has_text if candidates is None else candidates & has_text
-    verdicts = np.zeros(len(messages.texts), dtype=bool)
-    for text_id in np.unique(messages.text_id[candidates]):  # each distinct text checked once
-        verdicts[text_id] = query.matches(messages.texts[text_id])
-    where = np.flatnonzero(candidates & verdicts[np.maximum(messages.text_id, 0)])
-    snippets = {int(t): _snippet(messages.texts[t], query) for t in np.unique(messages.text_id[where])}
-    return pa.table({
-        "trajectory_id": messages.ids.take(pa.array(messages.local[where])),
-        "position": pa.array(messages.position[where], pa.int32()),
-        "role": messages.role.take(pa.array(where)),
-        "snippet": pa.array([snippets[int(t)] for t in messages.text_id[where]], pa.string()),
-    }, schema=RESULT_SCHEMA)
+def _add_snippets(hits: pa.Table, parts: list[Path], part_of_hit: np.ndarray, query: Query) -> pa.Array:
+    """The snippet column of `hits`: those the scan made, and for indexed parts' hits the text read now
+    (each distinct text of a part once, from the row groups holding it)."""
+    snippets = hits.column("snippet").to_pylist()
+    missing = np.flatnonzero(hits.column("snippet").is_null().to_numpy(zero_copy_only=False))
+    rows, texts = hits.column("_row").to_numpy(), hits.column("_text").to_numpy()
+    positions = hits.column("position").to_numpy()
+    for p in np.unique(part_of_hit[missing]).tolist():
+        chosen = missing[part_of_hit[missing] == p]
+        distinct, first = np.unique(texts[chosen], return_index=True)
+        read = message_texts(parts[p], rows[chosen][first], positions[chosen][first])
+        made = dict(zip(distinct.tolist(), (_snippet(text, query) for text in read), strict=True))
+        for i in chosen.tolist():
+            snippets[i] = made[int(texts[i])]
+    return pa.array(snippets, pa.string())
 
 
-def _search_part(part: Path, query: Query, use_index: bool) -> pa.Table:
-    rows = _candidate_rows(part, query) if use_index else None
-    return hits_in_rows(part, query, rows)
-
-
-def hits_in_rows(part: Path, query: Query, rows: np.ndarray | None) -> pa.Table:
-    """The hits among a part's `rows` (sorted row numbers; None: every row), each message checked."""
-    if rows is not None and len(rows) == 0:
-        return RESULT_SCHEMA.empty_table()
-    table, rows = _read_rows(part, rows)
-    return _hits(_flatten(table, rows), query)
-
-
-def _each_part(store: Store, work) -> list[pa.Table]:
-    """`work(part)` for every live trajectories part, listed again if a compaction removed one meanwhile."""
+def _retrying(work: Callable[[list[Path]], pa.Table], store: Store) -> pa.Table:
+    """`work(parts)` on the live trajectories parts, listed again if a compaction removed one meanwhile."""
     for attempt in range(RELIST_ATTEMPTS):
         try:
-            return [work(part) for part in store.parts("trajectories")]
+            return work(store.parts("trajectories"))
         except FileNotFoundError:
             if attempt == RELIST_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def search(store: Store, query: str, limit: int | None = None, *, use_index: bool = True) -> pa.Table:
-    """The messages of the store matching `query` (see the module docstring for the rules), as a table of
-    trajectory_id, position, role, snippet ordered by trajectory_id and position; at most `limit` rows.
-
-    `use_index=False` scans every part (the reference the index is tested against).
-    """
+def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise UsageError(f"the search limit must be a whole number >= 0, not {limit!r}")
+
+
+def search(store: Store, query: str, limit: int | None = None, *, use_index: bool = True,
+           snippets: bool = True) -> pa.Table:
+    """The messages of the store matching `query` (see the module docstring for the rules), as a table of
+    trajectory_id, position, role and (with `snippets`) snippet, ordered by trajectory_id and position;
+    at most `limit` rows.
+
+    `snippets=False` reads no message text from an indexed part. `use_index=False` scans every part (the
+    reference the index is tested against).
+    """
+    _check_limit(limit)
     parsed = parse_query(query)
-    pieces = [t for t in _each_part(store, lambda p: _search_part(p, parsed, use_index)) if t.num_rows]
-    result = pa.concat_tables(pieces) if pieces else RESULT_SCHEMA.empty_table()
-    result = result.sort_by([("trajectory_id", "ascending"), ("position", "ascending")])
-    return result.slice(0, limit) if limit is not None else result
+
+    def work(parts: list[Path]) -> pa.Table:
+        pieces = [_part_hits(part, parsed, use_index, snippets) for part in parts]
+        part_of_hit = np.repeat(np.arange(len(pieces)), [piece.num_rows for piece in pieces])
+        hits = pa.concat_tables(pieces) if pieces else _PART_HITS.empty_table()
+        hits = hits.append_column("_part", pa.array(part_of_hit, pa.int64()))
+        hits = hits.sort_by([("trajectory_id", "ascending"), ("position", "ascending")])
+        if limit is not None:
+            hits = hits.slice(0, limit)
+        if not snippets:
+            return hits.select(_HITS_SCHEMA.names)
+        column = _add_snippets(hits, parts, hits.column("_part").to_numpy(), parsed)
+        return hits.select(_HITS_SCHEMA.names).append_column("snippet", column)
+
+    return _retrying(work, store)
+
+
+def search_ids(store: Store, query: str, *, use_index: bool = True) -> pa.Array:
+    """The ids of the trajectories with at least one message matching `query`, sorted; no message text
+    is read from an indexed part. `len()` of it counts them."""
+    hits = search(store, query, use_index=use_index, snippets=False)
+    return pc.unique(hits.column("trajectory_id").combine_chunks())
 
 
 @contextlib.contextmanager
-def hits_view(store: Store, query: str, name: str = "search_hits") -> Iterator:
-    """A confined connection (omrl.query.connect) with the hits of `query` as the view `name`; closed after."""
+def hits_view(store: Store, query: str, name: str = "search_hits", *, snippets: bool = True) -> Iterator:
+    """A confined connection (omrl.query.connect) with the hits of `query` as the view `name` (the columns
+    of `search`, snippet only with `snippets`); closed after."""
     from omrl.query import close, connect
 
-    hits = search(store, query)
+    hits = search(store, query, snippets=snippets)
     con = connect(store)
     try:
         con.register(name, hits)  # an in-memory Arrow table: allowed after the configuration is locked

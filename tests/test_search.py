@@ -1,7 +1,7 @@
 """omrl.search: the indexed search returns exactly what a brute-force scan returns (random words from the
-corpus, absent words, phrases, unicode, words that exist only across two messages), parts without an
-index are scanned, the index files stay out of the store's data, and `omrl query --search` works on the
-one confined connection."""
+corpus, absent words, phrases, unicode, tokens longer than the index keeps, words that exist only across
+two messages) without reading message text, parts without an index are scanned, the index files stay out
+of the store's data, and `omrl query --search` works on the one confined connection."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from omrl.query import QueryError
 from omrl.store import Store
 
 # Words of several scripts and case rules (Turkish dotted I, German sharp s, Greek final sigma, CJK), words
-# joined by punctuation and underscore, digits, and one token longer than the index keeps.
+# joined by punctuation and underscore, digits, and tokens longer than the index keeps whole: two that share
+# their cut term (ASCII) and two non-ASCII ones cut inside a character (2-byte letters, odd byte limit).
 VOCAB = ["alpha", "beta", "Gamma", "delta", "naïve", "Straße", "İstanbul", "ıspanak", "ΟΔΟΣ", "東京", "Ünïcode",
          "foo_bar", "os.path", "don't", "x1", "42", "Error", "error", "ERROR", "segfault", "hel", "lo",
-         "q" * 80, "🙂", "é", "e\u0301"]
+         "q" * 80, "q" * 81, "a" + "ж" * 40 + "x", "a" + "ж" * 40 + "y", "🙂", "é", "e\u0301"]
+HUGE = "z" * 70_000  # over tantivy's own term limit (65,530 bytes), which drops such a token
 
 
 def _content(rng: random.Random) -> str | None:
@@ -47,6 +49,7 @@ def _rows(rng: random.Random, start: int, n: int) -> list[dict]:
         row["messages"] = [{"role": rng.choice(["system", "user", "assistant", "tool"]), "content": _content(rng)}
                            for _ in range(rng.randint(0, 7))]
         rows.append(row)
+    rows[1]["messages"].append({"role": "tool", "content": f"blob {HUGE} end"})
     # Two messages that only hold "hello" / "alpha omega" when glued together, in one trajectory.
     rows[0]["messages"] = [{"role": "user", "content": "say hel"}, {"role": "assistant", "content": "lo there"},
                            {"role": "user", "content": "the alpha"}, {"role": "assistant", "content": "omega"}]
@@ -54,19 +57,28 @@ def _rows(rng: random.Random, start: int, n: int) -> list[dict]:
 
 
 @pytest.fixture
-def corpus(tmp_path: Path, monkeypatch) -> Store:
-    """Three parts: two indexed, the third without an index (as after a crash between part and index);
-    index blocks of 8 messages, so that a part has many blocks."""
-    monkeypatch.setattr(S, "BLOCK_MESSAGES", 8)
+def corpus(tmp_path: Path) -> Store:
+    """Three parts: two indexed, the third without an index (as after a crash between part and index)."""
     rng = random.Random(7)
     store = Store.create(tmp_path / "store")
     for start in (0, 60, 120):
         appended = store.append(_rows(rng, start, 60))
-        if start < 120:
-            S.build_index(appended.part)  # kept as it is when the store's append has built it already
-        else:
+        if start == 120:
             S.remove_index(appended.part)
+        elif not S._usable(appended.part):  # the store's append may have built it already
+            S.build_index(appended.part)
     return store
+
+
+def _stored_rows(store: Store) -> list[dict]:
+    """The store's rows, read once per state of its parts (the brute force runs for many queries)."""
+    key = (store.path, tuple(store.parts()))
+    if _ROWS.get("key") != key:
+        _ROWS.update(key=key, rows=store.read().to_pylist())
+    return _ROWS["rows"]
+
+
+_ROWS: dict = {}
 
 
 def _brute_force(store: Store, query: str) -> list[tuple[str, int]]:
@@ -77,7 +89,7 @@ def _brute_force(store: Store, query: str) -> list[tuple[str, int]]:
     terms = [t[1:-1] if t.startswith('"') else t for t in re.findall(r'"[^"]*"|[^\s"]+', query)]
     groups = [tokens(t) for t in terms if tokens(t)]
     hits = []
-    for row in store.read().to_pylist():
+    for row in _stored_rows(store):
         for position, message in enumerate(row["messages"]):
             have = tokens(message["content"] or "")
             if all(any(have[i:i + len(g)] == g for i in range(len(have))) for g in groups):
@@ -102,7 +114,9 @@ def _queries(store: Store, rng: random.Random) -> list[str]:
             queries.append('"' + " ".join(have[i:i + rng.randint(2, 3)]) + '"')
     queries += ['"beta alpha"', '"alpha alpha"', "zebra", "alphabet", "alpha zebra", '"no such words"']
     queries += ["hello", '"alpha omega"', "İSTANBUL", "straße STRASSE", "ΟΔΟΣ", "東京", "foo_bar", "foo bar",
-                "os.path", "don't", "x1 42", "q" * 80, "q" * 79, "e\u0301", "🙂 alpha", "ERROR segfault"]
+                "os.path", "don't", "x1 42", "q" * 80, "q" * 79, "q" * 81, "q" * 82, f'"alpha {"q" * 80}"',
+                "a" + "ж" * 40 + "x", "A" + "Ж" * 40 + "Z", "e\u0301", "🙂 alpha", "ERROR segfault", HUGE, f'"blob {HUGE} end"',
+                "z" * 69_999]
     return queries
 
 
@@ -115,6 +129,10 @@ def test_indexed_search_equals_the_scan_and_brute_force(corpus):
         expected = _brute_force(corpus, query)
         assert _keys(indexed) == expected, query
         assert S.search(corpus, query, use_index=False).equals(indexed), query
+        ids_only = S.search(corpus, query, snippets=False)
+        assert ids_only.column_names == ["trajectory_id", "position", "role"] and ids_only.equals(indexed.drop_columns(
+            ["snippet"])), query
+        assert S.search_ids(corpus, query).to_pylist() == sorted({i for i, _ in expected}), query
         nonempty += bool(expected)
     assert nonempty > 40  # the comparison is not between empty results
     for absent in ("zebra", "hello", '"alpha omega"', '"no such words"'):
@@ -133,7 +151,7 @@ def test_hits_carry_role_snippet_and_deterministic_order(corpus):
         message = rows[hit["trajectory_id"]]["messages"][hit["position"]]
         assert hit["role"] == message["role"]
         assert "segfault" in hit["snippet"].lower() and len(hit["snippet"]) <= S.SNIPPET_CHARS + 2
-    phrase_hits = S.search(corpus, 'beta "alpha gamma"').column("snippet").to_pylist()
+    phrase_hits = S.search(corpus, 'delta "alpha gamma"').column("snippet").to_pylist()
     assert phrase_hits and all(re.search(r"alpha\W+gamma", snippet.lower()) for snippet in phrase_hits)
     assert S.search(corpus, "segfault", limit=3).equals(hits.slice(0, 3))
     assert S.search(corpus, "segfault", limit=0).num_rows == 0
@@ -167,43 +185,106 @@ def test_index_lives_beside_its_part_and_outside_the_data(corpus):
     assert not [p for p in folder.iterdir() if ".building-" in p.name] and S.missing_indexes(corpus) == []
 
 
-def _candidates(part, words=("alpha", "segfault", "東京", "x1", "zebra", "ıspanak")) -> dict:
-    return {w: S._candidate_rows(part, S.parse_query(w)).tolist() for w in words}
+def _index_hits(part, words=("alpha", "segfault", "東京", "x1", "zebra", "ıspanak", '"beta gamma"', "q" * 80)) -> dict:
+    return {w: S._indexed_hits(part, S._open(part), S.parse_query(w)).to_pylist() for w in words}
 
 
 def test_index_from_given_rows_equals_index_from_the_file(corpus):
     part = corpus.parts()[0]
-    before = _candidates(part)
+    before = _index_hits(part)
+    assert sum(map(len, before.values())) > 0
+    files = {name: pq.read_table(S.index_path(part) / name) for name in (S.MESSAGES_FILE, S.ROWS_FILE)}
     S.remove_index(part)
     assert not S.index_path(part).exists() and part in S.missing_indexes(corpus)
     S.build_index(part, table=pq.read_table(part))
-    assert _candidates(part) == before
+    assert _index_hits(part) == before
+    assert all(pq.read_table(S.index_path(part) / name).equals(table) for name, table in files.items())
     S.remove_index(part)
     S.remove_index(part)  # removing twice is fine
 
 
-@pytest.mark.parametrize("text", ["Hello, World_x 42!", "tab\there\x00nul\x7fdel", "naïve Straße", "İstanbul ıi",
-                                  "ΟΔΟΣ ὀδός", "東京タワー", "x²½", "e\u0301", "", "🙂a🙂", "KELVIN \u212a"])
-def test_fast_token_text_equals_the_tokeniser(text):
-    assert [t.split() for t in S.token_texts([text, None])] == [S.tokenize(text), []]
+TEXTS = ["Hello, World_x 42!", "tab\there\x00nul\x7fdel", "naïve Straße", "İstanbul ıi", "ΟΔΟΣ ὀδός", "東京タワー",
+         "x²½", "e\u0301", "", "🙂a🙂", "KELVIN \u212a", "q" * 64 + " " + "Q" * 65, "a" + "ж" * 40, "東" * 30 + "!",
+         "\u3000ideographic\u00a0nbsp\u2028line\u2029para\x1cfs"]
 
 
-def test_blocks_cover_every_row_once(monkeypatch):
-    import numpy as np
-    import pyarrow as pa
+@pytest.mark.parametrize("text", TEXTS)
+def test_index_terms_equal_the_tokeniser(text):
+    terms = [S.index_term(t) for t in S.tokenize(text)]
+    assert [t.split() for t in S.token_texts([text, None])] == [terms, []]
+    assert S.analyzer().analyze(S.token_texts([text])[0]) == terms  # tantivy splits them the same way
+    assert all(len(t.encode()) <= S.MAX_TERM_BYTES + len(S.CUT_MARK.encode()) for t in terms)
+    for token, term in zip(S.tokenize(text), terms, strict=True):  # a cut term is a prefix, never a whole token
+        assert term == token if len(token.encode()) <= S.MAX_TERM_BYTES else (
+            term.endswith(S.CUT_MARK) and token.startswith(term[:-1]) and S.TOKEN.fullmatch(term) is None)
 
-    monkeypatch.setattr(S, "BLOCK_MESSAGES", 4)
-    sizes = [0, 3, 1, 0, 9, 2, 2, 0]  # empty rows and a row larger than a block
-    table = pa.table({"id": [f"t{i}" for i in range(len(sizes))],
-                      "messages": [[{"role": "user", "content": f"w{i} w{j % 3}"} for j in range(n)]
-                                   for i, n in enumerate(sizes)]})
-    messages, num_rows = S.part_messages(Path("unused"), table)
-    firsts, counts, texts = S.blocks(messages, num_rows)
-    assert np.concatenate([np.arange(f, f + c) for f, c in zip(firsts, counts, strict=True)]).tolist() == \
-        list(range(len(sizes)))
-    for first, count, text_ids in zip(firsts, counts, texts, strict=True):
-        inside = (messages.row >= first) & (messages.row < first + count)
-        assert sorted(text_ids.tolist()) == sorted(set(messages.text_id[inside].tolist()))
+
+def test_every_message_with_a_token_is_indexed_once(corpus):
+    part = corpus.parts()[0]
+    table = pq.read_table(part)
+    expected = sorted((r, p, m["role"]) for r, row in enumerate(table.column("messages").to_pylist())
+                      for p, m in enumerate(row) if S.tokenize(m["content"] or ""))
+    messages = pq.read_table(S.index_path(part) / S.MESSAGES_FILE)
+    got = sorted(zip(messages.column("row").to_pylist(), messages.column("position").to_pylist(),
+                     messages.column("role").to_pylist(), strict=True))
+    assert got == expected
+    assert pq.read_table(S.index_path(part) / S.ROWS_FILE).column("id").equals(table.column("id"))
+    meta = json.loads((S.index_path(part) / S.META_FILE).read_text())
+    assert meta["version"] == S.INDEX_VERSION and meta["rows"] == table.num_rows
+
+
+def _no_text_reads(monkeypatch) -> list:
+    """Make every read of message text fail, except `message_texts` calls, which are recorded."""
+    calls = []
+    real = S.message_texts
+
+    def recorded(part, rows, positions):
+        calls.append(len(rows))
+        return real(part, rows, positions)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("an indexed search read a whole part")
+
+    monkeypatch.setattr(S, "message_texts", recorded)
+    monkeypatch.setattr(S, "_read_rows", refused)
+    return calls
+
+
+def test_an_indexed_search_reads_no_text_to_decide(corpus, monkeypatch):
+    S.build_missing(corpus)
+    queries = ["alpha", "segfault", '"beta gamma"', "os.path", "東京 x1", "zebra", "ıspanak", '"alpha alpha"']
+    long_query = "q" * 80  # cut in the index
+    expected = {q: S.search(corpus, q, use_index=False) for q in [*queries, long_query]}
+    calls = _no_text_reads(monkeypatch)
+    for query in queries:
+        assert S.search(corpus, query, snippets=False).equals(expected[query].drop_columns(["snippet"])), query
+        assert S.search_ids(corpus, query).to_pylist() == sorted(set(expected[query].column("trajectory_id").to_pylist()))
+    assert calls == []  # hits came from the index alone
+    assert S.search(corpus, "alpha", limit=3).equals(expected["alpha"].slice(0, 3))
+    assert 0 < sum(calls) <= 3  # only the snippets of the hits returned were read
+    calls.clear()
+    assert S.search(corpus, long_query, snippets=False).equals(expected[long_query].drop_columns(["snippet"]))
+    assert expected[long_query].num_rows > 0
+    cut_share = sum(calls)  # a cut term: only the candidate texts were read and checked
+    monkeypatch.undo()
+    # the candidates are the distinct texts of each part holding a token cut to the same term: q*80 or q*81
+    candidates = sum(len({m["content"] for row in pq.read_table(p).column("messages").to_pylist() for m in row
+                          if re.search(r"(?<!\w)q{80,81}(?!\w)", (m["content"] or "").lower())}) for p in corpus.parts())
+    texts = sum(json.loads((S.index_path(p) / S.META_FILE).read_text())["texts"] for p in corpus.parts())
+    assert cut_share == candidates and 0 < candidates < texts / 2
+
+
+def test_index_of_an_older_format_is_scanned_and_rebuilt(corpus):
+    part = corpus.parts()[0]
+    meta_path = S.index_path(part) / S.META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "version": S.INDEX_VERSION - 1}))
+    assert part in S.missing_indexes(corpus)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an index of another format is not used, silently
+        assert _keys(S.search(corpus, "alpha")) == _brute_force(corpus, "alpha")
+    assert S.build_missing(corpus) == 2 and S.missing_indexes(corpus) == []
+    assert json.loads(meta_path.read_text())["version"] == S.INDEX_VERSION
 
 
 def test_compaction_orphans_and_dead_builders_are_cleaned(corpus):
@@ -248,15 +329,6 @@ def test_index_of_another_tantivy_version_is_rebuilt(corpus):
     assert _keys(S.search(corpus, "alpha")) == _brute_force(corpus, "alpha")  # scanned meanwhile
     assert S.build_missing(corpus) == 2 and S.missing_indexes(corpus) == []  # with the unindexed third part
     assert json.loads(meta_path.read_text())["tantivy"] == meta["tantivy"]
-
-
-def test_index_narrows_candidates(corpus):
-    part = corpus.parts()[0]
-    rows = pq.read_metadata(part).num_rows
-    found = S._candidate_rows(part, S.parse_query("segfault"))
-    assert 0 < len(found) < rows and found.tolist() == sorted(set(found.tolist()))
-    assert S._candidate_rows(part, S.parse_query("zebra")).size == 0
-    assert S._candidate_rows(part, S.parse_query("q" * 80)) is None  # too long to be indexed: scanned
 
 
 def test_empty_part_and_store(tmp_path):
