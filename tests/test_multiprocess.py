@@ -107,3 +107,38 @@ def test_two_process_ppo_matches_one_process(tmp_path):
         assert two[key] == ref[key], key
     for key in (*[k for k in LOGGED if k != "kl_ref"], "grad_norm", "mean_return", "mean_value"):
         assert math.isfinite(two[key]) and two[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+
+
+def test_two_process_ppo_goes_on_when_one_process_s_episodes_all_fail(tmp_path):
+    """One of two tasks is broken (the environment refuses it), so one process's whole share fails: that
+    process still joins every gradient all-reduce (with no weight), both end identical, failures are counted."""
+    from omrl.envs.base import Task
+    from omrl.store import Store
+    from omrl.tasks import write_tasks
+    from tests.train_helpers import random_mover_model
+
+    model = random_mover_model(tmp_path / "mover")
+    tasks = write_tasks([Task(id="ok", instruction="Reach the goal.", env="grid",
+                              payload={"size": 7, "start": [3, 3], "goal": [2, 3]}),
+                         Task(id="broken", instruction="Reach the goal.", env="grid", payload={"size": 7})],
+                        tmp_path / "tasks.jsonl")
+    omrl = shutil.which("omrl") or str(Path(sys.executable).parent / "omrl")
+    out = tmp_path / "out"
+    # tasks_per_step=2 draws both tasks; each process plays one task's 3 samples
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           omrl, "train", "ppo", f"model={model}", f"tasks={tasks}", f"output_dir={out}",
+           f"store={tmp_path / 'store'}", "max_steps=2", "tasks_per_step=2", "samples_per_task=3",
+           "minibatches=2", "ppo_epochs=1", "entropy_coef=0.01", "quiet=true", "rollout.env=grid",
+           "rollout.max_turns=2", "rollout.max_new_tokens=3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((out / "omrl_ppo.json").read_text())
+    digests = record["processes"]["parameter_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert [(e["episodes"], e["failed"]) for e in record["log"]] == [(6, 3), (6, 3)]
+    assert all(e["updates"] == 2 and math.isfinite(e["policy_loss"]) for e in record["log"])
+    rows = Store(tmp_path / "store").read().to_pylist()
+    assert len(rows) == 12 == record["rollouts"]["stored"]
+    assert sorted(r["status"] for r in rows if r["task_id"] == "broken") == ["env_error"] * 6
+    assert record["rollouts"]["statuses"]["env_error"] == 6
