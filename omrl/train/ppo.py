@@ -289,9 +289,9 @@ def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], make_
                        concurrency=max(base.concurrency, len(jobs)))
     options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
     policy = HFPolicy(model, tokenizer, name=f"{recipe.run_name}@round{recipe.round}", **options)
+    metadata = {"ppo_step": step, "ppo_round": recipe.round, "ppo_process": procs.rank}
     return asyncio.run(play_episodes(jobs, make_env, policy, settings, run_id=run_id, round=recipe.round,
-                                     source="collected:ppo", metadata={"ppo_step": step, "ppo_round": recipe.round,
-                                                               "ppo_process": procs.rank}))
+                                     source="collected:ppo", metadata=metadata))
 
 
 def _episodes_to_batch(episodes: list[Any], pad_id: int) -> tuple[_Batch | None, int]:
