@@ -246,9 +246,10 @@ def _by_run(stats: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str,
 
 
 def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path,
-               scores: list[dict[str, Any]] = ()) -> Path:
-    """One panel per series any run logged; a line per run log, dashed lines for the stored rollouts and
-    a panel of their mean judge score per annotator (`scores`, from STEP_SCORES_SQL)."""
+               scores: list[dict[str, Any]] = (), agreement: list[dict[str, Any]] = ()) -> Path:
+    """One panel per series any run logged; a line per run log, dashed lines for the stored rollouts, a
+    panel of their mean judge score per annotator (`scores`, from STEP_SCORES_SQL) and one of the judge's
+    Pearson r with the environment's reward (`agreement`, step_agreement's rows; flagged steps marked)."""
     names = [n for n in STEP_KEYS if any(n in s for log in logs for s in log.steps)]
     for extra in ("reward", "success"):
         if stored and extra not in names:
@@ -256,6 +257,8 @@ def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path,
     names.sort(key=list(STEP_KEYS).index)
     if scores:
         names.append("judge score")
+    if any(row["pearson"] is not None for row in agreement):
+        names.append("judge vs env r")
     plt = _plt()
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
@@ -272,6 +275,20 @@ def plot_steps(logs: list[RunLog], stored: list[dict[str, Any]], path: Path,
                     (row["step"], row["mean_score"]))
             for label, points in lines.items():
                 ax.plot(*zip(*points, strict=True), linestyle="--", label=label)
+        if name == "judge vs env r":
+            series: dict[str, list[dict[str, Any]]] = {}
+            for row in agreement:
+                if row["pearson"] is not None:
+                    series.setdefault(f"{row['annotator']}: {row['run']} r{row['round']}", []).append(row)
+            for label, rows_ in series.items():
+                line, = ax.plot([r["step"] for r in rows_], [r["pearson"] for r in rows_], linestyle="--",
+                                marker=".", label=label)
+                flagged = [r for r in rows_ if r["flag"]]
+                if flagged:
+                    ax.scatter([r["step"] for r in flagged], [r["pearson"] for r in flagged], marker="x", s=40,
+                               color=line.get_color(), zorder=3)
+            ax.axhline(AGREEMENT_LOW, color="grey", linewidth=0.8, linestyle=":")
+            ax.set_ylim(-1.05, 1.05)
         if name in ("reward", "success"):
             key = "mean_reward" if name == "reward" else "success_rate"
             for (run, number), rows_ in _by_run(stored).items():
@@ -326,8 +343,9 @@ AGREEMENT_MIN_N = 5
 AGREEMENT_LOW = 0.3
 AGREEMENT_DROP = 0.2
 AGREEMENT_RULE = (f"flagged: n >= {AGREEMENT_MIN_N} and Pearson r < {AGREEMENT_LOW}, or r at least {AGREEMENT_DROP} "
-                  "below the annotator's previous round: the judge stops following the environment (a sign of "
-                  "reward hacking)")
+                  "below the annotator's previous round (per step: the previous step of the same run and round): "
+                  "the judge stops following the environment (a sign of reward hacking)")
+STEP_TABLE_ROWS = 60  # more steps than this: the Markdown lists the flagged steps and each series' last
 SCATTER_POINTS = 400  # per annotator and round, a deterministic sample (by id hash) for the plot
 
 # Pairs: the newest ok score of each annotator (latest_annotations) beside the trajectory's environment
@@ -337,20 +355,39 @@ SELECT a.annotator, t.round, a.trajectory_id, a.score, t.reward
 FROM latest_annotations a JOIN trajectories t ON t.id = a.trajectory_id
 WHERE a.kind = 'score' AND a.status = 'ok' AND isfinite(a.score) AND isfinite(t.reward)
 """
-AGREEMENT_SQL = f"""
-WITH pairs AS ({_PAIRS_SQL}),
+# The same pairs on the GRPO/PPO rollouts stored per step, keyed by their run, round, kind and step.
+_STEP_PAIRS_SQL = f"""
+SELECT a.annotator, t.run, t.round, t.kind, t.step, a.trajectory_id, a.score, t.reward
+FROM ({_TAGGED_SQL}) t JOIN latest_annotations a ON a.trajectory_id = t.id
+WHERE a.kind = 'score' AND a.status = 'ok' AND isfinite(a.score) AND isfinite(t.reward)
+"""
+
+
+def _agreement_sql(pairs: str, keys: list[str]) -> str:
+    """Per annotator and `keys` of `pairs` (annotator, keys, trajectory_id, score, reward): n, Pearson,
+    Spearman, mean score and reward, ordered by annotator then keys (the one agreement formula)."""
+    group = ", ".join(["annotator", *keys])
+    return f"""
+WITH pairs AS ({pairs}),
 ranked AS (
     SELECT *,
-        rank() OVER (PARTITION BY annotator, round ORDER BY score)
-            + (count(*) OVER (PARTITION BY annotator, round, score) - 1) / 2.0 AS score_rank,
-        rank() OVER (PARTITION BY annotator, round ORDER BY reward)
-            + (count(*) OVER (PARTITION BY annotator, round, reward) - 1) / 2.0 AS reward_rank
+        rank() OVER (PARTITION BY {group} ORDER BY score)
+            + (count(*) OVER (PARTITION BY {group}, score) - 1) / 2.0 AS score_rank,
+        rank() OVER (PARTITION BY {group} ORDER BY reward)
+            + (count(*) OVER (PARTITION BY {group}, reward) - 1) / 2.0 AS reward_rank
     FROM pairs
 )
-SELECT annotator, round, count(*) AS n, corr(score, reward) AS pearson, corr(score_rank, reward_rank) AS spearman,
+SELECT {group}, count(*) AS n, corr(score, reward) AS pearson, corr(score_rank, reward_rank) AS spearman,
        avg(score) AS mean_score, avg(reward) AS mean_reward
-FROM ranked GROUP BY annotator, round ORDER BY annotator, round
+FROM ranked GROUP BY {group} ORDER BY {group}
 """
+
+
+AGREEMENT_SQL = _agreement_sql(_PAIRS_SQL, ["round"])
+# Per step within a run's round: a series per (annotator, run, round, kind), flagged against its own
+# previous step as rounds are against the previous round.
+STEP_SERIES = ("run", "round", "kind")
+STEP_AGREEMENT_SQL = _agreement_sql(_STEP_PAIRS_SQL, [*STEP_SERIES, "step"])
 SCATTER_SQL = f"""
 SELECT annotator, round, score, reward FROM ({_PAIRS_SQL})
 QUALIFY row_number() OVER (PARTITION BY annotator, round ORDER BY hash(trajectory_id), trajectory_id)
@@ -370,21 +407,36 @@ def judge_agreement(store) -> list[dict[str, Any]]:
     return flag_agreement(store.sql(AGREEMENT_SQL).to_pylist())
 
 
-def flag_agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """AGREEMENT_SQL's rows (ordered by annotator, round) with NaN correlations as None and `flag` set."""
-    previous: dict[str, float] = {}
+def step_agreement(store) -> list[dict[str, Any]]:
+    """judge_agreement per training step: per annotator, run, round, kind (grpo/ppo) and step of the stored
+    rollouts, flagged by the same rule against the series' previous step."""
+    return flag_step_agreement(store.sql(STEP_AGREEMENT_SQL).to_pylist())
+
+
+def flag_step_agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """STEP_AGREEMENT_SQL's rows flagged (flag_agreement, each series against its previous step)."""
+    return flag_agreement(rows, series=STEP_SERIES, unit="step")
+
+
+def flag_agreement(rows: list[dict[str, Any]], series: tuple[str, ...] = (), unit: str = "round"
+                   ) -> list[dict[str, Any]]:
+    """Agreement rows ordered by annotator, `series` keys, then `unit` (AGREEMENT_SQL's or
+    STEP_AGREEMENT_SQL's) with NaN correlations as None and `flag` set; a fall is measured against the
+    previous `unit` of the same annotator and series."""
+    previous: dict[tuple, float] = {}
     for row in rows:
         row["pearson"], row["spearman"] = _number(row["pearson"]), _number(row["spearman"])
         flags = []
-        r, before = row["pearson"], previous.get(row["annotator"])
+        key = (row["annotator"], *(row[k] for k in series))
+        r, before = row["pearson"], previous.get(key)
         if row["n"] >= AGREEMENT_MIN_N and r is not None:
             if r < AGREEMENT_LOW:
                 flags.append(f"low (r < {AGREEMENT_LOW})")
             if before is not None and r <= before - AGREEMENT_DROP:
-                flags.append(f"fell {before - r:.2f} since the previous round")
+                flags.append(f"fell {before - r:.2f} since the previous {unit}")
         row["flag"] = "; ".join(flags)
         if r is not None and row["n"] >= AGREEMENT_MIN_N:
-            previous[row["annotator"]] = r
+            previous[key] = r
     return rows
 
 
@@ -408,13 +460,26 @@ def plot_agreement(store, annotators: list[str], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _agreement_md(rows: list[dict[str, Any]]) -> list[str]:
-    return ["## Judge vs environment", "",
-            "Per score annotator and round, on trajectories with both an ok judge score (the newest per "
-            f"annotator) and an environment reward; {AGREEMENT_RULE}.",
-            "", _table_md(rows, ["annotator", "round", "n", "pearson", "spearman", "mean_score", "mean_reward",
-                                 "flag"]),
-            "", "![judge score against environment reward](agreement.png)", ""]
+def _agreement_md(rows: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[str]:
+    md = ["## Judge vs environment", "",
+          "Per score annotator and round, on trajectories with both an ok judge score (the newest per "
+          f"annotator) and an environment reward; {AGREEMENT_RULE}.",
+          "", _table_md(rows, ["annotator", "round", "n", "pearson", "spearman", "mean_score", "mean_reward",
+                               "flag"]),
+          "", "![judge score against environment reward](agreement.png)", ""]
+    if steps:
+        shown, note = steps, "every step"
+        if len(steps) > STEP_TABLE_ROWS:  # the flagged steps and where each series ended
+            last = {(r["annotator"], *(r[k] for k in STEP_SERIES)): r for r in steps}
+            shown = [r for r in steps if r["flag"] or r is last[(r["annotator"], *(r[k] for k in STEP_SERIES))]]
+            note = f"the flagged steps and each series' last step ({len(shown)} of {len(steps)} rows)"
+        md += ["### Per training step", "",
+               "The same agreement per step of the GRPO/PPO rollouts stored by the trainers (their metadata's "
+               f"step, shifted to the optimizer step that trained on them, as in Training steps): {note}; "
+               "the steps plot draws r per step (x: flagged).",
+               "", _table_md(shown, ["annotator", "run", "round", "kind", "step", "n", "pearson", "spearman",
+                                     "mean_score", "mean_reward", "flag"]), ""]
+    return md
 
 
 def write_report(store, out: str | Path, results: str | Path | None = None,
@@ -449,14 +514,16 @@ def write_report(store, out: str | Path, results: str | Path | None = None,
                "![held-out success by stage](stages.png)", ""]
     logs = find_run_logs(list(runs)) if runs else []
     stored = stored_step_stats(store)
+    per_step = step_agreement(store) if stored else []
     if logs or stored:
-        paths["steps"] = plot_steps(logs, stored, out / "steps.png", stored_step_scores(store) if stored else [])
+        paths["steps"] = plot_steps(logs, stored, out / "steps.png", stored_step_scores(store) if stored else [],
+                                    per_step)
         md += _steps_md(logs, stored)
     agreement = judge_agreement(store)
     if agreement:
         paths["agreement"] = plot_agreement(store, sorted({r["annotator"] for r in agreement}),
                                             out / "agreement.png")
-        md += _agreement_md(agreement)
+        md += _agreement_md(agreement, per_step)
     paths["markdown"] = out / "report.md"
     paths["markdown"].write_text("\n".join(md))
     paths["html"] = out / "report.html"
@@ -485,7 +552,9 @@ def _html(md_lines: list[str], out: Path) -> str:
             table.append(line)
             continue
         flush_table()
-        if line.startswith("## "):
+        if line.startswith("### "):
+            body.append(f"<h3>{html.escape(line[4:])}</h3>")
+        elif line.startswith("## "):
             body.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("# "):
             body.append(f"<h1>{html.escape(line[2:])}</h1>")

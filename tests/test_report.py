@@ -300,3 +300,91 @@ def test_agreement_from_omrl_annotate_output_and_none_without_scores(tmp_path):
     assert [(r["round"], r["n"]) for r in rows] == [(0, 8), (1, 8)]
     # num_turns grows with the reward here, so the rank agreement is perfect in both rounds
     assert all(r["spearman"] == pytest.approx(1.0) for r in rows)
+
+
+def _step_store(tmp_path, steps: int = 4, per_step: int = 10):
+    """GRPO rollouts of one run's round 1, tagged per step as rollout_func tags them (metadata grpo_step,
+    run_id .../step-k); judge `j` follows the reward until the last step, then inverts it; `flat` scores
+    one constant (no correlation). Returns the store and the pairs per (annotator, optimizer step)."""
+    from omrl.schema import Annotation
+
+    store = Store.create(tmp_path / "s")
+    rows, notes, pairs = [], [], {}
+    for k in range(steps):
+        for i in range(per_step):
+            tid = f"s{k}-{i}"
+            reward = ((i * 3) % per_step) / (per_step - 1)
+            rows.append(Trajectory(id=tid, task_id=f"t{i}", round=1, run_id=f"g/round-1/step-{k}",
+                                   messages=[Message("user", "go")], reward=reward, success=reward > 0.5,
+                                   metadata=json.dumps({"grpo_step": k, "grpo_round": 1})).to_row())
+            score = reward + 0.1 * ((i % 3) - 1) if k < steps - 1 else 1 - reward + 0.05 * (i % 2)
+            notes += [Annotation(trajectory_id=tid, annotator="j", score=score).to_row(),
+                      Annotation(trajectory_id=tid, annotator="flat", score=0.5).to_row()]
+            pairs.setdefault(("j", k + 1), []).append((score, reward))  # trained on at step k + 1
+            pairs.setdefault(("flat", k + 1), []).append((0.5, reward))
+    # an untagged rollout (collect) and a judged rollout without a reward take no part in the steps
+    rows += [Trajectory(id="plain", task_id="t0", round=1, messages=[Message("user", "go")], reward=1.0).to_row(),
+             Trajectory(id="noreward", task_id="t0", round=1, run_id="g/round-1/step-0", status="env_error",
+                        messages=[Message("user", "go")], metadata=json.dumps({"grpo_step": 0})).to_row()]
+    notes += [Annotation(trajectory_id="plain", annotator="j", score=1.0).to_row(),
+              Annotation(trajectory_id="noreward", annotator="j", score=0.0).to_row()]
+    store.append(rows)
+    store.append(notes, table="annotations")
+    return store, pairs
+
+
+def test_judge_agreement_per_step_matches_scipy_and_flags_the_step_that_inverts(tmp_path, monkeypatch):
+    from scipy import stats
+
+    import omrl.report as report
+
+    store, pairs = _step_store(tmp_path)
+    rows = report.step_agreement(store)
+    assert [(r["annotator"], r["step"]) for r in rows] == sorted(pairs)
+    assert {(r["run"], r["round"], r["kind"]) for r in rows} == {("g/round-1", 1, "grpo")}
+    for row in rows:
+        scores, rewards = zip(*pairs[(row["annotator"], row["step"])], strict=True)
+        assert row["n"] == len(scores) == 10
+        assert row["mean_score"] == pytest.approx(sum(scores) / 10)
+        if row["annotator"] == "flat":  # a constant judge has no correlation: None, never flagged
+            assert row["pearson"] is None and row["spearman"] is None and row["flag"] == ""
+            continue
+        assert row["pearson"] == pytest.approx(stats.pearsonr(scores, rewards).statistic, abs=1e-9)
+        assert row["spearman"] == pytest.approx(stats.spearmanr(scores, rewards).statistic, abs=1e-9)
+    flags = {r["step"]: r["flag"] for r in rows if r["annotator"] == "j"}
+    assert [s for s, f in flags.items() if f] == [4]
+    assert "low (r < 0.3)" in flags[4] and "since the previous step" in flags[4]
+
+    titles = []
+    real_save = report._save
+
+    def save(fig, path):
+        titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
+        return real_save(fig, path)
+
+    monkeypatch.setattr(report, "_save", save)
+    md = _report(store.path, tmp_path / "rep")
+    assert "judge vs env r" in titles  # the steps plot got its agreement panel
+    table = _md_rows(md, "| annotator | run | round | kind | step | n |")
+    assert [(t["annotator"], t["step"], t["n"]) for t in table] == [(a, str(s), "10") for a, s in sorted(pairs)]
+    assert [(t["annotator"], t["step"]) for t in table if t["flag"] not in ("", "-")] == [("j", "4")]
+    assert "<h3>Per training step</h3>" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_long_runs_list_only_the_flagged_steps_and_each_series_end(tmp_path, monkeypatch):
+    import omrl.report as report
+
+    monkeypatch.setattr(report, "STEP_TABLE_ROWS", 3)
+    store, _ = _step_store(tmp_path)
+    md = _report(store.path, tmp_path / "rep")
+    table = _md_rows(md, "| annotator | run | round | kind | step | n |")
+    assert [(t["annotator"], t["step"]) for t in table] == [("flat", "4"), ("j", "4")]
+    assert "(2 of 8 rows)" in md
+
+
+def test_no_step_agreement_without_tagged_rollouts(tmp_path):
+    store, _ = _agreement_store(tmp_path)
+    from omrl.report import step_agreement
+
+    assert step_agreement(store) == []
+    assert "Per training step" not in _report(store.path, tmp_path / "rep")

@@ -226,12 +226,41 @@ def test_runs_page_shows_judge_vs_environment_agreement(tmp_path):
     assert "low (r &lt; 0.3)" in table
 
 
+def test_runs_page_shows_agreement_per_grpo_step(tmp_path):
+    """Per training step: the table of omrl.report.step_agreement (same rows, same flags) and a chart of r
+    per step; a judge that inverts the reward at the last step is flagged there only."""
+    from omrl.report import step_agreement
+
+    store = Store.create(tmp_path / "steps")
+    rows = list(synthetic_trajectories(48, seed=4))
+    for i, row in enumerate(rows):
+        row.update(reward=(i * 5 % 12) / 11, run_id=f"g/round-0/step-{i % 4}",
+                   metadata=json.dumps({"grpo_step": i % 4, "grpo_round": 0}))
+    store.append(rows)
+    store.append([Annotation(trajectory_id=r["id"], annotator="judge <i>",
+                             score=r["reward"] if i % 4 < 3 else 1 - r["reward"]).to_row()
+                  for i, r in enumerate(rows)], table="annotations")
+    expected = step_agreement(store)
+    assert [(r["step"], bool(r["flag"])) for r in expected] == [(1, False), (2, False), (3, False), (4, True)]
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        page = c.get("/runs").text
+    table = re.search(r'<table class="list" id="step-agreement">.*?</table>', page, re.S).group(0)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", tr) for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)[1:]]
+    assert [(c[0], c[1], c[4], c[5], c[6]) for c in cells] == [
+        ("judge &lt;i&gt;", "g/round-0", str(r["step"]), str(r["n"]), f"{r['pearson']:.3g}") for r in expected]
+    assert table.count('class="flagged"') == 1 and "since the previous step" in cells[3][10]
+    assert "1 of 4 steps flagged" in page
+    svg = re.search(r'id="chart-step-agreement".*?</svg>', page, re.S).group(0)
+    assert re.findall(r'data-points="(\d+)"', svg) == ["4"]
+
+
 def test_runs_page_without_steps_has_no_step_charts(tmp_path):
     plain = Store.create(tmp_path / "plain")
     plain.append(list(synthetic_trajectories(5, seed=2)))
     with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:
         page = c.get("/runs").text
     assert 'id="chart-env"' in page and "chart-step-success" not in page and 'id="agreement"' not in page
+    assert 'id="step-agreement"' not in page
 
 
 def test_text_search_filters_the_list(client, store):

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
 from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
-from omrl.report import AGREEMENT_SQL, STEPS_SQL, flag_agreement
+from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
 from omrl.schema import success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
@@ -465,5 +465,7 @@ class StoreReader:
         # per GRPO/PPO step of the rollouts stored by the trainers (omrl.report's one query for it)
         steps = self.sql(STEPS_SQL)
         agreement = flag_agreement(self.sql(AGREEMENT_SQL))  # judge vs environment, omrl report's rule
+        step_agreement = flag_step_agreement(self.sql(STEP_AGREEMENT_SQL)) if steps else []
         return {"counts": counts, "rounds": rounds, "by_round": by_round, "total": total,
-                "annotations": annotations, "steps": steps, "agreement": agreement}
+                "annotations": annotations, "steps": steps, "agreement": agreement,
+                "step_agreement": step_agreement}

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 
-from omrl.report import AGREEMENT_RULE
+from omrl.report import AGREEMENT_RULE, STEP_TABLE_ROWS
 from omrl.view.data import SORTS, Group, ListPage, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
@@ -253,13 +253,26 @@ def _step_charts(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
             "reward": _lines(reward) if reward else None}
 
 
+def _agreement_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The judge's Pearson r with the environment's reward per training step, a line per annotator, run
+    and round (None: no step has an r)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row["pearson"] is not None:
+            series.setdefault(f"{row['annotator']} · {row['run']} · round {row['round']}", []).append(
+                (row["step"], row["pearson"]))
+    return _lines(series, -1.0, 1.0) if series else None
+
+
 def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
     charts = {key: _bars(rows, "name", "n") for key, rows in runs["counts"].items()}
     by_round = runs["by_round"]
     success = _bars(by_round, "round", "success_rate", maximum=1.0)
     reward = _bars(by_round, "round", "mean_reward")
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
-                  steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name)
+                  steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name,
+                  step_agreement=_agreement_chart(runs.get("step_agreement") or []),
+                  step_table_rows=STEP_TABLE_ROWS)
 
 
 def error_html(message: str, links: Links, store_name: str, status: int = 404) -> str:
