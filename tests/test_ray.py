@@ -146,12 +146,12 @@ def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
     assert (again.played, again.skipped, len(there.read())) == (0, 10, 10)
 
 
-def ray_workers_of_this_process() -> list:
+def ray_workers_of_this_process(actor: str = "EpisodeWorker") -> list:
     """The live Ray actor processes of this test's in-process cluster (descendants of this process)."""
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "EpisodeWorker" in " ".join(proc.cmdline() or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            if actor in " ".join(proc.cmdline() or []) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:  # exited (or a zombie) while we looked: not a worker to kill
             continue
@@ -219,3 +219,144 @@ def test_a_policy_that_cannot_travel_is_a_usage_error(tmp_path: Path, cluster):
     with pytest.raises(UsageError, match="cannot be sent to Ray workers"):
         asyncio.run(collect(None, load_tasks(str(GRID_TASKS))[:2], policy, Store.create(tmp_path / "s"), settings,
                             run_id="p", progress=False, ray="auto"))
+
+
+# ---------------------------------------------------------------- annotate: judges on the cluster
+
+GRID_RUBRIC = REPO / "recipes" / "judges" / "grid_goal.yaml"
+JUDGED = ("trajectory_id", "annotator", "judge_model", "rubric", "kind", "score", "rationale", "status", "error",
+          "prompt_hash", "prompt_tokens", "completion_tokens")
+
+
+def grid_stores(tmp_path: Path, names: tuple[str, ...], tasks: int = 6, samples: int = 2) -> list[Store]:
+    """Stores holding the same grid trajectories: the expert's (they reach the goal) on the first half of
+    the tasks, random moves (which mostly do not) on the rest, so the judge's scores differ."""
+    source = Store.create(tmp_path / "source")
+    settings = RolloutSettings(env="grid", max_turns=16, seed=5, concurrency=4)
+    chosen = load_tasks(str(GRID_TASKS))[:tasks]
+    for run_id, policy, part in (("e", ScriptedPolicy(), chosen[:tasks // 2]),
+                                 ("g", RandomPolicy(seed=2), chosen[tasks // 2:])):
+        asyncio.run(collect(None, part, policy, source, settings, samples=samples, run_id=run_id, progress=False))
+    rows = source.read().to_pylist()
+    stores = []
+    for name in names:
+        store = Store.create(tmp_path / name)
+        store.append(rows)
+        stores.append(store)
+    return stores
+
+
+def judged(store: Store) -> dict:
+    """(trajectory, annotator) -> what the judge said, without ids, times and run names."""
+    rows = store.read("annotations").to_pylist()
+    out = {(r["trajectory_id"], r["annotator"]): {k: r[k] for k in JUDGED} for r in rows}
+    assert len(out) == len(rows)  # one annotation per (trajectory, judge)
+    return out
+
+
+@pytest.fixture
+def judge_process():
+    from omrl.testing.judge_server import JudgeProcess
+
+    with JudgeProcess(rule="grid") as judge:
+        yield judge
+
+
+def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path, cluster, judge_process):
+    from click.testing import CliRunner
+
+    from omrl.annotate.judge import JudgeConfig
+    from omrl.annotate.rubric import load_rubric
+    from omrl.annotate.runner import annotate
+    from omrl.cli.main import cli
+
+    here, there = grid_stores(tmp_path, ("here", "there"), tasks=4)  # 8 trajectories in 4 groups
+    # Pointwise through the CLI with --ray local (the cluster this process holds), against in-process.
+    common = ["--judge", str(GRID_RUBRIC), "--judge-model", "rule-judge", "--base-url", judge_process.base_url,
+              "--concurrency", "2"]
+    out = CliRunner().invoke(cli, ["annotate", str(here.path), *common])
+    assert out.exit_code == 0, out.output
+    out = CliRunner().invoke(cli, ["annotate", str(there.path), *common, "--ray", "local", "--ray-workers", "2"])
+    assert out.exit_code == 0, out.output
+    a, b = judged(here), judged(there)
+    assert len(a) == 8 and a == b
+    assert {v["status"] for v in a.values()} == {"ok"} and len({v["score"] for v in a.values()}) > 1
+    # In-process commits the judge's rows in one part; on Ray, one part per shard.
+    assert len(here.parts("annotations")) == 1 and len(there.parts("annotations")) > 1
+    # Group mode: each group judged whole on one worker, scores relative within it, the same as in-process.
+    config = JudgeConfig(rubric=load_rubric(GRID_RUBRIC), model="rule-judge", base_url=judge_process.base_url,
+                         mode="group", concurrency=2)
+    local = annotate(here, judge=config, cache_dir=tmp_path / "cache-here")
+    remote = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", ray_workers=2)
+    assert local.written == remote.written and remote.written["judge:grid_goal:group"] == 8
+    assert remote.judge.calls == local.judge.calls == 4  # one call per group, none twice
+    a, b = judged(here), judged(there)
+    assert len(a) == 16 and a == b
+    # A re-run resumes on Ray too: everything is stored, nothing is asked or written again.
+    again = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local")
+    assert again.already_done["judge:grid_goal:group"] == 8 and sum(again.written.values()) == 0
+    assert len(there.read("annotations")) == 16 and there.check() == []
+
+
+def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: Path, cluster):
+    from omrl.annotate.judge import JudgeConfig
+    from omrl.annotate.rubric import load_rubric
+    from omrl.annotate.runner import annotate
+    from omrl.testing.judge_server import JudgeProcess
+
+    (store,) = grid_stores(tmp_path, ("s",), tasks=8, samples=2)
+    outcome: dict = {}
+    with JudgeProcess(rule="grid", latency=0.3) as judge:  # 2 rows a shard, one at a time: ~0.6 s a shard
+        config = JudgeConfig(rubric=load_rubric(GRID_RUBRIC), model="rule-judge", base_url=judge.base_url,
+                             concurrency=1)
+
+        def run() -> None:
+            try:
+                outcome["summary"] = annotate(store, judge=config, ray="auto", ray_workers=2)
+            except BaseException as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (ray_workers_of_this_process("JudgeWorker")
+                                                   and store.count("annotations")):
+            time.sleep(0.1)
+        victims = ray_workers_of_this_process("JudgeWorker")
+        assert victims, "no Ray judge worker process found to kill"
+        before = store.count("annotations")
+        os.kill(victims[0].pid, signal.SIGKILL)
+        assert before < 16  # killed mid-run, with trajectories still to judge
+        thread.join(timeout=300)
+        stats = judge.stats()
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    rows = store.read("annotations").to_pylist()
+    assert len(rows) == 16 and len({r["trajectory_id"] for r in rows}) == 16  # one per (trajectory, judge)
+    assert all(r["status"] == "ok" and r["annotator"] == "judge:grid_goal" for r in rows)
+    assert stats["distinct_prompts"] == 16  # the killed shard's prompts were asked again, nothing else
+    assert store.check() == []
+
+
+def test_annotate_ray_flag_without_ray_says_how_to_get_it(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    store = Store.create(tmp_path / "s")
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    out = CliRunner().invoke(cli, ["annotate", str(store.path), "--judge", str(GRID_RUBRIC), "--judge-model", "m",
+                                   "--base-url", "http://127.0.0.1:9/v1", "--ray", "auto"])
+    assert out.exit_code != 0 and "pip install omrl[ray]" in out.output
+
+
+def test_judge_shards_keep_tasks_and_groups_whole():
+    from omrl.distributed.ray_annotate import judge_shards
+
+    rows = [{"id": f"t{t}-{s}", "task_id": f"t{t}", "group_id": f"g{t}"} for t in range(5) for s in range(3)]
+    assert [len(s) for s in judge_shards(rows, "pointwise", 4)] == [4, 4, 4, 3]
+    for mode, key in (("pairwise", "task_id"), ("group", "group_id")):
+        shards = judge_shards(rows, mode, 4)
+        assert [len(s) for s in shards] == [3, 3, 3, 3, 3]  # 3 + 3 > 4: a set never shares a shard it overfills
+        assert all(len({r[key] for r in s}) == 1 for s in shards)
+        assert sorted(r["id"] for s in shards for r in s) == sorted(r["id"] for r in rows)
+        assert [len(s) for s in judge_shards(rows, mode, 7)] == [6, 6, 3]

@@ -143,15 +143,21 @@ def annotated_pairs(store: Store) -> set[tuple[str, str, str, str]]:
             for r in data.to_pylist() if r["status"] == "ok"}
 
 
+def judged_together(mode: str) -> str | None:
+    """The trajectory field whose equal values a judge of `mode` scores together: a pairwise judge compares
+    the trajectories of one task, a group judge those of one group_id (None: each trajectory alone)."""
+    return {"pairwise": "task_id", "group": "group_id"}.get(mode)
+
+
 def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[str, ...]]) -> list[dict[str, Any]]:
     """The rows the judge still has to score. Pairwise and group judges compare the members of a task or
     group with each other, so such a set is judged again whole unless every member already has its score."""
     def is_done(row: dict[str, Any]) -> bool:
         return (row["id"], judge.annotator, judge.rubric.name or "", judge.model or "") in done
 
-    if judge.mode == "pointwise":
+    key = judged_together(judge.mode)
+    if key is None:
         return [r for r in rows if not is_done(r)]
-    key = "task_id" if judge.mode == "pairwise" else "group_id"
     open_sets = {r[key] for r in rows if not is_done(r)}
     return [r for r in rows if r[key] in open_sets]
 
@@ -160,11 +166,17 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
              judge: JudgeConfig | list[JudgeConfig] | None = None, where: str | None = None,
              reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
              progress: Callable[[str, int, int], None] | None = None, redo: bool = False,
-             metadata: dict[str, Any] | None = None, cache_dir: str | Path | None = None) -> AnnotateSummary:
+             metadata: dict[str, Any] | None = None, cache_dir: str | Path | None = None,
+             ray: str | None = None, ray_workers: int | None = None) -> AnnotateSummary:
     """Annotate the selected trajectories: metrics, then the judge(s), then the reward recipe (in that order,
     so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes;
     `metadata` is merged into every annotation's metadata; judge replies are cached in `cache_dir`
     (default STORE/cache/judge).
+
+    `ray` ("auto", an ADDRESS, or "local") judges on a Ray cluster (omrl.distributed.ray_annotate):
+    `ray_workers` workers (default one per cluster CPU) each run the same run_judge on shards of the rows,
+    each with `concurrency` requests in flight; the annotations come back here and are committed by the
+    same writer, one part per shard. Metrics and the reward recipe stay in this process.
 
     Resumes: a (trajectory, annotator, rubric, judge model) that already has an ok annotation is not
     annotated again
@@ -198,12 +210,20 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
         summary.already_done[config.annotator] += len(rows) - len(judge_rows)
         if not judge_rows:
             continue
-        out, stats = asyncio.run(run_judge(config, judge_rows, summary.run_id, cache,
-                                           _ticker(report, f"judge {config.annotator}", len(judge_rows))))
+        tick = _ticker(report, f"judge {config.annotator}", len(judge_rows))
+        if ray is None:
+            out, stats = asyncio.run(run_judge(config, judge_rows, summary.run_id, cache, tick))
+            writer.add(out, whole=True)  # a group's relative scores are committed together or not at all
+        else:
+            from omrl.distributed.ray_annotate import judge_on_ray
+
+            # Committed shard by shard (each shard holds whole tasks / groups): a killed run keeps those.
+            stats = asyncio.run(judge_on_ray(config, judge_rows, summary.run_id, cache,
+                                             lambda out: writer.add(out, whole=True), address=ray,
+                                             workers=ray_workers, progress=tick))
         summary.judges[config.annotator] = stats
         summary.judge = _merged(summary.judge, stats)
         summary.skipped[config.annotator] += stats.skipped
-        writer.add(out, whole=True)  # a group's relative scores are committed together or not at all
 
     if recipe is not None:
         table = combined_reward(store, recipe)

@@ -19,7 +19,9 @@ from omrl.cli.common import console, user_errors
               help="API key for the judge endpoint (default: $OPENAI_API_KEY).")
 @click.option("--mode", type=click.Choice(["pointwise", "pairwise", "group"]), default="pointwise", show_default=True)
 @click.option("--where", help="SQL condition over `trajectories` selecting what to annotate.")
-@click.option("--concurrency", type=int, default=16, show_default=True, help="Judge requests in flight at once.")
+@click.option("--concurrency", type=int, default=16, show_default=True,
+              help="Judge requests in flight at once; with --ray: per Ray worker (the endpoint sees up to "
+                   "workers x this).")
 @click.option("--max-chars", type=int, default=12000, show_default=True,
               help="Judge rendering budget per trajectory (long ones keep the task, last turns and outcome).")
 @click.option("--max-tokens", type=int, default=512, show_default=True,
@@ -36,9 +38,17 @@ from omrl.cli.common import console, user_errors
 @click.option("--redo", is_flag=True,
               help="Annotate again what already has an ok annotation from the same annotator and rubric "
                    "(by default a re-run resumes and skips those).")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS|local",
+              help="Judge on a Ray cluster: auto (the running one), HOST:PORT, or local (start one on this "
+                   "machine); shards of trajectories (whole tasks or groups for pairwise/group judges) on Ray "
+                   "workers, annotations committed here. Metrics and the reward recipe run here. Needs "
+                   "`pip install omrl[ray]`.")
+@click.option("--ray-workers", type=int, default=None,
+              help="With --ray: judge workers, one CPU each (default: one per cluster CPU).")
 @user_errors
 def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where, concurrency, max_chars,
-             max_tokens, max_prompt_tokens, group_max, price_prompt, price_completion, reward_recipe, redo):
+             max_tokens, max_prompt_tokens, group_max, price_prompt, price_completion, reward_recipe, redo,
+             ray_address, ray_workers):
     """Score trajectories with metrics, an LLM judge and a reward recipe.
 
     Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
@@ -52,6 +62,14 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
 
     if not (metrics or rubric or reward_recipe):
         raise click.UsageError("nothing to do: give --metric, --judge or --reward-recipe")
+    if ray_address:
+        from omrl.distributed.pool import require_ray
+
+        require_ray()  # before reading the store: say at once how to get it
+        if not rubric:
+            raise click.UsageError("--ray runs judges; give --judge (metrics and rewards run here)")
+    elif ray_workers is not None:
+        raise click.UsageError("--ray-workers needs --ray")
     judge = None
     if rubric:
         if not (judge_model and base_url):
@@ -71,7 +89,7 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
             bar.update(tasks[stage], completed=done)
 
         summary = run(store, metrics=list(metrics), judge=judge, where=where, reward_recipe=reward_recipe,
-                      progress=progress, redo=redo)
+                      progress=progress, redo=redo, ray=ray_address, ray_workers=ray_workers)
 
     table = Table(title=f"annotate {store} ({summary.trajectories} trajectories, run {summary.run_id})")
     for col in ("annotator", "written", "errors", "skipped", "already_done"):

@@ -14,6 +14,8 @@
   (run, round, task, sample), so nothing is lost or doubled.
 - The progress bar counts finished episodes over the whole cluster: committed rows plus the episodes
   each worker has finished in its running shard (polled twice a second).
+- The dispatch (shards queued per worker, retries, live progress, stopping the workers) is pool.py's,
+  shared with Ray judging (ray_annotate.py).
 """
 
 from __future__ import annotations
@@ -21,42 +23,19 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from omrl.errors import OmrlError, UsageError
-
-TASK_RETRIES = 3  # how often Ray replays a shard whose worker died
-QUEUED_PER_WORKER = 2  # shards sent to a worker ahead: one playing, one waiting
-RAY_HINT = "--ray needs Ray: pip install omrl[ray]"
-
-
-def require_ray() -> Any:
-    """The ray module, or a UsageError saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(RAY_HINT) from None
-    return ray
-
-
-def connect(address: str) -> Any:
-    """Join the cluster at `address` ("auto", HOST:PORT, ray://...), or start one on this machine ("local").
-
-    A Ray session this process already holds is used as it is (tests and notebooks start their own)."""
-    ray = require_ray()
-    if not ray.is_initialized():
-        options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-        try:
-            if address == "local":
-                ray.init(include_dashboard=False, **options)
-            else:
-                ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UsageError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-    return ray
+from omrl.distributed.pool import (  # noqa: F401 - RAY_HINT, require_ray, connect: this module's API too
+    RAY_HINT,
+    connect,
+    require_ray,
+    run_shards,
+    shard_size,
+    start_workers,
+)
+from omrl.errors import UsageError
 
 
 def plan(settings: Any, cluster: dict[str, float], nodes: list[dict[str, float]], jobs: int) -> dict[str, Any]:
@@ -93,12 +72,6 @@ def plan(settings: Any, cluster: dict[str, float], nodes: list[dict[str, float]]
                          f"the cluster has {cluster.get('CPU', 0):g} (lower --ray-workers or --ray-num-cpus)")
     workers = min(workers, max(1, math.ceil(jobs / in_flight)))  # no idle workers for a small run
     return {"workers": workers, "in_flight": in_flight, "num_cpus": cpus, "resources": resources}
-
-
-def shard_size(jobs: int, workers: int, in_flight: int) -> int:
-    """Episodes per shard: several rounds per worker (so a fast worker takes more and the bar moves),
-    each at least one full set of episodes in flight."""
-    return max(in_flight, min(64, math.ceil(jobs / (workers * 4))))
 
 
 class EpisodeWorker:
@@ -152,64 +125,26 @@ async def play_on_ray(jobs: list[tuple[Any, int]], result: Any, make_env: Callab
     size = shard_size(len(jobs), layout["workers"], layout["in_flight"])
     worker_settings = replace(settings, concurrency=layout["in_flight"])
     run = {"run_id": result.run_id, "round": result.round, "source": source}
-    actor_class = ray.remote(EpisodeWorker).options(
-        num_cpus=layout["num_cpus"], resources=layout["resources"] or None,
-        max_restarts=TASK_RETRIES, max_task_retries=TASK_RETRIES)
-    try:  # Ray moves a large argument (an hf model) through its object store by itself
-        actors = [actor_class.remote(make_env, policy, worker_settings, run, play_episodes)
-                  for _ in range(layout["workers"])]
-    except Exception as exc:  # pickling fails inside Ray with its own error types
-        raise UsageError(f"the policy or environment cannot be sent to Ray workers ({type(exc).__name__}: "
-                         f"{exc})") from None
-    shards = deque(jobs[i:i + size] for i in range(0, len(jobs), size))
-    running: dict[asyncio.Future, Any] = {}
+    actors = start_workers(ray, EpisodeWorker, layout["workers"],
+                           (make_env, policy, worker_settings, run, play_episodes),
+                           num_cpus=layout["num_cpus"], resources=layout["resources"],
+                           what="the policy or environment")
     started = time.monotonic()
     label = f"collect {result.run_id} on {layout['workers']} Ray worker(s)"
 
-    def submit(actor: Any) -> None:
-        if shards:
-            running[asyncio.wrap_future(actor.play.remote(shards.popleft()).future())] = actor
-
-    async def live(bar: Any) -> None:
-        """Every half second: committed episodes plus those finished inside running shards, cluster-wide."""
-        while True:
-            await asyncio.sleep(0.5)
-            busy = list({id(a): a for a in running.values()}.values())  # two shards queued per worker: ask once
-            counts = await asyncio.gather(*[asyncio.wrap_future(a.progress.remote().future()) for a in busy],
-                                          return_exceptions=True)
-            # A worker that just died reports an error here; its shard is replayed, the bar counts it later.
-            bar.update(result, pending=sum(c for c in counts if isinstance(c, int)))
-
     with progress_bar(label) as bar:
-        ticker = asyncio.create_task(live(bar)) if bar.enabled else None
+        async def commit(rows: list[dict[str, Any]]) -> None:
+            for row in rows:
+                result.add(row)
+                await writer.add(row)
+            bar.update(result)
+
         try:
-            for _ in range(QUEUED_PER_WORKER):
-                for actor in actors:
-                    submit(actor)
-            while running:
-                done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
-                for future in done:
-                    actor = running.pop(future)
-                    try:
-                        rows = future.result()
-                    except ray.exceptions.RayError as exc:
-                        raise OmrlError(f"a Ray shard failed (a dead worker's shard is replayed up to "
-                                        f"{TASK_RETRIES} times): {type(exc).__name__}: {str(exc)[:500]}") from None
-                    for row in rows:
-                        result.add(row)
-                        await writer.add(row)
-                    bar.update(result)
-                    submit(actor)
+            await run_shards(ray, actors, (jobs[i:i + size] for i in range(0, len(jobs), size)), commit,
+                             on_tick=(lambda pending: bar.update(result, pending=pending)) if bar.enabled else None)
         finally:
-            # Also on failure or Ctrl-C: write what finished, then stop the workers.
-            if ticker is not None:
-                ticker.cancel()
-                await asyncio.gather(ticker, return_exceptions=True)
-            for future in running:
-                future.cancel()
+            # Also on failure or Ctrl-C: write what finished.
             await asyncio.shield(writer.flush())
             result.written, result.already_stored = writer.written, writer.already_stored
             result.duration_s = time.monotonic() - started
-            for actor in actors:
-                ray.kill(actor, no_restart=True)
     return result
