@@ -216,12 +216,12 @@ class StoreReader:
 
         Called outside the connection's lock: the search reads the parts itself, and a slow one (a common
         word on a big store) must not hold up the other pages."""
-        from omrl.search import search
+        from omrl.search import search_ids
 
         key = (tuple(self.store.parts("trajectories", warn=False)), text)
         hits = self._hits  # one read: another request may replace it meanwhile
         if hits is None or hits[0] != key:
-            hits = (key, pc.unique(search(self.store, text).column("trajectory_id")))
+            hits = (key, search_ids(self.store, text))  # ids from the index alone: no text, no snippets
             self._hits = hits
         return hits[1]
 
