@@ -178,6 +178,8 @@ class StoreReader:
             if self._con is not None:
                 close(self._con)
                 self._con = None
+            self._row_groups.clear()  # the open parts
+            self._note_rows.clear()
 
     def _connection(self, refresh: bool = False) -> duckdb.DuckDBPyConnection:
         parts = (tuple(self.store.parts("trajectories", warn=False)),

@@ -34,6 +34,9 @@ def scan_keys(parts: Iterable, columns: list[str]) -> Iterator[tuple[Location, l
                 yield (str(part), rg, row), list(item)
 
 
+OPEN_FILES = 8  # parts kept open (footer parsed once): a page's rows are mostly in the newest parts
+
+
 class RowGroups:
     """Rows read by location, the last `keep` row groups (per column set) kept decoded."""
 
@@ -41,16 +44,28 @@ class RowGroups:
         self.table = table  # the store table the parts belong to (for conform)
         self.keep = keep
         self._cache: OrderedDict[tuple[str, int, tuple[str, ...] | None], pa.Table] = OrderedDict()
+        self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
 
     def clear(self) -> None:
         self._cache.clear()
+        while self._files:
+            self._files.popitem()[1].close()
+
+    def _file(self, part: str) -> pq.ParquetFile:
+        if part in self._files:
+            self._files.move_to_end(part)
+            return self._files[part]
+        file = self._files[part] = pq.ParquetFile(part)
+        while len(self._files) > OPEN_FILES:
+            self._files.popitem(last=False)[1].close()
+        return file
 
     def _group(self, part: str, rg: int, columns: tuple[str, ...] | None) -> pa.Table:
         key = (part, rg, columns)
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        file = pq.ParquetFile(part)
+        file = self._file(part)
         wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
         data = file.read_row_group(rg, columns=wanted)
         self._cache[key] = data
