@@ -252,6 +252,7 @@ def test_runs_page_shows_agreement_per_grpo_step(tmp_path):
     assert "1 of 4 steps flagged" in page
     svg = re.search(r'id="chart-step-agreement".*?</svg>', page, re.S).group(0)
     assert re.findall(r'data-points="(\d+)"', svg) == ["4"]
+    assert re.search(r'<line class="guide"[^>]*></line><text[^>]*>0\.3</text>', svg)  # the flag threshold
 
 
 def test_runs_page_without_steps_has_no_step_charts(tmp_path):

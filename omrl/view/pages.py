@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 
-from omrl.report import AGREEMENT_RULE, STEP_TABLE_ROWS
+from omrl.report import AGREEMENT_LOW, AGREEMENT_RULE, STEP_TABLE_ROWS
 from omrl.view.data import SORTS, Group, ListPage, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
@@ -216,8 +216,9 @@ def _bars(rows: list[dict[str, Any]], label: str, value: str, maximum: float | N
 
 
 def _lines(series: dict[str, list[tuple[float, float]]], lo: float | None = None,
-           hi: float | None = None) -> dict[str, Any]:
-    """An SVG line chart's geometry: one polyline per series over a shared x (step) and y axis."""
+           hi: float | None = None, guide: float | None = None) -> dict[str, Any]:
+    """An SVG line chart's geometry: one polyline per series over a shared x (step) and y axis, and a
+    dotted horizontal line at `guide` (a threshold) when given."""
     width, height, left, bottom = 420, 160, 44, 20
     xs = [x for pts in series.values() for x, _ in pts]
     ys = [y for pts in series.values() for _, y in pts]
@@ -233,7 +234,9 @@ def _lines(series: dict[str, list[tuple[float, float]]], lo: float | None = None
 
     lines = [{"label": label, "points": " ".join(at(x, y) for x, y in pts), "n": len(pts),
               "end": at(*pts[-1]).split(","), "last": fmt(pts[-1][1], 3)} for label, pts in series.items()]
+    guide_y = None if guide is None else at(x0, guide).split(",")[1]
     return {"lines": lines, "width": width, "height": height, "legend": 16 * len(lines) + 4, "left": left,
+            "guide": guide_y, "guide_label": fmt(guide, 3),
             "bottom": height - bottom, "x0": fmt(x0), "x1": fmt(x1), "y0": fmt(y0, 3), "y1": fmt(y1, 3)}
 
 
@@ -261,7 +264,7 @@ def _agreement_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if row["pearson"] is not None:
             series.setdefault(f"{row['annotator']} · {row['run']} · round {row['round']}", []).append(
                 (row["step"], row["pearson"]))
-    return _lines(series, -1.0, 1.0) if series else None
+    return _lines(series, -1.0, 1.0, guide=AGREEMENT_LOW) if series else None
 
 
 def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
