@@ -106,7 +106,7 @@ def worker_start_s() -> float:
     from omrl.distributed.ray_collect import EpisodeWorker
 
     started = time.perf_counter()
-    actor = ray.remote(EpisodeWorker).options(num_cpus=1).remote(None, None, None, {})
+    actor = ray.remote(EpisodeWorker).options(num_cpus=1).remote(None, None, None, {}, None)
     ray.get(actor.pid.remote())
     elapsed = time.perf_counter() - started
     ray.kill(actor)

@@ -360,3 +360,55 @@ def test_judge_shards_keep_tasks_and_groups_whole():
         assert all(len({r[key] for r in s}) == 1 for s in shards)
         assert sorted(r["id"] for s in shards for r in s) == sorted(r["id"] for r in rows)
         assert [len(s) for s in judge_shards(rows, mode, 7)] == [6, 6, 3]
+
+
+# ---------------------------------------------------------------- iterate: collect and eval stages on the cluster
+
+
+def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, cluster, monkeypatch):
+    pytest.importorskip("trl")
+    from omrl.distributed import ray_collect
+    from omrl.models import cached_tiny_model
+    from omrl.recipes import load_recipe
+    from omrl.train import grpo as grpo_module
+    from omrl.train.iterate import IterateRecipe, run_iterate
+
+    config = load_recipe({
+        "output_dir": str(tmp_path / "run"), "model": str(cached_tiny_model(hidden=32)), "rounds": 1,
+        "train_tasks": str(REPO / "datasets" / "tasks" / "grid_train.jsonl"), "eval_tasks": str(GRID_TASKS),
+        "ray": "auto",
+        "rollout": {"env": "grid", "max_turns": 3, "max_new_tokens": 4, "concurrency": 4, "ray_num_cpus": 0.5},
+        "demos": {"enabled": False}, "collect": {"tasks": 3, "samples": 2},
+        "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "warmup_steps": 0, "quiet": True},
+        "eval": {"tasks": 2, "samples": 2, "greedy": False},
+    }, IterateRecipe)
+    on_ray = []  # the address of every collect that went through Ray (the real play_on_ray runs)
+    real = ray_collect.play_on_ray
+
+    def spy(*args, **kwargs):
+        on_ray.append(kwargs["address"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ray_collect, "play_on_ray", spy)
+
+    class Killed(RuntimeError):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed("after the round's collection, before its update step")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo_module, "train_grpo", killed)
+        with pytest.raises(Killed):
+            run_iterate(config)
+    store = Store(tmp_path / "run" / "store")
+    assert on_ray == ["auto", "auto"]  # the base evaluation and the round's collection
+    assert store.count() == 4 + 6
+    results = run_iterate(config)  # resumes: the round's collection is stored, only GRPO and its eval remain
+    assert [r["stage"] for r in results] == ["base", "grpo-1"]
+    assert on_ray == ["auto"] * 3  # nothing left to collect: Ray only for the evaluation after GRPO
+    runs = {r["run_id"]: r["n"] for r in store.sql(
+        "SELECT run_id, count(*) AS n FROM trajectories WHERE source <> 'collected:grpo' GROUP BY run_id").to_pylist()}
+    assert runs == {"eval-base-sampled_t1": 4, "round-1": 6, "eval-grpo-1-sampled_t1": 4}
+    ids = [r["id"] for r in store.read(columns=["id"]).to_pylist()]
+    assert len(ids) == len(set(ids)) and store.check() == []

@@ -25,6 +25,10 @@ recipe's metrics and judges score the collection, then its combined reward; ever
 filter (ranked by it) -> GRPO (scored online by the same recipe) -> eval; the round's results carry the
 judge's calls, cache hits, tokens and cost.
 
+Ray: with `ray: auto|HOST:PORT|local` every collect and eval stage (demos, each round's collection, the
+held-out evaluations) plays its episodes on a Ray cluster through omrl.rollout.collect's own Ray path
+(omrl/distributed/ray_collect.py, the rollout section's ray_* knobs); training stays in this process.
+
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
 started again skips them and continues from the last finished stage (collection inside a stage resumes
 too: trajectory ids are deterministic).
@@ -157,6 +161,13 @@ class IterateRecipe:
         "help": "reward recipe (path or mapping, omrl/annotate/reward.py): its metrics and judges annotate each "
                 "round's collection (annotate stage), the filter ranks by it and GRPO trains on it online, "
                 "unless filter.reward_recipe / grpo.reward say otherwise; None: the env reward"})
+    ray: str | None = field(default=None, metadata={
+        "help": "play the collect and eval stages' episodes (demos, each round's collection, every held-out "
+                "evaluation) on a Ray cluster: auto (the running one), HOST:PORT or local (start one here), as "
+                "omrl collect --ray does, with the rollout section's ray_num_cpus / ray_resources / ray_workers "
+                "(each worker loads its own copy of the checkpoint: a low ray_num_cpus lets it batch many "
+                "episodes); training stays in this process. None: every stage in this process. Needs "
+                "`pip install omrl[ray]`"})
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -165,6 +176,10 @@ class IterateRecipe:
             # PPO trains on the environment's reward; judged rewards reach GRPO and RFT only (for now).
             raise ValueError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
                              "or use algorithm: grpo")
+        if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
+            from omrl.distributed.pool import require_ray
+
+            require_ray()
         if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
             from omrl.annotate.reward import load_recipe
 
@@ -218,14 +233,33 @@ def _subset(tasks: list, n: int) -> list:
     return tasks if n <= 0 else tasks[:n]
 
 
-def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
-                        round: int, samples: int | None = None) -> dict[str, Any]:
-    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
+def checkpoint_policy(recipe: IterateRecipe, checkpoint: str):
+    """The HFPolicy playing `checkpoint` in the collect and eval stages (batched; on Ray each worker gets a copy)."""
     from omrl.policies.hf import HFPolicy
 
     options = {"max_new_tokens": recipe.rollout.max_new_tokens} if recipe.rollout.max_new_tokens else {}
-    policy = HFPolicy(checkpoint, name=checkpoint, **options)
+    return HFPolicy(checkpoint, name=checkpoint, **options)
+
+
+def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
+                        round: int, samples: int | None = None) -> dict[str, Any]:
+    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
+    policy = checkpoint_policy(recipe, checkpoint)
     return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
+
+
+def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int):
+    """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run round-r,
+    seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
+    import asyncio
+    from dataclasses import replace
+
+    from omrl.rollout import collect
+
+    settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
+    return asyncio.run(collect(None, tasks, checkpoint_policy(recipe, checkpoint), store, settings,
+                               samples=recipe.collect.samples, round=r, run_id=f"round-{r}", progress=False,
+                               ray=recipe.ray))
 
 
 def evaluate_expert(recipe: IterateRecipe, tasks: list, store) -> dict[str, Any]:
@@ -257,7 +291,8 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
         _seed_torch(recipe.seed)
         run_id = f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}"
         result = asyncio.run(evaluate(None, tasks, policy, store, samples=n, round=round, run_id=run_id,
-                                      settings=replace(base, temperature=temperature), progress=False))
+                                      settings=replace(base, temperature=temperature), progress=False,
+                                      ray=recipe.ray))
         metrics = next(iter(result.metrics.values()), {})
         out[f"{prefix}success"] = _round(metrics.get("success_rate"))
         out[f"{prefix}mean_reward"] = _round(metrics.get("mean_reward"))  # None when every episode failed
@@ -423,7 +458,8 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
             demo_tasks = _subset(train_tasks, recipe.demos.tasks)
             demo_settings = replace(recipe.rollout, max_new_tokens=None)
             demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
-                                        samples=recipe.demos.samples, round=0, run_id="demos", progress=False))
+                                        samples=recipe.demos.samples, round=0, run_id="demos", progress=False,
+                                        ray=recipe.ray))
             sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path),
                                        where=where, output_dir=str(out / "sft"))
             trained = train_sft(sft)
@@ -496,12 +532,10 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
                 r: int) -> tuple[str, dict[str, Any]]:
     """One round: [collect -> [annotate ->] filter ->] GRPO or PPO [-> SFT on the best] -> held-out eval."""
     import time
-    from dataclasses import replace
 
     from omrl.query import quote_literal
     from omrl.tasks import write_tasks
     from omrl.train.grpo import train_grpo
-    from omrl.train.rft import collect_with_model
     from omrl.train.sft import train_sft
 
     round_dir = out / f"round-{r}"
@@ -510,9 +544,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     extra: dict[str, Any] = {}
     if recipe.collect.enabled:
         tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
-        round_settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
-        collected = collect_with_model(checkpoint, tasks, store, round_settings, samples=recipe.collect.samples,
-                                       round=r, run_id=run_id, progress=False)
+        collected = collect_round(recipe, checkpoint, tasks, store, r)
         if recipe.filter_reward is not None:
             extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r)
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
