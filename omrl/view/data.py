@@ -171,6 +171,7 @@ class StoreReader:
         self._hits: tuple | None = None  # ((parts, search text), matching trajectory ids)
         self._row_groups = RowGroups("trajectories", keep=ROW_GROUP_CACHE)
         self._notes: dict[str, list[Location]] | None = None  # trajectory_id -> its annotations' rows
+        self._notes_too_big = False
         self._note_rows = RowGroups("annotations", keep=ROW_GROUP_CACHE)
 
     def close(self) -> None:
@@ -188,7 +189,7 @@ class StoreReader:
             if self._con is not None:
                 close(self._con)
             self._con, self._parts, self._snapshot, self._too_big = connect(self.store), parts, None, False
-            self._notes = None
+            self._notes, self._notes_too_big = None, False
             self._row_groups.clear()
             self._note_rows.clear()
         return self._con
@@ -239,9 +240,10 @@ class StoreReader:
         """trajectory_id -> where its annotations lie, for the current parts (None above CACHE_MAX_ROWS
         annotations: those are found by a query)."""
         self._connection()
-        if self._notes is None:
+        if self._notes is None and not self._notes_too_big:
             parts = self._parts[1]
             if sum(pq.ParquetFile(p).metadata.num_rows for p in parts) > CACHE_MAX_ROWS:
+                self._notes_too_big = True  # until the parts change
                 return None
             notes: dict[str, list[Location]] = {}
             for at, (tid,) in scan_keys(parts, ["trajectory_id"]):
