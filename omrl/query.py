@@ -72,6 +72,13 @@ def _ident(name: str) -> str:
 # ------------------------------------------------------------------------------------ the connection
 
 
+def _parts_dataset(store: Store, files: list, schema: pa.Schema) -> ds.Dataset:
+    """Parquet files of the store as one pyarrow dataset, opened through the store's storage (local disk or
+    S3: omrl.storage), so that DuckDB scans Arrow and never opens a path itself."""
+    return ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format="parquet",
+                      filesystem=store.storage.filesystem)
+
+
 def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str) -> str:
     """Hand a table's live parts to DuckDB as a pyarrow dataset (so DuckDB opens no file itself) and
     return a SELECT of every current column; older parts get missing columns as typed NULL, columns
@@ -84,11 +91,11 @@ def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str) ->
     else:
         extra: dict[str, pa.Field] = {}
         for part in parts:  # FileNotFoundError when a compaction removed it: the caller builds anew
-            for f in pq.read_schema(part):
+            for f in pq.read_schema(store.storage.arrow_path(part), filesystem=store.storage.filesystem):
                 if f.name not in schema.names:
                     extra.setdefault(f.name, f)
         full = pa.schema(list(schema) + [extra[n] for n in sorted(extra)])
-        con.register(name, ds.dataset([str(p) for p in parts], schema=full, format="parquet"))
+        con.register(name, _parts_dataset(store, parts, full))
     return f"SELECT * FROM {name}"
 
 
@@ -96,11 +103,11 @@ def _register_tool_calls(con: duckdb.DuckDBPyConnection, store: Store) -> str:
     """The `tool_calls` rows: read flat from the parts' side files; parts without one (v1 parts, a side
     file lost) are unnested as before, with the same columns and values."""
     sides, lacking = store.side_files("tool_calls")
-    con.register("_omrl_tool_calls_side", ds.dataset([str(p) for p in sides], schema=TOOL_CALLS_SCHEMA,
-                                                     format="parquet") if sides else TOOL_CALLS_SCHEMA.empty_table())
+    con.register("_omrl_tool_calls_side", _parts_dataset(store, sides, TOOL_CALLS_SCHEMA)
+                 if sides else TOOL_CALLS_SCHEMA.empty_table())
     schema = SCHEMAS["trajectories"]
-    con.register("_omrl_trajectories_unflattened", ds.dataset([str(p) for p in lacking], schema=schema,
-                                                              format="parquet") if lacking else schema.empty_table())
+    con.register("_omrl_trajectories_unflattened", _parts_dataset(store, lacking, schema)
+                 if lacking else schema.empty_table())
     columns = ", ".join(_ident(f.name) for f in TOOL_CALLS_SCHEMA)
     return f"""
         SELECT {columns} FROM _omrl_tool_calls_side
@@ -296,8 +303,9 @@ def _one_line(exc: BaseException) -> str:
 
 def _vanished(exc: BaseException) -> bool:
     """A part that a compaction removed while a query ran (listing again finds its rows)."""
+    # Local parts fail with the OS's message; S3 parts (omrl.storage) with the filesystem's Python exception.
     return isinstance(exc, FileNotFoundError) or (
-        isinstance(exc, duckdb.Error) and "No such file or directory" in str(exc))
+        isinstance(exc, duckdb.Error) and any(m in str(exc) for m in ("No such file or directory", "FileNotFoundError")))
 
 
 def _user_error(exc: duckdb.Error) -> QueryError:

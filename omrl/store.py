@@ -12,13 +12,19 @@ compaction renames its merged part in before it removes the parts it replaces; a
 finished by the next writer. Derived stores are built in a hidden staging folder and renamed into
 place whole (`Store.staged`). A part that cannot be read is reported by name and skipped, so one bad
 file never takes a store down. Once small parts accumulate, an append compacts them (CompactPolicy).
+
+A store may also live under an S3-compatible prefix (`s3://bucket/prefix`): every file operation goes
+through `self.storage` (omrl.storage, which explains the commit protocol there: whole-object PUTs,
+order of PUTs and deletes, a lease object for the lock). Create, append, read, SQL, check, repair and
+compaction work the same there. Not on S3: derived stores (`staged`: filter, augment, export write
+local folders) and text search (tantivy indexes need a local folder; none are built for S3 parts, and
+`search` says so instead of scanning).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
@@ -36,8 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.durable import fsync_path, is_stale
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
+from omrl.storage import LOCAL, S3Path, Stat, Storage, storage_for
 from omrl.store_layout import (
     SIDE_DIR,
     SIDE_KINDS,
@@ -95,16 +102,6 @@ class _Footer:
     error: str | None
     num_rows: int = 0
     replaces: frozenset[str] = frozenset()
-
-
-def _write_atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def dataset_card(name: str, description: str = "") -> str:
@@ -193,11 +190,14 @@ class Store:
     """A trajectory store at `path`. Use `Store.create` for a new one, `Store(path)` for an existing one."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
-        if not (self.path / MANIFEST).is_file():
+        self.path: Path | S3Path
+        self.storage: Storage
+        self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.storage)
+        if not self.storage.exists(self.path / MANIFEST):
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
         self._footers: dict[tuple[str, int, int], _Footer] = {}
         self._sides: dict[tuple[str, int, int, str, int], bool] = {}  # (side file stat, part, rows) -> it matches
+        self._listed: dict[str, Stat] = {}  # S3 only: part -> its stat in the newest listing (_stat)
         # table -> (the part keys whose ids are in the set, the set): the id check's index
         self._id_index: dict[str, tuple[frozenset[tuple[str, int, int]], set[str]]] = {}
 
@@ -207,7 +207,9 @@ class Store:
     def create(cls, path: str | os.PathLike[str], exist_ok: bool = True, description: str = "",
                lineage: dict[str, Any] | None = None) -> Store:
         """Create a store folder (or open it when it exists and exist_ok); safe when processes race."""
-        root = Path(path)
+        root, storage = storage_for(path)
+        if not storage.local:
+            return cls._create_remote(root, storage, exist_ok, description, lineage)
         if (root / MANIFEST).is_file():
             if not exist_ok:
                 raise StoreError(f"{root} already holds a store")
@@ -217,7 +219,7 @@ class Store:
         _refuse_foreign(root)
         staging = _new_staging(root, "creating")
         try:
-            cls._lay_out(staging, root.name, description, lineage)
+            cls._lay_out(LOCAL, staging, root.name, description, lineage)
             os.rename(staging, root)  # replaces an empty folder; fails if another process got there first
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
@@ -232,6 +234,32 @@ class Store:
         return cls(root)
 
     @classmethod
+    def _create_remote(cls, root: S3Path, storage: Storage, exist_ok: bool, description: str,
+                       lineage: dict[str, Any] | None) -> Store:
+        """Create a store under an S3 prefix: the card, then the manifest, which is what makes it a store.
+
+        The manifest is PUT only if absent (If-None-Match), so of racing creators one wins and the
+        others open its store; a crash before it leaves no store, only a card the next create replaces.
+        """
+        if storage.exists(root / MANIFEST):
+            if not exist_ok:
+                raise StoreError(f"{root} already holds a store")
+            store = cls(root)
+            store._sync_card()
+            return store
+        names = storage.list_names(root)
+        if [n for n in names if n != "README.md"] or storage.list_names(root / "data" / TABLES[0]):
+            raise StoreError(f"{root} exists, is not empty and is not an omrl store")
+        try:
+            cls._lay_out(storage, root, root.name, description, lineage)
+        except FileExistsError:  # the manifest's conditional PUT: a racing process created it first
+            if not exist_ok:
+                raise StoreError(f"{root} already holds a store") from None
+        except FileNotFoundError as exc:
+            raise StoreError(f"cannot create a store at {root}: {exc} (does the bucket exist?)") from None
+        return cls(root)
+
+    @classmethod
     @contextlib.contextmanager
     def staged(cls, path: str | os.PathLike[str], description: str = "",
                lineage: dict[str, Any] | None = None, replace: bool = False) -> Iterator[Store]:
@@ -242,7 +270,10 @@ class Store:
         augment, export) are complete or absent, never half-written. With `replace`, a store already
         at `path` is swapped out only once the new one is complete.
         """
-        root = Path(path)
+        root, storage = storage_for(path)
+        if not storage.local:
+            raise UsageError(f"{root}: derived stores (filter, augment, export output) are written to local "
+                             "folders only; write it locally and copy it to S3")
         if (root / MANIFEST).is_file():
             if not replace:
                 raise StoreError(f"{root} already holds a store; choose a new output folder")
@@ -250,7 +281,7 @@ class Store:
             _refuse_foreign(root)
         staging = _new_staging(root, "staging")
         try:
-            cls._lay_out(staging, root.name, description, lineage)
+            cls._lay_out(LOCAL, staging, root.name, description, lineage)
             store = cls(staging)
             yield store
             store._rewrite_card()
@@ -275,36 +306,35 @@ class Store:
         store.path = root
 
     @staticmethod
-    def _lay_out(root: Path, name: str, description: str, lineage: dict[str, Any] | None) -> None:
-        for table in TABLES:
-            (root / "data" / table).mkdir(parents=True, exist_ok=True)
+    def _lay_out(storage: Storage, root: Path | S3Path, name: str, description: str,
+                 lineage: dict[str, Any] | None) -> None:
+        """Write a new store's card and manifest (the manifest last: it is what makes `root` a store)."""
+        if storage.local:  # S3 has no folders: a table's prefix exists once it holds a part
+            for table in TABLES:
+                (root / "data" / table).mkdir(parents=True, exist_ok=True)
         manifest = {
             "format": "omrl-store",
             "schema_version": SCHEMA_VERSION,
             "created_at": utcnow().isoformat(),
             "lineage": [lineage] if lineage else [],
         }
-        _write_atomic_bytes(root / "README.md", dataset_card(name, description).encode())
-        _write_atomic_bytes(root / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+        storage.write_bytes(root / "README.md", dataset_card(name, description).encode())
+        manifest_bytes = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
+        if storage.local:
+            storage.write_bytes(root / MANIFEST, manifest_bytes)
+        else:
+            storage.write_new(root / MANIFEST, lambda f: f.write(manifest_bytes))
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads((self.path / MANIFEST).read_text())
+        return json.loads(self.storage.read_bytes(self.path / MANIFEST))
 
     @contextlib.contextmanager
     def _lock(self, name: str, wait: bool = True) -> Iterator[bool]:
         """An exclusive advisory lock shared by all processes using this store; yields whether it is held
-        (always True when `wait`)."""
-        with open(self.path / f".{name}.lock", "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        (always True when `wait`): flock on local disk, a lease object on S3 (omrl.storage)."""
+        with self.storage.lock(self.path, name, wait) as held:
+            yield held
 
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
         """Merge keys into omrl.json atomically; `lineage` entries are appended, not replaced."""
@@ -315,7 +345,7 @@ class Store:
                     manifest.setdefault("lineage", []).append(value)
                 else:
                     manifest[key] = value
-            _write_atomic_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+            self.storage.write_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
             return manifest
 
     # ------------------------------------------------------------ writing
@@ -366,6 +396,8 @@ class Store:
     def _index(self, part: Path, data: pa.Table | None = None) -> None:
         """Build a new trajectories part's search index (omrl.search) outside the write lock. The part is
         committed already: a failure is a warning, and searches scan the part instead."""
+        if not self.storage.local:  # tantivy needs a local folder: S3 stores are not indexed (_refuse_remote_search)
+            return
         from omrl.search import build_index
 
         try:
@@ -379,14 +411,15 @@ class Store:
     def search(self, query: str, limit: int | None = None) -> pa.Table:
         """Messages matching a text query (words and "phrases"; rules in omrl.search), exactly what a
         full scan finds: trajectory_id, position, role, snippet, ordered; at most `limit` rows."""
+        self._refuse_remote_search()
         from omrl.search import search
 
         return search(self, query, limit)
 
     def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
-        """Write a part to a hidden temporary file, fsync it and rename it in (callers hold the write lock)."""
+        """Write a part whole through the storage (local: temporary, fsync, rename; S3: one PUT); callers
+        hold the write lock."""
         directory = self.table_dir(table)
-        directory.mkdir(parents=True, exist_ok=True)
         # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
         name = f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
         final = directory / name
@@ -396,14 +429,13 @@ class Store:
             # Side files go in first: a crash before the part's rename leaves only an orphan (removed by
             # the next writer), never a part without its side data that a reader would then unnest.
             for kind, side in side_tables(data, name).items():
-                _write_renamed(side_path(final, kind), lambda f, t=side: write_parquet(t, f, 1 << 20))
-        _write_renamed(final, lambda f: write_parquet(data, f, _row_group_rows(data)))
+                self.storage.write_new(side_path(final, kind), lambda f, t=side: write_parquet(t, f, 1 << 20))
+        self.storage.write_new(final, lambda f: write_parquet(data, f, _row_group_rows(data)))
         return final
 
     def _sync_card(self) -> None:
         """Rewrite the card if a writer was killed between renaming its part in and rewriting the card."""
-        card_path = self.path / "README.md"
-        card = card_path.read_text(encoding="utf-8") if card_path.is_file() else ""
+        card = self._read_card() or ""
         for table in TABLES:
             listed = set(_card_lists_parts(card, table) or [])  # a glob (old stores) lists nothing by name
             if listed != {p.name for p in self.parts(table, warn=False)}:
@@ -417,8 +449,9 @@ class Store:
         `known`: the live part names of the tables a caller has just listed; the other tables keep the
         names the card lists (every commit rewrites the card under the same lock, so they are current).
         """
-        card_path = self.path / "README.md"
-        card = card_path.read_text(encoding="utf-8") if card_path.is_file() else dataset_card(self.path.name)
+        card = self._read_card()
+        if card is None:
+            card = dataset_card(self.path.name)
         names = {}
         for table in TABLES:
             listed = _card_lists_parts(card, table) if known is not None else None
@@ -430,7 +463,14 @@ class Store:
                 names[table] = [p.name for p in self.parts(table, warn=False)]
         updated = _replace_card_configs(card, _card_configs(names))
         if updated != card:
-            _write_atomic_bytes(card_path, updated.encode())
+            self.storage.write_bytes(self.path / "README.md", updated.encode())
+
+    def _read_card(self) -> str | None:
+        """The dataset card's text (None when there is none)."""
+        try:
+            return self.storage.read_bytes(self.path / "README.md").decode("utf-8")
+        except FileNotFoundError:
+            return None
 
     def _finish_cleanup(self, table: str, leftovers: list[Path] | None = None, temporary: bool = True) -> int:
         """Remove what crashed writers left: parts a compaction replaced (`leftovers`, listed here when
@@ -444,7 +484,7 @@ class Store:
         for path in leftovers:
             self._remove_part(path)
             removed += 1
-        if temporary:
+        if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.storage)
             for tmp in self.table_dir(table).glob(".part-*.tmp"):
                 if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
@@ -455,25 +495,28 @@ class Store:
         """Side files whose part is gone (a writer killed between them; callers hold the write lock, so
         no writer is between its side files and its part now) and, with `temporary`, stale side temporaries."""
         folder = self.table_dir(table) / SIDE_DIR
-        if not folder.is_dir():
+        names = self.storage.list_names(folder)
+        if not names:
             return 0
+        parts = set(self.storage.list_names(self.table_dir(table)))
         removed = 0
-        for side in folder.iterdir():
-            if side.name.startswith("."):
-                orphan = temporary and is_stale(side, _SIDE_TMP_PID)
+        for name in names:
+            side = folder / name
+            if name.startswith("."):
+                orphan = temporary and self.storage.local and is_stale(side, _SIDE_TMP_PID)
             else:
-                orphan = not (side.parent.parent / part_of_side(side)).exists()
+                orphan = part_of_side(side) not in parts
             if orphan:
-                side.unlink(missing_ok=True)
+                self.storage.delete(side)
                 removed += 1
         return removed
 
     def _remove_part(self, part: Path) -> None:
         """Delete a part and then what belongs to it (a crash in between leaves orphans, removed later)."""
-        part.unlink(missing_ok=True)
+        self.storage.delete(part)
         for kind in SIDE_KINDS:
-            side_path(part, kind).unlink(missing_ok=True)
-        if part.parent.name == "trajectories":
+            self.storage.delete(side_path(part, kind))
+        if part.parent.name == "trajectories" and self.storage.local:  # S3 stores have no index (_index)
             from omrl.search import remove_index
 
             remove_index(part)
@@ -483,13 +526,13 @@ class Store:
         long collect run does not re-read the store for each batch; rebuilt when a part went away."""
         live = {}
         for path in parts:
-            st = path.stat()
+            st = self._stat(path)
             live[(str(path), st.st_size, st.st_mtime_ns)] = path
         known, ids = self._id_index.get(table, (frozenset(), set()))
         if not known <= live.keys():  # a compaction replaced parts: start again
             known, ids = frozenset(), set()
         for key in live.keys() - known:
-            ids.update(pq.read_table(live[key], columns=["id"]).column("id").to_pylist())
+            ids.update(self._read_parquet(live[key], columns=["id"]).column("id").to_pylist())
         self._id_index[table] = (frozenset(live), ids)
         return ids
 
@@ -497,21 +540,33 @@ class Store:
 
     def _all_parts(self, table: str) -> list[Path]:
         directory = self.table_dir(table)
-        with os.scandir(directory) as entries:
-            names = sorted(e.name for e in entries if e.name.startswith("part-") and e.name.endswith(".parquet"))
+        stats = self.storage.list_stats(directory)
+        names = sorted(n for n in stats if n.startswith("part-") and n.endswith(".parquet"))
+        if not self.storage.local:  # what the listing said, so that _stat need not ask again per part
+            self._listed.update((str(directory / n), stats[n]) for n in names)
         return [directory / name for name in names]
+
+    def _stat(self, path: Path) -> Stat:
+        """A part's size and mtime: on S3 from the last listing (parts never change; a HEAD per part per
+        listing would be a round trip each), on local disk asked again (FileNotFoundError when gone)."""
+        listed = self._listed.get(str(path))
+        return listed if listed is not None else self.storage.stat(path)
+
+    def _read_parquet(self, path: Path, columns: list[str] | None = None) -> pa.Table:
+        """A part (or side file) read through the store's storage; FileNotFoundError when it is gone."""
+        return pq.read_table(self.storage.arrow_source(path, whole=True), columns=columns)
 
     def _footer(self, path: Path) -> _Footer:
         """The part's footer, read once per name, size and mtime (every listing of parts needs it).
 
         Raises FileNotFoundError for a part a compaction has just removed: callers list the parts again.
         """
-        st = path.stat()
+        st = self._stat(path)
         key = (str(path), st.st_size, st.st_mtime_ns)
         footer = self._footers.get(key)
         if footer is None:
             try:
-                meta = pq.read_metadata(path)
+                meta = pq.read_metadata(self.storage.arrow_source(path, size=st.st_size))
                 replaces = (meta.metadata or {}).get(REPLACES_KEY)
                 footer = _Footer(None, meta.num_rows, frozenset(json.loads(replaces)) if replaces else frozenset())
             except FileNotFoundError:
@@ -565,7 +620,7 @@ class Store:
                     continue  # removed by a compaction since the listing: nothing left to check
                 if problem is None:
                     try:
-                        names = pq.read_table(path).column_names  # the footer can be fine while a page is truncated
+                        names = self._read_parquet(path).column_names  # the footer can be fine while a page is truncated
                         if "id" not in names:
                             problem = "missing required column(s): id"
                     except Exception as exc:
@@ -578,7 +633,7 @@ class Store:
     def _duplicate_problems(self, table: str) -> list[PartProblem]:
         """Ids held by more than one row (stores written before ids were checked at commit)."""
         try:
-            ids = pa.chunked_array(self._each_part(table, lambda p: pq.read_table(p, columns=["id"]).column("id")),
+            ids = pa.chunked_array(self._each_part(table, lambda p: self._read_parquet(p, columns=["id"]).column("id")),
                                    pa.string())
         except Exception:  # unreadable parts are reported above
             return []
@@ -605,7 +660,7 @@ class Store:
         """All rows of a table as Arrow, in the current schema (older parts are conformed)."""
         def load(path: Path) -> pa.Table | None:
             try:
-                return conform(pq.read_table(path), table)
+                return conform(self._read_parquet(path), table)
             except FileNotFoundError:
                 raise  # compacted away: _each_part lists the parts again
             except Exception as exc:
@@ -634,7 +689,7 @@ class Store:
     def ids(self, table: str = "trajectories") -> set[str]:
         """The ids present in a table (cheap: reads one column)."""
         out: set[str] = set()
-        for ids in self._each_part(table, lambda p: pq.read_table(p, columns=["id"]).column("id")):
+        for ids in self._each_part(table, lambda p: self._read_parquet(p, columns=["id"]).column("id")):
             out.update(ids.to_pylist())
         return out
 
@@ -662,7 +717,7 @@ class Store:
             if len(parts) < min_parts and not duplicated:
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
-            data = pa.concat_tables([conform(pq.read_table(p), table) for p in parts])
+            data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])
             if duplicated:
                 data = _first_of_each_id(data)
             replaces = json.dumps(sorted(p.name for p in parts)).encode()
@@ -703,22 +758,40 @@ class Store:
                           f"run `omrl store compact`): {type(exc).__name__}: {exc}", AutoCompactWarning, stacklevel=3)
             return None
 
+    def _refuse_remote_search(self) -> None:
+        """Text search reads parts and indexes from local disk (omrl.search): refused on an S3 store."""
+        if not self.storage.local:
+            raise UsageError(f"{self.path}: text search is not supported on S3 stores yet (no index is built "
+                             "there); use SQL, e.g. `WHERE content ILIKE '%word%'` on the messages view")
+
+    def _side_matches(self, side: Path, part_name: str, rows: int, size: int) -> bool:
+        """Whether `side` is the readable side file of this part (store_layout.side_matches, through the storage)."""
+        if self.storage.local:
+            return side_matches(side, part_name, rows)
+        try:
+            with self.storage.arrow_source(side, size=size) as f:
+                return side_matches(f, part_name, rows)
+        except FileNotFoundError:
+            return False
+
     def side_files(self, kind: str = "tool_calls") -> tuple[list[Path], list[Path]]:
         """(side files, parts without one) of the live trajectories parts: readers use the side files and
         unnest only the parts lacking one (v1 parts, a side file lost or damaged)."""
         def listing() -> tuple[list[Path], list[Path]]:
             sides, lacking = [], []
+            # S3: one listing of the side folder instead of a HEAD per side file
+            listed = None if self.storage.local else self.storage.list_stats(self.table_dir("trajectories") / SIDE_DIR)
             for part in self.parts("trajectories"):
                 side = side_path(part, kind)
                 rows = self._footer(part).num_rows  # FileNotFoundError when compacted away: listed again
                 try:
-                    st = side.stat()
-                except FileNotFoundError:
+                    st = self.storage.stat(side) if listed is None else listed[side.name]
+                except (FileNotFoundError, KeyError):
                     lacking.append(part)
                     continue
                 key = (str(side), st.st_size, st.st_mtime_ns, part.name, rows)
                 if key not in self._sides:
-                    self._sides[key] = side_matches(side, part.name, rows)
+                    self._sides[key] = self._side_matches(side, part.name, rows, st.st_size)
                 (sides if self._sides[key] else lacking).append(side if self._sides[key] else part)
             return sides, lacking
 
@@ -735,22 +808,6 @@ class Store:
         from omrl.query import connect
 
         return connect(self)
-
-
-def _write_renamed(path: Path, write: Callable[[Any], None]) -> None:
-    """Write a file through a hidden temporary beside it, fsync it and rename it in."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp"  # hidden and not *.parquet: no reader ever picks it up
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
 
 
 def _refuse_foreign(root: Path) -> None:
