@@ -60,11 +60,7 @@ TABLES = ("trajectories", "annotations")
 MANIFEST = "omrl.json"
 # Parquet key listing the parts a compacted part replaces: readers skip those if a crash left them behind.
 REPLACES_KEY = b"omrl.replaces"
-# Row groups of about this many uncompressed bytes: DuckDB scans row groups in parallel, and a
-# trajectory can be 20 KB or more, so a fixed row count would make groups of hundreds of megabytes.
 T = TypeVar("T")
-ROW_GROUP_BYTES = 32 * 1024 * 1024
-MAX_ROW_GROUP_ROWS = 16_384
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
 RELIST_ATTEMPTS = 5
 # Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
@@ -179,11 +175,6 @@ class Appended:
     part: Path | None
     written: int
     skipped: int = 0  # rows whose id the store already held (only with skip_existing)
-
-
-def _row_group_rows(data: pa.Table) -> int:
-    per_row = max(1, data.nbytes // max(1, data.num_rows))
-    return max(64, min(MAX_ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
 
 
 class Store:
@@ -388,14 +379,14 @@ class Store:
             self._rewrite_card({table: [p.name for p in live] + [part.name]})
             if self.manifest.get("schema_version", 1) < SCHEMA_VERSION:  # a v1 store now holds v2 parts
                 self.update_manifest(schema_version=SCHEMA_VERSION)
-        if table == "trajectories":
-            self._index(part, data)
+        # No search index here: building it cost more than the append itself. Compaction (automatic or
+        # `omrl store compact`) and `omrl store check --repair` build it; searches scan unindexed parts.
         self._auto_compact(table, policy)
         return Appended(part, data.num_rows, skipped)
 
     def _index(self, part: Path, data: pa.Table | None = None) -> None:
-        """Build a new trajectories part's search index (omrl.search) outside the write lock. The part is
-        committed already: a failure is a warning, and searches scan the part instead."""
+        """Build a compacted trajectories part's search index (omrl.search) outside the write lock. The part
+        is committed already: a failure is a warning, and searches scan the part instead."""
         if not self.storage.local:  # tantivy needs a local folder: S3 stores are not indexed (_refuse_remote_search)
             return
         from omrl.search import build_index
@@ -407,6 +398,15 @@ class Store:
         except Exception as exc:  # any failure of the index library: the committed part must stand
             warnings.warn(f"no search index for {part} (searches scan it instead): {type(exc).__name__}: {exc}",
                           SearchIndexWarning, stacklevel=3)
+
+    def _index_missing(self) -> None:
+        """Build the search index of every live trajectories part that lacks one (warnings as `_index`)."""
+        if not self.storage.local:
+            return
+        from omrl.search import missing_indexes
+
+        for part in missing_indexes(self):
+            self._index(part)
 
     def search(self, query: str, limit: int | None = None) -> pa.Table:
         """Messages matching a text query (words and "phrases"; rules in omrl.search), exactly what a
@@ -430,7 +430,8 @@ class Store:
             # the next writer), never a part without its side data that a reader would then unnest.
             for kind, side in side_tables(data, name).items():
                 self.storage.write_new(side_path(final, kind), lambda f, t=side: write_parquet(t, f, 1 << 20))
-        self.storage.write_new(final, lambda f: write_parquet(data, f, _row_group_rows(data)))
+        # Row groups sized by bytes (store_layout.ROW_GROUP_BYTES), for appends and compactions alike.
+        self.storage.write_new(final, lambda f: write_parquet(data, f))
         return final
 
     def _sync_card(self) -> None:
@@ -703,6 +704,7 @@ class Store:
         crash in between hides them from readers, and the next writer (or compaction) removes them.
         With `policy` (automatic compaction) only its small parts are merged, once there are enough of
         them; without `wait`, a compaction another process is running already makes this one return None.
+        The merged part gets its search index; without `policy`, parts left as they are get theirs too.
         """
         with self._lock(f"compact-{table}", wait=wait) as locked:
             if not locked:
@@ -715,6 +717,8 @@ class Store:
             if policy is not None:
                 parts = policy.small(parts)
             if len(parts) < min_parts and not duplicated:
+                if policy is None and table == "trajectories":
+                    self._index_missing()  # nothing to merge: `omrl store compact` still makes search fast
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
             data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])

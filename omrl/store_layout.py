@@ -28,8 +28,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
-# Dictionary pages up to this size: one row group's distinct message texts fit (row groups are ~32 MB).
+# Dictionary pages up to this size: one row group's distinct message texts always fit (a giant row included).
 DICTIONARY_PAGE_BYTES = 256 * 1024 * 1024
+# Row groups of about this many uncompressed bytes, counted per row (message text exactly, the other
+# columns at their average). A viewer's trajectory page decodes its row's whole group, so the group's size
+# is the page's cost; smaller groups store repeats once per group, so files grow. Measured on a 5,000-row
+# store_bench corpus (105 MB of text; 2 loaded cores), file size / median time to read one trajectory's
+# group: 32 MB 14.9 MB / 263 ms, 16 MB +1% / 150 ms, 8 MB +3% / 100 ms, 4 MB +7% / 57 ms, 2 MB +12% / 44 ms.
+# 4 MB keeps a page well inside the viewer's 100 ms for a few percent of size; below it size grows faster
+# than reads shrink (the footer and per-group set-up start to count).
+ROW_GROUP_BYTES = 4 * 1024 * 1024
+MAX_ROW_GROUP_ROWS = 16_384  # small rows: a bound on rows per group all the same (footer and scan granularity)
 SIDE_DIR = ".side"  # hidden: never listed in the card, left out of Hub uploads (hub.PUSH_IGNORE)
 SIDE_KINDS = ("tool_calls",)
 SIDE_OF_KEY = b"omrl.side_of"  # the part a side file belongs to
@@ -49,10 +58,67 @@ TOOL_CALLS_SCHEMA = pa.schema([
 ])
 
 
-def write_parquet(data: pa.Table, sink: str | os.PathLike[str] | BinaryIO, row_group_rows: int) -> None:
-    """Write `data` with the v2 options: zstd, dictionary pages sized for repeated message text."""
-    pq.write_table(data, sink, compression="zstd", compression_level=ZSTD_LEVEL, row_group_size=row_group_rows,
-                   dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)
+def write_parquet(data: pa.Table, sink: str | os.PathLike[str] | BinaryIO, row_group_rows: int | None = None) -> None:
+    """Write `data` with the v2 options: zstd, dictionary pages sized for repeated message text, row groups
+    of `row_group_rows` rows each or, when None, of about ROW_GROUP_BYTES each (`row_group_sizes`)."""
+    sizes = row_group_sizes(data) if row_group_rows is None else _even_sizes(data.num_rows, row_group_rows)
+    # Statistics on top-level columns only: DuckDB prunes row groups with them (ids, rounds, rewards), but
+    # nothing filters on min/max of nested message text, whose statistics took ~40% of the write time.
+    top_level = [f.name for f in data.schema if not pa.types.is_nested(f.type)]
+    with pq.ParquetWriter(sink, data.schema, compression="zstd", compression_level=ZSTD_LEVEL,
+                          dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES, write_statistics=top_level) as writer:
+        start = 0
+        for size in sizes:  # one write per row group: ParquetWriter starts a new group at each call
+            writer.write_table(data.slice(start, size), row_group_size=size)
+            start += size
+        if not sizes:
+            writer.write_table(data)  # no rows: the schema alone (a file readers can open)
+
+
+def _even_sizes(num_rows: int, per_group: int) -> list[int]:
+    full, rest = divmod(num_rows, max(1, per_group))
+    return [per_group] * full + ([rest] if rest else [])
+
+
+def row_bytes(data: pa.Table) -> np.ndarray:
+    """Uncompressed bytes of each row: its message text (content, reasoning, tool-call arguments) exactly,
+    every other column at its average per row (they vary little; message text varies a thousandfold)."""
+    out = np.zeros(data.num_rows, dtype=np.int64)
+    if data.num_rows == 0:
+        return out
+    text = 0
+    if "messages" in data.column_names:
+        start = 0
+        for chunk in data.column("messages").chunks:
+            parents, _ = _positions(chunk)
+            flat = chunk.flatten()
+            per_message = _text_bytes(pc.struct_field(flat, "content")) + _text_bytes(pc.struct_field(flat, "reasoning"))
+            calls = pc.struct_field(flat, "tool_calls")
+            call_message, _ = _positions(calls)
+            arguments = _text_bytes(pc.struct_field(calls.flatten(), "arguments"))
+            per_message += np.bincount(call_message, weights=arguments, minlength=len(flat)).astype(np.int64)
+            out[start:start + len(chunk)] = np.bincount(parents, weights=per_message, minlength=len(chunk))
+            start += len(chunk)
+        text = int(out.sum())
+    out += max(0, data.nbytes - text) // data.num_rows
+    return out
+
+
+def _text_bytes(strings: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def row_group_sizes(data: pa.Table, target: int | None = None) -> list[int]:
+    """Rows per row group: a row starts a new group when the bytes before it cross a multiple of `target`
+    (ROW_GROUP_BYTES when None): a group holds less than `target` bytes before its last row, a giant row
+    ends its group; at most MAX_ROW_GROUP_ROWS rows."""
+    target = target or ROW_GROUP_BYTES
+    sizes = row_bytes(data)
+    if len(sizes) == 0:
+        return []
+    before = np.cumsum(sizes) - sizes
+    _, counts = np.unique(before // max(1, target), return_counts=True)  # non-decreasing: runs in order
+    return [part for count in counts.tolist() for part in _even_sizes(count, MAX_ROW_GROUP_ROWS)]
 
 
 # ------------------------------------------------------------------------------------------ side data

@@ -232,7 +232,7 @@ KILL_SCRIPT = textwrap.dedent("""
     moment = sys.argv[2]
     if moment == "writing":  # while the merged part is being written
         real = store_module.write_parquet
-        def write(data, sink, rows):
+        def write(data, sink, rows=None):
             if data.num_rows > 50:
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(data, sink, rows)
@@ -274,23 +274,47 @@ def test_a_sigkill_during_automatic_compaction_loses_and_doubles_nothing(tmp_pat
 # ---------------------------------------------------------------- search hooks
 
 
-def test_appends_and_compactions_keep_each_part_indexed_and_search_equals_the_scan(tmp_path):
-    from omrl.search import index_path, search
+def test_appends_leave_indexing_to_compaction_and_search_equals_the_scan(tmp_path):
+    from omrl.search import index_path, missing_indexes, search
 
     store = Store.create(tmp_path / "s")
     store.set_compact_policy(OFF)
     store.append(varied_rows(0))
     store.append(varied_rows(100))
     old = store.parts()
-    assert all(index_path(p).is_dir() for p in old)
+    assert missing_indexes(store) == old  # appends build no index: searches scan these parts
+    assert store.search("hello").equals(search(store, "hello", use_index=False))
     merged = store.compact()
     assert index_path(merged).is_dir() and not any(index_path(p).exists() for p in old)
+    assert missing_indexes(store) == []
     for query in ("calculator", "compute", "hello", "nothing-like-this", '"let me compute"'):
         assert store.search(query).equals(search(store, query, use_index=False)), query
     assert store.search("hello").num_rows == 2
 
 
-def test_a_failed_index_build_keeps_the_append_and_search_scans(tmp_path, monkeypatch):
+def test_compacting_a_single_part_builds_its_missing_index(tmp_path):
+    from omrl.search import index_path, missing_indexes
+
+    store = Store.create(tmp_path / "s")
+    (part,) = [store.append(varied_rows(0)).part]
+    assert missing_indexes(store) == [part]
+    assert store.compact() is None  # nothing to merge
+    assert store.parts() == [part] and index_path(part).is_dir() and missing_indexes(store) == []
+
+
+def test_automatic_compaction_indexes_the_merged_part(tmp_path):
+    from omrl.search import index_path, missing_indexes
+
+    store = Store.create(tmp_path / "s")
+    store.set_compact_policy(CompactPolicy(small_parts=2))
+    store.append(varied_rows(0))
+    assert len(missing_indexes(store)) == 1
+    store.append(varied_rows(100))
+    (merged,) = store.parts()
+    assert index_path(merged).is_dir() and missing_indexes(store) == []
+
+
+def test_a_failed_index_build_keeps_the_compaction_and_search_scans(tmp_path, monkeypatch):
     import omrl.search
 
     def broken(part, table=None):
@@ -298,9 +322,15 @@ def test_a_failed_index_build_keeps_the_append_and_search_scans(tmp_path, monkey
 
     monkeypatch.setattr(omrl.search, "build_index", broken)
     store = Store.create(tmp_path / "s")
-    with pytest.warns(SearchIndexWarning, match="tantivy exploded"):
+    store.set_compact_policy(OFF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an append never touches the index
         assert store.append(varied_rows(0)).written == 8
+    store.append(varied_rows(100))
+    with pytest.warns(SearchIndexWarning, match="tantivy exploded"):
+        merged = store.compact()
+    assert store.parts() == [merged] and store.count() == 16
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert store.search("hello").column("trajectory_id").to_pylist() == ["chat-0"]
+        assert store.search("hello").column("trajectory_id").to_pylist() == ["chat-0", "chat-100"]
     assert json.loads((store.path / "omrl.json").read_text())["schema_version"] == 2
