@@ -73,8 +73,10 @@ def is_s3(path: str | os.PathLike[str]) -> bool:
 class S3Path(PurePosixPath):
     """`bucket/key...` of an object, with the path arithmetic of PurePosixPath; str() is the s3:// URL.
 
-    It is not path-like (os.fspath refuses it), so no local-file API can silently take it for a relative
-    local path. `stat()` is its one file method, because layout code sizes parts with `part.stat()`.
+    os.fspath refuses it, so `open(path)` and pyarrow's readers cannot take it for a local file; but
+    `Path(s3_path)` copies its parts without asking (pathlib does that for every PurePath), so code that
+    converts with Path() must check `store.storage.local` first. `stat()` is its one file method, because
+    layout code sizes parts with `part.stat()`; `resolve()` returns it unchanged (already absolute).
     """
 
     def __str__(self) -> str:
@@ -90,6 +92,9 @@ class S3Path(PurePosixPath):
 
     def stat(self) -> Stat:
         return s3_storage().stat(self)
+
+    def resolve(self) -> S3Path:
+        return self
 
 
 def storage_for(path: str | os.PathLike[str]) -> tuple[Path | S3Path, Storage]:

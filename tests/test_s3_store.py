@@ -402,3 +402,21 @@ def test_collect_writes_straight_into_an_s3_store(url, tmp_path):
     again = CliRunner().invoke(cli, argv)  # the same run again: every episode is already stored
     assert again.exit_code == 0, again.output
     assert store.count() == 12
+
+
+def test_filter_and_export_read_an_s3_store_into_local_outputs(url, tmp_path):
+    store = Store.create(url)
+    store.append(rows(4) + [make_trajectory(9, reward=0.0, success=False).to_row()])
+    runner = CliRunner()
+    result = runner.invoke(cli, ["filter", url, "--out", str(tmp_path / "kept"), "--where", "reward > 0"])
+    assert result.exit_code == 0, result.output
+    kept = Store(tmp_path / "kept")
+    assert kept.ids() == {f"traj-{i}" for i in range(4)}
+    assert kept.manifest["lineage"][-1]["source"] == url
+    result = runner.invoke(cli, ["export", url, "--out", str(tmp_path / "export")])
+    assert result.exit_code == 0 and "wrote 5 trajectories" in result.output, result.output
+    result = runner.invoke(cli, ["filter", url, "--out", url + "-derived"])
+    assert result.exit_code == 2 and "local folders only" in result.output  # derived stores are written locally
+    assert not (ROOT / "s3:").exists() and not (Path.cwd() / "s3:").exists()
+    result = runner.invoke(cli, ["filter", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "does not exist" in result.output  # local paths are checked as before

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
 
 OP_NAMES = ["paraphrase", "observation_noise", "tool_rename", "error_recovery", "drop_redundant"]
 
 
 @click.command()
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(), help="New store: originals plus augmented rows.")
+@click.argument("store", type=EXISTING_STORE)
+@click.option("--out", required=True, type=LOCAL_OUTPUT, help="New store: originals plus augmented rows.")
 @click.option("--op", "ops", multiple=True, required=True, type=click.Choice(OP_NAMES), help="Perturbation (repeatable).")
 @click.option("--n", type=int, default=1, show_default=True, help="Variants per trajectory per op.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same ids and contents.")

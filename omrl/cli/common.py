@@ -123,3 +123,32 @@ def _cell(value: Any, max_width: int) -> str:
         text = str(value)
     text = text.replace("[", r"\[")
     return text if len(text) <= max_width else text[: max_width - 1] + "…"
+
+
+class StorePath(click.Path):
+    """A store argument: a local folder (checked like click.Path) or an `s3://bucket/prefix` URL, passed on
+    as given (the store checks that one exists when it opens it: omrl.storage)."""
+
+    name = "store"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("s3://"):
+            return value
+        return super().convert(value, param, ctx)
+
+
+EXISTING_STORE = StorePath(exists=True, file_okay=False)
+
+
+class LocalOutput(click.Path):
+    """An output folder or file written locally: an s3:// URL is refused (derived stores and exports are
+    staged and renamed into place on local disk; Path() would make `s3:/bucket/...` a local folder)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("s3://"):
+            self.fail(f"{value}: outputs are written to local folders only (S3 stores take appends, "
+                      "queries and compaction); write it locally, then copy it", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+LOCAL_OUTPUT = LocalOutput()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
 from omrl.hub import EXPORT_FORMATS
 
 
 @click.command()
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(), help="Folder (parquet) or .jsonl file to write.")
+@click.argument("store", type=EXISTING_STORE)
+@click.option("--out", required=True, type=LOCAL_OUTPUT, help="Folder (parquet) or .jsonl file to write.")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
               help="parquet: HF dataset folder; omrl (or jsonl): omrl rows, everything kept; openai: TRL/OpenAI "
                    "{messages, tools} with reward, success, task_id and per-turn weight; sharegpt: conversations "

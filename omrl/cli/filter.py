@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
 
 
 @click.command(name="filter")
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(), help="New store for the kept rows (train split).")
+@click.argument("store", type=EXISTING_STORE)
+@click.option("--out", required=True, type=LOCAL_OUTPUT, help="New store for the kept rows (train split).")
 @click.option("--where", help="SQL condition over `trajectories`.")
 @click.option("--success", is_flag=True, help="Keep only successful trajectories.")
 @click.option("--min-reward", type=float, help="Keep rows whose reward (combined with --reward-recipe) is >= X.")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import EXISTING_STORE, console, user_errors
 
 
 @click.command()
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.argument("store", type=EXISTING_STORE)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
 @click.option("--results", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A run's results.json (per-stage held-out success) to plot too.")
