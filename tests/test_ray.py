@@ -287,7 +287,10 @@ def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path
     config = JudgeConfig(rubric=load_rubric(GRID_RUBRIC), model="rule-judge", base_url=judge_process.base_url,
                          mode="group", concurrency=2)
     local = annotate(here, judge=config, cache_dir=tmp_path / "cache-here")
-    remote = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", ray_workers=2)
+    seen = []  # the progress the bar is given: rows judged cluster-wide, never past the total
+    remote = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", ray_workers=2,
+                      progress=lambda stage, done, total: seen.append((stage, done, total)))
+    assert seen[-1] == ("judge judge:grid_goal:group", 8, 8) and all(d <= t for _, d, t in seen)
     assert local.written == remote.written and remote.written["judge:grid_goal:group"] == 8
     assert remote.judge.calls == local.judge.calls == 4  # one call per group, none twice
     a, b = judged(here), judged(there)

@@ -116,7 +116,8 @@ async def judge_on_ray(config: Any, rows: list[dict[str, Any]], run_id: str, cac
     state = {"committed": 0, "shown": 0}
 
     def show(pending: int) -> None:
-        now = state["committed"] + pending
+        # A shard just handed over may still count as running until its worker starts the next: cap at all.
+        now = min(len(rows), state["committed"] + pending)
         if now > state["shown"]:  # progress(n) takes increments; a replayed shard never moves it back
             progress(now - state["shown"])
             state["shown"] = now
