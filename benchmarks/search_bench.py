@@ -1,16 +1,20 @@
-"""Text search: the tantivy index (omrl.search) against a plain inverted index in Parquet, and both against
-the full scan, on store_bench's corpus (Zipf words, repeated system prompt, tool outputs shared in a group).
+"""Text search: omrl.search's exact index against the full scan, on store_bench's corpus (Zipf words,
+repeated system prompt, tool outputs shared in a group).
 
-For each n: the store is written in appends of --batch rows; each part's index is built beside it (timed
-against the part's write), then the store is compacted and the merged part indexed. Queries (rare and
-common words, a phrase, two words, an absent word) run 3 times on the compacted store; the median is
-reported and every result is asserted equal to the full scan's.
+For each n: the store is written in appends of --batch rows, each part's index built beside it (timed
+against the part's write: index_build_vs_write), then the store is compacted and the merged part indexed
+from its file (compact_index_vs_compact). Queries (the tagged word, a rare and a common word, two words, a
+phrase, an absent word) run 3 times on the compacted store, the median counts; every indexed result is
+asserted equal to the scan's. Per query: `speedup` (search with snippets vs the scan), `ids_speedup`
+(search_ids, what the viewer and a count need, vs the scan's ids).
 
-Prints one JSON line; the last n's figures are at the top level: index_build_vs_write (index build time /
-part write time over the appends), index_size_ratio (index bytes / part bytes), search_speedup (smallest
-full-scan time / indexed time over the queries), and the same for the Parquet inverted index (parquet_*).
+Two alternatives are measured on the merged part, for the record: an index without token positions
+(phrases then check their candidates' text: `basic_*`), and one tantivy document per message instead
+of per distinct text (`per_message_*`: build time and bytes).
 
-    python benchmarks/search_bench.py --n 1000,4000
+Prints one JSON line; the last n's figures are at the top level.
+
+    python benchmarks/search_bench.py --n 2000
 """
 
 from __future__ import annotations
@@ -25,75 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_bench import SEARCH_WORD, make_corpus  # noqa: E402  (the one corpus generator of the benchmarks)
 
 from omrl import search as S  # noqa: E402
 from omrl.schema import to_table  # noqa: E402
 from omrl.store import Store  # noqa: E402
-
-POSTINGS_FILE = "postings.parquet"
-BLOCKS_FILE = "blocks.parquet"
-POSTING_ROW_GROUP = 32_768  # small row groups: a token lookup reads only the groups whose min/max hold it
-
-
-# ------------------------------------------------------------- the alternative: an inverted index in Parquet
-
-
-def parquet_index_path(part: Path) -> Path:
-    return part.with_name(f".{part.name}.postings")
-
-
-def build_parquet_index(part: Path, table: pa.Table | None = None) -> Path:
-    """The same blocks and tokens as omrl.search, as token -> block postings (sorted by token) and a block table."""
-    messages, num_rows = S.part_messages(part, table)
-    firsts, counts, texts = S.blocks(messages, num_rows)
-    per_text = pc.utf8_split_whitespace(pa.array(S.token_texts(messages.texts), pa.string()))
-    text_of_pair = np.concatenate(texts) if texts else np.zeros(0, dtype=np.int64)
-    block_of_pair = np.repeat(np.arange(len(texts)), [len(t) for t in texts])
-    taken = per_text.take(pa.array(text_of_pair))  # each (block, distinct text) pair's tokens
-    postings = pa.table({"token": pc.list_flatten(taken),
-                         "block": pa.array(block_of_pair, pa.uint32()).take(pc.list_parent_indices(taken))})
-    length = pc.binary_length(postings.column("token"))  # splitting leaves empty strings at runs' ends
-    postings = postings.filter(pc.and_(pc.greater(length, 0), pc.less_equal(length, S.MAX_INDEXED_TOKEN_BYTES)))
-    postings = postings.group_by(["token", "block"]).aggregate([])  # one posting per token and block
-    postings = postings.sort_by([("token", "ascending"), ("block", "ascending")])
-    folder = parquet_index_path(part)
-    folder.mkdir()
-    pq.write_table(postings, folder / POSTINGS_FILE, compression="zstd", row_group_size=POSTING_ROW_GROUP,
-                   use_dictionary=["token"], column_encoding={"block": "DELTA_BINARY_PACKED"})
-    pq.write_table(pa.table({"first": pa.array(firsts, pa.uint32()), "rows": pa.array(counts, pa.uint32())}),
-                   folder / BLOCKS_FILE, compression="zstd")
-    return folder
-
-
-def parquet_search(store: Store, query: str) -> pa.Table:
-    """omrl.search.search with the Parquet postings narrowing the candidates instead of tantivy."""
-    parsed = S.parse_query(query)
-    tokens = [t for t in parsed.words if len(t.encode()) <= S.MAX_INDEXED_TOKEN_BYTES]
-    pieces = []
-    for part in store.parts():
-        folder = parquet_index_path(part)
-        postings = pq.read_table(folder / POSTINGS_FILE, filters=[("token", "in", tokens)])
-        found = None
-        for token in tokens:
-            ids = postings.filter(pc.equal(postings.column("token"), token)).column("block").to_numpy()
-            found = ids if found is None else np.intersect1d(found, ids, assume_unique=True)
-        chosen = pq.read_table(folder / BLOCKS_FILE).take(pa.array(found))
-        rows = [np.arange(f, f + c) for f, c in zip(chosen.column("first").to_pylist(),
-                                                    chosen.column("rows").to_pylist(), strict=True)]
-        rows = np.unique(np.concatenate(rows)) if rows else np.zeros(0, dtype=np.int64)
-        pieces.append(S.hits_in_rows(part, parsed, rows))
-    result = pa.concat_tables(pieces)
-    return result.sort_by([("trajectory_id", "ascending"), ("position", "ascending")])
-
-
-# --------------------------------------------------------------------------------------------- measuring
 
 
 def folder_bytes(folder: Path) -> int:
@@ -110,7 +51,8 @@ def median_time(fn, repeats: int = 3):
 
 
 def pick_queries(store: Store, rng: random.Random) -> dict[str, str]:
-    """A rare and a common word of the stored text, two words, a phrase taken from a message, an absent word."""
+    """The tagged word, a rare and a common word of the stored text, two words, a phrase taken from a
+    message, an absent word."""
     sample = store.read(columns=["messages"]).slice(0, 50).column("messages").to_pylist()
     texts = [m["content"] for messages in sample for m in messages if m["content"]]
     counts: dict[str, int] = {}
@@ -133,40 +75,84 @@ def _hands_off(store: Store) -> None:
         store._auto_compact = lambda table, policy: None
 
 
-def time_queries(store: Store, queries: dict[str, str], parquet: bool) -> dict:
-    """Median times of the full scan, the tantivy index and (with `parquet`) the Parquet postings, each
-    result asserted equal to the scan's."""
+def time_queries(store: Store, queries: dict[str, str], ids: bool = True) -> dict:
+    """Median times of the scan and the index per query, each indexed result asserted equal to the scan's."""
     out = {}
     for name, query in queries.items():
         scan_s, expected = median_time(lambda q=query: S.search(store, q, use_index=False))
         index_s, indexed = median_time(lambda q=query: S.search(store, q))
         assert indexed.equals(expected), (name, query, indexed.num_rows, expected.num_rows)
         out[name] = {"query": query, "hits": expected.num_rows, "scan_s": round(scan_s, 4),
-                     "tantivy_s": round(index_s, 4), "speedup": round(scan_s / index_s, 1)}
-        if parquet:
-            pq_s, pq_result = median_time(lambda q=query: parquet_search(store, q))
-            assert pq_result.equals(expected), (name, query, pq_result.num_rows, expected.num_rows)
-            out[name].update(parquet_s=round(pq_s, 4), parquet_speedup=round(scan_s / pq_s, 1))
+                     "index_s": round(index_s, 4), "speedup": round(scan_s / index_s, 1)}
+        if ids:
+            scan_ids_s, expected_ids = median_time(lambda q=query: S.search_ids(store, q, use_index=False))
+            ids_s, found = median_time(lambda q=query: S.search_ids(store, q))
+            assert found.equals(expected_ids), (name, query, len(found), len(expected_ids))
+            out[name].update(trajectories=len(found), ids_s=round(ids_s, 4),
+                             ids_speedup=round(scan_ids_s / ids_s, 1))
     return out
 
 
-def small_row_groups(merged: Path, rows_per_group: int, workdir: Path, queries: dict[str, str]) -> dict:
-    """What smaller row groups would give: the merged part rewritten with `rows_per_group`, indexed, searched."""
-    store = Store.create(workdir)
-    _hands_off(store)
-    part = store.table_dir("trajectories") / merged.name
-    pq.write_table(pq.read_table(merged), part, compression="zstd", row_group_size=rows_per_group)
-    S.build_index(part)
-    timed = time_queries(store, queries, parquet=False)
-    return {"rows_per_group": rows_per_group, "part_bytes": part.stat().st_size,
-            "search_speedup": min(q["speedup"] for q in timed.values()), "queries": timed}
+def per_message_index(part: Path, folder: Path) -> float:
+    """Build the alternative: one tantivy document per message (its row and position as fast fields); seconds."""
+    import numpy as np
+    import tantivy
+
+    start = time.perf_counter()
+    messages, _ = S.part_messages(part)
+    terms = S.token_texts(messages.dictionary)
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("tokens", tokenizer_name="omrl_tokens", index_option="position")
+    builder.add_unsigned_field("row", fast=True)
+    builder.add_unsigned_field("position", fast=True)
+    index = tantivy.Index(builder.build(), path=str(folder), reuse=False)
+    index.register_tokenizer("omrl_tokens", S.analyzer())
+    writer = index.writer(heap_size=S.TANTIVY_HEAP_BYTES, num_threads=1)
+    for row, position, text_id in zip(messages.row.tolist(), messages.position.tolist(),
+                                      np.maximum(messages.text_id, 0).tolist(), strict=True):
+        doc = tantivy.Document()
+        doc.add_text("tokens", terms[text_id])
+        doc.add_unsigned("row", row)
+        doc.add_unsigned("position", position)
+        writer.add_document(doc)
+    writer.commit()
+    writer.wait_merging_threads()
+    return time.perf_counter() - start
+
+
+def alternatives(merged: Path, store: Store, picked: dict[str, str], workdir: Path) -> dict:
+    """The index without positions (size, phrase speed) and with a document per message (build, size)."""
+    positional_bytes = folder_bytes(S.index_path(merged))
+    S.remove_index(merged)
+    S.POSITIONS = False
+    try:
+        start = time.perf_counter()
+        S.build_index(merged)
+        basic_build_s = time.perf_counter() - start
+        basic_bytes = folder_bytes(S.index_path(merged))
+        phrase = time_queries(store, {"phrase": picked["phrase"], "common_word": picked["common_word"]}, ids=False)
+    finally:
+        S.POSITIONS = True
+        S.remove_index(merged)
+        S.build_index(merged)
+    folder = workdir / "per-message-index"
+    folder.mkdir()
+    per_message_s = per_message_index(merged, folder)
+    per_message_bytes = folder_bytes(folder)
+    shutil.rmtree(folder)
+    return {"basic_build_s": round(basic_build_s, 3), "basic_index_bytes": basic_bytes,
+            "basic_index_size_ratio": round(basic_bytes / merged.stat().st_size, 4),
+            "basic_phrase_speedup": phrase["phrase"]["speedup"],
+            "basic_common_word_speedup": phrase["common_word"]["speedup"],
+            "per_message_build_s": round(per_message_s, 3), "per_message_index_bytes": per_message_bytes,
+            "per_message_vs_per_text_bytes": round(per_message_bytes / positional_bytes, 3)}
 
 
 def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
     rows = list(make_corpus(n, seed))
     store = Store.create(workdir / f"store-{n}")
     _hands_off(store)
-    write_s = tantivy_s = parquet_s = 0.0
+    write_s = index_s = 0.0
     for i in range(0, n, batch):
         table = to_table(rows[i:i + batch])
         start = time.perf_counter()
@@ -174,56 +160,44 @@ def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
         write_s += time.perf_counter() - start
         start = time.perf_counter()
         S.build_index(part, table)
-        tantivy_s += time.perf_counter() - start
-        start = time.perf_counter()
-        build_parquet_index(part, table)
-        parquet_s += time.perf_counter() - start
+        index_s += time.perf_counter() - start
     del rows
     start = time.perf_counter()
     merged = store.compact() or store.parts()[0]
     compact_s = time.perf_counter() - start
+    S.remove_index(merged)  # built by the compaction when the store does that itself: timed here alone
     start = time.perf_counter()
     S.build_index(merged)
     compact_index_s = time.perf_counter() - start
-    start = time.perf_counter()
-    build_parquet_index(merged)
-    compact_parquet_s = time.perf_counter() - start
-    for leftover in store.table_dir("trajectories").glob(".part-*"):
-        if leftover.is_dir() and not (store.table_dir("trajectories") / leftover.name[1:].rsplit(".", 1)[0]).exists():
-            shutil.rmtree(leftover)  # indexes of the parts the compaction replaced
+    S.build_missing(store)  # removes the indexes of the parts the compaction replaced
+    meta = json.loads((S.index_path(merged) / S.META_FILE).read_text())
 
     picked = pick_queries(store, random.Random(seed))
-    queries = time_queries(store, picked, parquet=True)
+    queries = time_queries(store, picked)
     part_bytes = merged.stat().st_size
+    index_bytes = folder_bytes(S.index_path(merged))
     return {
-        "n": n, "part_bytes": part_bytes, "part_write_s": round(write_s, 3),
-        "index_build_s": round(tantivy_s, 3), "parquet_build_s": round(parquet_s, 3),
-        "index_build_vs_write": round(tantivy_s / write_s, 3),
-        "parquet_build_vs_write": round(parquet_s / write_s, 3),
+        "n": n, "part_bytes": part_bytes, "messages": meta["messages"], "distinct_texts": meta["texts"],
+        "part_write_s": round(write_s, 3), "index_build_s": round(index_s, 3),
+        "index_build_vs_write": round(index_s / write_s, 3),
         "compact_s": round(compact_s, 3), "compact_index_s": round(compact_index_s, 3),
-        "compact_parquet_index_s": round(compact_parquet_s, 3),
-        "index_bytes": folder_bytes(S.index_path(merged)),
-        "parquet_index_bytes": folder_bytes(parquet_index_path(merged)),
-        "index_size_ratio": round(folder_bytes(S.index_path(merged)) / part_bytes, 4),
-        "parquet_index_size_ratio": round(folder_bytes(parquet_index_path(merged)) / part_bytes, 4),
+        "compact_index_vs_compact": round(compact_index_s / compact_s, 3),
+        "index_bytes": index_bytes, "index_size_ratio": round(index_bytes / part_bytes, 4),
         "search_speedup": min(q["speedup"] for q in queries.values()),
-        "parquet_search_speedup": min(q["parquet_speedup"] for q in queries.values()),
+        "ids_speedup": min(q["ids_speedup"] for q in queries.values()),
         "queries": queries,
-        "small_row_groups": small_row_groups(merged, 64, workdir / f"store-{n}-rg", picked),
+        **alternatives(merged, store, picked, workdir),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", default="1000,4000", help="comma-separated corpus sizes (trajectories)")
+    parser.add_argument("--n", default="2000", help="comma-separated corpus sizes (trajectories)")
     parser.add_argument("--batch", type=int, default=500, help="rows per append (one part and one index each)")
     parser.add_argument("--seed", type=int, default=0, help="corpus and query seed")
-    parser.add_argument("--block-messages", type=int, default=S.BLOCK_MESSAGES,
-                        help="messages per index block (smaller: more exact candidates, a bigger index)")
     parser.add_argument("--workdir", default=None, help="where to write (default: a temporary folder, removed)")
     args = parser.parse_args()
     sizes = [int(v) for v in args.n.split(",")]
-    S.BLOCK_MESSAGES = args.block_messages
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omrl-search-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -232,9 +206,11 @@ def main() -> None:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     last = runs[-1]
-    top = {"block_messages": S.BLOCK_MESSAGES}
-    top |= {k: last[k] for k in ("n", "index_build_vs_write", "index_size_ratio", "search_speedup",
-                                "parquet_build_vs_write", "parquet_index_size_ratio", "parquet_search_speedup")}
+    top = {k: last[k] for k in ("n", "index_build_vs_write", "compact_index_vs_compact", "index_size_ratio",
+                                "search_speedup", "ids_speedup", "basic_index_size_ratio", "basic_phrase_speedup",
+                                "per_message_vs_per_text_bytes")}
+    top |= {f"{name}_speedup": last["queries"][name]["speedup"] for name in ("common_word", "rare_word", "phrase",
+                                                                          "absent_word")}
     print(json.dumps({**top, "runs": runs}))
 
 

@@ -74,6 +74,9 @@ ROWS_FILE = "rows.parquet"
 # dictionary small; the few queries holding one are checked on their candidates' text.
 MAX_TERM_BYTES = 64
 CUT_MARK = "\u2026"  # ends a cut term: not a word character, so a cut term never equals a whole token
+# Token positions in the index: phrases answered by tantivy alone. Without (about a third of the index's
+# bytes on store_bench's text), a phrase's candidates (texts holding all its tokens) are read and checked.
+POSITIONS = True
 SNIPPET_CHARS = 160
 # tantivy's writer: one thread for a part of the usual size (the index is built beside an append, on
 # shared cores); a second thread only pays for parts this many texts and larger (benchmarks/search_bench.py).
@@ -246,22 +249,37 @@ def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages,
 # ASCII bytes: letters lower-cased, digits and underscore kept, every other byte a space
 _ASCII_TOKENS = bytes(c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95) else 32
                       for c in range(256))
-_LONG_ASCII = re.compile(rf"(?<![^ ])[^ ]{{{MAX_TERM_BYTES + 1},}}")  # a token over the limit (ASCII: a byte a character)
+_LONG_ASCII_TOKEN = f"[A-Za-z0-9_]{{{MAX_TERM_BYTES + 1}}}"  # RE2 (Arrow): linear time, no backtracking
 
 
-def token_texts(texts: list[str | None]) -> list[str]:
-    """Each text's index terms (`index_term` of each `tokenize` token) separated by spaces. ASCII text is
-    mapped byte by byte: there `\\w` is exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the tokens are
-    the same, many times faster."""
-    out = []
-    cut = lambda m: m.group()[:MAX_TERM_BYTES] + CUT_MARK  # noqa: E731  (ASCII: a byte is a character)
-    for text in texts:
-        if text is None:
-            out.append("")
-        elif text.isascii():
-            out.append(_LONG_ASCII.sub(cut, text.encode("ascii").translate(_ASCII_TOKENS).decode("ascii")))
-        else:
-            out.append(" ".join(map(index_term, tokenize(text))))
+def _slow_terms(text: str) -> str:
+    tokens = tokenize(text)
+    if tokens and len(max(tokens, key=len)) * 4 > MAX_TERM_BYTES:  # some token may be cut
+        tokens = [index_term(token) for token in tokens]
+    return " ".join(tokens)
+
+
+def token_texts(texts: pa.Array | list[str | None]) -> list[str]:
+    """Each text's index terms (`index_term` of each `tokenize` token) separated by spaces ("" for none).
+
+    ASCII texts are mapped all at once, byte by byte, in the Arrow buffer that holds them: there `\\w` is
+    exactly [A-Za-z0-9_] and lower-casing is ASCII's, so the tokens are the same, many times faster. Texts
+    with other characters, or with a run of word bytes longer than MAX_TERM_BYTES, take `tokenize`."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    array = pc.cast(texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string()), pa.large_string())
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset:array.offset + len(array) + 1]
+    fast = pc.and_(pc.string_is_ascii(array), pc.invert(pc.match_substring_regex(array, _LONG_ASCII_TOKEN)))
+    slow = pc.invert(fast.fill_null(False)).to_numpy(zero_copy_only=False)  # nulls too: "" below
+    begin = int(offsets[0])
+    data = memoryview(data_buffer)[begin:int(offsets[-1])] if data_buffer is not None else memoryview(b"")
+    joined = data.tobytes().translate(_ASCII_TOKENS)
+    offsets = (offsets - begin).tolist()
+    out = [joined[a:b].decode("ascii") for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    for i in np.flatnonzero(slow).tolist():
+        text = array[i].as_py()
+        out[i] = "" if text is None else _slow_terms(text)
     return out
 
 
@@ -274,11 +292,11 @@ def index_path(part: Path) -> Path:
     return part.with_name(f".{part.name}{INDEX_SUFFIX}")
 
 
-def _schema():
+def _schema(positions: bool):
     import tantivy
 
     builder = tantivy.SchemaBuilder()
-    builder.add_text_field(_FIELD, tokenizer_name=_ANALYZER, index_option="position")
+    builder.add_text_field(_FIELD, tokenizer_name=_ANALYZER, index_option="position" if positions else "basic")
     builder.add_unsigned_field(_TEXT, fast=True)
     return builder.build()
 
@@ -313,7 +331,7 @@ def _write_tables(folder: Path, messages: _Messages, indexed: np.ndarray) -> Non
 def _write_tantivy(folder: Path, terms: list[str], indexed: np.ndarray) -> None:
     import tantivy
 
-    index = tantivy.Index(_schema(), path=str(folder), reuse=False)
+    index = tantivy.Index(_schema(POSITIONS), path=str(folder), reuse=False)
     index.register_tokenizer(_ANALYZER, analyzer())
     threads = 2 if len(terms) >= TWO_THREADS_TEXTS and (os.cpu_count() or 1) > 1 else 1
     writer = index.writer(heap_size=TANTIVY_HEAP_BYTES * threads, num_threads=threads)
@@ -337,7 +355,7 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
     part = Path(part)
     final = index_path(part)
     messages, num_rows = part_messages(part, table)
-    terms = token_texts(messages.texts)
+    terms = token_texts(messages.dictionary)
     indexed = np.fromiter((bool(t) and not t.isspace() for t in terms), dtype=bool, count=len(terms))
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
@@ -346,7 +364,7 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
         _write_tables(temp, messages, indexed)
         meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
                 "part_bytes": part.stat().st_size, "rows": int(num_rows), "texts": int(indexed.sum()),
-                "messages": len(messages.text_id), "max_term_bytes": MAX_TERM_BYTES}
+                "messages": len(messages.text_id), "max_term_bytes": MAX_TERM_BYTES, "positions": POSITIONS}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
         fsync_path(temp / META_FILE)
         fsync_path(temp)
@@ -374,21 +392,22 @@ def remove_index(part: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _meta_if_usable(part: Path) -> os.stat_result | None:
-    """The stat of the index's meta file when the part has an index built from it as it is now, in this
-    format, by this version of tantivy (its file format changes between versions); None otherwise."""
+def _meta_if_usable(part: Path) -> tuple[os.stat_result, dict] | None:
+    """The stat and content of the index's meta file when the part has an index built from it as it is
+    now, in this format, by this version of tantivy (its file format changes between versions); None otherwise."""
     import tantivy
 
     meta_path = index_path(part) / META_FILE
     try:
         stat = meta_path.stat()
         meta = json.loads(meta_path.read_text())
-        usable = (meta.get("version") == INDEX_VERSION and meta.get("tantivy") == tantivy.__version__
-                  and meta.get("part") == part.name and meta.get("part_bytes") == part.stat().st_size
-                  and meta.get("max_term_bytes") == MAX_TERM_BYTES)
+        usable = (isinstance(meta, dict) and meta.get("version") == INDEX_VERSION
+                  and meta.get("tantivy") == tantivy.__version__ and meta.get("part") == part.name
+                  and meta.get("part_bytes") == part.stat().st_size and meta.get("max_term_bytes") == MAX_TERM_BYTES
+                  and isinstance(meta.get("positions"), bool))
     except (OSError, ValueError):
         return None
-    return stat if usable else None
+    return (stat, meta) if usable else None
 
 
 def _usable(part: Path) -> bool:
@@ -439,6 +458,7 @@ class _Opened:
 
     index: Any
     searcher: Any
+    positions: bool  # whether tantivy answers phrases (else their candidates are checked)
     text: np.ndarray  # messages.parquet's text column (sorted): where each text's messages start and end
     occurrences: pa.Table  # row, position, role
     ids: pa.Array  # trajectory id of each row
@@ -450,11 +470,12 @@ class _Opened:
         if self.searcher.num_docs == 0:
             return np.zeros(0, dtype=np.int64)
         schema = self.index.schema
-        in_phrases = {token for phrase in query.phrases for token in phrase}
+        phrases = query.phrases if self.positions else ()
+        in_phrases = {token for phrase in phrases for token in phrase}
         clauses = [(tantivy.Occur.Must, tantivy.Query.term_query(schema, _FIELD, index_term(word)))
                    for word in query.words if word not in in_phrases]
         clauses += [(tantivy.Occur.Must, tantivy.Query.phrase_query(schema, _FIELD, list(map(index_term, phrase))))
-                    for phrase in query.phrases]
+                    for phrase in phrases]
         # ordered by the fast field, tantivy hands back each document's text number instead of a score
         hits = self.searcher.search(tantivy.Query.boolean_query(clauses), limit=self.searcher.num_docs,
                                     count=False, order_by_field=_TEXT).hits
@@ -477,9 +498,10 @@ def _open(part: Path) -> _Opened | None:
     when it has none. OSError or ValueError when its files are damaged or removed meanwhile."""
     import tantivy
 
-    stat = _meta_if_usable(part)
-    if stat is None:
+    found = _meta_if_usable(part)
+    if found is None:
         return None
+    stat, meta = found
     folder = index_path(part)
     key = (str(folder), stat.st_ino, stat.st_mtime_ns, stat.st_size)
     with _opened_lock:
@@ -489,7 +511,7 @@ def _open(part: Path) -> _Opened | None:
     index = tantivy.Index.open(str(folder))
     index.register_tokenizer(_ANALYZER, analyzer())
     occurrences = pq.read_table(folder / MESSAGES_FILE)
-    opened = _Opened(index=index, searcher=index.searcher(),
+    opened = _Opened(index=index, searcher=index.searcher(), positions=meta["positions"],
                      text=occurrences.column("text").to_numpy().astype(np.int64),
                      occurrences=occurrences.drop_columns(["text"]),
                      ids=pq.read_table(folder / ROWS_FILE).column("id").combine_chunks())
@@ -501,15 +523,14 @@ def _open(part: Path) -> _Opened | None:
 
 
 # A part's hits before snippets: the result columns, and where each hit's text is (for its snippet).
-_PART_HITS = _HITS_SCHEMA.append(pa.field("snippet", pa.string())).append(pa.field("_row", pa.int64())).append(
-    pa.field("_text", pa.int64()))
+_PART_HITS = pa.schema([*RESULT_SCHEMA, pa.field("_row", pa.int64()), pa.field("_text", pa.int64())])
 
 
 def _indexed_hits(part: Path, opened: _Opened, query: Query) -> pa.Table:
-    """The hits of one indexed part, decided by the index (candidates read and checked only for a query
-    holding a token the index keeps cut)."""
+    """The hits of one indexed part, decided by the index alone, except for a query holding a token the
+    index keeps cut, or a phrase where the index has no positions: then the candidate texts are read and checked."""
     texts = opened.matching_texts(query)
-    if not query.index_is_exact and len(texts):
+    if not (query.index_is_exact and (opened.positions or not query.phrases)) and len(texts):
         first = np.searchsorted(opened.text, texts)  # each candidate text's first message: its text is read
         found = message_texts(part, opened.occurrences.column("row").to_numpy()[first],
                               opened.occurrences.column("position").to_numpy()[first])

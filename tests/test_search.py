@@ -219,6 +219,29 @@ def test_index_terms_equal_the_tokeniser(text):
             term.endswith(S.CUT_MARK) and token.startswith(term[:-1]) and S.TOKEN.fullmatch(term) is None)
 
 
+def test_token_texts_of_an_arrow_array_equal_the_tokeniser():
+    import pyarrow as pa
+
+    # ASCII runs longer than a term right at text boundaries, a null, non-ASCII texts, a sliced array
+    texts = ["x" * 40, "y" * 40 + " ok", None, "", "Tail " + "W" * 65, "V" * 65, "naïve " + "é" * 40, "A-b_c 9"] * 3
+    array = pa.array(["skipped", *texts, "skipped too"], pa.string()).slice(1, len(texts))
+    expected = [" ".join(S.index_term(t) for t in S.tokenize(text or "")) for text in texts]
+    assert [t.split() for t in S.token_texts(array)] == [e.split() for e in expected]
+    assert [t.split() for t in S.token_texts(pa.chunked_array([array.slice(0, 5), array.slice(5)]))] == \
+        [e.split() for e in expected]
+
+
+def test_an_index_without_positions_checks_phrase_candidates(corpus, monkeypatch):
+    monkeypatch.setattr(S, "POSITIONS", False)
+    for part in corpus.parts():
+        S.remove_index(part)
+        S.build_index(part)
+        assert json.loads((S.index_path(part) / S.META_FILE).read_text())["positions"] is False
+    for query in ['"alpha beta"', '"beta alpha" gamma', '"alpha omega"', '"don\'t"', "os.path", "alpha", "zebra"]:
+        assert S.search(corpus, query).equals(S.search(corpus, query, use_index=False)), query
+        assert _keys(S.search(corpus, query)) == _brute_force(corpus, query), query
+
+
 def test_every_message_with_a_token_is_indexed_once(corpus):
     part = corpus.parts()[0]
     table = pq.read_table(part)
