@@ -297,6 +297,30 @@ def test_an_indexed_search_reads_no_text_to_decide(corpus, monkeypatch):
     assert cut_share == candidates and 0 < candidates < texts / 2
 
 
+def test_snippets_and_checks_read_the_right_messages_of_many_row_groups(corpus, tmp_path):
+    """A part of 7-row groups: the texts read for snippets and for cut terms' checks come from the right rows."""
+    store = Store.create(tmp_path / "small-groups")
+    part = store.table_dir("trajectories") / corpus.parts()[0].name
+    pq.write_table(pq.read_table(corpus.parts()[0]), part, row_group_size=7)
+    assert pq.ParquetFile(part).metadata.num_row_groups > 5 and store.parts() == [part]
+    S.build_index(part)
+    for query in ("alpha", "segfault", '"beta gamma"', "q" * 80, "東京 x1"):
+        assert S.search(store, query).equals(S.search(store, query, use_index=False)), query
+        assert S.search(store, query, limit=2).equals(S.search(store, query, use_index=False, limit=2)), query
+
+
+def test_searches_from_many_threads_share_the_opened_indexes(corpus):
+    from concurrent.futures import ThreadPoolExecutor
+
+    queries = ["alpha", "segfault", '"beta gamma"', "東京", "zebra"] * 4
+    expected = {q: S.search(corpus, q, use_index=False) for q in set(queries)}
+    S._opened.clear()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda q: S.search(corpus, q), queries))
+    assert all(result.equals(expected[q]) for q, result in zip(queries, results, strict=True))
+    assert len(S._opened) == 2  # the two indexed parts: kept for the next search (the third has no index)
+
+
 def test_index_of_an_older_format_is_scanned_and_rebuilt(corpus):
     part = corpus.parts()[0]
     meta_path = S.index_path(part) / S.META_FILE
