@@ -298,7 +298,10 @@ def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path
     # A re-run resumes on Ray too: everything is stored, nothing is asked or written again.
     again = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local")
     assert again.already_done["judge:grid_goal:group"] == 8 and sum(again.written.values()) == 0
-    assert len(there.read("annotations")) == 16 and there.check() == []
+    # Redone on Ray: the workers' replies went into the driver's cache, which the workers start from.
+    redo = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", redo=True)
+    assert (redo.judge.calls, redo.judge.cache_hits, redo.written["judge:grid_goal:group"]) == (0, 4, 8)
+    assert len(there.read("annotations")) == 24 and there.check() == []
 
 
 def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: Path, cluster):

@@ -50,10 +50,11 @@ def judge_shards(rows: list[dict[str, Any]], mode: str, size: int) -> list[list[
 class JudgeWorker:
     """A Ray actor: judges shards of trajectory rows with run_judge, from a copy of the driver's reply cache."""
 
-    def __init__(self, config: Any, run_id: str, cached: dict[str, dict[str, Any]]):
+    def __init__(self, config: Any, run_id: str):
         import asyncio
 
-        self.config, self.run_id, self.cached = config, run_id, cached
+        self.config, self.run_id = config, run_id
+        self.cached: dict[str, dict[str, Any]] | None = None  # the driver's cache, fetched with the first shard
         self.finished = 0  # rows of the current shard judged so far (the driver's live progress)
         self.turn = asyncio.Semaphore(1)  # shards one after the other, `concurrency` requests each
 
@@ -65,17 +66,20 @@ class JudgeWorker:
     def progress(self) -> int:
         return self.finished
 
-    async def play(self, shard: list[dict[str, Any]]) -> dict[str, Any]:
-        """{"rows": the shard's annotations, "stats": its JudgeStats as a dict, "replies": new cache entries,
-        "judged": rows of the shard}."""
+    async def play(self, job: tuple[list[Any], list[dict[str, Any]]]) -> dict[str, Any]:
+        """`job` is ([ref of the driver's cache entries], shard rows); returns {"rows": the shard's annotations,
+        "stats": its JudgeStats as a dict, "replies": new cache entries, "judged": rows of the shard}."""
         from omrl.annotate.cache import JudgeCache
         from omrl.annotate.judge import run_judge
 
         def count(n: int) -> None:
             self.finished += n
 
+        refs, shard = job
         async with self.turn:
             self.finished = 0
+            if self.cached is None:  # a ref nested in the argument is not resolved by Ray: fetch it once
+                self.cached = await refs[0]
             cache = JudgeCache(None)  # in memory: the driver owns the cache file
             cache.entries.update(self.cached)
             rows, stats = await run_judge(self.config, shard, self.run_id, cache, count)
@@ -109,8 +113,10 @@ async def judge_on_ray(config: Any, rows: list[dict[str, Any]], run_id: str, cac
     guess = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     shards = judge_shards(rows, config.mode, shard_size(len(rows), guess, config.concurrency))
     count = workers_for(ray.cluster_resources(), len(shards), workers)
-    cached = ray.put(dict(cache.entries))  # once into the object store, not once per worker
-    actors = start_workers(ray, JudgeWorker, count, (config, run_id, cached), num_cpus=WORKER_CPUS,
+    # Once into the object store, not once per worker; handed over with each shard, not to the constructor
+    # (a restarted actor whose constructor arguments live in the object store is a restart Ray warns about).
+    cached = [ray.put(dict(cache.entries))]
+    actors = start_workers(ray, JudgeWorker, count, (config, run_id), num_cpus=WORKER_CPUS,
                            resources=None, what="the judge configuration")
     total = JudgeStats()
     state = {"committed": 0, "shown": 0}
@@ -132,5 +138,5 @@ async def judge_on_ray(config: Any, rows: list[dict[str, Any]], run_id: str, cac
         state["committed"] += result["judged"]
         show(0)
 
-    await run_shards(ray, actors, shards, on_result, on_tick=show)
+    await run_shards(ray, actors, [(cached, shard) for shard in shards], on_result, on_tick=show)
     return total
