@@ -82,6 +82,7 @@ SNIPPET_CHARS = 160
 # shared cores); a second thread only pays for parts this many texts and larger (benchmarks/search_bench.py).
 TANTIVY_HEAP_BYTES = 64_000_000
 TWO_THREADS_TEXTS = 200_000
+TOKENISE_CHUNK_BYTES = 64 * 1024 * 1024
 RELIST_ATTEMPTS = 5
 LOADED_CACHE = 32  # opened indexes kept per process (a viewer searches the same parts again and again)
 _FIELD = "tokens"
@@ -328,20 +329,40 @@ def _write_tables(folder: Path, messages: _Messages, indexed: np.ndarray) -> Non
         fsync_path(folder / name)
 
 
-def _write_tantivy(folder: Path, terms: list[str], indexed: np.ndarray) -> None:
+def _chunks(texts: pa.Array, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(start, stop) slices of `texts` holding about `chunk_bytes` of text each."""
+    sizes = pc.binary_length(texts).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = np.unique(np.searchsorted(ends, np.arange(chunk_bytes, total, chunk_bytes), side="right"))
+    bounds = [0, *[int(c) for c in cuts if 0 < c < len(texts)], len(texts)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _write_tantivy(folder: Path, texts: pa.Array) -> np.ndarray:
+    """Index each distinct text with a token as one document; returns which texts have one. The texts are
+    tokenised a chunk at a time, so a big compaction never holds all its terms as Python strings."""
     import tantivy
 
     index = tantivy.Index(_schema(POSITIONS), path=str(folder), reuse=False)
     index.register_tokenizer(_ANALYZER, analyzer())
-    threads = 2 if len(terms) >= TWO_THREADS_TEXTS and (os.cpu_count() or 1) > 1 else 1
-    writer = index.writer(heap_size=TANTIVY_HEAP_BYTES * threads, num_threads=threads)
-    for text_id in np.flatnonzero(indexed).tolist():
-        doc = tantivy.Document()
-        doc.add_text(_FIELD, terms[text_id])
-        doc.add_unsigned(_TEXT, text_id)  # add_unsigned: a plain int would be an i64, refused by the u64 field
-        writer.add_document(doc)
+    text_bytes = int(pc.sum(pc.binary_length(texts)).as_py() or 0)
+    # One segment for the usual part (a smaller heap flushes many segments that then merge); bounded for huge ones.
+    heap = min(max(TANTIVY_HEAP_BYTES, 2 * text_bytes), 8 * TANTIVY_HEAP_BYTES)
+    threads = 2 if len(texts) >= TWO_THREADS_TEXTS and (os.cpu_count() or 1) > 1 else 1
+    writer = index.writer(heap_size=heap * threads, num_threads=threads)
+    indexed = np.zeros(len(texts), dtype=bool)
+    for start, stop in _chunks(texts, TOKENISE_CHUNK_BYTES):
+        for text_id, terms in enumerate(token_texts(texts.slice(start, stop - start)), start):
+            if terms and not terms.isspace():  # "" or only separators: no token, never a hit
+                indexed[text_id] = True
+                doc = tantivy.Document()
+                doc.add_text(_FIELD, terms)
+                doc.add_unsigned(_TEXT, text_id)  # add_unsigned: a plain int would be an i64, refused by the u64 field
+                writer.add_document(doc)
     writer.commit()  # syncs tantivy's own files
     writer.wait_merging_threads()
+    return indexed
 
 
 def build_index(part: Path, table: pa.Table | None = None) -> Path:
@@ -355,12 +376,10 @@ def build_index(part: Path, table: pa.Table | None = None) -> Path:
     part = Path(part)
     final = index_path(part)
     messages, num_rows = part_messages(part, table)
-    terms = token_texts(messages.dictionary)
-    indexed = np.fromiter((bool(t) and not t.isspace() for t in terms), dtype=bool, count=len(terms))
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
-        _write_tantivy(temp, terms, indexed)
+        indexed = _write_tantivy(temp, messages.dictionary)
         _write_tables(temp, messages, indexed)
         meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
                 "part_bytes": part.stat().st_size, "rows": int(num_rows), "texts": int(indexed.sum()),

@@ -203,6 +203,18 @@ def test_index_from_given_rows_equals_index_from_the_file(corpus):
     S.remove_index(part)  # removing twice is fine
 
 
+def test_index_built_in_small_chunks_is_the_same(corpus, monkeypatch):
+    part = corpus.parts()[0]
+    before = _index_hits(part)
+    files = {name: pq.read_table(S.index_path(part) / name) for name in (S.MESSAGES_FILE, S.ROWS_FILE)}
+    monkeypatch.setattr(S, "TOKENISE_CHUNK_BYTES", 300)  # a chunk or two of texts at a time
+    assert len(S._chunks(S.part_messages(part)[0].dictionary, 300)) > 20
+    S.remove_index(part)
+    S.build_index(part)
+    assert _index_hits(part) == before
+    assert all(pq.read_table(S.index_path(part) / name).equals(table) for name, table in files.items())
+
+
 TEXTS = ["Hello, World_x 42!", "tab\there\x00nul\x7fdel", "naïve Straße", "İstanbul ıi", "ΟΔΟΣ ὀδός", "東京タワー",
          "x²½", "e\u0301", "", "🙂a🙂", "KELVIN \u212a", "q" * 64 + " " + "Q" * 65, "a" + "ж" * 40, "東" * 30 + "!",
          "\u3000ideographic\u00a0nbsp\u2028line\u2029para\x1cfs"]
