@@ -3,6 +3,7 @@
     nice -n 10 python benchmarks/hard_task.py                  # the full table (tens of minutes on 2 busy cores)
     python benchmarks/hard_task.py --quick                     # a smoke run of the whole path (minutes)
     python benchmarks/hard_task.py grpo.max_steps=20 ...       # key=value overrides of recipes/hard_grid.yaml
+    nice -n 10 python benchmarks/hard_task.py eval.tasks=200 eval.samples=4   # the README table's evaluation
 
 1. `omrl train iterate` on recipes/hard_grid.yaml: the expert's held-out success, the tiny base model,
    SFT on the expert's demos, one GRPO round (stages expert, base, sft, grpo-1).
