@@ -333,6 +333,8 @@ def _json_text(value: Any, where: str, default: str) -> str:
     """Free-form payloads are stored as JSON text; dicts and lists are serialised, text must parse."""
     if value is None:
         return default
+    if type(value) is str and (value == "{}" or value == "[]"):  # most payloads are empty: no parse needed
+        return value
     if isinstance(value, str):
         try:
             json.loads(value)
@@ -435,6 +437,8 @@ def _key(value: Any, where: str) -> str | None:
 
 def _finite(value: Any, where: str) -> float | None:
     """A reward or score: a finite number or null (JSON's Infinity and NaN are refused, never stored)."""
+    if type(value) is float and math.isfinite(value):  # the common case, without the checks below
+        return value
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -462,6 +466,8 @@ _INT_LIMITS = {32: 2**31, 64: 2**63}
 
 
 def _opt_int(value: Any, where: str, bits: int = 32) -> int | None:
+    if type(value) is int and -_INT_LIMITS[bits] <= value < _INT_LIMITS[bits]:  # the common case, checked once
+        return value
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
@@ -568,7 +574,7 @@ def _list_of(item: Callable[[Any, str, int], Any]) -> Converter:
             return []
         if not isinstance(value, list):
             raise SchemaError(f"field '{where}' must be a list")
-        return [item(v, f"{where}[{i}]", i) for i, v in enumerate(value)]
+        return [item(v, where, i) for i, v in enumerate(value)]  # the item builds "where[i]" only for an error
 
     return convert
 
@@ -603,28 +609,63 @@ def _converter(f: pa.Field, default: Any) -> Converter:
     raise TypeError(f"no converter for {f.name}: {dtype}")  # pragma: no cover - the schemas use only these
 
 
+def _kept(f: pa.Field, default: Any) -> tuple[type, ...]:
+    """The classes of values the field's converter returns unchanged: those are stored without a call
+    (most message fields are text or null, and a call per field was most of the normalising time)."""
+    dtype, kind = f.type, _kind(f)
+    if pa.types.is_string(dtype):
+        if kind == "raw":
+            return (str,)
+        if kind in (None, "key", "text") and default is None:
+            return (str, type(None))
+        return ()
+    if pa.types.is_floating(dtype) or (pa.types.is_integer(dtype) and default is None):
+        return (type(None),)  # numbers are range- and finiteness-checked
+    if pa.types.is_boolean(dtype):
+        return (bool, type(None))
+    return ()
+
+
 def _field_converters(fields_of: Any, record: type, overrides: dict[str, Converter] | None = None
                       ) -> list[tuple[str, Converter]]:
     defaults, overrides = _defaults(record), overrides or {}
     return [(f.name, overrides.get(f.name) or _converter(f, defaults.get(f.name))) for f in fields_of]
 
 
+def _field_plan(fields_of: Any, record: type, overrides: dict[str, Converter] | None = None
+                ) -> list[tuple[str, Converter, tuple[type, ...]]]:
+    """(name, converter, classes kept as they are) of each field; an overridden field is always converted."""
+    defaults, overrides = _defaults(record), overrides or {}
+    return [(name, convert, () if name in overrides else _kept(f, defaults.get(name)))
+            for f, (name, convert) in zip(fields_of, _field_converters(fields_of, record, overrides), strict=True)]
+
+
+def _converted(value: dict[str, Any], plan: list[tuple[str, Converter, tuple[type, ...]]]) -> dict[str, Any]:
+    """`value`'s fields through the plan; the converter runs only where the value's class is not kept."""
+    get, out = value.get, {}
+    for name, convert, kept in plan:
+        item = get(name)
+        out[name] = item if type(item) in kept else convert(item, name)  # type(): a class cannot lie about it
+    return out
+
+
 def _struct(dtype: pa.StructType, record: type, what: str, overrides: dict[str, Converter] | None = None,
             prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
             finish: Callable[[dict[str, Any], int], None] | None = None) -> Callable[[Any, str, int], Any]:
-    """The normaliser of one struct type (a list item): refuses a non-object, converts every field."""
-    converters = _field_converters(dtype, record, overrides)
+    """The normaliser of one struct type (a list item at `where`[`position`]): refuses a non-object,
+    converts every field."""
+    plan = _field_plan(dtype, record, overrides)
 
     def normalize(value: Any, where: str, position: int = 0) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise SchemaError(f"field '{where}' must be {what}")
+        if value.__class__ is not dict and not isinstance(value, dict):
+            raise SchemaError(f"field '{where}[{position}]' must be {what}")
         if prepare is not None:
             value = prepare(value)
         try:  # field names only: the full path is built when a message needs it (most rows need none)
-            out = {name: convert(value.get(name), name) for name, convert in converters}
+            out = _converted(value, plan)
         except SchemaError:
-            for name, convert in converters:  # again, so the message names the full path
-                convert(value.get(name), f"{where}.{name}")
+            for name, convert, _ in plan:  # again, so the message names the full path
+                convert(value.get(name), f"{where}[{position}].{name}")
             raise
         if finish is not None:
             finish(out, position)
@@ -673,10 +714,10 @@ def _tools(value: Any, where: str) -> str:
     return tools
 
 
-_TRAJECTORY_FIELDS = _field_converters(TRAJECTORY_SCHEMA, Trajectory,
-                                       {"task": lambda value, where: _task_text(value), "tools": _tools})
-_ANNOTATION_FIELDS = _field_converters(ANNOTATION_SCHEMA, Annotation,
-                                       {"id": lambda value, where: _opt_str(value, where) or new_id()})
+_TRAJECTORY_FIELDS = _field_plan(TRAJECTORY_SCHEMA, Trajectory,
+                                 {"task": lambda value, where: _task_text(value), "tools": _tools})
+_ANNOTATION_FIELDS = _field_plan(ANNOTATION_SCHEMA, Annotation,
+                                 {"id": lambda value, where: _opt_str(value, where) or new_id()})
 _TRAJECTORY_NAMES = frozenset(TRAJECTORY_SCHEMA.names)
 _ANNOTATION_NAMES = frozenset(ANNOTATION_SCHEMA.names)
 
@@ -729,9 +770,9 @@ def is_normalized(row: Any, table: str = "trajectories") -> bool:
     return type(row) is NormalizedRow and row.table == table and not row.changed
 
 
-def _convert(row: dict[str, Any], converters: list[tuple[str, Converter]], label: str) -> dict[str, Any]:
+def _convert(row: dict[str, Any], plan: list[tuple[str, Converter, tuple[type, ...]]], label: str) -> dict[str, Any]:
     try:
-        return {name: convert(row.get(name), name) for name, convert in converters}
+        return _converted(row, plan)
     except SchemaError as exc:
         raise SchemaError(f"{label}: {exc}") from None
 
