@@ -18,23 +18,24 @@ card list). It holds
 
 - a tantivy index with one document per distinct message text of the part (a system prompt or a tool
   output repeated in many messages is indexed once), its tokens made by `tokenize` above and handed to
-  tantivy joined by spaces, split again by tantivy's ASCII-whitespace tokenizer with positions: tantivy
-  never tokenises on its own, so it cannot disagree with the scan. A token longer than MAX_TERM_BYTES is
+  tantivy joined by spaces, split again by tantivy's ASCII-whitespace tokenizer (positions kept only with
+  POSITIONS): tantivy never tokenises on its own, so it cannot disagree with the scan. A token longer than MAX_TERM_BYTES is
   indexed as its first bytes plus a mark no token holds (tantivy drops terms over 64 KB); a query with such a
   token gets a superset from the index and only those candidate messages are read and checked;
 - `messages.parquet`: for every message with a token, (text, row, position, role), sorted by text;
 - `rows.parquet`: the trajectory id of each row of the part.
 
-So a search is tantivy's boolean query (every word a term, every phrase a phrase query over positions),
-its text numbers mapped to messages and ids by the two tables: no message text is read to decide a hit.
+So a search is tantivy's boolean query (every word a term; every phrase a phrase query over positions when
+the index has them, else all its terms, whose candidate texts are then read and checked), its text numbers
+mapped to messages and ids by the two tables: no message text is read to decide a word's hits.
 Text is read only for the snippets of the hits returned (after `limit`; none with `snippets=False` or
 `search_ids`). A part without a usable index (an old store, an index of an older version, a crash between
 the part and its index, a part rewritten since) is scanned with the same rules instead.
 
 Measured by benchmarks/search_bench.py (2,000 store_bench trajectories, one compacted part): ids-only
 searches 85-380x faster than the scan, full hits with snippets 2-3x (their text is read) or 24x for a
-rare phrase; the index is 0.89x the part's bytes (0.30x without positions, POSITIONS) and builds in about
-twice the part's write time. A document per message instead of per distinct text: 1.8x the bytes, 2.3x
+rare phrase; the index is 0.30x the part's bytes without positions (the default; 0.89x with them,
+POSITIONS) and builds in about twice the part's write time. A document per message instead of per distinct text: 1.8x the bytes, 2.3x
 the build time.
 
 Why tantivy (maintained, Rust, wheels for every platform): positions and phrase queries, fast fields, a
@@ -72,7 +73,7 @@ if TYPE_CHECKING:  # a type only: the store imports this module to index its par
 
 TOKEN = re.compile(r"\w+")
 INDEX_SUFFIX = ".search"
-INDEX_VERSION = 3  # 3: exact documents per distinct text with positions (2: blocks of rows, checked on read)
+INDEX_VERSION = 3  # 3: exact documents per distinct text, positions optional (2: blocks of rows, checked on read)
 META_FILE = "omrl-search.json"
 MESSAGES_FILE = "messages.parquet"
 ROWS_FILE = "rows.parquet"
@@ -80,10 +81,10 @@ ROWS_FILE = "rows.parquet"
 # dictionary small; the few queries holding one are checked on their candidates' text.
 MAX_TERM_BYTES = 64
 CUT_MARK = "\u2026"  # ends a cut term: not a word character, so a cut term never equals a whole token
-# Token positions in the index: phrases answered by tantivy alone. Without them the index is a third of
-# the size (search_bench: 0.30x the part instead of 0.89x) and a phrase's candidates (texts holding all its
-# tokens) are read and checked; words stay exact from the index alone either way.
-POSITIONS = True
+# Token positions in the index would answer phrases from tantivy alone, but triple its size (search_bench:
+# 0.89x the part instead of 0.30x, nearly doubling the store on disk). Without them a phrase's candidates
+# (texts holding all its tokens) are read and checked; words stay exact from the index alone either way.
+POSITIONS = False
 SNIPPET_CHARS = 160
 # tantivy's writer: one thread for a part of the usual size (the index is built at compaction and repair,
 # often on shared cores; two threads write two segments, slower to build below this many texts).

@@ -243,15 +243,23 @@ def test_token_texts_of_an_arrow_array_equal_the_tokeniser():
         [e.split() for e in expected]
 
 
-def test_an_index_without_positions_checks_phrase_candidates(corpus, monkeypatch):
-    monkeypatch.setattr(S, "POSITIONS", False)
+@pytest.mark.parametrize("positions", [False, True])
+def test_phrases_with_and_without_positions(corpus, monkeypatch, positions):
+    monkeypatch.setattr(S, "POSITIONS", positions)
     for part in corpus.parts():
         S.remove_index(part)
         S.build_index(part)
-        assert json.loads((S.index_path(part) / S.META_FILE).read_text())["positions"] is False
+        assert json.loads((S.index_path(part) / S.META_FILE).read_text())["positions"] is positions
     for query in ['"alpha beta"', '"beta alpha" gamma', '"alpha omega"', '"don\'t"', "os.path", "alpha", "zebra"]:
         assert S.search(corpus, query).equals(S.search(corpus, query, use_index=False)), query
         assert _keys(S.search(corpus, query)) == _brute_force(corpus, query), query
+    phrases = ['"beta gamma"', "os.path", '"alpha alpha"']
+    expected = {q: S.search(corpus, q, use_index=False).drop_columns(["snippet"]) for q in phrases}
+    calls = _no_text_reads(monkeypatch)
+    for query in phrases:
+        assert S.search(corpus, query, snippets=False).equals(expected[query]), query
+    # with positions a phrase is answered by the index alone; without, its candidates' texts are checked
+    assert (calls == []) is positions
 
 
 def test_every_message_with_a_token_is_indexed_once(corpus):
@@ -287,7 +295,7 @@ def _no_text_reads(monkeypatch) -> list:
 
 def test_an_indexed_search_reads_no_text_to_decide(corpus, monkeypatch):
     S.build_missing(corpus)
-    queries = ["alpha", "segfault", '"beta gamma"', "os.path", "東京 x1", "zebra", "ıspanak", '"alpha alpha"']
+    queries = ["alpha", "segfault", "東京 x1", "zebra", "ıspanak"]  # words; phrases: the positions test
     long_query = "q" * 80  # cut in the index
     expected = {q: S.search(corpus, q, use_index=False) for q in [*queries, long_query]}
     calls = _no_text_reads(monkeypatch)
