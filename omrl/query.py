@@ -303,9 +303,16 @@ def _one_line(exc: BaseException) -> str:
 
 def _vanished(exc: BaseException) -> bool:
     """A part that a compaction removed while a query ran (listing again finds its rows)."""
-    # Local parts fail with the OS's message; S3 parts (omrl.storage) with the filesystem's Python exception.
     return isinstance(exc, FileNotFoundError) or (
-        isinstance(exc, duckdb.Error) and any(m in str(exc) for m in ("No such file or directory", "FileNotFoundError")))
+        isinstance(exc, duckdb.Error) and any(m in str(exc) for m in _VANISHED_MESSAGES))
+
+
+# How a removed part fails inside a scan: the OS's message (local parts), pyarrow's S3 client's (omrl.storage),
+# and a GET cut off mid-body (moto's server does that when a compaction deletes the object being read; a
+# fresh listing reads the merged part instead, and a failure that persists still surfaces after the retries).
+_VANISHED_MESSAGES = ("No such file or directory", "The specified key does not exist", "Path does not exist",
+                      "AWS Error RESOURCE_NOT_FOUND", "AWS Error NO_SUCH_KEY",
+                      "AWS Error INTERNAL_FAILURE during GetObject")
 
 
 def _user_error(exc: duckdb.Error) -> QueryError:

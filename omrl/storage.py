@@ -309,7 +309,13 @@ def _lease_body(owner: str, expires: float) -> bytes:
 
 
 class S3Storage(Storage):
-    """An S3-compatible bucket through s3fs (endpoint and credentials from the usual AWS_* variables)."""
+    """An S3-compatible bucket (endpoint and credentials from the usual AWS_* variables).
+
+    Two clients, each for what only it does well: s3fs (`s3`) for the store's own requests, conditional
+    PUTs and deletes included (pyarrow cannot send If-None-Match); pyarrow's C++ S3 client (`filesystem`)
+    for the datasets DuckDB scans. A Python filesystem under a DuckDB scan deadlocked now and then (a
+    DuckDB worker waiting on a pyarrow read that waited for the GIL); the C++ client needs no GIL.
+    """
 
     local = False
 
@@ -320,8 +326,11 @@ class S3Storage(Storage):
             raise UsageError("stores on S3 need s3fs: pip install 'omrl[s3]'") from None
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         # No listings cache: a cached listing would hide another writer's new part from the id check.
-        self.filesystem = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
-                                            endpoint_url=endpoint or None)
+        self.s3 = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, endpoint_url=endpoint or None)
+        from pyarrow import fs as arrow_fs
+
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        self.filesystem = arrow_fs.S3FileSystem(endpoint_override=endpoint or None, region=region)
         self._leases: dict[int, _Lease] = {}  # the leases this process holds (each write checks them)
         self._leases_guard = threading.Lock()
 
@@ -333,7 +342,7 @@ class S3Storage(Storage):
 
         if whole:  # a whole part: one GET beats the many small ranged reads a pyarrow file would make
             return pa.BufferReader(self.read_bytes(path))
-        return self.filesystem.open(_key(path), "rb", size=size)
+        return self.s3.open(_key(path), "rb", size=size)
 
     def _check_leases(self) -> None:
         with self._leases_guard:
@@ -347,17 +356,17 @@ class S3Storage(Storage):
             raise StorageError(f"{S3_SCHEME}{key}: {len(data)} bytes is more than one S3 PUT takes "
                                f"({MAX_PUT_BYTES}); append fewer rows at a time")
         bucket, _, name = key.partition("/")
-        reply = self.filesystem.call_s3("put_object", Bucket=bucket, Key=name, Body=data, **condition)
+        reply = self.s3.call_s3("put_object", Bucket=bucket, Key=name, Body=data, **condition)
         return reply["ETag"]
 
     def _delete(self, key: str, **condition: str) -> None:
         bucket, _, name = key.partition("/")
-        self.filesystem.call_s3("delete_object", Bucket=bucket, Key=name, **condition)
+        self.s3.call_s3("delete_object", Bucket=bucket, Key=name, **condition)
 
     def _head(self, key: str) -> dict[str, Any]:
         """One HEAD request (s3fs's `info` adds a listing for a missing key, to find folders)."""
         bucket, _, name = key.partition("/")
-        return self.filesystem.call_s3("head_object", Bucket=bucket, Key=name)
+        return self.s3.call_s3("head_object", Bucket=bucket, Key=name)
 
     def exists(self, path: Path | S3Path) -> bool:
         try:
@@ -372,14 +381,14 @@ class S3Storage(Storage):
 
     def list_stats(self, folder: Path | S3Path) -> dict[str, Stat]:
         try:
-            entries = self.filesystem.ls(_key(folder), detail=True)
+            entries = self.s3.ls(_key(folder), detail=True)
         except FileNotFoundError:
             return {}
         return {e["name"].rsplit("/", 1)[-1]: Stat(int(e["size"]), _mtime_ns(e.get("LastModified")))
                 for e in entries if e["type"] == "file"}
 
     def read_bytes(self, path: Path | S3Path) -> bytes:
-        return self.filesystem.cat_file(_key(path), max_concurrency=1)  # one GET, no HEAD first
+        return self.s3.cat_file(_key(path), max_concurrency=1)  # one GET, no HEAD first
 
     def write_bytes(self, path: Path | S3Path, data: bytes) -> None:
         self._check_leases()
@@ -396,7 +405,7 @@ class S3Storage(Storage):
 
     def delete(self, path: Path | S3Path) -> None:
         self._check_leases()
-        self.filesystem.rm_file(_key(path))  # S3 answers a delete of a missing key with success
+        self.s3.rm_file(_key(path))  # S3 answers a delete of a missing key with success
 
     @contextlib.contextmanager
     def lock(self, root: Path | S3Path, name: str, wait: bool = True) -> Iterator[bool]:
@@ -437,8 +446,8 @@ class S3Storage(Storage):
         """Delete the lease at `key` when it has expired (its writer was killed), only if it is unchanged."""
         # The ETag first, then the body: a body newer than the ETag makes the conditional delete fail (safe).
         try:
-            etag = self.filesystem.info(key)["ETag"]
-            data = self.filesystem.cat_file(key)
+            etag = self.s3.info(key)["ETag"]
+            data = self.s3.cat_file(key)
         except FileNotFoundError:
             return  # released meanwhile: the next try takes it
         try:

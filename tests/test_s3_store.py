@@ -80,7 +80,7 @@ def rows(n: int, start: int = 0) -> list[dict]:
 
 def objects(prefix: str) -> list[str]:
     """Every object key under an s3:// prefix, relative to it."""
-    fs = s3_storage().filesystem
+    fs = s3_storage().s3
     root = prefix.removeprefix("s3://")
     return sorted(key.removeprefix(root + "/") for key in fs.find(root))
 
@@ -185,7 +185,7 @@ def test_a_compaction_killed_before_its_deletes_hides_the_replaced_parts(url, mo
     listed = reader._all_parts("trajectories")
     assert len(listed) == 4  # the merged part and the three it replaces are all there
     merged = next(p for p in listed if p not in old)
-    meta = reader.storage.filesystem.open(reader.storage.arrow_path(merged), "rb")
+    meta = reader.storage.s3.open(reader.storage.arrow_path(merged), "rb")
     import pyarrow.parquet as pq
 
     assert set(json.loads(pq.read_metadata(meta).metadata[REPLACES_KEY])) == {p.name for p in old}
@@ -228,7 +228,7 @@ def test_ids_stay_unique_across_appends_and_concurrent_writers(url):
 def test_a_held_lock_is_refused_without_wait_and_an_expired_one_is_taken_over(url, monkeypatch):
     store = Store.create(url)
     lock_key = f"{store.path.key}/.write.lock"
-    fs = store.storage.filesystem
+    fs = store.storage.s3
     with store._lock("write") as held:
         assert held and fs.exists(lock_key)
         with Store(url)._lock("write", wait=False) as other:
@@ -247,11 +247,11 @@ def test_a_writer_that_lost_its_lease_writes_nothing(url, monkeypatch):
     lock_key = f"{store.path.key}/.write.lock"
     with pytest.raises(StorageError, match="lost the store lock"), store._lock("write"):
         # Another writer took the lock over (as if this one had stalled past its lease).
-        store.storage.filesystem.pipe_file(lock_key, b'{"owner": "someone-else", "expires": 1e12}')
+        store.storage.s3.pipe_file(lock_key, b'{"owner": "someone-else", "expires": 1e12}')
         time.sleep(0.5)  # the renewal (every LEASE/3) finds the lease is no longer ours
         store._write_part(__import__("omrl.schema", fromlist=["to_table"]).to_table(rows(1), "trajectories"),
                           "trajectories")
-    assert store.storage.filesystem.exists(lock_key)  # the other writer's lease is not deleted
+    assert store.storage.s3.exists(lock_key)  # the other writer's lease is not deleted
     assert store._all_parts("trajectories") == []
 
 
@@ -306,7 +306,7 @@ def test_a_writer_killed_mid_upload_leaves_nothing_half_visible(url, s3_env, tmp
     half_sent = marker.read_text()
     time.sleep(0.3)  # let the server see the connection drop
 
-    fs = store.storage.filesystem
+    fs = store.storage.s3
     assert not fs.exists(half_sent)  # the half-sent object never appeared
     left = objects(url)
     assert any(n.startswith("data/trajectories/.side/") and "part-" in n for n in left)  # its side file went first
@@ -375,7 +375,7 @@ def test_s3_paths_that_cannot_be_a_store_are_refused_clearly(s3_env, url):
         Store(f"s3://{BUCKET}/a/../b")
     with pytest.raises(StoreError, match="not an omrl store"):
         Store(url)
-    s3_storage().filesystem.pipe_file(f"{url.removeprefix('s3://')}/notes.txt", b"someone else's")
+    s3_storage().s3.pipe_file(f"{url.removeprefix('s3://')}/notes.txt", b"someone else's")
     with pytest.raises(StoreError, match="not empty"):
         Store.create(url)
     with pytest.raises(StoreError, match="bucket"):
