@@ -26,6 +26,12 @@ S3 has neither rename nor flock, so the commit protocol is built from what objec
   a new holder. The expiry is in the writer's clock: clocks must agree to well within LEASE_SECONDS.
 - No temporary objects, so nothing needs the local store's stale-temporary cleanup; side files whose
   part never arrived (a writer killed between them) are removed by the next writer under the lock.
+- Queries stay confined: DuckDB is handed pyarrow datasets on pyarrow's S3 client (S3Storage), so it
+  still opens no path itself, and its own S3 access (httpfs) stays off like every other extension.
+
+What an S3 store does not do (each refused with a message saying so): derived stores (filter, augment,
+export write local folders: `Store.staged`), and text search (tantivy indexes need a local folder, so
+none are built for S3 parts and `Store.search` refuses; SQL over the messages view still finds text).
 """
 
 from __future__ import annotations
