@@ -430,7 +430,8 @@ def test_cli_export_and_help(store, tmp_path):
 
 
 @pytest.mark.parametrize("url", ["/?sort=turns&dir=desc&page=2", "/?sort=tokens&dir=asc", "/?sort=success",
-                                 "/?sort=model&dir=asc", "/?page=999", f"/t/{XSS_ID}", f"/t/{CHILD_ID}", "/g/xss-group"])
+                                 "/?sort=model&dir=asc", "/?page=999", f"/t/{XSS_ID}", f"/t/{CHILD_ID}", "/g/xss-group",
+                                 "/?q=function&sort=reward&dir=asc&per_page=7&page=2", "/?q=function&sort=turns"])
 def test_duckdb_path_matches_cached_path(client, store, monkeypatch, url):
     """Above CACHE_MAX_ROWS every page is a DuckDB query; it must show exactly what the cache shows."""
     import omrl.view.data as data

@@ -46,6 +46,7 @@ MAX_PER_PAGE = 500
 # trajectory_id index, up to as many); above it every page is a DuckDB query (slower, memory stays flat).
 CACHE_MAX_ROWS = 2_000_000
 ROW_GROUP_CACHE = 2
+SEARCHES_KEPT = 4  # (search, sort) orders of the cached list kept for paging
 
 # No message bodies: the list reads only these small columns (DuckDB projects them from the parts).
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
@@ -124,6 +125,8 @@ class _Snapshot:
     where: dict[str, Location]  # id -> (part path, row group, row in the group)
     groups: dict[str, list[str]]  # group_id -> ids
     orders: dict[tuple[str, bool], pa.Array] = field(default_factory=dict)  # (sort, desc) -> row order
+    # (id of a search's hits, sort, desc) -> (the hits, the rows matching them in that order)
+    searched: dict[tuple[int, str, bool], tuple[pa.Array, pa.Array]] = field(default_factory=dict)
     _children: dict[str, list[int]] | None = None  # parent_id -> rows of `table` derived from it
 
     def children(self, trajectory_id: str) -> list[dict[str, Any]]:
@@ -213,6 +216,21 @@ class StoreReader:
             snap.orders[key] = _sort_indices(snap.table, sort, desc)
         return snap.orders[key]
 
+    def _searched_order(self, snap: _Snapshot, hits: pa.Array, sort: str, desc: bool) -> pa.Array:
+        """Rows of the cached list matching the search `hits` in the (sort, desc) order: the full order
+        filtered (ids are unique, so this is the order of the hits alone), kept for the last few searches
+        so paging through a common word's 100,000 hits does not sort them again."""
+        key = (id(hits), sort, desc)
+        kept = snap.searched.get(key)
+        if kept is None or kept[0] is not hits:
+            order = self._order(snap, sort, desc)
+            mask = pc.is_in(snap.table.column("id"), value_set=hits)
+            kept = (hits, order.filter(mask.take(order)))
+            snap.searched[key] = kept
+            while len(snap.searched) > SEARCHES_KEPT:
+                snap.searched.pop(next(iter(snap.searched)))
+        return kept[1]
+
     def _search_ids(self, text: str) -> pa.Array:
         """Ids of the trajectories with a message matching `text` (omrl.search), kept for the current parts
         so paging through one search searches once. UsageError for a query it refuses.
@@ -276,8 +294,10 @@ class StoreReader:
         if hits is not None:
             # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
             # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
-            table = snap.table if snap is not None else select_where(
-                self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
+            if snap is not None:  # the cached list's order for this sort, kept to the hits (once per search)
+                order = self._searched_order(snap, hits, sort, desc)
+                return snap.table.take(order[offset: offset + limit]).to_pylist(), len(order)
+            table = select_where(self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
             table = table.filter(pc.is_in(table.column("id"), value_set=hits))
             order = _sort_indices(table, sort, desc)[offset: offset + limit]
             return table.take(order).to_pylist(), table.num_rows
