@@ -97,7 +97,7 @@ class S3Path(PurePosixPath):
         return PurePosixPath.__str__(self)
 
     def stat(self) -> Stat:
-        return s3_storage().stat(self)
+        return s3_storage().part_stat(self)
 
     def resolve(self) -> S3Path:
         return self
@@ -338,7 +338,8 @@ class S3Storage(Storage):
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         self.filesystem = arrow_fs.S3FileSystem(endpoint_override=endpoint or None, region=region)
         self._leases: dict[int, _Lease] = {}  # the leases this process holds (each write checks them)
-        self._leases_guard = threading.Lock()
+        self._leases_guard = threading.Lock()  # also guards _parts_listed
+        self._parts_listed: dict[str, dict[str, Stat]] = {}  # folder key -> its parts in the newest listing
 
     def arrow_path(self, path: Path | S3Path) -> str:
         return _key(path)
@@ -389,9 +390,19 @@ class S3Storage(Storage):
         try:
             entries = self.s3.ls(_key(folder), detail=True)
         except FileNotFoundError:
-            return {}
-        return {e["name"].rsplit("/", 1)[-1]: Stat(int(e["size"]), _mtime_ns(e.get("LastModified")))
-                for e in entries if e["type"] == "file"}
+            entries = []
+        stats = {e["name"].rsplit("/", 1)[-1]: Stat(int(e["size"]), _mtime_ns(e.get("LastModified")))
+                 for e in entries if e["type"] == "file"}
+        with self._leases_guard:
+            self._parts_listed[_key(folder)] = {n: st for n, st in stats.items() if n.startswith("part-")}
+        return stats
+
+    def part_stat(self, path: Path | S3Path) -> Stat:
+        """A part's stat from the newest listing of its folder (parts and side files never change once
+        written), else a HEAD: layout code sizes every small part after each append (CompactPolicy)."""
+        with self._leases_guard:
+            listed = self._parts_listed.get(_key(path.parent), {}).get(path.name)
+        return listed if listed is not None else self.stat(path)
 
     def read_bytes(self, path: Path | S3Path) -> bytes:
         return self.s3.cat_file(_key(path), max_concurrency=1)  # one GET, no HEAD first
@@ -412,6 +423,8 @@ class S3Storage(Storage):
     def delete(self, path: Path | S3Path) -> None:
         self._check_leases()
         self.s3.rm_file(_key(path))  # S3 answers a delete of a missing key with success
+        with self._leases_guard:
+            self._parts_listed.get(_key(path.parent), {}).pop(path.name, None)
 
     @contextlib.contextmanager
     def lock(self, root: Path | S3Path, name: str, wait: bool = True) -> Iterator[bool]:

@@ -420,3 +420,15 @@ def test_filter_and_export_read_an_s3_store_into_local_outputs(url, tmp_path):
     assert not (ROOT / "s3:").exists() and not (Path.cwd() / "s3:").exists()
     result = runner.invoke(cli, ["filter", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "does not exist" in result.output  # local paths are checked as before
+
+
+def test_appends_compact_small_parts_by_themselves_on_s3(url):
+    from omrl.store_layout import CompactPolicy
+
+    store = Store.create(url)
+    store.set_compact_policy(CompactPolicy(small_parts=3))
+    for start in (0, 10, 20):
+        store.append(rows(2, start))
+    assert len(store.parts()) == 1 and store.count() == 6  # the third append merged the three small parts
+    assert sum(n.startswith("data/trajectories/part-") for n in objects(url)) == 1
+    assert store.check() == []
