@@ -60,7 +60,10 @@ def build_store(path: Path, n: int = 60) -> Store:
     store.append([Annotation(trajectory_id=XSS_ID, annotator="judge", score=0.25,
                              rationale="The agent wrote " + XSS_SCRIPT, judge_model="fake-judge").to_row(),
                   Annotation(trajectory_id=XSS_ID, annotator="metric", status="error",
-                             error="metric crashed").to_row()],
+                             error="metric crashed").to_row()]
+                 # a judge of the GRPO rollouts (per-step agreement on the runs page)
+                 + [Annotation(trajectory_id=r["id"], annotator="step-judge", score=r["reward"]).to_row()
+                    for r in rows[:40] if r["reward"] is not None],
                  table="annotations")
     return store
 
@@ -123,7 +126,7 @@ def test_where_filter(client, store):
     text = client.get("/", params={"where": "id IN (SELECT trajectory_id FROM messages "
                                             "WHERE content ILIKE '%onerror%')"}).text
     assert sorted(_trajectory_links(text)) == [f"/t/{CHILD_ID}", f"/t/{XSS_ID}"]
-    judged = client.get("/", params={"where": "id IN (SELECT trajectory_id FROM scores)"}).text
+    judged = client.get("/", params={"where": "id IN (SELECT trajectory_id FROM latest_annotations WHERE annotator = 'judge')"}).text
     assert _trajectory_links(judged) == [f"/t/{XSS_ID}"]
     past = client.get("/", params={"where": "reward >= 0", "page": 99, "sort": "turns"}).text
     n = store.sql("SELECT count(*) FROM trajectories WHERE reward >= 0").column(0)[0].as_py()

@@ -179,6 +179,10 @@ def test_trajectory_group_lineage_and_xss(driver, server, tmp_path):
     line = driver.find_element(By.CSS_SELECTOR, "#chart-step-success polyline")
     assert line.size["width"] > 100
     assert driver.execute_script("return getComputedStyle(arguments[0]).fill", line) == "none"
+    # judge vs environment per step: r per step drawn, the table lists the judge's 4 steps
+    agreement = driver.find_element(By.CSS_SELECTOR, "#chart-step-agreement polyline")
+    assert agreement.size["width"] > 100
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#step-agreement tbody tr")) == 4
     driver.save_screenshot(str(tmp_path / "runs.png"))
     _ran_nothing(driver)
 
