@@ -142,6 +142,11 @@ class Storage:
         """The names of the files directly in `folder`, sorted ([] when it does not exist)."""
         return sorted(self.list_stats(folder))
 
+    def part_stat(self, path: Path | S3Path) -> Stat:
+        """The stat of a part or side file (written once, never changed): S3 answers from the newest
+        listing of its folder instead of a HEAD per part; local disk asks again."""
+        return self.stat(path)
+
     def list_stats(self, folder: Path | S3Path) -> dict[str, Stat]:
         """The files directly in `folder` with their stats, from one listing ({} when it does not exist)."""
         raise NotImplementedError
@@ -188,6 +193,13 @@ class LocalStorage(Storage):
     def stat(self, path: Path | S3Path) -> Stat:
         st = Path(path).stat()
         return Stat(st.st_size, st.st_mtime_ns)
+
+    def list_names(self, folder: Path | S3Path) -> list[str]:
+        try:  # names only: no stat per entry (d_type says what is a file)
+            with os.scandir(folder) as entries:
+                return sorted(e.name for e in entries if e.is_file())
+        except FileNotFoundError:
+            return []
 
     def list_stats(self, folder: Path | S3Path) -> dict[str, Stat]:
         out = {}
@@ -398,8 +410,8 @@ class S3Storage(Storage):
         return stats
 
     def part_stat(self, path: Path | S3Path) -> Stat:
-        """A part's stat from the newest listing of its folder (parts and side files never change once
-        written), else a HEAD: layout code sizes every small part after each append (CompactPolicy)."""
+        # From the newest listing, else a HEAD: the store sizes every part after each listing, and layout
+        # code every small part after each append (CompactPolicy), a round trip each otherwise.
         with self._leases_guard:
             listed = self._parts_listed.get(_key(path.parent), {}).get(path.name)
         return listed if listed is not None else self.stat(path)

@@ -188,7 +188,6 @@ class Store:
             raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
         self._footers: dict[tuple[str, int, int], _Footer] = {}
         self._sides: dict[tuple[str, int, int, str, int], bool] = {}  # (side file stat, part, rows) -> it matches
-        self._listed: dict[str, Stat] = {}  # S3 only: part -> its stat in the newest listing (_stat)
         # table -> (the part keys whose ids are in the set, the set): the id check's index
         self._id_index: dict[str, tuple[frozenset[tuple[str, int, int]], set[str]]] = {}
 
@@ -541,17 +540,13 @@ class Store:
 
     def _all_parts(self, table: str) -> list[Path]:
         directory = self.table_dir(table)
-        stats = self.storage.list_stats(directory)
-        names = sorted(n for n in stats if n.startswith("part-") and n.endswith(".parquet"))
-        if not self.storage.local:  # what the listing said, so that _stat need not ask again per part
-            self._listed.update((str(directory / n), stats[n]) for n in names)
+        names = [n for n in self.storage.list_names(directory) if n.startswith("part-") and n.endswith(".parquet")]
         return [directory / name for name in names]
 
     def _stat(self, path: Path) -> Stat:
-        """A part's size and mtime: on S3 from the last listing (parts never change; a HEAD per part per
-        listing would be a round trip each), on local disk asked again (FileNotFoundError when gone)."""
-        listed = self._listed.get(str(path))
-        return listed if listed is not None else self.storage.stat(path)
+        """A part's size and mtime (local disk: asked again, FileNotFoundError when gone; S3: from the
+        newest listing, Storage.part_stat)."""
+        return self.storage.part_stat(path)
 
     def _read_parquet(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """A part (or side file) read through the store's storage; FileNotFoundError when it is gone."""
