@@ -443,7 +443,10 @@ def _usable(part: Path) -> bool:
 
 
 def missing_indexes(store: Store) -> list[Path]:
-    """The live trajectories parts without a usable index (for `store check --repair` and compaction)."""
+    """The live trajectories parts without a usable index (for `store check --repair` and compaction); none
+    on an S3 store, which is never indexed (tantivy needs a local folder)."""
+    if not store.storage.local:
+        return []
     return [part for part in store.parts("trajectories", warn=False) if not _usable(part)]
 
 
@@ -463,7 +466,9 @@ def _leftovers(store: Store) -> list[Path]:
 
 
 def build_missing(store: Store) -> int:
-    """Remove leftover index folders, build every missing index; returns the number built."""
+    """Remove leftover index folders, build every missing index; returns the number built (0 on S3)."""
+    if not store.storage.local:
+        return 0
     for path in _leftovers(store):
         shutil.rmtree(path, ignore_errors=True)
     built = 0
@@ -672,6 +677,7 @@ def search(store: Store, query: str, limit: int | None = None, *, use_index: boo
     `snippets=False` reads no message text from an indexed part. `use_index=False` scans every part (the
     reference the index is tested against).
     """
+    store._refuse_remote_search()
     _check_limit(limit)
     parsed = parse_query(query)
 

@@ -81,7 +81,7 @@ def check(path: str, repair: bool, model: str | None, where: str | None, show: i
         removed = target.repair()
         console.print(f"repaired: {removed} leftover file(s) removed, dataset card rewritten", highlight=False)
         with console.status("building missing search indexes"):
-            built = build_missing(target)
+            built = build_missing(target)  # none on S3: its stores are not indexed
         if built:
             console.print(f"search: {built} missing index(es) built", highlight=False)
     problems = target.check()

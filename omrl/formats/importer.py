@@ -27,7 +27,8 @@ from omrl.formats import format_module
 from omrl.formats.common import PREVIOUS_ID, FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
 from omrl.schema import SchemaError, group_id, normalize_trajectory
-from omrl.store import Store
+from omrl.storage import storage_for
+from omrl.store import MANIFEST, Store
 
 
 @dataclass
@@ -152,8 +153,10 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
     """
     paths = [Path(p) for p in paths]
     root = Path(root) if root is not None else import_root(paths)
-    if not isinstance(store, Store) and (Path(store) / "omrl.json").is_file():
-        store = Store(store)
+    if not isinstance(store, Store):
+        store_root, storage = storage_for(store)  # a local folder or an s3:// prefix
+        if storage.exists(store_root / MANIFEST):
+            store = Store(store)
     existing = store.ids() if isinstance(store, Store) else set()
     reports: list[FileReport] = []
     batches: list[list[dict[str, Any]]] = []
