@@ -103,6 +103,8 @@ def ppo(recipe: str | None, overrides: tuple[str, ...], print_config: bool, verb
     if print_config:
         return _print_config(config)
     result = train_ppo(config)
+    if not result.main:  # several processes: the main one reports for all of them
+        return
     last = result.log[-1] if result.log else {}
     console.print(f"{len(result.log)} steps, {result.stored} rollouts stored; last reward {last.get('reward')}, "
                   f"success {last.get('success')}; checkpoint [bold]{result.checkpoint}[/bold]")

@@ -115,6 +115,7 @@ class PPOResult:
     checkpoint: Path
     log: list[dict[str, Any]]  # one entry per step (see `LOGGED`)
     stored: int = 0  # rollout rows appended to the store
+    main: bool = True  # this is the main process (the one that reports, when several run)
 
 
 LOGGED = ("policy_loss", "value_loss", "explained_variance", "clip_fraction", "value_clip_fraction", "approx_kl",
@@ -563,7 +564,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
             "rollouts": {"stored": stored, "statuses": totals, "run_prefix": prefix},
             "processes": {"count": procs.count, "parameter_sha256": digests}}, indent=1, default=str))
     accelerator.wait_for_everyone()  # no process returns before the checkpoint is on disk
-    return PPOResult(checkpoint=out, log=log, stored=stored)
+    return PPOResult(checkpoint=out, log=log, stored=stored, main=procs.main)
 
 
 def _fmt(value: Any) -> str:
