@@ -89,14 +89,16 @@ def _merged(a: JudgeStats | None, b: JudgeStats) -> JudgeStats:
 
 def annotate_with_recipe(store: Store | str, recipe: str | dict[str, Any] | RewardRecipe, *, where: str | None = None,
                          run_id: str | None = None, metadata: dict[str, Any] | None = None,
-                         progress: Callable[[str, int, int], None] | None = None) -> AnnotateSummary:
+                         progress: Callable[[str, int, int], None] | None = None,
+                         ray: str | None = None) -> AnnotateSummary:
     """`annotate` with the reward recipe's own metrics and judges, then its combined reward: the annotate stage
-    of RFT and iterate. Resumes like `annotate` (stored ok annotations are not redone; replies are cached)."""
+    of RFT and iterate. Resumes like `annotate` (stored ok annotations are not redone; replies are cached);
+    `ray` judges on a Ray cluster as `annotate --ray` does."""
     recipe = load_recipe(recipe)
     metrics, judges = recipe_metrics(recipe), recipe_judges(recipe)
     check_computable(recipe, metrics, judges)
     return annotate(store, metrics, judges, where=where, reward_recipe=recipe, run_id=run_id, progress=progress,
-                    metadata=metadata, cache_dir=recipe.cache)
+                    metadata=metadata, cache_dir=recipe.cache, ray=ray)
 
 
 def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:

@@ -27,7 +27,8 @@ judge's calls, cache hits, tokens and cost.
 
 Ray: with `ray: auto|HOST:PORT|local` every collect and eval stage (demos, each round's collection, the
 held-out evaluations) plays its episodes on a Ray cluster through omrl.rollout.collect's own Ray path
-(omrl/distributed/ray_collect.py, the rollout section's ray_* knobs); training stays in this process.
+(omrl/distributed/ray_collect.py, the rollout section's ray_* knobs), and the annotate stage's judges run
+there as `omrl annotate --ray` does; training (and the online judging inside GRPO) stays in this process.
 
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
 started again skips them and continues from the last finished stage (collection inside a stage resumes
@@ -166,7 +167,8 @@ class IterateRecipe:
                 "evaluation) on a Ray cluster: auto (the running one), HOST:PORT or local (start one here), as "
                 "omrl collect --ray does, with the rollout section's ray_num_cpus / ray_resources / ray_workers "
                 "(each worker loads its own copy of the checkpoint: a low ray_num_cpus lets it batch many "
-                "episodes); training stays in this process. None: every stage in this process. Needs "
+                "episodes); the annotate stage's judges run there too; training stays in this process. None: every "
+                "stage in this process. Needs "
                 "`pip install omrl[ray]`"})
 
     def __post_init__(self) -> None:
@@ -235,10 +237,9 @@ def _subset(tasks: list, n: int) -> list:
 
 def checkpoint_policy(recipe: IterateRecipe, checkpoint: str):
     """The HFPolicy playing `checkpoint` in the collect and eval stages (batched; on Ray each worker gets a copy)."""
-    from omrl.policies.hf import HFPolicy
+    from omrl.train.rft import checkpoint_policy
 
-    options = {"max_new_tokens": recipe.rollout.max_new_tokens} if recipe.rollout.max_new_tokens else {}
-    return HFPolicy(checkpoint, name=checkpoint, **options)
+    return checkpoint_policy(checkpoint, recipe.rollout)
 
 
 def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
@@ -251,15 +252,13 @@ def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, sto
 def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int):
     """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run round-r,
     seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
-    import asyncio
     from dataclasses import replace
 
-    from omrl.rollout import collect
+    from omrl.train.rft import collect_with_model
 
     settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
-    return asyncio.run(collect(None, tasks, checkpoint_policy(recipe, checkpoint), store, settings,
-                               samples=recipe.collect.samples, round=r, run_id=f"round-{r}", progress=False,
-                               ray=recipe.ray))
+    return collect_with_model(checkpoint, tasks, store, settings, samples=recipe.collect.samples, round=r,
+                              run_id=f"round-{r}", progress=False, ray=recipe.ray)
 
 
 def evaluate_expert(recipe: IterateRecipe, tasks: list, store) -> dict[str, Any]:
@@ -546,7 +545,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
         tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
         collected = collect_round(recipe, checkpoint, tasks, store, r)
         if recipe.filter_reward is not None:
-            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r)
+            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r, ray=recipe.ray)
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter_reward)
@@ -593,14 +592,15 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     return checkpoint, results
 
 
-def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: int) -> dict[str, Any]:
-    """The annotate stage of a round: the reward recipe's metrics and judges, then its combined reward, over
-    the round's collection. Resumable: stored ok annotations are skipped and judge replies are cached, so
+def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: int,
+                   ray: str | None = None) -> dict[str, Any]:
+    """The annotate stage of a round: the reward recipe's metrics and judges (on Ray with `ray`), then its
+    combined reward, over the round's collection. Resumable: stored ok annotations are skipped and judge replies are cached, so
     a run killed here and started again asks the judge nothing it already answered."""
     from omrl.annotate.runner import annotate_with_recipe
 
     summary = annotate_with_recipe(store, reward, where=where, run_id=f"annotate/round-{round}",
-                                   metadata={"grpo_round": round})
+                                   metadata={"grpo_round": round}, ray=ray)
     stats = summary.judge
     return {"written": sum(summary.written.values()), "errors": sum(summary.errors.values()),
             "already_done": sum(summary.already_done.values()), "reward_missing": summary.reward_missing,

@@ -66,17 +66,23 @@ class RFTResult:
     mean_reward: float | None
 
 
-def collect_with_model(model: str, tasks: list, store, settings, *, samples: int, round: int, run_id: str,
-                       progress: bool = True):
-    """Play tasks x samples episodes with the checkpoint (HFPolicy, batched) into `store`, as `settings`
-    (omrl.rollout.RolloutSettings) say; omrl.rollout.collect owns the episodes and the writing."""
+def checkpoint_policy(model: str, settings) -> Any:
+    """The HFPolicy playing checkpoint `model` (batched), with the rollout settings' token budget."""
     from omrl.policies.hf import HFPolicy
-    from omrl.rollout import collect
 
     options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
-    policy = HFPolicy(model, name=str(model), **options)
-    return asyncio.run(collect(None, tasks, policy, store, settings, samples=samples, round=round, run_id=run_id,
-                               progress=progress))
+    return HFPolicy(model, name=str(model), **options)
+
+
+def collect_with_model(model: str, tasks: list, store, settings, *, samples: int, round: int, run_id: str,
+                       progress: bool = True, ray: str | None = None):
+    """Play tasks x samples episodes with the checkpoint into `store`, as `settings`
+    (omrl.rollout.RolloutSettings) say, in this process or on a Ray cluster (`ray`: auto, an address or
+    local); omrl.rollout.collect owns the episodes and the writing."""
+    from omrl.rollout import collect
+
+    return asyncio.run(collect(None, tasks, checkpoint_policy(model, settings), store, settings, samples=samples,
+                               round=round, run_id=run_id, progress=progress, ray=ray))
 
 
 def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
