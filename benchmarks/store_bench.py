@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.schema import group_id, to_table, trajectory_id
+from omrl.search import search_ids
 from omrl.store import Store
 
 ENVS = ("code", "math", "shop", "sql", "web")
@@ -65,10 +66,11 @@ class TextSource:
 
     def __init__(self, rng: random.Random, megabytes: int = 24):
         words, weights = make_vocabulary(rng)
+        cumulative = list(itertools.accumulate(weights))  # what choices() computes on every call: same draws
         lines = []
         size = 0
         while size < megabytes * 1_000_000:
-            line = " ".join(rng.choices(words, weights, k=rng.randint(3, 14)))
+            line = " ".join(rng.choices(words, cum_weights=cumulative, k=rng.randint(3, 14)))
             lines.append(line)
             size += len(line) + 1
         self.corpus = "\n".join(lines)
@@ -298,7 +300,7 @@ def main() -> None:
     }
     store_side = {name: (lambda q=sql: con.sql(q).to_arrow_table()) for name, sql in STORE_QUERIES.items()}
     # through the search index (omrl.search): distinct trajectories with a hit
-    store_side["word_search"] = lambda: len(set(store.search(word).column("trajectory_id").to_pylist()))
+    store_side["word_search"] = lambda: len(search_ids(store, word))  # the count needs ids, not snippets
     plain_duckdb = duckdb.connect()
     duck_side = {name: (lambda q=sql: plain_duckdb.sql(q).to_arrow_table())
                  for name, sql in duckdb_jsonl_queries(jsonl_path, word).items()}
