@@ -407,13 +407,20 @@ class Store:
         for part in missing_indexes(self):
             self._index(part)
 
-    def search(self, query: str, limit: int | None = None) -> pa.Table:
+    def search(self, query: str, limit: int | None = None, *, snippets: bool = True) -> pa.Table:
         """Messages matching a text query (words and "phrases"; rules in omrl.search), exactly what a
-        full scan finds: trajectory_id, position, role, snippet, ordered; at most `limit` rows."""
-        self._refuse_remote_search()
+        full scan finds: trajectory_id, position, role and (with `snippets`) snippet, ordered; at most
+        `limit` rows. Without snippets no message text is read from an indexed part."""
         from omrl.search import search
 
-        return search(self, query, limit)
+        return search(self, query, limit, snippets=snippets)
+
+    def cache_dir(self, name: str) -> Path:
+        """A local folder for the store's caches (judge replies): inside a local store; for an S3 store,
+        under ~/.cache/omrl/s3/BUCKET/PREFIX (a cache is per machine, never shared through the bucket)."""
+        if self.storage.local:
+            return self.path / "cache" / name
+        return Path.home() / ".cache" / "omrl" / "s3" / self.path.key / name
 
     def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
         """Write a part whole through the storage (local: temporary, fsync, rename; S3: one PUT); callers

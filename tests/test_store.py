@@ -43,8 +43,8 @@ def test_append_writes_one_part_and_no_temp_files(store):
     files = [f for f in folder.iterdir() if f.is_file()]
     assert [f.suffix for f in files] == [".parquet"]
     part = files[0]
-    # beside it only its side data and its search index, none of them a temporary
-    assert sorted(f.name for f in folder.iterdir() if f.is_dir()) == [f".{part.name}.search", ".side"]
+    # beside it only its side data (appends build no search index; compaction does), none of them a temporary
+    assert sorted(f.name for f in folder.iterdir() if f.is_dir()) == [".side"]
     assert [f.name for f in (folder / ".side").iterdir()] == [f"{part.stem}.tool_calls.parquet"]
     assert store.count() == 6
 

@@ -206,7 +206,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
         writer.flush()
 
     judges = [] if judge is None else [judge] if isinstance(judge, JudgeConfig) else list(judge)
-    cache = JudgeCache(cache_dir if cache_dir is not None else store.path / "cache" / "judge") if judges else None
+    cache = JudgeCache(cache_dir if cache_dir is not None else store.cache_dir("judge")) if judges else None
     for config in judges:
         judge_rows = _judge_todo(rows, config, done_pairs)
         summary.already_done[config.annotator] += len(rows) - len(judge_rows)

@@ -1,6 +1,6 @@
 """Online rewards: a reward recipe's metrics and judges score rollouts while the other groups still play.
 
-    online = OnlineReward("recipes/reward.yaml", store.path / "cache" / "judge")   # the judge reply cache
+    online = OnlineReward("recipes/reward.yaml", store.cache_dir("judge"))   # the judge reply cache
     step = online.step(step=0, round=1, expected={"t1": 8, "t2": 8})
     episodes = await play_episodes(jobs, ..., on_episode=step.on_episode)
     scored = await step.finish()          # one StepRewards: reward per trajectory, annotations, counts

@@ -50,7 +50,7 @@ class AgentRollout:
 
             reward = load_recipe(recipe.reward)
             # The cache folder of `omrl annotate` unless the recipe shares one: a reply is asked once.
-            self.online = OnlineReward(reward, reward.cache or self.store.path / "cache" / "judge")
+            self.online = OnlineReward(reward, reward.cache or self.store.cache_dir("judge"))
         self.calls = 0
         self.episodes = 0
         self.stored = 0
