@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
@@ -50,7 +51,7 @@ def guess_format(out: str | Path) -> str:
         return "parquet"
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
-    raise ValueError(f"cannot tell the export format from {out}; pass --format ({', '.join(EXPORT_FORMATS)})")
+    raise UsageError(f"cannot tell the export format from {out}; pass --format ({', '.join(EXPORT_FORMATS)})")
 
 
 def select_rows(store: Store, where: str | None = None) -> pa.Table:
@@ -71,7 +72,7 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     out = Path(out)
     fmt = fmt or guess_format(out)
     if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+        raise UsageError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     if out.exists() and not overwrite and (out.is_file() or any(out.iterdir())):
         raise StoreError(f"{out} already exists; choose another --out or pass --overwrite")
     rows = select_rows(store, where)

@@ -494,7 +494,7 @@ def write_report(store, out: str | Path, results: str | Path | None = None,
     out.mkdir(parents=True, exist_ok=True)
     stats = round_stats(store)
     if not stats:
-        raise ValueError(f"{store.path}: no trajectories to report on")
+        raise UsageError(f"{store.path}: no trajectories to report on")
     paths = {"rounds": plot_rounds(stats, out / "rounds.png"),
              "distributions": plot_distributions(store, out / "distributions.png")}
     stage_rows: list[dict[str, Any]] = []

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.agent import Episode, run_episode
+from omrl.errors import UsageError
 from omrl.schema import is_failed, trajectory_id
 from omrl.store import Store
 
@@ -270,7 +271,7 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
     Returns the episodes in job order (an empty list with keep=False, for long runs that stream).
     """
     if settings.max_turns < 1 or settings.concurrency < 1:
-        raise ValueError("max_turns and concurrency must be at least 1")
+        raise UsageError("max_turns and concurrency must be at least 1")
     make = make_env if make_env is not None else env_factory(settings.env, settings.env_options)
     jobs = list(jobs)
     episodes: list[Episode | None] = [None] * len(jobs) if keep else []
@@ -371,14 +372,14 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     """
     settings = _settings(settings, env_spec, knobs)
     if samples < 1 or settings.concurrency < 1 or settings.max_turns < 1:
-        raise ValueError("samples, concurrency and max_turns must be at least 1")
+        raise UsageError("samples, concurrency and max_turns must be at least 1")
     if flush_seconds <= 0:  # the flush timer would spin on sleep(0)
-        raise ValueError(f"flush_seconds must be positive, got {flush_seconds}")
+        raise UsageError(f"flush_seconds must be positive, got {flush_seconds}")
     tasks = list(tasks)
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
-        raise ValueError(f"duplicate task ids: {', '.join(dupes[:5])}")
+        raise UsageError(f"duplicate task ids: {', '.join(dupes[:5])}")
     make = env_spec if callable(env_spec) else env_factory(settings.env, settings.env_options)
     if run_id is None:
         env_name = settings.env if not callable(env_spec) else getattr(env_spec, "__name__", "env")
@@ -471,7 +472,7 @@ class _BrokenEnv:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one task with n samples of which c succeeded (Chen et al., 2021)."""
     if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples per task, got {n}")
+        raise UsageError(f"pass@{k} needs at least {k} samples per task, got {n}")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)

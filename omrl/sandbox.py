@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 
 SANDBOX_UID = 65534          # "nobody": the sandbox's user inside, and outside too when omrl runs as root
 PROJECT_DIR = "/tmp/project"  # where the project is copied inside the sandbox (cwd of the command)
@@ -262,7 +262,7 @@ def run_sandboxed(command: list[str], project: str | os.PathLike[str], limits: S
         raise SandboxUnavailable(f"bwrap was not found on PATH; {INSTALL_HINT}")
     command = map_command(list(command))
     if not command:
-        raise ValueError("empty command")
+        raise UsageError("empty command")
     python = sandbox_python() or command[0]
     with tempfile.TemporaryFile() as archive:
         _pack(Path(project), archive)

@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from omrl.errors import UsageError
+
 ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
 # Dictionary pages up to this size: one row group's distinct message texts always fit (a giant row included).
 DICTIONARY_PAGE_BYTES = 256 * 1024 * 1024
@@ -198,9 +200,9 @@ class CompactPolicy:
 
     def __post_init__(self) -> None:
         if self.small_parts < 0 or self.small_part_bytes <= 0:
-            raise ValueError(f"auto_compact needs small_parts >= 0 and small_part_bytes > 0, got {asdict(self)}")
+            raise UsageError(f"auto_compact needs small_parts >= 0 and small_part_bytes > 0, got {asdict(self)}")
         if self.small_parts == 1:
-            raise ValueError("auto_compact small_parts must be 0 (off) or at least 2 (one part is never merged)")
+            raise UsageError("auto_compact small_parts must be 0 (off) or at least 2 (one part is never merged)")
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any]) -> CompactPolicy:
@@ -209,7 +211,7 @@ class CompactPolicy:
         names = {f.name for f in fields(cls)}
         unknown = set(given) - names
         if unknown:
-            raise ValueError(f"unknown auto_compact setting(s) {sorted(unknown)}; known: {sorted(names)}")
+            raise UsageError(f"unknown auto_compact setting(s) {sorted(unknown)}; known: {sorted(names)}")
         return cls(**{k: int(v) for k, v in given.items()})
 
     def small(self, parts: list[Path]) -> list[Path]:

@@ -68,7 +68,7 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, broken_tasks):
 
 @pytest.mark.parametrize("error", ["ValueError('a bug, not bad input')", "KeyError('payload')"])
 def test_a_bug_shows_its_traceback(tmp_path, broken_tasks, error):
-    # A plain ValueError is a bug unless omrl's own code raised it on purpose: here a library function fails.
+    # A plain ValueError is a bug (omrl refuses bad input with UsageError and its kin): here a library function fails.
     patch = f"import omrl.tasks\ndef boom(*a, **k):\n    raise {error}\nomrl.tasks.load_tasks = boom"
     result = omrl(["tasks", "show", str(broken_tasks)], tmp_path, patch)
     assert result.returncode == 1

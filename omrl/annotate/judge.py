@@ -39,7 +39,7 @@ from typing import Any
 from omrl.annotate.cache import JudgeCache, prompt_hash
 from omrl.annotate.render import clip, render_trajectory
 from omrl.annotate.rubric import Rubric
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError
 
 MODES = ("pointwise", "pairwise", "group")
@@ -71,19 +71,19 @@ class JudgeConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"judge mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise UsageError(f"judge mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.concurrency < 1:
-            raise ValueError("judge concurrency must be at least 1")
+            raise UsageError("judge concurrency must be at least 1")
         if self.max_retries < 0 or self.max_invalid < 0:
-            raise ValueError("judge max_retries and max_invalid must be at least 0")
+            raise UsageError("judge max_retries and max_invalid must be at least 0")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("judge max_tokens must be at least 1")
+            raise UsageError("judge max_tokens must be at least 1")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 64:
-            raise ValueError("judge max_prompt_tokens must be at least 64")
+            raise UsageError("judge max_prompt_tokens must be at least 64")
         if self.group_max is not None and self.group_max < 2:
-            raise ValueError("judge group_max must be at least 2 (a group of one has nothing to compare)")
+            raise UsageError("judge group_max must be at least 2 (a group of one has nothing to compare)")
         if self.chars_per_token <= 0:
-            raise ValueError("judge chars_per_token must be positive")
+            raise UsageError("judge chars_per_token must be positive")
 
     def prompt_chars(self) -> int | None:
         """The prompt budget in characters (None: unbounded)."""
@@ -149,26 +149,26 @@ def parse_json_reply(text: str | None) -> dict[str, Any]:
             continue
         if isinstance(value, dict):
             return value
-    raise ValueError("the reply is not a JSON object")
+    raise UsageError("the reply is not a JSON object")
 
 
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{what} must be a number, got {value!r}")
+        raise UsageError(f"{what} must be a number, got {value!r}")
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
+        raise UsageError(f"{what} must be a number, got {value!r}") from None
 
 
 def validate_pointwise(rubric: Rubric) -> Callable[[str], dict[str, Any]]:
     def check(text: str) -> dict[str, Any]:
         data = parse_json_reply(text)
         if "score" not in data:
-            raise ValueError('the JSON has no "score"')
+            raise UsageError('the JSON has no "score"')
         score = _number(data["score"], "score")
         if not rubric.in_range(score):
-            raise ValueError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
+            raise UsageError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
         return {"score": score, "rationale": str(data.get("rationale") or "")}
     return check
 
@@ -177,7 +177,7 @@ def validate_pairwise(text: str) -> dict[str, Any]:
     data = parse_json_reply(text)
     pref = str(data.get("preference", "")).strip().upper()
     if pref not in ("A", "B", "TIE"):
-        raise ValueError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
+        raise UsageError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
     return {"preference": pref, "rationale": str(data.get("rationale") or "")}
 
 
@@ -186,19 +186,19 @@ def validate_group(rubric: Rubric, n: int) -> Callable[[str], dict[int, dict[str
         data = parse_json_reply(text)
         items = data.get("scores")
         if not isinstance(items, list):
-            raise ValueError('the JSON has no "scores" list')
+            raise UsageError('the JSON has no "scores" list')
         out: dict[int, dict[str, Any]] = {}
         for item in items:
             if not isinstance(item, dict) or "id" not in item or "score" not in item:
-                raise ValueError('each entry of "scores" needs "id" and "score"')
+                raise UsageError('each entry of "scores" needs "id" and "score"')
             idx = int(_number(item["id"], "id"))
             score = _number(item["score"], f"score of trajectory {idx}")
             if not rubric.in_range(score):
-                raise ValueError(f"score {score:g} of trajectory {idx} is outside the scale "
+                raise UsageError(f"score {score:g} of trajectory {idx} is outside the scale "
                                  f"{rubric.scale_min:g}..{rubric.scale_max:g}")
             out[idx] = {"score": score, "rationale": str(item.get("rationale") or "")}
         if sorted(out) != list(range(1, n + 1)):
-            raise ValueError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
+            raise UsageError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
         return out
     return check
 
@@ -536,17 +536,17 @@ def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig
     where = f"reward recipe {source}: judge"
     unknown = set(spec) - _SPEC_KEYS
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_SPEC_KEYS))})")
+        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_SPEC_KEYS))})")
     for key in ("rubric", "model", "base_url"):
         if not spec.get(key):
-            raise ValueError(f"{where}: '{key}' is required")
+            raise UsageError(f"{where}: '{key}' is required")
     rubric = spec["rubric"]
     rubric = rubric_from_dict(rubric, f"{source} (inline)") if isinstance(rubric, dict) else load_rubric(rubric)
     def expand(key: str) -> str:
         value = str(spec[key])
         if value.startswith("$"):
             if not os.environ.get(value[1:]):
-                raise ValueError(f"{where}: {key} {value} names an environment variable that is not set")
+                raise UsageError(f"{where}: {key} {value} names an environment variable that is not set")
             return os.environ[value[1:]]
         return value
 
@@ -556,4 +556,4 @@ def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig
     try:
         return JudgeConfig(rubric=rubric, model=model, base_url=base_url, api_key=api_key, **options)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where} {rubric.name!r}: {exc}") from None
+        raise UsageError(f"{where} {rubric.name!r}: {exc}") from None

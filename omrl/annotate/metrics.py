@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.annotate.inputs import metric_inputs
+from omrl.errors import UsageError
 
 Metric = Callable[..., Any]
 
@@ -193,7 +194,7 @@ def load_metric(spec: str) -> NamedMetric:
     if spec in BUILTIN:
         return NamedMetric(spec, BUILTIN[spec], spec)
     if ":" not in spec:
-        raise ValueError(f"unknown metric {spec!r}: built-ins are {', '.join(sorted(BUILTIN))}; "
+        raise UsageError(f"unknown metric {spec!r}: built-ins are {', '.join(sorted(BUILTIN))}; "
                          "or give module:function or path/to/file.py:function")
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py"):
@@ -207,10 +208,10 @@ def load_metric(spec: str) -> NamedMetric:
         try:
             module = importlib.import_module(where)
         except ImportError as exc:
-            raise ValueError(f"metric {spec!r}: cannot import {where}: {exc}") from None
+            raise UsageError(f"metric {spec!r}: cannot import {where}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"metric {spec!r}: {where} has no function {attr!r}")
+        raise UsageError(f"metric {spec!r}: {where} has no function {attr!r}")
     check_signature(fn, spec)
     return NamedMetric(attr, fn, spec)
 
@@ -222,7 +223,7 @@ def check_signature(fn: Metric, spec: str) -> None:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if p.name not in known and p.default is p.empty:
-            raise ValueError(f"metric {spec!r} asks for unknown argument {p.name!r}; "
+            raise UsageError(f"metric {spec!r} asks for unknown argument {p.name!r}; "
                              f"available: {', '.join(sorted(known))}")
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from omrl.errors import UsageError
 from omrl.store import Store
 
 ENV_REWARD = "env_reward"
@@ -65,50 +66,50 @@ class RewardRecipe:
 def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> RewardRecipe:
     """Validate a reward recipe mapping; errors name the file and the key."""
     if not isinstance(data, dict):
-        raise ValueError(f"reward recipe {source}: expected a mapping")
+        raise UsageError(f"reward recipe {source}: expected a mapping")
     unknown = set(data) - {"name", "components", "missing", "metrics", "judges", "cache"}
     if unknown:
-        raise ValueError(f"reward recipe {source}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise UsageError(f"reward recipe {source}: unknown key(s) {', '.join(sorted(unknown))}")
     name = str(data.get("name") or "reward")
     missing = "null" if data.get("missing") is None else str(data["missing"])
     if missing not in MISSING_POLICIES:
-        raise ValueError(f"reward recipe {source}: 'missing' must be null or renormalize, got {missing!r}")
+        raise UsageError(f"reward recipe {source}: 'missing' must be null or renormalize, got {missing!r}")
     raw = data.get("components")
     if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"reward recipe {source}: 'components' must map names to weights")
+        raise UsageError(f"reward recipe {source}: 'components' must map names to weights")
     components = []
     for cname, spec in raw.items():
         if cname == name:
-            raise ValueError(f"reward recipe {source}: component {cname!r} is the recipe's own output")
+            raise UsageError(f"reward recipe {source}: component {cname!r} is the recipe's own output")
         scale = None
         if isinstance(spec, dict):
             extra = set(spec) - {"weight", "scale"}
             if extra:
-                raise ValueError(f"reward recipe {source}: components.{cname}: unknown key(s) {sorted(extra)}")
+                raise UsageError(f"reward recipe {source}: components.{cname}: unknown key(s) {sorted(extra)}")
             weight = spec.get("weight", 1.0)
             if spec.get("scale") is not None:
                 s = spec["scale"]
                 if not (isinstance(s, list) and len(s) == 2 and float(s[0]) < float(s[1])):
-                    raise ValueError(f"reward recipe {source}: components.{cname}.scale must be [min, max]")
+                    raise UsageError(f"reward recipe {source}: components.{cname}.scale must be [min, max]")
                 scale = (float(s[0]), float(s[1]))
         else:
             weight = spec
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"reward recipe {source}: components.{cname} weight must be a number")
+            raise UsageError(f"reward recipe {source}: components.{cname} weight must be a number")
         components.append(Component(str(cname), float(weight), scale))
     metrics = data.get("metrics") or []
     if isinstance(metrics, str):
         metrics = [metrics]
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-        raise ValueError(f"reward recipe {source}: 'metrics' must be a list of metric names")
+        raise UsageError(f"reward recipe {source}: 'metrics' must be a list of metric names")
     judges = data.get("judges") or []
     if isinstance(judges, dict):
         judges = [judges]
     if not isinstance(judges, list) or not all(isinstance(j, dict) for j in judges):
-        raise ValueError(f"reward recipe {source}: 'judges' must be a list of judge mappings")
+        raise UsageError(f"reward recipe {source}: 'judges' must be a list of judge mappings")
     cache = data.get("cache")
     if cache is not None and not isinstance(cache, str):
-        raise ValueError(f"reward recipe {source}: 'cache' must be a folder path")
+        raise UsageError(f"reward recipe {source}: 'cache' must be a folder path")
     return RewardRecipe(name=name, components=components, missing=missing, source=source, metrics=list(metrics),
                         judges=[dict(j) for j in judges], cache=cache)
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from omrl.errors import UsageError
+
 
 @dataclass
 class Example:
@@ -48,31 +50,31 @@ class Rubric:
 def rubric_from_dict(data: dict[str, Any], source: str = "<dict>") -> Rubric:
     """Validate a rubric mapping; errors name the file and the key."""
     if not isinstance(data, dict):
-        raise ValueError(f"rubric {source}: expected a mapping at the top level")
+        raise UsageError(f"rubric {source}: expected a mapping at the top level")
     unknown = set(data) - {"name", "criteria", "scale", "instructions", "examples", "annotator"}
     if unknown:
-        raise ValueError(f"rubric {source}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise UsageError(f"rubric {source}: unknown key(s) {', '.join(sorted(unknown))}")
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"rubric {source}: 'name' must be a non-empty string")
+        raise UsageError(f"rubric {source}: 'name' must be a non-empty string")
     criteria = data.get("criteria")
     if isinstance(criteria, str):
         criteria = [criteria]
     if not isinstance(criteria, list) or not criteria or not all(isinstance(c, str) for c in criteria):
-        raise ValueError(f"rubric {source}: 'criteria' must be a non-empty list of strings")
+        raise UsageError(f"rubric {source}: 'criteria' must be a non-empty list of strings")
     scale = data.get("scale") or {"min": 0, "max": 1}
     try:
         lo, hi = float(scale["min"]), float(scale["max"])
     except (KeyError, TypeError, ValueError):
-        raise ValueError(f"rubric {source}: 'scale' must be a mapping with numeric min and max") from None
+        raise UsageError(f"rubric {source}: 'scale' must be a mapping with numeric min and max") from None
     if lo >= hi:
-        raise ValueError(f"rubric {source}: scale min {lo} must be below max {hi}")
+        raise UsageError(f"rubric {source}: scale min {lo} must be below max {hi}")
     examples = []
     for i, ex in enumerate(data.get("examples") or []):
         if not isinstance(ex, dict) or "trajectory" not in ex or "score" not in ex:
-            raise ValueError(f"rubric {source}: examples[{i}] needs 'trajectory' and 'score'")
+            raise UsageError(f"rubric {source}: examples[{i}] needs 'trajectory' and 'score'")
         if not lo <= float(ex["score"]) <= hi:
-            raise ValueError(f"rubric {source}: examples[{i}].score {ex['score']} is outside the scale")
+            raise UsageError(f"rubric {source}: examples[{i}].score {ex['score']} is outside the scale")
         examples.append(Example(str(ex["trajectory"]), float(ex["score"]), str(ex.get("rationale", ""))))
     return Rubric(name=name, criteria=criteria, scale_min=lo, scale_max=hi,
                   instructions=str(data.get("instructions") or ""), examples=examples,
@@ -87,5 +89,5 @@ def load_rubric(path: str | Path) -> Rubric:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ValueError(f"rubric {path}: not valid YAML: {exc}") from None
+        raise UsageError(f"rubric {path}: not valid YAML: {exc}") from None
     return rubric_from_dict(data, str(path))

@@ -22,6 +22,7 @@ from omrl.annotate.cache import JudgeCache
 from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, run_judge
 from omrl.annotate.metrics import BUILTIN, NamedMetric, annotate_row, load_metric
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combined_reward, load_recipe, reward_annotations
+from omrl.errors import UsageError
 from omrl.schema import new_id
 from omrl.store import Store
 
@@ -45,7 +46,7 @@ def check_computable(recipe: RewardRecipe, metrics: list[NamedMetric], judges: l
     made = {ENV_REWARD} | {m.name for m in metrics} | {j.annotator for j in judges}
     lacking = [c.name for c in recipe.components if c.name not in made]
     if lacking:
-        raise ValueError(f"reward recipe {recipe.source or '<dict>'}: no metric or judge computes component(s) "
+        raise UsageError(f"reward recipe {recipe.source or '<dict>'}: no metric or judge computes component(s) "
                          f"{', '.join(lacking)} online (computed: {', '.join(sorted(made))}); add them to "
                          "its 'metrics' or 'judges'")
 

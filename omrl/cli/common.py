@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import linecache
 import os
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -45,7 +43,6 @@ err_console = _Console(stderr=True)
 # What a user causes and can fix: omrl's own errors, and files, folders or connections that are missing,
 # refused or failing. Any other exception is a bug and keeps its traceback.
 USER_ERRORS = (OmrlError, OSError)
-_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def debug_enabled() -> bool:
@@ -68,27 +65,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if debug_enabled():
                 raise
             raise click.ClickException(error_line(exc)) from None
-        except ValueError as exc:
-            if debug_enabled() or not _deliberate_value_error(exc):
-                raise
-            raise click.ClickException(error_line(exc)) from None
 
     return wrapper
-
-
-def _deliberate_value_error(exc: ValueError) -> bool:
-    """Transitional: a plain ValueError raised by a `raise ValueError(...)` statement in omrl's own code is a
-    refusal of bad input written before UsageError existed, so it stays one line. A ValueError from a
-    library, a builtin call or a test is a bug. Drop this once those raises are UsageError."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if type(exc) is not ValueError or tb is None:
-        return False
-    filename = tb.tb_frame.f_code.co_filename
-    if not Path(filename).resolve().is_relative_to(_PACKAGE):
-        return False
-    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise ValueError(")
 
 
 def error_line(exc: BaseException) -> str:

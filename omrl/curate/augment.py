@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.annotate.inputs import parse_json
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 from omrl.schema import TRAJECTORY_SCHEMA
 from omrl.store import Store
 
@@ -319,7 +319,7 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
     """Write `n` variants per trajectory per op to a new store at `out` (plus the originals, by default)."""
     unknown = [op for op in ops if op not in OPS]
     if unknown or not ops:
-        raise ValueError(f"unknown op(s) {unknown}; ops are {', '.join(OPS)}" if unknown else "give at least one op")
+        raise UsageError(f"unknown op(s) {unknown}; ops are {', '.join(OPS)}" if unknown else "give at least one op")
     store = source if isinstance(source, Store) else Store(source)
     data = store.read("trajectories")
     if where:

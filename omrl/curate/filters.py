@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from omrl.curate.dedupe import content_hash, content_text
 from omrl.curate.splits import assign_split, parse_split
+from omrl.errors import UsageError
 from omrl.schema import TRAJECTORY_SCHEMA
 from omrl.store import Store
 
@@ -56,14 +57,14 @@ class FilterOptions:
 
     def __post_init__(self) -> None:
         if self.dedupe not in (None, "exact", "near"):
-            raise ValueError(f"dedupe must be exact or near, got {self.dedupe!r}")
+            raise UsageError(f"dedupe must be exact or near, got {self.dedupe!r}")
         if self.best_of_n is not None and self.best_of_n < 1:
-            raise ValueError("best_of_n must be at least 1")
+            raise UsageError("best_of_n must be at least 1")
         parse_split(self.split)
         if self.status is not None and not isinstance(self.status, str):
-            raise ValueError(f"status must be a string, got {self.status!r}")
+            raise UsageError(f"status must be a string, got {self.status!r}")
         if self.max_turns is not None and (isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int)):
-            raise ValueError(f"max_turns must be an integer, got {self.max_turns!r}")
+            raise UsageError(f"max_turns must be an integer, got {self.max_turns!r}")
 
 
 @dataclass
@@ -123,7 +124,7 @@ class StatusFilter(RowFilter):
 
     def __init__(self, status: str):
         if not isinstance(status, str):
-            raise ValueError(f"status must be a string, got {status!r}")
+            raise UsageError(f"status must be a string, got {status!r}")
         self.status = status
 
     def condition(self, con) -> str:
@@ -144,7 +145,7 @@ class MaxTurnsFilter(RowFilter):
 
     def __init__(self, max_turns: int):
         if isinstance(max_turns, bool) or not isinstance(max_turns, int):
-            raise ValueError(f"max_turns must be an integer, got {max_turns!r}")
+            raise UsageError(f"max_turns must be an integer, got {max_turns!r}")
         self.max_turns = max_turns
 
     def condition(self, con) -> str:
@@ -420,7 +421,7 @@ def filter_store(source: Store | str | Path, out: str | Path, options: FilterOpt
     split_names = ["train", *sorted(fractions)]
     for name in split_names:
         if split_store_path(out, name).exists() and any(split_store_path(out, name).iterdir()):
-            raise ValueError(f"{split_store_path(out, name)} exists and is not empty; filter writes a new store")
+            raise UsageError(f"{split_store_path(out, name)} exists and is not empty; filter writes a new store")
 
     recorded = asdict(options)
     if recipe is not None:
@@ -458,7 +459,7 @@ def filter_lineage(path: str | Path) -> dict[str, Any]:
     for entry in Store(path).manifest.get("lineage", []):
         if entry.get("command") == "filter":
             return entry
-    raise ValueError(f"{path} was not made by `omrl filter` (no filter lineage in omrl.json)")
+    raise UsageError(f"{path} was not made by `omrl filter` (no filter lineage in omrl.json)")
 
 
 def rebuild(path: str | Path, out: str | Path) -> FilterResult:
@@ -467,7 +468,7 @@ def rebuild(path: str | Path, out: str | Path) -> FilterResult:
     result = filter_store(entry["source"], out, FilterOptions(**entry["options"]))
     got = ids_digest(result.ids[entry.get("split", "train")])
     if got != entry["ids_sha256"]:
-        raise ValueError(f"rebuild of {path} kept different trajectories (the source changed since?)")
+        raise UsageError(f"rebuild of {path} kept different trajectories (the source changed since?)")
     return result
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from datasketch import MinHash, MinHashLSH
 
+from omrl.errors import UsageError
+
 
 def shingles(text: str, size: int = 3) -> set[str]:
     """Word n-grams of a text (the whole text as one shingle when it has fewer than `size` words)."""
@@ -35,7 +37,7 @@ class NearDuplicateIndex:
 
     def __init__(self, threshold: float = 0.8, shingle_size: int = 3, bands: int = 32, rows: int = 4, seed: int = 1):
         if not 0 < threshold <= 1:
-            raise ValueError("near-duplicate threshold must be in (0, 1]")
+            raise UsageError("near-duplicate threshold must be in (0, 1]")
         self.threshold, self.shingle_size = threshold, shingle_size
         self.num_perm, self.seed = bands * rows, seed
         self.lsh = MinHashLSH(num_perm=self.num_perm, params=(bands, rows))

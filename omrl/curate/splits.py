@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
+from omrl.errors import UsageError
+
 
 def parse_split(spec: str | None) -> dict[str, float]:
     """`"val=0.05"` or `"val=0.05,test=0.1"` -> {"val": 0.05, "test": 0.1}; the rest is "train"."""
@@ -21,10 +23,10 @@ def parse_split(spec: str | None) -> dict[str, float]:
         except ValueError:
             frac = -1.0
         if not sep or not name or not 0 < frac < 1 or name == "train":
-            raise ValueError(f"bad split {part!r}: write NAME=FRACTION with 0 < FRACTION < 1, e.g. val=0.05")
+            raise UsageError(f"bad split {part!r}: write NAME=FRACTION with 0 < FRACTION < 1, e.g. val=0.05")
         out[name] = frac
     if sum(out.values()) >= 1:
-        raise ValueError(f"split fractions {spec!r} leave nothing for train")
+        raise UsageError(f"split fractions {spec!r} leave nothing for train")
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from omrl import sandbox
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.errors import UsageError
 from omrl.shipped import shipped_datasets_dir
 
 MAX_FILE_CHARS = 20_000     # what read_file shows
@@ -85,7 +86,7 @@ class CodeEnv(ToolEnv):
                 target.write_text(content, encoding="utf-8")
         except (InvalidAction, OSError) as exc:
             self.close()  # a failed reset leaves no folder behind, even if the caller never closes
-            raise ValueError(f"code task {task.id!r}: cannot lay out project file: {exc}") from None
+            raise UsageError(f"code task {task.id!r}: cannot lay out project file: {exc}") from None
         self.command = task.payload.get("test_command") or self.test_command or \
             [sys.executable, "-m", "unittest", "discover", "-s", ".", "-t", "."]
         self._plan = _expert_plan(task)
@@ -253,7 +254,7 @@ def project_files(task: Task) -> dict[str, str]:
     if folder is None and task.payload.get("project"):
         folder = shipped_datasets_dir() / "code_tasks" / str(task.payload["project"])
     if folder is None:
-        raise ValueError(f"code task {task.id!r} names no project (payload needs files, project or project_dir)")
+        raise UsageError(f"code task {task.id!r} names no project (payload needs files, project or project_dir)")
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"code task {task.id!r}: project folder {folder} not found")

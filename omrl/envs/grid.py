@@ -44,6 +44,7 @@ from collections import deque
 from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
+from omrl.errors import UsageError
 
 DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
 SYSTEM_PROMPT = "Reach the goal. Answer one move: up, down, left or right."
@@ -107,14 +108,14 @@ def grid_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7, min_d
                ) -> list[Task]:
     """`n` distinct grid tasks of one split ("train" or "eval"), the same for the same arguments."""
     if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        raise UsageError(f"split must be 'train' or 'eval', got {split!r}")
     pairs = [((sx, sy), (gx, gy))
              for sx in range(1, size + 1) for sy in range(1, size + 1)
              for gx in range(1, size + 1) for gy in range(1, size + 1)
              if abs(sx - gx) + abs(sy - gy) >= min_distance]
     pairs = [p for p in pairs if _split_of(*p) == split]
     if n > len(pairs):
-        raise ValueError(f"only {len(pairs)} distinct {split} tasks exist on a {size}x{size} grid, asked for {n}")
+        raise UsageError(f"only {len(pairs)} distinct {split} tasks exist on a {size}x{size} grid, asked for {n}")
     random.Random(f"{seed}-{split}").shuffle(pairs)
     tasks = []
     for start, goal in pairs[:n]:
@@ -158,7 +159,7 @@ def grid_wall_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7) 
     """`n` distinct walled-grid tasks of one split (see the module doc), the same for the same arguments;
     train and eval never share a (start, goal) pair (the same hash split as `grid_tasks`)."""
     if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        raise UsageError(f"split must be 'train' or 'eval', got {split!r}")
     pairs = [((sx, sy), (gx, gy))
              for sx in range(1, size + 1) for sy in range(1, size + 1)
              for gx in range(1, size + 1) for gy in range(1, size + 1)
@@ -166,7 +167,7 @@ def grid_wall_tasks(n: int, seed: int = 0, split: str = "train", size: int = 7) 
              if max(abs(sx - gx), abs(sy - gy)) >= 2 and _split_of((sx, sy), (gx, gy)) == split]
     pairs = [p for p in pairs if not _spans_board(*p, size)]  # a wall across the whole board has no way round
     if n > len(pairs):
-        raise ValueError(f"only {len(pairs)} distinct {split} walled tasks exist on a {size}x{size} grid, asked for {n}")
+        raise UsageError(f"only {len(pairs)} distinct {split} walled tasks exist on a {size}x{size} grid, asked for {n}")
     random.Random(f"walls-{seed}-{split}").shuffle(pairs)
     tasks = []
     for start, goal in pairs[:n]:
@@ -186,9 +187,9 @@ class GridEnv:
     def __init__(self, action_format: str = "text", noise: float = 0.3, seed: int | None = None, slack: int = 2
                  ) -> None:
         if action_format not in ("text", "tool"):
-            raise ValueError(f"action_format must be 'text' or 'tool', got {action_format!r}")
+            raise UsageError(f"action_format must be 'text' or 'tool', got {action_format!r}")
         if int(slack) < 0:
-            raise ValueError(f"slack must be 0 or more (steps beyond the shortest path), got {slack!r}")
+            raise UsageError(f"slack must be 0 or more (steps beyond the shortest path), got {slack!r}")
         self.slack = int(slack)  # the step budget is the shortest path + slack (2: one detour)
         self.action_format = action_format
         self.noise = noise
@@ -210,13 +211,13 @@ class GridEnv:
             self.goal = (int(payload["goal"][0]), int(payload["goal"][1]))
             self.walls = {(int(c[0]), int(c[1])) for c in payload.get("walls") or []}
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(f"grid task {task.id}: payload needs size, start [x, y], goal [x, y] and optional "
+            raise UsageError(f"grid task {task.id}: payload needs size, start [x, y], goal [x, y] and optional "
                              f"walls [[x, y], ...] ({exc})") from None
         self._to_goal = distances_to(self.size, self.walls, self.goal) if self.walls else {}
         distance = self._to_goal.get(self.pos) if self.walls else \
             abs(self.pos[0] - self.goal[0]) + abs(self.pos[1] - self.goal[1])
         if distance is None or self.pos in self.walls:
-            raise ValueError(f"grid task {task.id}: the goal cannot be reached from the start")
+            raise UsageError(f"grid task {task.id}: the goal cannot be reached from the start")
         self.distance = distance
         self.budget = self.distance + self.slack
         self.steps = self.invalid = 0

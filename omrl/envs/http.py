@@ -14,7 +14,7 @@ from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.toolenv import action_to_text
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 
 
 class EnvServerError(OmrlError, RuntimeError):
@@ -92,7 +92,7 @@ def data_index(task: Task) -> int:
     digits = task.id.rsplit("-", 1)[-1]
     if digits.isdigit():
         return int(digits)
-    raise ValueError(f"http task {task.id!r}: put the server's task index in payload['data_idx']")
+    raise UsageError(f"http task {task.id!r}: put the server's task index in payload['data_idx']")
 
 
 def _observation(response: Any) -> Any:

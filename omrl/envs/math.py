@@ -9,6 +9,7 @@ from typing import Any
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.expression import ExpressionError, evaluate, format_number, numbers_match, parse_number
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.errors import UsageError
 
 SYSTEM_PROMPT = ("Solve the problem. Use the calculator tool for arithmetic, then call answer with the final "
                  "number only.")
@@ -38,7 +39,7 @@ class MathEnv(ToolEnv):
 
     def reset(self, task: Task) -> Reset:
         if task.answer is None or parse_number(task.answer) is None:
-            raise ValueError(f"math task {task.id!r} has no numeric gold answer (answer={task.answer!r})")
+            raise UsageError(f"math task {task.id!r} has no numeric gold answer (answer={task.answer!r})")
         super().__init__()
         self.task = task
         self.calculator_calls = 0

@@ -15,6 +15,7 @@ from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.errors import UsageError
 
 PAGE_SIZE = 10
 PRICE_STEPS = [10.0 * i for i in range(1, 100)]
@@ -157,10 +158,10 @@ class ShopEnv(ToolEnv):
         self.by_asin = {p.asin.lower(): p for p in self.products}
         self.goal = task.payload.get("goal")
         if not isinstance(self.goal, dict):
-            raise ValueError(f"shop task {task.id!r} has no goal in its payload")
+            raise UsageError(f"shop task {task.id!r} has no goal in its payload")
         missing = sorted(GOAL_KEYS - set(self.goal))
         if missing:  # found now, not as a KeyError at Buy Now
-            raise ValueError(f"shop task {task.id!r}: payload goal lacks {missing}")
+            raise UsageError(f"shop task {task.id!r}: payload goal lacks {missing}")
         self.task = task
         self.page, self.query, self.results, self.page_number = "search", "", [], 0
         self.product: Product | None = None

@@ -13,6 +13,7 @@ from typing import Any
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.expression import parse_number
 from omrl.envs.toolenv import ToolEnv
+from omrl.errors import UsageError
 
 MAX_ROWS = 50          # rows shown per query result
 MAX_CELL = 120         # characters shown per cell
@@ -60,7 +61,7 @@ class SqlEnv(ToolEnv):
         super().__init__()
         table = task.payload.get("table")
         if not isinstance(table, dict):
-            raise ValueError(f"sql task {task.id!r} has no table in its payload")
+            raise UsageError(f"sql task {task.id!r} has no table in its payload")
         self.task = task
         self.table_name = str(table["table_name"])
         self.kind = task.payload.get("kind") or "query"
@@ -68,7 +69,7 @@ class SqlEnv(ToolEnv):
         try:
             self.db = load_table(table, max_db_mb=self.max_db_mb, memory_mb=self.memory_mb)
         except (sqlite3.Error, MemoryError) as exc:
-            raise ValueError(f"sql task {task.id!r}: its table does not load within the caps "
+            raise UsageError(f"sql task {task.id!r}: its table does not load within the caps "
                              f"({self.max_db_mb} MB database, {self.memory_mb} MB memory): {exc}") from None
         self.queries = 0
         return Reset(observation=task.instruction, tools=list(TOOLS), system_prompt=SYSTEM_PROMPT)
@@ -258,7 +259,7 @@ def gold_label(task: Task) -> list[str]:
         except json.JSONDecodeError:
             label = [task.answer]
     if label is None:
-        raise ValueError(f"sql task {task.id!r} has no gold label")
+        raise UsageError(f"sql task {task.id!r} has no gold label")
     return [str(v) for v in (label if isinstance(label, list) else [label])]
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from omrl.errors import UsageError
+
 FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "adp", "steps")
 
 
 def format_module(name: str) -> ModuleType:
     """The module implementing a format; errors list the known ones."""
     if name not in FORMATS:
-        raise ValueError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}")
+        raise UsageError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}")
     return importlib.import_module(f"omrl.formats.{name}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.policies.base import EpisodeContext, Policy, PolicyError, PolicyReply, PolicyTimeout
 
 __all__ = ["EpisodeContext", "Policy", "PolicyError", "PolicyReply", "PolicyTimeout", "make_policy"]
@@ -29,7 +30,7 @@ def make_policy(spec: str, **options: Any) -> Policy:
         return OpenAIPolicy(arg, **options)
     if kind == "hf":
         if not arg:
-            raise ValueError("hf policy needs a model folder: hf:PATH")
+            raise UsageError("hf policy needs a model folder: hf:PATH")
         from omrl.policies.hf import HFPolicy  # imports torch: only when asked for
 
         return HFPolicy(arg, **options)
@@ -44,9 +45,9 @@ def make_policy(spec: str, **options: Any) -> Policy:
         seed = options.pop("seed", None)
         _no_options(spec, options)
         return RandomPolicy(seed=seed)
-    raise ValueError(f"unknown policy {spec!r}; use one of {', '.join(SPECS)}")
+    raise UsageError(f"unknown policy {spec!r}; use one of {', '.join(SPECS)}")
 
 
 def _no_options(spec: str, options: dict[str, Any]) -> None:
     if options:
-        raise ValueError(f"policy {spec!r} takes no option(s) {', '.join(sorted(options))}")
+        raise UsageError(f"policy {spec!r} takes no option(s) {', '.join(sorted(options))}")

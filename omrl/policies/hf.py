@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.messages import to_chat_template
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
@@ -69,7 +70,7 @@ class HFPolicy:
             except OSError as exc:
                 raise PolicyError(f"cannot load model {model!r}: {exc}") from None
         if tokenizer is None:
-            raise ValueError("HFPolicy needs a tokenizer when given a loaded model")
+            raise UsageError("HFPolicy needs a tokenizer when given a loaded model")
         if device is not None:
             model = model.to(device)
         self.model = model

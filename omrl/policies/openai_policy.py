@@ -31,6 +31,7 @@ import warnings
 from typing import Any
 from urllib.parse import urlparse
 
+from omrl.errors import UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
@@ -48,11 +49,11 @@ class OpenAIPolicy:
         # backoff, max_backoff: accepted and ignored, for call sites written before the one client; the
         # schedule is the openai client's own (omrl/llm.py).
         if not model:
-            raise ValueError("openai policy needs a model name: openai:MODEL")
+            raise UsageError("openai policy needs a model name: openai:MODEL")
         if retries < 0:
-            raise ValueError(f"openai policy retries must be at least 0, got {retries}")
+            raise UsageError(f"openai policy retries must be at least 0, got {retries}")
         if tokens not in TOKEN_MODES:
-            raise ValueError(f"openai policy tokens must be one of {', '.join(TOKEN_MODES)}, got {tokens!r}")
+            raise UsageError(f"openai policy tokens must be one of {', '.join(TOKEN_MODES)}, got {tokens!r}")
         self.model = model
         self.name = model
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
+
 # ============================================================================================== reports
 
 
@@ -639,7 +641,7 @@ def run_agent_test(body: str, marker: str | None = None, **options) -> tuple[str
         env.reset(Task(id="probe", instruction="probe", env="code", payload={"files": {"README": "x\n"}}))
         wrote = env.step(Action(tool="write_file", arguments={"path": "test_probe.py", "content": agent_test(body)}))
         if wrote.info.get("invalid_action"):
-            raise ValueError(f"the agent's test file was refused: {wrote.observation}")
+            raise UsageError(f"the agent's test file was refused: {wrote.observation}")
         result = env.step(Action(tool="run_tests"))
     except BaseException:
         env.close()

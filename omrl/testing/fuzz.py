@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
+
 TARGETS = ("store append", "store append annotations", "import auto", "tasks import", "tasks load",
            *(f"import {fmt}" for fmt in ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif")))
 LOCATOR = re.compile(r"\b(line|record|row|item|row group) \d+", re.IGNORECASE)
@@ -550,7 +552,7 @@ def _run(case: FuzzCase, store: Any, out: Path | None) -> None:
 
         load_tasks(case.path)
     else:
-        raise ValueError(f"unknown fuzz target {case.target!r}; targets are {', '.join(TARGETS)}")
+        raise UsageError(f"unknown fuzz target {case.target!r}; targets are {', '.join(TARGETS)}")
 
 
 def run_fuzz_corpus(folder: str | Path, workdir: str | Path) -> list[FuzzOutcome]:

@@ -36,6 +36,7 @@ import urllib.request
 from collections import Counter
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.testing.openai_server import FakeOpenAIServer, _Server
 
 _SCALE = re.compile(r"Scale: from (-?[\d.]+) \(worst\) to (-?[\d.]+) \(best\)")
@@ -86,12 +87,12 @@ class JudgeServer(FakeOpenAIServer):
     def __init__(self, rule: str = "grid", latency: float = 0.0, faults: dict[str, float] | None = None,
                  port: int = 0, model: str = "rule-judge"):
         if rule not in RULES:
-            raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
+            raise UsageError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
         super().__init__(responder=self.reply, model=model)
         self.rule, self.latency, self.port = RULES[rule], latency, port
         self.faults = dict(faults or {})
         if sum(self.faults.values()) > 1.0 + 1e-9 or any(k not in FAULTS for k in self.faults):
-            raise ValueError(f"faults must be kinds of {', '.join(FAULTS)} with fractions summing to <= 1")
+            raise UsageError(f"faults must be kinds of {', '.join(FAULTS)} with fractions summing to <= 1")
         self.by_kind: Counter[str] = Counter()
         self.prompts: Counter[str] = Counter()  # hash of the request's messages -> times asked
         self._count = threading.Lock()

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from omrl.errors import UsageError
+
 Reply = dict[str, Any]
 
 
@@ -213,12 +215,12 @@ def _add_tokens(body: dict[str, Any], request: dict[str, Any], reply: Reply) -> 
     """Put the reply's completion tokens into `body` as the server of `token_style` does (see the docstring)."""
     style = reply.get("token_style", "vllm")
     if style not in TOKEN_STYLES:
-        raise ValueError(f"unknown token_style {style!r}; use one of {', '.join(TOKEN_STYLES)}")
+        raise UsageError(f"unknown token_style {style!r}; use one of {', '.join(TOKEN_STYLES)}")
     ids = [int(i) for i in reply["completion_ids"]]
     logprobs = [float(v) for v in reply.get("logprobs") or [0.0] * len(ids)]
     texts = list(reply.get("tokens") or [f"<{i}>" for i in ids])
     if not len(ids) == len(logprobs) == len(texts):
-        raise ValueError("completion_ids, logprobs and tokens must have the same length")
+        raise UsageError("completion_ids, logprobs and tokens must have the same length")
     choice = body["choices"][0]
     if "usage" not in reply:
         body["usage"]["completion_tokens"] = len(ids)

@@ -6,6 +6,8 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
+from omrl.errors import UsageError
+
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, scale_std: bool = True,
                      eps: float = 1e-4) -> list[float]:
@@ -15,11 +17,11 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, scal
     attempt was better. With `scale_std=False` the advantage is r - mean (Dr. GRPO's unbiased variant).
     """
     if len(rewards) != len(group_ids):
-        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+        raise UsageError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
     members: dict[str, list[int]] = defaultdict(list)
     for i, (reward, group) in enumerate(zip(rewards, group_ids, strict=True)):
         if reward is None or not math.isfinite(reward):
-            raise ValueError(f"reward {i} (group {group!r}) is {reward!r}: drop or annotate it before training")
+            raise UsageError(f"reward {i} (group {group!r}) is {reward!r}: drop or annotate it before training")
         members[group].append(i)
     out = [0.0] * len(rewards)
     for indices in members.values():
@@ -59,6 +61,6 @@ def turn_rewards(row: dict, episode_reward: float | None = None) -> list[float] 
             return None
         return values
     if not math.isfinite(episode_reward):
-        raise ValueError(f"episode reward {episode_reward!r} of {row.get('id')!r} is not finite")
+        raise UsageError(f"episode reward {episode_reward!r} of {row.get('id')!r} is not finite")
     values[-1] += episode_reward - sum(values)
     return values

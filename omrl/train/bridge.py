@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.messages import to_chat_template
 from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask
@@ -84,9 +85,9 @@ def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         parsed = json.loads(tools) if isinstance(tools, str) else tools
     except json.JSONDecodeError as exc:
-        raise ValueError(f"trajectory {row.get('id')!r}: field 'tools' is not valid JSON ({exc})") from None
+        raise UsageError(f"trajectory {row.get('id')!r}: field 'tools' is not valid JSON ({exc})") from None
     if not isinstance(parsed, list):
-        raise ValueError(f"trajectory {row.get('id')!r}: field 'tools' must be a JSON list")
+        raise UsageError(f"trajectory {row.get('id')!r}: field 'tools' must be a JSON list")
     return parsed
 
 
@@ -94,7 +95,7 @@ def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
     """(chat-template messages (omrl.messages.to_chat_template), tools, trainable flag per message) of one row."""
     stored = row.get("messages") or []
     if not stored:
-        raise ValueError(f"trajectory {row.get('id')!r}: no messages")
+        raise UsageError(f"trajectory {row.get('id')!r}: no messages")
     return to_chat_template(stored), parse_tools(row), [is_trainable(m) for m in stored]
 
 
@@ -157,9 +158,9 @@ def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int |
     turn that cannot fit is dropped and counted. overflow="drop": the trajectory is dropped and counted.
     """
     if overflow not in ("split", "drop"):
-        raise ValueError(f"overflow must be 'split' or 'drop', not {overflow!r}")
+        raise UsageError(f"overflow must be 'split' or 'drop', not {overflow!r}")
     if mask_source not in MASK_SOURCES:
-        raise ValueError(f"mask_source must be one of {', '.join(MASK_SOURCES)}, not {mask_source!r}")
+        raise UsageError(f"mask_source must be one of {', '.join(MASK_SOURCES)}, not {mask_source!r}")
     report = report or BridgeReport()
     examples: list[dict[str, Any]] = []
 
@@ -233,7 +234,7 @@ def token_budget_batches(lengths: Sequence[int], budget: int, *, seed: int = 0, 
     Every index appears exactly once. Deterministic in (seed, epoch).
     """
     if budget < 1:
-        raise ValueError(f"token budget must be >= 1, not {budget}")
+        raise UsageError(f"token budget must be >= 1, not {budget}")
     rng = random.Random(f"{seed}:{epoch}")
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -266,7 +267,7 @@ def batches_padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[
 def default_token_budget(lengths: Sequence[int], batch_size: int) -> int:
     """`batch_size` x the mean example length: on average a batch then holds about `batch_size` examples."""
     if not lengths:
-        raise ValueError("no examples to batch")
+        raise UsageError("no examples to batch")
     return max(1, round(batch_size * sum(lengths) / len(lengths)))
 
 
@@ -317,7 +318,7 @@ def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int |
     examples, report = sft_examples(rows, tokenizer, max_length=max_length, overflow=overflow,
                                     mask_source=mask_source, report=report)
     if not examples:
-        raise ValueError(f"no trainable examples in the store ({report.summary()})")
+        raise UsageError(f"no trainable examples in the store ({report.summary()})")
     return Dataset.from_list(examples), report
 
 
@@ -360,7 +361,7 @@ def rl_rewards(store, rows: Sequence[dict[str, Any]], recipe=None) -> RLRewards:
     for row in rows:
         found = by_id.get(row["id"])
         if found is None:
-            raise ValueError(f"trajectory {row['id']!r} is not in store {store.path}")
+            raise UsageError(f"trajectory {row['id']!r} is not in store {store.path}")
         values.append(found["reward"])
         for name in filter(None, (found["missing"] or "").split(",")):
             missing[name] = missing.get(name, 0) + 1

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omrl.errors import UsageError
+
 LEVELS = ("token", "turn")
 
 
@@ -64,7 +66,7 @@ def place_turn_rewards(mask: torch.Tensor, turn_rewards: Sequence[Sequence[float
     """
     out = torch.zeros(mask.shape, dtype=torch.float32)
     if len(turn_rewards) != mask.shape[0]:
-        raise ValueError(f"{len(turn_rewards)} reward lists for {mask.shape[0]} sequences")
+        raise UsageError(f"{len(turn_rewards)} reward lists for {mask.shape[0]} sequences")
     for b, rewards in enumerate(turn_rewards):
         spans = turn_spans(mask[b])
         if not spans:
@@ -85,7 +87,7 @@ def masked_gae(rewards: torch.Tensor, values: torch.Tensor, step_mask: torch.Ten
     the step before it. Returns (advantages, returns = A + V), both 0 off the steps.
     """
     if rewards.shape != values.shape or rewards.shape != step_mask.shape:
-        raise ValueError(f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, "
+        raise UsageError(f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, "
                          f"mask {tuple(step_mask.shape)}")
     rewards, values = rewards.float(), values.float()
     on = step_mask.bool()
@@ -119,7 +121,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         level: str = "token") -> GAEResult:
     """Advantages and value targets at `token` or `turn` level (see the module doc)."""
     if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        raise UsageError(f"level must be one of {LEVELS}, got {level!r}")
     mask_f = mask.float()
     if level == "token":
         advantages, returns = masked_gae(rewards, values, mask_f, gamma, lam)

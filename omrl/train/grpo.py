@@ -29,6 +29,7 @@ from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from omrl.errors import UsageError
 from omrl.rollout import RolloutSettings
 from omrl.train.step_credit import StepCreditSettings
 
@@ -124,10 +125,10 @@ def _trl_config(recipe: GRPORecipe):
     vllm: dict[str, Any] = {}
     if recipe.use_vllm:
         if _use_cpu(recipe):
-            raise ValueError("use_vllm needs a CUDA GPU (and `pip install vllm`); this run is on the CPU: "
+            raise UsageError("use_vllm needs a CUDA GPU (and `pip install vllm`); this run is on the CPU: "
                              "set use_vllm: false to generate with transformers")
         if recipe.vllm_mode not in ("colocate", "server"):
-            raise ValueError(f"vllm_mode must be colocate or server, got {recipe.vllm_mode!r}")
+            raise UsageError(f"vllm_mode must be colocate or server, got {recipe.vllm_mode!r}")
         vllm = {"use_vllm": True, "vllm_mode": recipe.vllm_mode,
                 "vllm_gpu_memory_utilization": recipe.vllm_gpu_memory_utilization}
         if recipe.vllm_server_base_url:
@@ -184,9 +185,9 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
         recipe = GRPORecipe.from_dict(recipe)
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
-        raise ValueError(f"{recipe.tasks}: no tasks" + (f" in split {recipe.split!r}" if recipe.split else ""))
+        raise UsageError(f"{recipe.tasks}: no tasks" + (f" in split {recipe.split!r}" if recipe.split else ""))
     if len(tasks) < recipe.tasks_per_step:
-        raise ValueError(f"{recipe.tasks}: {len(tasks)} tasks, fewer than tasks_per_step={recipe.tasks_per_step}")
+        raise UsageError(f"{recipe.tasks}: {len(tasks)} tasks, fewer than tasks_per_step={recipe.tasks_per_step}")
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     model = AutoModelForCausalLM.from_pretrained(recipe.model)

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from omrl.errors import UsageError
+
 STEP_ADVANTAGES = "omrl_step_advantages"  # the rollout_func output key (one list per rollout)
 SUPPORTED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
@@ -43,15 +45,15 @@ def add_step_advantages(output: dict[str, Any], step_values: Sequence[Sequence[f
     completion_mask = output["completion_mask"]
     batch, length = completion_mask.shape
     if advantages.dim() != 1 or advantages.shape[0] != batch:
-        raise ValueError(f"expected TRL's per-rollout advantages of shape ({batch},), got {tuple(advantages.shape)}")
+        raise UsageError(f"expected TRL's per-rollout advantages of shape ({batch},), got {tuple(advantages.shape)}")
     if len(step_values) != batch:
-        raise ValueError(f"{len(step_values)} step-advantage lists for {batch} rollouts")
+        raise UsageError(f"{len(step_values)} step-advantage lists for {batch} rollouts")
     step = torch.zeros((batch, length), dtype=advantages.dtype, device=advantages.device)
     for b, values in enumerate(step_values):
         if values is None:
-            raise ValueError(f"rollout {b} has no {STEP_ADVANTAGES}: rollout_func must return one list per rollout")
+            raise UsageError(f"rollout {b} has no {STEP_ADVANTAGES}: rollout_func must return one list per rollout")
         if len(values) > length:
-            raise ValueError(f"rollout {b}: {len(values)} step advantages for {length} completion tokens")
+            raise UsageError(f"rollout {b}: {len(values)} step advantages for {length} completion tokens")
         step[b, : len(values)] = torch.as_tensor([float(v) for v in values], dtype=advantages.dtype)
     mask = completion_mask if output.get("tool_mask") is None else completion_mask * output["tool_mask"]
     output["advantages"] = (advantages.unsqueeze(1) + step) * mask.to(advantages.dtype)
@@ -82,10 +84,10 @@ def step_credit_trainer() -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             if self.loss_type not in SUPPORTED_LOSSES:
-                raise ValueError(f"step credit needs a per-token loss ({', '.join(SUPPORTED_LOSSES)}), "
+                raise UsageError(f"step credit needs a per-token loss ({', '.join(SUPPORTED_LOSSES)}), "
                                  f"not loss_type={self.loss_type!r}")
             if self.rollout_func is None:
-                raise ValueError(f"step credit needs a rollout_func that returns {STEP_ADVANTAGES}")
+                raise UsageError(f"step credit needs a rollout_func that returns {STEP_ADVANTAGES}")
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)  # copies the extra fields onto inputs

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from omrl.errors import UsageError
 from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.grpo import GRPORecipe
@@ -173,10 +174,10 @@ class IterateRecipe:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+            raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.algorithm == "ppo" and (self.reward is not None or self.grpo.reward is not None):
             # PPO trains on the environment's reward; judged rewards reach GRPO and RFT only (for now).
-            raise ValueError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
+            raise UsageError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
                              "or use algorithm: grpo")
         if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
             from omrl.distributed.pool import require_ray
@@ -400,7 +401,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     train_tasks = load_tasks(recipe.train_tasks)
     eval_tasks = _subset(load_tasks(recipe.eval_tasks), recipe.eval.tasks)
     if not train_tasks or not eval_tasks:
-        raise ValueError("iterate needs training and held-out tasks")
+        raise UsageError("iterate needs training and held-out tasks")
     clock = {"stage": time.monotonic()}
 
     def results_so_far() -> list[dict[str, Any]]:

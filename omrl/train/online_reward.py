@@ -33,6 +33,7 @@ from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeStats
 from omrl.annotate.metrics import annotate_row
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_recipe, reward_annotations
 from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
+from omrl.errors import UsageError
 from omrl.schema import is_failed
 
 
@@ -120,7 +121,7 @@ class StepScoring:
         row = episode.row
         task = row["task_id"]
         if task not in self.expected:
-            raise ValueError(f"episode of task {task!r}, which the step did not ask for")
+            raise UsageError(f"episode of task {task!r}, which the step did not ask for")
         group = self.pending.setdefault(task, [])
         group.append(row)
         if len(group) == self.expected[task]:

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.rollout import RolloutSettings
 
 CRITICS = ("head", "separate")
@@ -103,11 +104,11 @@ class PPORecipe:
         from omrl.train.gae import LEVELS
 
         if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}")
+            raise UsageError(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}")
         if self.critic not in CRITICS:
-            raise ValueError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
+            raise UsageError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
         if self.ppo_epochs < 1 or self.minibatches < 1 or self.tasks_per_step < 1 or self.samples_per_task < 1:
-            raise ValueError("ppo_epochs, minibatches, tasks_per_step and samples_per_task must be at least 1")
+            raise UsageError("ppo_epochs, minibatches, tasks_per_step and samples_per_task must be at least 1")
 
 
 @dataclass
@@ -459,7 +460,6 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.errors import UsageError
     from omrl.rollout import env_factory
     from omrl.tasks import load_tasks
     from omrl.train.rollout_func import free_run_prefix
@@ -468,13 +468,13 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         recipe = PPORecipe.from_dict(recipe)
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if len(tasks) < recipe.tasks_per_step:
-        raise ValueError(f"{recipe.tasks}: {len(tasks)} tasks"
+        raise UsageError(f"{recipe.tasks}: {len(tasks)} tasks"
                          + (f" in split {recipe.split!r}" if recipe.split else "")
                          + f", fewer than tasks_per_step={recipe.tasks_per_step}")
     torch.manual_seed(recipe.seed)
     device = "cpu" if (recipe.use_cpu if recipe.use_cpu is not None else not torch.cuda.is_available()) else "cuda"
     if device != "cpu":
-        raise ValueError("train_ppo runs on the CPU only in this build (use_cpu=true); GPU placement is not wired")
+        raise UsageError("train_ppo runs on the CPU only in this build (use_cpu=true); GPU placement is not wired")
     accelerator = Accelerator(cpu=True)
     procs = _Processes(accelerator)
     episodes_per_step = recipe.tasks_per_step * recipe.samples_per_task

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from omrl.errors import UsageError
 from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.sft import SFTRecipe
@@ -109,7 +110,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     store = Store.create(recipe.store or out / "store")
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
-        raise ValueError(f"{recipe.tasks}: no tasks")
+        raise UsageError(f"{recipe.tasks}: no tasks")
     collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
                                    round=recipe.round, run_id=recipe.run_id)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
@@ -128,7 +129,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
                             keep_per_group=recipe.keep_per_group, reward_recipe=recipe.reward_recipe)
     kept = sum(selection.kept.values())
     if kept == 0:
-        raise ValueError(f"no attempt reached reward {recipe.threshold} "
+        raise UsageError(f"no attempt reached reward {recipe.threshold} "
                          f"({collected.total} attempts, success rate {collected.success_rate}); lower threshold")
     sft = recipe.sft.to_recipe(seed=recipe.seed, model=recipe.model, store=str(kept_path),
                                output_dir=str(out / "checkpoint"))

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from omrl.envs.base import Task
+from omrl.errors import UsageError
 from omrl.schema import is_failed
 
 
@@ -44,7 +45,7 @@ class AgentRollout:
         self.online = None
         if getattr(recipe, "reward", None) is not None:
             if self.store is None:
-                raise ValueError("a reward recipe needs `store`: every online score is stored beside its rollout")
+                raise UsageError("a reward recipe needs `store`: every online score is stored beside its rollout")
             from omrl.annotate.reward import load_recipe
             from omrl.train.online_reward import OnlineReward
 
@@ -136,7 +137,7 @@ class AgentRollout:
         jobs = []
         for task_id in prompts:
             if task_id not in self.tasks:
-                raise ValueError(f"rollout prompt {task_id!r} is not a task id of {self.recipe.tasks}")
+                raise UsageError(f"rollout prompt {task_id!r} is not a task id of {self.recipe.tasks}")
             sample = seen.get(task_id, 0)
             seen[task_id] = sample + 1
             jobs.append((self.tasks[task_id], sample))

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
+
 
 @dataclass
 class LoraSettings:
@@ -65,13 +67,13 @@ class SFTRecipe:
 
     def __post_init__(self) -> None:
         if self.batching not in ("bridge", "trl"):
-            raise ValueError(f"batching must be 'bridge' or 'trl', not {self.batching!r}")
+            raise UsageError(f"batching must be 'bridge' or 'trl', not {self.batching!r}")
         if self.overflow not in ("split", "drop"):
-            raise ValueError(f"overflow must be 'split' or 'drop', not {self.overflow!r}")
+            raise UsageError(f"overflow must be 'split' or 'drop', not {self.overflow!r}")
         if self.mask_source not in ("auto", "template", "incremental"):
-            raise ValueError(f"mask_source must be auto, template or incremental, not {self.mask_source!r}")
+            raise UsageError(f"mask_source must be auto, template or incremental, not {self.mask_source!r}")
         if self.token_budget < 0:
-            raise ValueError(f"token_budget must be >= 0, not {self.token_budget}")
+            raise UsageError(f"token_budget must be >= 0, not {self.token_budget}")
 
 
 @dataclass
@@ -144,10 +146,10 @@ def build_dataset(recipe: SFTRecipe, tokenizer):
     for row in rows:
         for message in row.get("messages") or []:
             if message["role"] == "assistant" and message.get("trainable") is False:
-                raise ValueError(f"trajectory {row['id']!r} has an untrainable assistant turn; TRL's "
+                raise UsageError(f"trajectory {row['id']!r} has an untrainable assistant turn; TRL's "
                                  "assistant_only_loss would train it: use batching: bridge")
     if not rows:
-        raise ValueError(f"no trajectories to train on ({report.summary()})")
+        raise UsageError(f"no trajectories to train on ({report.summary()})")
     report.examples = len(rows)
     return chat_dataset(rows).remove_columns(["id"]), report
 

@@ -30,6 +30,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.train.advantages import group_advantages
 
 RESET_STATE = "<reset>"
@@ -81,7 +82,7 @@ def step_credit(episodes: Sequence[EpisodeSteps], *, gamma: float = 0.95, weight
     """Episode, step and combined advantages of a batch of GRPO groups (see the module doc)."""
     for i, e in enumerate(episodes):
         if len(e.states) != len(e.turn_rewards):
-            raise ValueError(f"episode {i}: {len(e.states)} states for {len(e.turn_rewards)} turns")
+            raise UsageError(f"episode {i}: {len(e.states)} states for {len(e.turn_rewards)} turns")
     scored = [i for i, e in enumerate(episodes) if e.reward is not None]
     episode_adv = [0.0] * len(episodes)
     for i, a in zip(scored, group_advantages([episodes[i].reward for i in scored],
@@ -146,7 +147,7 @@ def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float |
     score; what the turn rewards do not account for is added to the last turn, so with gamma 1 the
     step return of the first turn is the episode reward."""
     if rewards is not None and len(rewards) != len(rows):
-        raise ValueError(f"{len(rewards)} rewards for {len(rows)} rows")
+        raise UsageError(f"{len(rewards)} rewards for {len(rows)} rows")
     out = []
     for i, row in enumerate(rows):
         reward = row.get("reward") if rewards is None else rewards[i]
@@ -171,11 +172,11 @@ def store_in_turns(rows: Sequence[dict[str, Any]], credit: StepCredit) -> None:
     `info["credit"]` = group (the step group key, null: alone), size, return, episode_advantage,
     step_advantage and advantage (combined)."""
     if len(rows) != len(credit.step_groups):
-        raise ValueError(f"credit for {len(credit.step_groups)} episodes, {len(rows)} rows")
+        raise UsageError(f"credit for {len(credit.step_groups)} episodes, {len(rows)} rows")
     for i, row in enumerate(rows):
         turns = row.get("turns") or []
         if len(turns) != len(credit.step_groups[i]):
-            raise ValueError(f"row {row.get('id')}: {len(turns)} turns, credit for {len(credit.step_groups[i])}")
+            raise UsageError(f"row {row.get('id')}: {len(turns)} turns, credit for {len(credit.step_groups[i])}")
         for k, turn in enumerate(turns):
             info = _info(turn)
             info["credit"] = {"group": credit.step_groups[i][k], "size": credit.step_group_sizes[i][k],
@@ -191,7 +192,7 @@ def token_advantages(env_mask: Sequence[int], turn_values: Sequence[float]) -> l
 
     spans = turn_spans([int(bool(m)) for m in env_mask])
     if len(spans) != len(turn_values):
-        raise ValueError(f"{len(turn_values)} turns but {len(spans)} runs of trainable tokens in env_mask")
+        raise UsageError(f"{len(turn_values)} turns but {len(spans)} runs of trainable tokens in env_mask")
     out = [0.0] * len(env_mask)
     for (first, last), value in zip(spans, turn_values, strict=True):
         out[first: last + 1] = [float(value)] * (last - first + 1)
@@ -202,7 +203,7 @@ def step_token_advantages(env_masks: Sequence[Sequence[int]], credit: StepCredit
     """Per episode and completion token: weight * the turn's step advantage (0 on environment tokens and
     for episodes without a reward): the term grpo_credit adds to TRL's episode advantage."""
     if len(env_masks) != len(credit.step_advantages):
-        raise ValueError(f"{len(env_masks)} token traces for {len(credit.step_advantages)} episodes")
+        raise UsageError(f"{len(env_masks)} token traces for {len(credit.step_advantages)} episodes")
     out = []
     for mask, values, scored in zip(env_masks, credit.step_advantages, credit.scored, strict=True):
         if not scored:
