@@ -43,6 +43,14 @@ from omrl.errors import OmrlError, UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError
 
 MODES = ("pointwise", "pairwise", "group")
+
+
+def judged_together(mode: str) -> str | None:
+    """The trajectory field whose equal values a judge of `mode` scores together: a pairwise judge compares
+    the trajectories of one task, a group judge those of one group_id (None: each trajectory alone)."""
+    return {"pairwise": "task_id", "group": "group_id"}.get(mode)
+
+
 REASK_CLIP = 400  # characters of an invalid reply (and of its error) quoted back in a re-ask
 REASK_ROOM_TOKENS = 2 * REASK_CLIP // 3 + 40  # budget kept free for that re-ask
 MIN_RENDER_CHARS = 200  # below this a trajectory rendering says nothing: refuse instead

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.annotate.cache import JudgeCache
-from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, run_judge
+from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, judged_together, run_judge
 from omrl.annotate.metrics import BUILTIN, NamedMetric, annotate_row, load_metric
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combined_reward, load_recipe, reward_annotations
 from omrl.errors import UsageError
@@ -144,12 +144,6 @@ def annotated_pairs(store: Store) -> set[tuple[str, str, str, str]]:
     data = store.read("annotations", columns=["trajectory_id", "annotator", "rubric", "judge_model", "status"])
     return {(r["trajectory_id"], r["annotator"], r["rubric"] or "", r["judge_model"] or "")
             for r in data.to_pylist() if r["status"] == "ok"}
-
-
-def judged_together(mode: str) -> str | None:
-    """The trajectory field whose equal values a judge of `mode` scores together: a pairwise judge compares
-    the trajectories of one task, a group judge those of one group_id (None: each trajectory alone)."""
-    return {"pairwise": "task_id", "group": "group_id"}.get(mode)
 
 
 def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[str, ...]]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@
   (the modes, prompts, re-asks of invalid replies, the one LLM client with its transport retries), with
   `config.concurrency` requests in flight per worker (so the endpoint sees up to workers x concurrency).
 - A pairwise judge compares the trajectories of one task and a group judge those of one group_id, so such
-  a set always lands whole in one shard (runner.judged_together); pointwise rows are split freely.
+  a set always lands whole in one shard (judge.judged_together); pointwise rows are split freely.
 - The reply cache: each worker starts from the driver's cache (shipped once through Ray's object store) and
   sends the replies it got back with the shard's annotations; the driver adds those to its cache, then
   commits the annotations in one part per shard (a group's relative scores together or not at all).
@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from omrl.annotate.runner import judged_together
+from omrl.annotate.judge import judged_together
 from omrl.distributed.pool import connect, run_shards, shard_size, start_workers
 from omrl.errors import UsageError
 
