@@ -339,7 +339,9 @@ def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: 
     rows = store.read("annotations").to_pylist()
     assert len(rows) == 16 and len({r["trajectory_id"] for r in rows}) == 16  # one per (trajectory, judge)
     assert all(r["status"] == "ok" and r["annotator"] == "judge:grid_goal" for r in rows)
-    assert stats["distinct_prompts"] == 16  # the killed shard's prompts were asked again, nothing else
+    # The killed shard's prompts were asked again, nothing else. Two samples of a task that played alike
+    # render the same prompt, which the judge then sees once (a cache hit), so count the stored prompts.
+    assert stats["distinct_prompts"] == len({r["prompt_hash"] for r in rows})
     assert store.check() == []
 
 
