@@ -399,9 +399,8 @@ class Store:
                           SearchIndexWarning, stacklevel=3)
 
     def _index_missing(self) -> None:
-        """Build the search index of every live trajectories part that lacks one (warnings as `_index`)."""
-        if not self.storage.local:
-            return
+        """Build the search index of every live trajectories part that lacks one (warnings as `_index`); none on
+        S3, where missing_indexes lists nothing."""
         from omrl.search import missing_indexes
 
         for part in missing_indexes(self):
