@@ -236,17 +236,12 @@ def _subset(tasks: list, n: int) -> list:
     return tasks if n <= 0 else tasks[:n]
 
 
-def checkpoint_policy(recipe: IterateRecipe, checkpoint: str):
-    """The HFPolicy playing `checkpoint` in the collect and eval stages (batched; on Ray each worker gets a copy)."""
-    from omrl.train.rft import checkpoint_policy
-
-    return checkpoint_policy(checkpoint, recipe.rollout)
-
-
 def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
                         round: int, samples: int | None = None) -> dict[str, Any]:
     """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
-    policy = checkpoint_policy(recipe, checkpoint)
+    from omrl.train.rft import checkpoint_policy  # the collect stage's too (rft.collect_with_model)
+
+    policy = checkpoint_policy(checkpoint, recipe.rollout)
     return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
 
 
