@@ -8,7 +8,9 @@
   Episodes/s in-process (one episode at a time) and on Ray with 1 and 2 workers (1 CPU and one episode
   each). ray_speedup_2 = Ray 2 workers / Ray 1 worker (target >= 1.7 on 2 free cores).
 - I/O-bound: the math environment answered by the real `openai:` policy from a local fake server (its own
-  process) with a fixed latency. ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
+  process) with a fixed latency (0.5 s, the low end of a hosted model's reply; io_ceiling_episodes_per_s is
+  concurrency / latency, so the run is I/O-bound while in-process is near it: at 0.1 s in-process reached
+  about a third of its ceiling on 2 cores, a CPU race between processes rather than I/O). ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
   at the same concurrency (target <= 0.10). Ray's time includes starting its workers; ray_worker_start_s
   is that start alone (one actor: process, imports, first answer), measured after the runs.
 
@@ -36,6 +38,7 @@ from omrl.store import Store  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+IO_CONCURRENCY = 32  # episodes in flight in the I/O-bound runs, in-process and on the Ray worker
 
 
 def timed(tasks, policy, settings, samples, ray, root: str, name: str) -> float:
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer episodes (a rough figure)")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="run the code env's tests without bubblewrap (only where it cannot run)")
-    parser.add_argument("--latency", type=float, default=0.1, help="fake server seconds per reply (I/O part)")
+    parser.add_argument("--latency", type=float, default=0.5, help="fake server seconds per reply (I/O part)")
     args = parser.parse_args(argv)
     import ray
 
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
         try:
             cpu = cpu_bound(root, cpu_samples, args.unsafe_no_sandbox)
-            io = io_bound(root, io_samples, args.latency, concurrency=32)
+            io = io_bound(root, io_samples, args.latency, concurrency=IO_CONCURRENCY)
             start_s = worker_start_s()
             io_episodes = io_samples * len(load_tasks(str(REPO / "datasets" / "tasks" / "math_arith.jsonl")))
         finally:
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ray_speedup_2": round(cpu["ray2"] / cpu["ray1"], 3),
         "ray2_vs_inproc": round(cpu["ray2"] / cpu["inproc"], 3),
         "io_episodes_per_s": {k: round(v, 2) for k, v in io.items()},
+        "io_ceiling_episodes_per_s": round(IO_CONCURRENCY / args.latency, 2), "io_latency_s": args.latency,
         "ray_overhead_io": round(1 - io["ray1"] / io["inproc"], 3),
         "ray_worker_start_s": round(start_s, 2),
         # the same, with one worker start taken off Ray's wall time: what a long run tends to

@@ -258,7 +258,7 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
                         settings: RolloutSettings, *, run_id: str, round: int = 0, source: str = "collected",
                         metadata: dict[str, Any] | None = None,
                         on_episode: Callable[[Episode], Awaitable[None] | None] | None = None,
-                        keep: bool = True) -> list[Episode]:
+                        keep: bool = True, slots: asyncio.Semaphore | None = None) -> list[Episode]:
     """Play each (task, sample) job: the one episode lifecycle of collect, eval, GRPO, RFT and iterate.
 
     - Each episode gets a fresh environment from `make_env` (default: `settings.env` with
@@ -268,6 +268,8 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
     - Each episode is seeded with `episode_seed(settings.seed, task.id, sample)`.
     - At most `settings.concurrency` episodes are in flight; `on_episode` (sync or async) is called as
       each finishes. Writing rows anywhere is the caller's step (collect writes them through it).
+    - `slots`, shared by concurrent calls, caps their episodes in flight together: each episode holds one
+      while it plays (a Ray worker's queued shards, so the next fills in as one drains).
     Returns the episodes in job order (an empty list with keep=False, for long runs that stream).
     """
     if settings.max_turns < 1 or settings.concurrency < 1:
@@ -291,7 +293,11 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
 
     async def worker() -> None:
         for index, (task, sample) in queue:  # a shared iterator: each job is taken by exactly one worker
-            episode = await play(task, sample)
+            if slots is None:
+                episode = await play(task, sample)
+            else:
+                async with slots:
+                    episode = await play(task, sample)
             if keep:
                 episodes[index] = episode
             if on_episode is not None:

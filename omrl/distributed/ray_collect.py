@@ -81,26 +81,33 @@ class EpisodeWorker:
                  play_episodes: Callable[..., Any]):
         self.make_env, self.policy, self.settings, self.run = make_env, policy, settings, run
         self.play_episodes = play_episodes  # omrl.rollout's episode runner, handed in (no import cycle)
-        self.finished = 0  # episodes of the current shard finished so far (the driver's live progress)
-        # The driver keeps two shards queued per worker, so the next is here when one ends (no idle round
-        # trip); this makes them play one after the other, at `concurrency` episodes in flight.
-        self.turn = asyncio.Semaphore(1)
+        self.finished: dict[int, int] = {}  # episodes finished so far per running shard (the driver's live progress)
+        # The driver keeps two shards queued per worker. Both play at once through these shared slots, so
+        # at most `concurrency` episodes are in flight and the next shard fills each slot the moment the
+        # previous shard's stragglers leave it (shards one after the other idled slots at every shard's end).
+        self.slots = asyncio.Semaphore(settings.concurrency) if settings is not None else None
+        self.shards = 0
 
     def pid(self) -> int:
         return os.getpid()
 
     def progress(self) -> int:
-        return self.finished
+        return sum(self.finished.values())
 
     async def play(self, shard: list[tuple[Any, int]]) -> list[dict[str, Any]]:
         """The rows of the shard's episodes, in shard order."""
-        def count(_episode: Any) -> None:
-            self.finished += 1
+        self.shards += 1
+        key = self.shards
+        self.finished[key] = 0
 
-        async with self.turn:
-            self.finished = 0
+        def count(_episode: Any) -> None:
+            self.finished[key] += 1
+
+        try:
             episodes = await self.play_episodes(shard, self.make_env, self.policy, self.settings, on_episode=count,
-                                           **self.run)
+                                                slots=self.slots, **self.run)
+        finally:
+            del self.finished[key]
         return [episode.row for episode in episodes]
 
 
