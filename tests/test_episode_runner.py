@@ -112,6 +112,46 @@ def test_play_episodes_closes_every_env_seeds_each_episode_and_limits_concurrenc
     assert len(set(episode_seeds)) == 15 and [e.context.seed for e in episodes] == episode_seeds
 
 
+class TaskLoggingCountEnv(CountingCountEnv):
+    """Also logs which task each environment plays, at reset and close (orders two calls' episodes)."""
+
+    def reset(self, task):
+        _log(self.log, event="reset", task=task.id)
+        return super().reset(task)
+
+    def close(self) -> None:
+        _log(self.log, event="closed", task=self.task.id)
+
+
+def test_a_ray_worker_plays_its_queued_shards_through_shared_slots(tmp_path):
+    # ray_collect.EpisodeWorker without Ray: two shards queued on one worker share `concurrency` slots, so
+    # the second starts filling slots while the first still has episodes to play (one after the other,
+    # slots sat idle at each shard's end), and together they never hold more environments than the slots.
+    from omrl.distributed.ray_collect import EpisodeWorker
+
+    ledger = Ledger(tmp_path / "log")
+    settings = RolloutSettings(env="unused", max_turns=5, concurrency=3, seed=7)
+    worker = EpisodeWorker(lambda: TaskLoggingCountEnv(str(ledger.path), step_sleep=0.01), make_policy("scripted"),
+                           settings, {"run_id": "r", "round": 0, "source": "collected"}, play_episodes)
+    first = [(t, 0) for t in count_tasks(4)]
+    second = [(Task(id=f"b{i}", instruction="Count to 2.", answer="2", env="count", payload={"target": 2}), 0)
+              for i in range(4)]
+
+    async def both():
+        return await asyncio.gather(worker.play(first), worker.play(second))
+
+    rows_first, rows_second = asyncio.run(both())
+    assert [r["task_id"] for r in rows_first] == ["t0", "t1", "t2", "t3"]
+    assert [r["task_id"] for r in rows_second] == ["b0", "b1", "b2", "b3"]
+    assert all(r["status"] == "ok" for r in rows_first + rows_second)
+    assert ledger.count("made") == ledger.count("closed") == 8 and ledger.max_open() == 3
+    events = ledger.events()
+    first_of_second = next(i for i, e in enumerate(events) if e["event"] == "reset" and e["task"].startswith("b"))
+    last_of_first = max(i for i, e in enumerate(events) if e["event"] == "closed" and e["task"].startswith("t"))
+    assert first_of_second < last_of_first
+    assert worker.progress() == 0  # nothing running: the driver's live count holds only running shards
+
+
 def test_an_env_whose_constructor_raises_becomes_env_error_rows(tmp_path):
     ledger = Ledger(tmp_path / "log")
     settings = RolloutSettings(env="unused", max_turns=3)
