@@ -129,6 +129,9 @@ def _remove_temp_dir(path: str) -> None:
 
 # connection -> the finalizer removing its temporary folder (run by `close`, or when it is collected)
 _TEMP_DIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Connections `connect` confined (or _check_confined verified): their configuration is locked, so they stay
+# confined and are not asked again (asking costs a duckdb_settings() query, ~10 ms, on every user query).
+_CONFINED: weakref.WeakSet = weakref.WeakSet()
 
 
 def close(con: duckdb.DuckDBPyConnection) -> None:
@@ -160,6 +163,7 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     except BaseException:
         close(con)
         raise
+    _CONFINED.add(con)
     return con
 
 
@@ -226,11 +230,14 @@ def _define_views(con: duckdb.DuckDBPyConnection, store: Store) -> None:
 
 def _check_confined(con: duckdb.DuckDBPyConnection) -> None:
     """Refuse a caller's connection that did not come from `connect` (user SQL runs only on confined ones)."""
+    if con in _CONFINED:
+        return
     settings = dict(con.execute(
         "SELECT name, value FROM duckdb_settings() "
         "WHERE name IN ('enable_external_access', 'lock_configuration')").fetchall())
     if settings != {"enable_external_access": "false", "lock_configuration": "true"}:
         raise QueryError("refused: this DuckDB connection is not confined; make it with omrl.query.connect")
+    _CONFINED.add(con)  # locked as confined: it cannot be switched back
 
 
 # ------------------------------------------------------------------------------ the statement check
