@@ -111,7 +111,7 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     from types import SimpleNamespace
 
     from omrl.policies.hf import SCRATCH_KEY
-    from omrl.train.ppo import _episodes_to_batch
+    from omrl.train.ppo_update import episodes_to_batch
 
     trace = {"prompt_ids": [5, 6], "completion_ids": [1, 2, 9, 9, 3, 4], "env_mask": [1, 1, 0, 0, 1, 1],
              "logprobs": [-1.0, -0.5, 0.0, 0.0, -0.2, -0.1]}
@@ -119,7 +119,7 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     failed = {"status": "env_error", "reward": None, "success": None, "turns": []}
     episodes = [SimpleNamespace(row=row, context=SimpleNamespace(scratch={SCRATCH_KEY: trace})),
                 SimpleNamespace(row=failed, context=SimpleNamespace(scratch={}))]
-    batch, left_out = _episodes_to_batch(episodes, pad_id=0)
+    batch, left_out = episodes_to_batch(episodes, pad_id=0)
     assert left_out == 1  # the failed episode gets no loss
     # 0.25 on turn 1's last token; turn 2's 1.0 plus the 0.25 the turns do not carry on the last token.
     assert batch.rewards.tolist() == [[0.0, 0.25, 0.0, 0.0, 0.0, 1.25]]
@@ -128,7 +128,7 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
 
 def test_environment_tokens_get_no_policy_loss_and_no_value_loss():
     from omrl.train.gae import turn_starts
-    from omrl.train.ppo import ppo_losses
+    from omrl.train.ppo_update import ppo_losses
 
     gen = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 0, 0]], dtype=torch.float32)
