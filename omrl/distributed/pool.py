@@ -10,8 +10,9 @@ behind Ray collection (ray_collect.py) and Ray judging (ray_annotate.py).
   `progress()` (units of its running shard done so far; the driver polls it twice a second for the bar).
 - A worker killed mid-shard is restarted by Ray and the shard is played again (TASK_RETRIES): nothing of
   a shard reaches the driver before the whole shard is done, so nothing is committed twice.
-- Each actor gets QUEUED_PER_WORKER shards ahead (one playing, one waiting): no idle round trip between
-  shards; the actor itself plays them one after the other.
+- Each actor gets QUEUED_PER_WORKER shards ahead: no idle round trip between shards. The actor decides how
+  they share it: EpisodeWorker plays both through one set of episode slots (the next fills in as one
+  drains), JudgeWorker judges them one after the other.
 """
 
 from __future__ import annotations
