@@ -8,9 +8,10 @@
   Episodes/s in-process (one episode at a time) and on Ray with 1 and 2 workers (1 CPU and one episode
   each). ray_speedup_2 = Ray 2 workers / Ray 1 worker (target >= 1.7 on 2 free cores).
 - I/O-bound: the math environment answered by the real `openai:` policy from a local fake server (its own
-  process) with a fixed latency (0.5 s, the low end of a hosted model's reply; io_ceiling_episodes_per_s is
-  concurrency / latency, so the run is I/O-bound while in-process is near it: at 0.1 s in-process reached
-  about a third of its ceiling on 2 cores, a CPU race between processes rather than I/O). ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
+  process) with a fixed latency (0.5 s, the low end of a hosted model's reply). io_ceiling_episodes_per_s
+  is concurrency / latency: the run is I/O-bound while in-process is near it (at 0.1 s in-process reached
+  about a third of its ceiling on 2 cores, a CPU race between processes rather than I/O).
+  ray_overhead_io = 1 - (Ray, 1 worker, episodes/s) / (in-process asyncio, episodes/s)
   at the same concurrency (target <= 0.10). Ray's time includes starting its workers; ray_worker_start_s
   is that start alone (one actor: process, imports, first answer), measured after the runs.
 

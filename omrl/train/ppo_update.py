@@ -15,6 +15,7 @@ from typing import Any
 # ---------------------------------------------------------------- the critic and the forward pass
 
 def make_critic(recipe: Any, policy: Any):
+    """The recipe's critic: a zero-initialised value head on the policy's trunk ("head") or on its own model."""
     import torch
     from transformers import AutoModel
 
@@ -36,6 +37,8 @@ def make_critic(recipe: Any, policy: Any):
 
 @dataclass
 class Batch:
+    """One step's trainable episodes as padded tensors, with their episode rewards and outcomes."""
+
     input_ids: Any  # [B, P + C]: prompts left-padded to P, completions right-padded to C
     attention: Any
     positions: Any
@@ -50,6 +53,7 @@ class Batch:
 
 def collate(traces: list[dict[str, list]], rewards: list[list[float]], terminal: list[float], pad_id: int,
              episode_reward: list[float], success: list[bool | None]) -> Batch:
+    """Token traces as one padded batch (prompts left-padded, completions right-padded), turn rewards placed."""
     import torch
 
     from omrl.train.gae import place_turn_rewards
