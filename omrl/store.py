@@ -310,10 +310,8 @@ class Store:
         }
         storage.write_bytes(root / "README.md", dataset_card(name, description).encode())
         manifest_bytes = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
-        if storage.local:
-            storage.write_bytes(root / MANIFEST, manifest_bytes)
-        else:
-            storage.write_new(root / MANIFEST, lambda f: f.write(manifest_bytes))
+        # Written new: in a fresh local staging folder, and on S3 only if absent (racing creators: one wins)
+        storage.write_new(root / MANIFEST, lambda f: f.write(manifest_bytes))
 
     @property
     def manifest(self) -> dict[str, Any]:
