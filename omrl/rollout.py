@@ -5,9 +5,10 @@
     result = await collect(None, tasks, policy, store, settings, samples=4)
 
 - `play_episodes` owns an episode's lifecycle: a fresh environment per episode, made in a worker
-  thread and always closed; a per-episode seed; a broken environment becomes an env_error row; at
-  most `concurrency` episodes in flight, so a slow episode never holds up the others. It writes
-  nothing: storing rows is the caller's step.
+  thread and always closed (or, for `reusable` environments such as JVM or browser engines, taken
+  from an EnvPool, reset by the next episode, and closed and replaced after a failure); a per-episode
+  seed; a broken environment becomes an env_error row; at most `concurrency` episodes in flight, so a
+  slow episode never holds up the others. It writes nothing: storing rows is the caller's step.
 - `collect` plays the (task, sample) jobs not yet stored and appends finished rows in batches (every
   `batch_size` episodes or `flush_seconds`, and at the end); each append is one atomic part, so a
   killed run loses at most the episodes in flight and the unflushed batch.
@@ -258,7 +259,8 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
                         settings: RolloutSettings, *, run_id: str, round: int = 0, source: str = "collected",
                         metadata: dict[str, Any] | None = None,
                         on_episode: Callable[[Episode], Awaitable[None] | None] | None = None,
-                        keep: bool = True, slots: asyncio.Semaphore | None = None) -> list[Episode]:
+                        keep: bool = True, slots: asyncio.Semaphore | None = None,
+                        pool: EnvPool | None = None) -> list[Episode]:
     """Play each (task, sample) job: the one episode lifecycle of collect, eval, GRPO, RFT and iterate.
 
     - Each episode gets a fresh environment from `make_env` (default: `settings.env` with
@@ -270,26 +272,34 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
       each finishes. Writing rows anywhere is the caller's step (collect writes them through it).
     - `slots`, shared by concurrent calls, caps their episodes in flight together: each episode holds one
       while it plays (a Ray worker's queued shards, so the next fills in as one drains).
+    - Environments whose class sets `reusable = True` are kept in an EnvPool between episodes: `pool`
+      when given (the caller closes it; a trainer keeps one across its steps), else one for this call,
+      closed when it ends. An instance whose episode failed (env_error, timeout) is closed, not reused.
     Returns the episodes in job order (an empty list with keep=False, for long runs that stream).
     """
     if settings.max_turns < 1 or settings.concurrency < 1:
         raise UsageError("max_turns and concurrency must be at least 1")
     make = make_env if make_env is not None else env_factory(settings.env, settings.env_options)
+    own_pool = pool is None
+    envs = EnvPool(make) if own_pool else pool
     jobs = list(jobs)
     episodes: list[Episode | None] = [None] * len(jobs) if keep else []
     queue: Iterator[tuple[int, tuple[Any, int]]] = iter(enumerate(jobs))
 
     async def play(task: Any, sample: int) -> Episode:
-        env = await _open(make)
+        env = await envs.acquire()
+        episode = None
         try:
-            return await run_episode(
+            episode = await run_episode(
                 env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=settings.max_turns,
                 temperature=settings.temperature, seed=episode_seed(settings.seed, task.id, sample),
                 max_tokens=settings.max_new_tokens, model_call_timeout=settings.model_call_timeout,
                 turn_timeout=settings.turn_timeout, episode_timeout=settings.episode_timeout, source=source,
                 metadata=metadata)
+            return episode
         finally:
-            await _close(env, task)
+            reuse = episode is not None and episode.status not in ("env_error", "timeout")
+            await envs.release(env, task, reuse=reuse)
 
     async def worker() -> None:
         for index, (task, sample) in queue:  # a shared iterator: each job is taken by exactly one worker
@@ -313,7 +323,48 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if own_pool:
+            await asyncio.shield(envs.close())
     return episodes  # type: ignore[return-value]
+
+
+class EnvPool:
+    """Idle environments kept between episodes, for classes that set `reusable = True` (slow engines).
+
+    `acquire` hands out an idle instance or makes one (in a worker thread; a failing constructor gives
+    an instance that fails the episode as env_error); `release(env, reuse=...)` keeps a reusable,
+    healthy instance for the next episode and closes every other. `close` closes the idle ones: call
+    it when the pool's owner is done (play_episodes does for the pool it made itself).
+    """
+
+    def __init__(self, make: EnvFactory) -> None:
+        self.make = make
+        self.idle: list[Any] = []
+        self.made = 0  # instances created: a measure of reuse
+        self.closed = False
+
+    async def acquire(self) -> Any:
+        if self.closed:
+            raise UsageError("this environment pool is closed")
+        if self.idle:
+            return self.idle.pop()
+        self.made += 1
+        return await _open(self.make)
+
+    async def release(self, env: Any, task: Any, *, reuse: bool) -> None:
+        if reuse and not self.closed and getattr(env, "reusable", False) is True:
+            self.idle.append(env)
+        else:
+            await _close(env, task)
+
+    async def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for env in idle:
+            await _close(env, None)
+
+    def __len__(self) -> int:
+        return len(self.idle)
 
 
 async def _open(make: EnvFactory) -> Any:
@@ -352,7 +403,8 @@ async def _close(env: Any, task: Any) -> None:
     except asyncio.CancelledError:
         raise  # the close thread still runs to its end
     except Exception as exc:  # the row is already complete; a failing close is only reported
-        warnings.warn(f"env.close failed for task {task.id!r}: {exc}", stacklevel=1)
+        where = f" for task {task.id!r}" if task is not None else ""
+        warnings.warn(f"env.close failed{where}: {exc}", stacklevel=1)
 
 
 def _close_quietly(env: Any) -> None:
@@ -396,7 +448,11 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
 
     # A bad env spec or option should stop the run here, not become one env_error row per episode.
     probe = await asyncio.to_thread(make)
-    await asyncio.to_thread(probe.close)
+    pool = EnvPool(make)
+    if ray is None and getattr(probe, "reusable", False) is True:
+        pool.idle.append(probe)  # a slow engine already started: the first episode plays in it
+    else:
+        await asyncio.to_thread(probe.close)
     if ray is not None:
         from omrl.distributed.ray_collect import play_on_ray
 
@@ -419,9 +475,10 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
         ticker = asyncio.create_task(writer.every(flush_seconds))
         try:
             await play_episodes(jobs, make, policy, settings, run_id=run_id, round=round, source=source,
-                                on_episode=finished, keep=False)
+                                on_episode=finished, keep=False, pool=pool)
         finally:
-            # Also on failure, cancellation or Ctrl-C: write what finished.
+            # Also on failure, cancellation or Ctrl-C: write what finished, close the pooled engines.
+            await asyncio.shield(pool.close())
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
             await asyncio.shield(writer.flush())

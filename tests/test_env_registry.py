@@ -90,3 +90,49 @@ def test_envs_cli_lists_every_environment():
     assert result.exit_code == 0, result.output
     for name in ENVIRONMENTS:
         assert name in result.output
+
+
+def test_task_generation_is_part_of_the_environment_contract(tmp_path):
+    from omrl.envs import generate_tasks, generator_names
+
+    assert {"math", "shop", "code", "grid"} <= set(generator_names())
+    train = generate_tasks("grid", n=20, seed=1, split="train")
+    assert [t.to_row() for t in train] == [t.to_row() for t in generate_tasks("grid", n=20, seed=1, split="train")]
+    held_out = generate_tasks("grid", n=20, seed=1, split="eval", walls=True)
+    assert all(t.payload["walls"] for t in held_out)
+    pairs = {(tuple(t.payload["start"]), tuple(t.payload["goal"])) for t in train}
+    assert not pairs & {(tuple(t.payload["start"]), tuple(t.payload["goal"])) for t in held_out}
+    with pytest.raises(EnvSpecError, match="splits train, eval, not 'test'"):
+        generate_tasks("grid", n=2, split="test")
+    with pytest.raises(EnvSpecError, match="no task generator"):
+        generate_tasks("sql", n=2)
+    with pytest.raises(EnvSpecError, match="options"):
+        generate_tasks("grid", n=2, colour="red")
+
+
+def test_tasks_generate_cli_takes_any_generating_env_and_its_options(tmp_path):
+    out = tmp_path / "walls.jsonl"
+    result = CliRunner().invoke(cli, ["tasks", "generate", "grid", "--n", "5", "--split", "eval",
+                                      "--option", "walls=true", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    tasks = load_tasks(out)
+    assert len(tasks) == 5 and all(t.split == "eval" and t.payload["walls"] for t in tasks)
+    result = CliRunner().invoke(cli, ["tasks", "generate", "nosuch", "--out", str(out)])
+    assert result.exit_code != 0 and "unknown environment 'nosuch'" in result.output
+
+
+class UnavailableEnv:
+    """Needs an engine this machine lacks."""
+
+    @classmethod
+    def unavailable(cls):
+        return "needs the 'engine' extra: pip install 'omrl[engine]'"
+
+    def reset(self, task): ...
+    def step(self, action): ...
+    def close(self): ...
+
+
+def test_an_unavailable_environment_refuses_with_its_one_line_reason():
+    with pytest.raises(EnvSpecError, match=r"cannot run here: needs the 'engine' extra"):
+        make_env("tests.test_env_registry:UnavailableEnv")

@@ -264,3 +264,63 @@ def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
     assert ledger.count("made") == ledger.count("closed") == 12 + 1  # the episodes and collect's probe
     stored = seeds(Store(tmp_path / "rft" / "store"))
     assert len(stored) == 12 and len(set(stored)) == 12
+
+
+class ReusableCountEnv(CountingCountEnv):
+    """A slow-to-start engine: reusable between episodes; `crash_on` task ids fail the episode at reset."""
+
+    reusable = True
+
+    def __init__(self, log: str, crash_on: tuple[str, ...] = (), **options):
+        super().__init__(log, **options)
+        self.crash_on = crash_on
+
+    def reset(self, task):
+        if task.id in self.crash_on:
+            raise RuntimeError("engine died")
+        return super().reset(task)
+
+
+def test_reusable_environments_are_pooled_replaced_after_a_failure_and_all_closed(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+    tasks = count_tasks(6, target=2)
+    jobs = [(t, s) for t in tasks for s in range(2)]
+    settings = RolloutSettings(env="unused", max_turns=5, concurrency=3, seed=1)
+    crash = (tasks[2].id,)
+    episodes = asyncio.run(play_episodes(
+        jobs, lambda: ReusableCountEnv(str(ledger.path), crash_on=crash), make_policy("scripted"), settings,
+        run_id="r"))
+    statuses = [e.status for e in episodes]
+    assert statuses.count("env_error") == 2 and statuses.count("ok") == 10
+    made = ledger.count("made")
+    # 3 slots plus one replacement per crashed engine: far fewer than one engine per episode.
+    assert made <= 3 + 2 < len(jobs)
+    assert ledger.count("closed") == made  # the crashed ones at once, the idle ones when the call ends
+
+
+def test_a_pool_passed_in_outlives_the_call_and_its_owner_closes_it(tmp_path):
+    from omrl.rollout import EnvPool
+
+    ledger = Ledger(tmp_path / "log")
+    settings = RolloutSettings(env="unused", max_turns=5, concurrency=2, seed=1)
+    pool = EnvPool(lambda: ReusableCountEnv(str(ledger.path)))
+
+    async def two_steps():
+        for _ in range(2):
+            jobs = [(t, 0) for t in count_tasks(4, target=2)]
+            await play_episodes(jobs, None, make_policy("scripted"), settings, run_id="r", pool=pool)
+        assert ledger.count("closed") == 0 and len(pool) == 2  # kept across both calls
+        await pool.close()
+
+    asyncio.run(two_steps())
+    assert ledger.count("made") == ledger.count("closed") == 2
+
+
+def test_collect_reuses_its_probe_of_a_reusable_environment(tmp_path):
+    ledger = Ledger(tmp_path / "log")
+    store = Store.create(tmp_path / "store")
+    result = asyncio.run(collect(lambda: ReusableCountEnv(str(ledger.path)), count_tasks(4, target=2),
+                                 make_policy("scripted"), store, RolloutSettings(max_turns=5, concurrency=1),
+                                 progress=False))
+    assert result.statuses["ok"] == 4
+    assert ledger.count("made") == ledger.count("closed") == 1  # the probe played all four episodes

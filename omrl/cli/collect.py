@@ -12,13 +12,13 @@ import click
 from omrl.cli.common import console, user_errors
 
 
-def env_options(values: tuple[str, ...]) -> dict[str, Any]:
+def env_options(values: tuple[str, ...], flag: str = "--env-option") -> dict[str, Any]:
     """KEY=VALUE pairs; values are read as JSON when they parse (numbers, true/false), else as text."""
     out: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env-option")
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -20,20 +20,33 @@ def envs(ctx: click.Context) -> None:
 
 @envs.command("list")
 def list_() -> None:
-    """List the built-in environments (also usable: --env package.module:ClassName).
+    """List the environments: built-in and from installed plugins (also usable: --env package.module:ClassName).
+
+    Each row says where it comes from, whether it runs here (else the missing extra or system package),
+    the splits its task generator knows and the resource limits in force.
 
     Example:  omrl envs list
     """
     from rich.table import Table
 
-    from omrl.envs import ENVIRONMENTS, describe
+    from omrl.envs import EnvSpecError, describe, env_class, registry, unavailable
 
     table = Table(title="environments")
-    table.add_column("name")
-    table.add_column("class")
-    table.add_column("description", overflow="fold")
-    for name in sorted(ENVIRONMENTS):
-        table.add_row(name, ENVIRONMENTS[name], describe(name))
+    for column in ("name", "from", "runs here", "tasks", "description"):
+        table.add_column(column, overflow="fold")
+    for name, entry in sorted(registry().items()):
+        try:
+            cls = env_class(name)
+        except EnvSpecError as exc:
+            table.add_row(name, entry.provider, f"no: {exc}", "-", "")
+            continue
+        reason = unavailable(cls)
+        generator = callable(getattr(cls, "generate_tasks", None))
+        splits = ", ".join(getattr(cls, "splits", ()) or ()) or "any split"
+        limits = getattr(cls, "resource_limits", None)
+        text = describe(name) + (f" Limits: {limits()}" if callable(limits) and limits() else "")
+        table.add_row(name, entry.provider, "yes" if reason is None else f"no: {reason}",
+                      f"generate ({splits})" if generator else "import", text)
     console.print(table)
 
 

@@ -62,20 +62,23 @@ def show(path: str, examples: int) -> None:
 
 
 @tasks.command()
-@click.argument("kind", type=click.Choice(["math", "shop", "code"]))
+@click.argument("kind", metavar="ENV")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Tasks file to write (.parquet or .jsonl).")
-@click.option("--n", default=50, show_default=True, help="Number of tasks (code: all shipped projects).")
+@click.option("--n", default=50, show_default=True, help="Number of tasks (code: at most the shipped projects).")
 @click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same tasks).")
-@click.option("--split", default="train", show_default=True, help="Split name.")
+@click.option("--split", default=None, help="Split name (default: the environment's first; `omrl envs` lists them).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Generator option (repeatable; JSON values), e.g. --option walls=true for grid.")
 @user_errors
-def generate(kind: str, out: str, n: int, seed: int, split: str) -> None:
-    """Generate tasks: arithmetic (math), shopping goals (shop) or the shipped code-repair projects (code).
+def generate(kind: str, out: str, n: int, seed: int, split: str | None, options: tuple[str, ...]) -> None:
+    """Generate tasks with environment ENV's own generator (math, shop, code, grid, ...; see `omrl envs`).
 
     Example:  omrl tasks generate math --n 200 --seed 1 --out math.parquet
     """
+    from omrl.cli.collect import env_options
     from omrl.tasks import generate_tasks, write_tasks
 
-    generated = generate_tasks(kind, n=n, seed=seed, split=split)
+    generated = generate_tasks(kind, n=n, seed=seed, split=split, **env_options(options, "--option"))
     write_tasks(generated, out)
     console.print(f"wrote {len(generated)} {kind} tasks to {out}")
 

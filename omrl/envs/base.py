@@ -16,6 +16,16 @@ Rewards: StepResult.reward is the reward earned by that step; the trajectory rew
 The episode's outcome is info["success"] on the final step (when absent: final reward >= 1).
 `expert_action()` returns the next move of a scripted expert (which may read the gold answer);
 it exists to test the plumbing and to make demonstrations.
+
+Optional parts of the contract, looked up on the class (omrl.envs reads them; none needs registering):
+- `generate_tasks(n, seed=0, split=..., **options) -> list[Task]` (a classmethod): the environment's own
+  task generator, behind `omrl tasks generate NAME`; the same arguments give the same tasks, and
+  different splits never share a game, layout or variation. `splits` names the splits it knows.
+- `unavailable() -> str | None` (a classmethod): one line saying why the environment cannot run here
+  (the pip extra or the system package it lacks), or None; `make_env` refuses with that line.
+- `reusable = True`: `reset` restores a fresh state, so one instance may play many episodes in turn
+  (slow engines: JVMs, browsers). The episode runner then pools instances and closes one that failed.
+- `resource_limits() -> str | None` (a classmethod): the resource limits in force on this host, shown by `omrl envs`.
 """
 
 from __future__ import annotations

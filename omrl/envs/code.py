@@ -50,6 +50,20 @@ class CodeEnv(ToolEnv):
     name = "code"
     tools = TOOLS
 
+    @classmethod
+    def generate_tasks(cls, n: int | None = None, seed: int = 0, split: str = "train") -> list[Task]:
+        """The shipped repair projects with their files embedded (self-contained); n caps how many, seed
+        shuffles which."""
+        from omrl.tasks import load_tasks
+
+        tasks = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
+        if n is not None and n < len(tasks):
+            tasks = random.Random(seed).sample(tasks, n)
+        for task in tasks:
+            task.payload["files"] = project_files(task)
+            task.split = split
+        return tasks
+
     def __init__(self, test_timeout_s: float = 10.0, memory_mb: int = 1024,
                  test_command: list[str] | None = None, max_processes: int = 64, disk_mb: int = 64,
                  unsafe_no_sandbox: bool = False) -> None:

@@ -183,6 +183,15 @@ class GridEnv:
     """Grid navigation on a small board; see the module docstring for observations, actions and rewards."""
 
     name = "grid"
+    splits = ("train", "eval")  # by a hash of the (start, goal) pair: held-out pairs are never trained on
+
+    @classmethod
+    def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", size: int = 7, walls: bool = False
+                       ) -> list[Task]:
+        """Open grids (`grid_tasks`) or walled ones (`walls=True`, `grid_wall_tasks`)."""
+        if walls:
+            return grid_wall_tasks(n, seed=seed, split=split, size=int(size))
+        return grid_tasks(n, seed=seed, split=split, size=int(size))
 
     def __init__(self, action_format: str = "text", noise: float = 0.3, seed: int | None = None, slack: int = 2
                  ) -> None:

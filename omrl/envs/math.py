@@ -32,6 +32,11 @@ class MathEnv(ToolEnv):
     name = "math"
     tools = TOOLS
 
+    @classmethod
+    def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", max_operands: int = 4) -> list[Task]:
+        """Generated arithmetic tasks (see the module function)."""
+        return generate_tasks(n, seed=seed, split=split, max_operands=max_operands)
+
     def __init__(self, max_calculator_calls: int = 50) -> None:
         super().__init__()
         self.max_calculator_calls = max_calculator_calls

@@ -151,6 +151,11 @@ class ShopEnv(ToolEnv):
     name = "shop"
     tools = TOOLS
 
+    @classmethod
+    def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", catalogue_size: int = 200) -> list[Task]:
+        """Shopping goals over a generated catalogue (see the module function)."""
+        return generate_tasks(n, seed=seed, catalogue_size=catalogue_size, split=split)
+
     def reset(self, task: Task) -> Reset:
         super().__init__()
         spec = task.payload.get("catalogue") or {}

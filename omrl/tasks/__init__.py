@@ -318,23 +318,13 @@ def summarize(tasks: list[Task]) -> dict[str, Any]:
             "with_answer": sum(1 for t in tasks if t.answer not in (None, ""))}
 
 
-def generate_tasks(kind: str, n: int = 50, seed: int = 0, split: str = "train") -> list[Task]:
-    """Synthetic tasks: "math" (arithmetic), "shop" (shopping goals) or "code" (the shipped repair projects,
-    files embedded so the result is self-contained)."""
-    if kind == "math":
-        from omrl.envs.math import generate_tasks as generate_math
+def generate_tasks(kind: str, n: int = 50, seed: int = 0, split: str | None = None, **options: Any) -> list[Task]:
+    """Tasks made by environment `kind`'s own generator (`omrl.envs.generate_tasks`; `omrl envs` lists which
+    environments have one); `options` go to that generator; split None: the environment's first split."""
+    from omrl.envs import EnvSpecError
+    from omrl.envs import generate_tasks as env_generate
 
-        return generate_math(n, seed=seed, split=split)
-    if kind == "shop":
-        from omrl.envs.shop import generate_tasks as generate_shop
-
-        return generate_shop(n, seed=seed, split=split)
-    if kind == "code":
-        from omrl.envs.code import project_files
-
-        tasks = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
-        for task in tasks:
-            task.payload["files"] = project_files(task)
-            task.split = split
-        return tasks
-    raise TaskError(f"cannot generate {kind!r} tasks; choose math, shop or code")
+    try:
+        return env_generate(kind, n=n, seed=seed, split=split, **options)
+    except EnvSpecError as exc:
+        raise TaskError(str(exc)) from None

@@ -67,10 +67,10 @@ class Mapping:
 def check_env_name(env: str | None) -> None:
     """Refuse an environment that is neither built in nor a package.module:Class path (a typo otherwise
     surfaces only when the tasks are collected)."""
-    from omrl.envs import ENVIRONMENTS
+    from omrl.envs import known_names
 
-    if env is not None and env not in ENVIRONMENTS and ":" not in env:
-        raise TaskError(f"unknown environment {env!r}; built in: {', '.join(sorted(ENVIRONMENTS))}, "
+    if env is not None and ":" not in env and env not in known_names():
+        raise TaskError(f"unknown environment {env!r}; known: {', '.join(known_names())}, "
                         "or give package.module:ClassName")
 
 
