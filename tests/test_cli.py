@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pyarrow.parquet as pq
@@ -40,6 +42,48 @@ def test_every_command_has_help_and_an_example():
         assert result.exit_code == 0, (path, result.output)
         assert command.help and command.help.strip(), f"omrl {' '.join(path)} has no help"
         assert "Example" in command.help, f"omrl {' '.join(path)} has no example in its help"
+
+
+# Paths into the shipped folders of the repository, as a help text's example names them.
+_SHIPPED_PATH = re.compile(r"(?<![\w/.-])((?:datasets|recipes|benchmarks|scripts|schemas|omrl/data)/[\w./-]*\w)")
+
+
+def _help_texts():
+    """(command path, text) for the help of every command and of each of its options."""
+    for path, command in _all_commands():
+        yield path, command.help or ""
+        for param in command.params:
+            yield path, getattr(param, "help", None) or ""
+
+
+def test_every_file_a_help_text_names_exists():
+    from omrl.shipped import resolve_tasks
+
+    root = Path(__file__).resolve().parents[1]
+    named = 0
+    for path, text in _help_texts():
+        where = f"omrl {' '.join(path)} --help"
+        for name in _SHIPPED_PATH.findall(text):
+            named += 1
+            assert (root / name).exists(), f"{where} names {name}, which does not exist"
+        for name in re.findall(r"shipped:(\w+)", text):
+            if name != "NAME":
+                resolve_tasks(f"shipped:{name}")  # raises FileNotFoundError for a set that is not shipped
+    assert named >= 5  # the pattern finds the examples (recipes/..., datasets/...)
+
+
+def test_group_help_lists_every_subcommand():
+    runner = CliRunner()
+    top = runner.invoke(cli, ["--help"]).output
+    for name in COMMANDS:
+        assert re.search(rf"^  {name} ", top, re.M), f"omrl --help does not list {name}"
+    ctx = click.Context(cli)
+    train = cli.get_command(ctx, "train")
+    trainers = train.list_commands(ctx)
+    assert "ppo" in trainers
+    for name in trainers:  # the one-line help in `omrl --help` and the group's own name every trainer
+        assert name in COMMANDS["train"][1], f"omrl --help's line for train does not name {name}"
+        assert name in (train.help or ""), f"omrl train --help does not name {name}"
 
 
 def test_help_is_fast_and_imports_no_training_stack():

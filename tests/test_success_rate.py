@@ -86,3 +86,20 @@ def test_sft_rows_exclude_every_failed_status(store):
     kept = load_rows(store)
     assert len(kept) == 8 and not any(is_failed(r["status"]) for r in kept)
     assert {r["status"] for r in kept} == {"ok", "truncated"}
+
+
+def test_iterate_progress_and_interval_use_the_one_definition(tmp_path):
+    from omrl.train.iterate import _update_success, success_ci95
+
+    store = Store.create(tmp_path / "s")
+    rows = _rows(OUTCOMES)
+    for row in rows:
+        row["source"] = "collected:grpo"
+    store.append(rows)
+    # The failed env_error row with success=False is not an unsolved episode: 3 solved of 6 known.
+    assert _update_success(store, 0)() == EXPECTED["success_rate"]
+    two_tasks = Store.create(tmp_path / "two")
+    two_tasks.append(_rows([("ok", True), ("env_error", False)], group="g1")
+                     + [dict(r, id=r["id"] + "-b", task_id="u") for r in _rows([("ok", False), ("ok", True)])])
+    # task t: 1.0 (the env_error row left out), task u: 0.5 -> mean 0.75, sample std 0.354, n 2
+    assert success_ci95(two_tasks, "run-a", 0) == round(1.96 * (0.125 ** 0.5) / 2 ** 0.5, 4)

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("omrl.cli.collect:collect", "Play tasks x samples episodes with a policy into a store (resumable)."),
     "eval": ("omrl.cli.eval:eval_", "Evaluate a policy: success rate, mean reward, pass@k."),
     "models": ("omrl.cli.models:models", "Build tiny offline models for tests and demos."),
-    "train": ("omrl.cli.train:train", "Train on stored experience: sft, grpo, rft, iterate."),
+    "train": ("omrl.cli.train:train", "Train on stored experience: sft, grpo, ppo, rft, iterate."),
     "report": ("omrl.cli.report:report", "Plots and a Markdown/HTML summary of a store and a run."),
     "tasks": ("omrl.cli.tasks:tasks", "Import, show and generate task datasets."),
     "demo": ("omrl.cli.demo:demo", "Run the learning demo: tiny model, grid env, SFT then GRPO, on the CPU."),

@@ -16,7 +16,7 @@ from omrl.store_layout import CompactPolicy
 def store() -> None:
     """Create, append to, check and compact trajectory stores.
 
-    Example:  omrl store init my-store && omrl store append my-store datasets/samples/math_demo.jsonl
+    Example:  omrl store init my-store && omrl store append my-store datasets/samples/synthetic_small.jsonl
     """
 
 

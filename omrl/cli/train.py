@@ -1,4 +1,4 @@
-"""`omrl train sft|grpo|rft|iterate`: run a training recipe (YAML) with optional key=value overrides."""
+"""`omrl train sft|grpo|ppo|rft|iterate`: run a training recipe (YAML) with optional key=value overrides."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _print_config(config) -> None:
 
 @click.group()
 def train() -> None:
-    """Train on stored experience: SFT, GRPO, rejection sampling, iterative rounds.
+    """Train on stored experience: sft, grpo, ppo, rft (rejection sampling), iterate (rounds of all).
 
     Example:  omrl train sft --recipe recipes/sft_tiny.yaml epochs=3
     """

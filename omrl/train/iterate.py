@@ -312,10 +312,11 @@ def success_ci95(store, run_id: str, round_: int) -> float:
     import math
 
     from omrl.query import quote_literal
+    from omrl.schema import SUCCESS_SQL
 
-    means = [r["s"] for r in store.sql(
-        f"SELECT avg(success::INT) AS s FROM trajectories WHERE run_id = {quote_literal(run_id)} "
-        f"AND round = {int(round_)} AND success IS NOT NULL GROUP BY task_id").to_pylist()]
+    rates = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE run_id = {quote_literal(run_id)} "
+                      f"AND round = {int(round_)} GROUP BY task_id").to_pylist()
+    means = [r["success_rate"] for r in rates if r["success_rate"] is not None]  # tasks with a known outcome
     if len(means) < 2:
         return 0.0
     mean = sum(means) / len(means)
@@ -514,11 +515,12 @@ def _train_seconds(trained) -> float:
 def _update_success(store, round_: int, algorithm: str = "grpo") -> Callable[[], float | None]:
     """Success so far of the GRPO (or PPO) rollouts of `round` (the trainer stores each step's rows)."""
     from omrl.query import quote_literal
+    from omrl.schema import SUCCESS_SQL
 
     def success() -> float | None:
-        rows = store.sql(f"SELECT avg(success::INT) AS s FROM trajectories WHERE round = {int(round_)} AND "
-                         f"source = {quote_literal('collected:' + algorithm)} AND success IS NOT NULL").to_pylist()
-        return rows[0]["s"] if rows else None
+        rows = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE round = {int(round_)} AND "
+                         f"source = {quote_literal('collected:' + algorithm)}").to_pylist()
+        return rows[0]["success_rate"] if rows else None
 
     return success
 
