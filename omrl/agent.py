@@ -15,6 +15,10 @@ Outcome of an episode (the `status` column):
 - policy_error / env_error / timeout: something failed; `error` says what. reward and success are
   None: a failed episode is never scored, not even 0. The reward earned before the failure stays in
   the per-turn rewards and in metadata["partial_reward"].
+
+Text that is not Unicode (a lone surrogate in a model's reply, e.g. a server's JSON escape of half a
+UTF-16 pair, or in an observation) is stored with U+FFFD in its place and counted in
+metadata["replaced_surrogates"]: it could be neither sent back to the model nor written to the store.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
-from omrl.schema import group_id, is_failed, normalize_trajectory, trajectory_id
+from omrl.schema import group_id, is_failed, normalize_trajectory, replace_lone_surrogates, trajectory_id
 
 DEFAULT_SYSTEM_PROMPT = ("You are an agent solving a task step by step. Use the tools offered to act; "
                          "each tool result comes back as the next message.")
@@ -125,7 +129,7 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     tid = trajectory_id(run_id, round, task.id, sample)
     context = EpisodeContext(env=env, task=task, episode_id=tid, sample=sample, temperature=temperature,
                              seed=seed, max_tokens=max_tokens, model_call_timeout=model_call_timeout)
-    state: dict[str, Any] = {"messages": [], "turns": [], "tools": [], "last": None, "invalid": 0}
+    state: dict[str, Any] = {"messages": [], "turns": [], "tools": [], "last": None, "invalid": 0, "replaced": 0}
     started = time.monotonic()
     status, error = "ok", None
     try:
@@ -153,7 +157,7 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     prompt_tokens = [t["prompt_tokens"] for t in turns if t["prompt_tokens"] is not None]
     completion_tokens = [t["completion_tokens"] for t in turns if t["completion_tokens"] is not None]
     task_row = task.to_row() if hasattr(task, "to_row") else dict(task)
-    row = normalize_trajectory({
+    row = {
         "id": tid, "run_id": run_id, "round": round, "task_id": task.id,
         "group_id": group_id(run_id, round, task.id), "sample": sample,
         "env": getattr(env, "name", type(env).__name__), "model": getattr(policy, "name", type(policy).__name__),
@@ -163,8 +167,22 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
         "prompt_tokens": sum(prompt_tokens) if prompt_tokens else None,
         "completion_tokens": sum(completion_tokens) if completion_tokens else None,
         "duration_s": duration, "source": source, "metadata": meta,
-    })
-    return Episode(row=row, context=context)
+    }
+    # The messages are clean already; an error text, a turn's info or the task may still hold some.
+    for key in ("instruction", "task", "tools", "error", "metadata"):
+        row[key] = _storable(state, row[key])
+    for entry in turns:
+        entry["info"] = _storable(state, entry["info"])
+    if state["replaced"]:
+        row["metadata"] = {**row["metadata"], "replaced_surrogates": state["replaced"]}
+    return Episode(row=normalize_trajectory(row), context=context)
+
+
+def _storable(state: dict[str, Any], value: Any) -> Any:
+    """`value` as text that can be sent and stored (lone surrogates replaced, counted in `state`)."""
+    value, replaced = replace_lone_surrogates(value)
+    state["replaced"] += replaced
+    return value
 
 
 async def _play(env, task, policy, context, state, max_turns: int, turn_timeout: float | None) -> str:
@@ -172,7 +190,8 @@ async def _play(env, task, policy, context, state, max_turns: int, turn_timeout:
     first: Reset = await _env_call("env.reset", env.reset, task)
     state["tools"] = list(first.tools or [])
     system = first.system_prompt or (DEFAULT_SYSTEM_PROMPT if state["tools"] else DEFAULT_TEXT_SYSTEM_PROMPT)
-    state["messages"] += [{"role": "system", "content": system}, {"role": "user", "content": first.observation}]
+    state["messages"] += [{"role": "system", "content": system},
+                          _storable(state, {"role": "user", "content": first.observation})]
     for turn in range(max_turns):
         if await _within(_play_turn(env, policy, context, state, turn), turn_timeout,
                          f"turn {turn} exceeded turn_timeout={turn_timeout}s"):
@@ -196,7 +215,7 @@ async def _play_turn(env, policy, context, state, turn: int) -> bool:
     except Exception as exc:  # a bug or crash inside the policy: recorded, the run goes on
         raise _Stop("policy_error", f"turn {turn}: policy raised {_describe(exc)}") from exc
     latency = time.monotonic() - started
-    message = _assistant_message(reply, turn)
+    message = _storable(state, _assistant_message(reply, turn))
     messages.append(message)
 
     reward, done, infos, invalid = 0.0, False, [], 0
@@ -219,8 +238,8 @@ async def _play_turn(env, policy, context, state, turn: int) -> bool:
                 state["last"] = result
             invalid += bool(info.get("invalid_action"))
             infos.append(info)
-            messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
-                             "content": observation})
+            messages.append(_storable(state, {"role": "tool", "tool_call_id": call["id"],
+                                              "name": call["function"]["name"], "content": observation}))
     else:
         action = Action(text=reply.content or "")
         result = await _env_call(f"env.step({action.text[:200]!r})", env.step, action)
@@ -228,7 +247,7 @@ async def _play_turn(env, policy, context, state, turn: int) -> bool:
         info = dict(result.info or {})
         invalid += bool(info.get("invalid_action"))
         infos.append(info)
-        messages.append({"role": "user", "content": result.observation})
+        messages.append(_storable(state, {"role": "user", "content": result.observation}))
     state["invalid"] += invalid
 
     turn_info: dict[str, Any] = {"steps": infos} if len(infos) != 1 else dict(infos[0])

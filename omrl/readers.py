@@ -6,6 +6,10 @@ too deeply for Python, ragged CSV rows, Parquet pages that do not decode, binary
 as the caller's ValueError subclass, one line naming the file and the line, item, row or row group, so the
 CLI prints it cleanly; a UnicodeDecodeError, RecursionError or pyarrow error never escapes.
 
+Text that is not Unicode is refused the same way: a JSON escape of half a surrogate pair (`"\\udc00"`)
+parses in Python but cannot be stored (Arrow strings are UTF-8), so the record is an error naming where
+in it the lone surrogate sits.
+
 Locators: JSONL and CSV `<file> line N` (from 1, as editors count), JSON `<file> item N` (list position,
 from 0), Parquet `<file> row N` (from 0) and `<file> row group N` for pages that do not decode.
 """
@@ -29,6 +33,9 @@ SUFFIX_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".traj":
 _WS = re.compile(r"[ \t\n\r]*")
 _BOM = b"\xef\xbb\xbf"
 _SNIFF_BYTES = 8192
+# A JSON escape of a UTF-16 surrogate: the only way text decoded from UTF-8 can come to hold one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ReadError(OmrlError, ValueError):
@@ -138,6 +145,36 @@ def _depth_hint() -> str:
     return f"nested too deeply to read (over {sys.getrecursionlimit()} levels of brackets)"
 
 
+def lone_surrogate(value: Any, at: str = "") -> str | None:
+    """Where in a parsed JSON value a lone surrogate sits ("messages[0].content", "the key 'a\\udc00'"), or None."""
+    if isinstance(value, str):
+        return (at or "the value") if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"the key {key.encode('utf-8', 'backslashreplace').decode()!r}" + (f" in {at}" if at else "")
+            found = lone_surrogate(item, f"{at}.{key}" if at else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = lone_surrogate(item, f"{at}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def _surrogate_problem(text: str, value: Any) -> str | None:
+    """Why `value`, parsed from the JSON `text`, cannot be stored: a lone surrogate, or None (fast when none)."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return None
+    where = lone_surrogate(value)
+    if where is None:
+        return None  # only escapes of whole pairs, which JSON parsing joins into one character
+    return (f"holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair) in {where}: not Unicode text, "
+            "so it cannot be stored; fix or remove that escape")
+
+
 # ---------------------------------------------------------------- JSON lines
 
 
@@ -173,7 +210,7 @@ def _parse_line(raw: bytes, number: int) -> Any:
     except UnicodeDecodeError as exc:
         return BadLine(number, _utf8_problem(exc, raw, number), "bad encoding")
     try:
-        return json.loads(line)
+        value = json.loads(line)
     except json.JSONDecodeError as exc:
         cut = " (the line ends there: cut short?)" if exc.pos >= len(line.rstrip()) else ""
         return BadLine(number, f"line {number} is not valid JSON ({exc.msg}: column {exc.colno}){cut}")
@@ -181,6 +218,10 @@ def _parse_line(raw: bytes, number: int) -> Any:
         return BadLine(number, f"line {number} is {_depth_hint()}", "too deep")
     except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
         return BadLine(number, f"line {number} is not readable JSON ({_one_line(exc)})")
+    problem = _surrogate_problem(line, value)
+    if problem:
+        return BadLine(number, f"line {number} {problem}", "bad encoding")
+    return value
 
 
 # ---------------------------------------------------------------- JSON documents
@@ -210,6 +251,9 @@ def read_json(path: str | Path, *, error: type[Exception] = ReadError) -> Any:
     except ValueError as exc:
         raise _fail(error, f"{path.name}: not readable JSON ({_one_line(exc)})", "bad json") from None
     _trailing(text, end, path, error)
+    problem = _surrogate_problem(text, value)
+    if problem:
+        raise _fail(error, f"{path.name} {problem}", "bad encoding")
     return value
 
 
@@ -250,6 +294,9 @@ def _json_items(text: str, start: int, path: Path, error: type[Exception]) -> It
         except ValueError as exc:
             raise _fail(error, f"{where} (line {_line_of(text, pos)}) is not readable JSON ({_one_line(exc)})",
                         "bad json") from None
+        problem = _surrogate_problem(text[pos:end], value)
+        if problem:
+            raise _fail(error, f"{where} (line {_line_of(text, pos)}) {problem}", "bad encoding")
         yield value
         pos = _WS.match(text, end).end()
         if pos >= len(text):

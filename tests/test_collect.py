@@ -272,3 +272,30 @@ def test_collect_and_eval_flags_are_the_rollout_settings(tmp_path: Path, monkeyp
         text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output
         for f in dataclasses.fields(RolloutSettings):
             assert f.metadata["flag"] in text, f"{command} has no flag for {f.name}"
+
+
+def test_a_lone_surrogate_in_a_reply_is_stored_replaced_and_loses_no_batch(tmp_path: Path):
+    """A server's JSON escape of half a UTF-16 pair: the turn goes on, the row is stored with U+FFFD."""
+
+    def responder(request: dict) -> dict:
+        reply = counting_expert(request)
+        if reply["tool_calls"][0]["name"] == "add":
+            reply["content"] = "adding \udc00"  # json.dumps sends it as the escape "\udc00"
+            reply["tool_calls"][0]["arguments"] = '{"amount": 1, "note": "\ud800"}'
+        return reply
+
+    store = Store.create(tmp_path / "s")
+    tasks = count_tasks(3, target=2)
+    with FakeOpenAIServer(responder=responder) as server:
+        policy = OpenAIPolicy("m", base_url=server.base_url)
+        result = run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=3, run_id="r", progress=False))
+        sent = [m for r in server.requests for m in r["messages"] if m["role"] == "assistant"]
+    assert (result.played, result.written, dict(result.statuses)) == (6, 6, {"ok": 6})
+    rows = store.read().to_pylist()
+    assert len(rows) == 6 and store.check() == []
+    for row in rows:
+        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+        assert [m["content"] for m in assistant] == ["adding \ufffd", "adding \ufffd", None]
+        assert "\ufffd" in assistant[0]["tool_calls"][0]["arguments"]
+        assert json.loads(row["metadata"])["replaced_surrogates"] == 4
+    assert sent and all(m["content"] in ("adding \ufffd", None) for m in sent)  # the model got back valid text

@@ -225,3 +225,26 @@ def test_append_file_writes_one_part_however_many_rows(tmp_path):
     store = Store.create(tmp_path / "s")
     assert append_file(store, path) == 6001
     assert len(store.parts()) == 1 and store.count() == 6001
+
+
+def test_a_lone_surrogate_is_refused_naming_file_line_and_field(tmp_path):
+    """A JSON escape of half a surrogate pair parses but is not text: each reader says where it is."""
+    lone = {"id": "r-9", "task_id": "t", "messages": [{"role": "user", "content": "hi \udc00"}]}
+    path = tmp_path / "lone.jsonl"
+    path.write_bytes(_jsonl(_row(0), lone))  # json.dumps writes "\udc00" as an escape
+    store = Store.create(tmp_path / "s")
+    with pytest.raises(SchemaError, match=r"lone\.jsonl line 2 holds a lone surrogate .* in messages\[0\]\.content"):
+        append_file(store, path)
+    with pytest.raises(FormatError, match=r"lone\.jsonl record 1: line 2 holds a lone surrogate"):
+        import_files([path], store, fmt="openai")
+    listed = tmp_path / "lone.json"
+    listed.write_text(json.dumps([{"id": "a", "question": "2+2?"}, {"id": "b", "question": "x\ud800"}]))
+    with pytest.raises(TaskError, match=r"lone\.json item 1 \(line 1\) holds a lone surrogate .* in question"):
+        import_tasks(listed)
+    assert _parts(store) == []
+    # A whole pair written as two escapes is one character, and imports.
+    pair = tmp_path / "pair.jsonl"
+    pair.write_text('{"id": "p", "question": "smile \\ud83d\\ude00"}\n')
+    assert import_tasks(pair, tmp_path / "pair.parquet") is not None
+    result = CliRunner().invoke(cli, ["tasks", "import", str(path), "--out", str(tmp_path / "t.parquet")])
+    assert result.exit_code != 0 and "lone.jsonl line 2" in result.output and "Traceback" not in result.output

@@ -217,6 +217,16 @@ def write_fuzz_corpus(folder: str | Path) -> list[FuzzCase]:
         add(f"{tag}_unsupported_txt", ".txt", t1, target, whole_file=True, reason=("unsupported",),
             note="an extension no reader takes")
 
+    # ---- a lone surrogate (half a UTF-16 pair as a JSON escape): parses, but is not storable text
+    lone = "say \udc00 hi"
+    for target, tag, bad, good in (("store append", "append", _traj(id="fz-s", instruction=lone), _traj(id="fz-a")),
+                                   ("import auto", "import", _openai(id="o-s", messages=[
+                                       {"role": "user", "content": lone}, {"role": "assistant", "content": "hi"}]),
+                                    _openai()),
+                                   ("tasks import", "tasks", _task(id="q-s", question=lone), _task())):
+        add(f"{tag}_lone_surrogate_line2", ".jsonl", _jsonl(good, bad), target, reason=("surrogate",))
+        add(f"{tag}_lone_surrogate_item1", ".json", _json([good, bad]), target, reason=("surrogate",))
+
     # ---- store append: omrl-format trajectories
     A = "store append"
     add("append_invalid_utf8_line3", ".jsonl", _invalid_utf8_at_line3(t1, t2), A, reason=("utf-8",))
