@@ -9,8 +9,8 @@ lists; what a format cannot carry is said there):
   openai    {"messages", "tools", "task_id", "reward", "success", "model", "instruction"} per line: OpenAI
             fine-tuning / TRL conversational; trainable assistant turns as `weight` 0/1
   sharegpt  {"conversations": [{from, value, loss}], "tools", ...} per line (LLaMA-Factory roles)
-  atif      Harbor's ATIF v1.4 trajectories: steps with tool calls, observations and per-step token metrics
-            (completion_token_ids, logprobs); task id, reward and success under `extra`
+  atif      Harbor's ATIF v1.7 trajectories (omrl.formats.atif): steps with tool calls, observations and
+            per-step token metrics (prompt/completion token ids, logprobs); subagents embedded
   adp       Agent Data Protocol standardized: {id, content: [message/api actions, text observations], details}
 """
 
@@ -31,7 +31,6 @@ from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
 EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "jsonl")
-ATIF_VERSION = "ATIF-v1.4"
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -78,20 +77,33 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     rows = select_rows(store, where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
-    convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
-               "sharegpt": to_sharegpt_record, "atif": to_atif_record, "adp": to_adp_record}[fmt]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for batch in rows.to_batches(max_chunksize=1000):
-                for row in batch.to_pylist():
-                    f.write(json.dumps(convert(row), ensure_ascii=False, default=_json_default) + "\n")
+            for record in _records(fmt, rows):
+                f.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
         os.replace(tmp, out)  # readers never see half a file
     except BaseException:
         tmp.unlink(missing_ok=True)  # a failed or interrupted export leaves no half-written temporary behind
         raise
     return ExportResult(out, fmt, rows.num_rows)
+
+
+def _rows(rows: pa.Table):
+    for batch in rows.to_batches(max_chunksize=1000):
+        yield from batch.to_pylist()
+
+
+def _records(fmt: str, rows: pa.Table):
+    """The JSON records of a JSONL export, in the rows' order."""
+    if fmt == "atif":  # a whole-selection conversion: subagent rows are embedded in their parents
+        from omrl.formats import atif
+
+        return atif.export_records(_rows(rows))
+    convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
+               "sharegpt": to_sharegpt_record, "adp": to_adp_record}[fmt]
+    return (convert(row) for row in _rows(rows))
 
 
 def _export_parquet(store: Store, rows: pa.Table, out: Path, where: str | None) -> ExportResult:
@@ -182,57 +194,6 @@ def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
     if tools:
         out["tools"] = json.dumps(tools, ensure_ascii=False)
     return {**out, **_outcome(row)}
-
-
-ATIF_SOURCES = {"system": "system", "user": "user", "assistant": "agent"}
-
-
-def to_atif_record(row: dict[str, Any]) -> dict[str, Any]:
-    """One ATIF trajectory: a step per system/user/assistant message, tool results as the observation of
-    the agent step before them, the k-th turn's token counts, completion ids and logprobs as the k-th
-    agent step's metrics."""
-    steps: list[dict[str, Any]] = []
-    turns = row.get("turns") or []
-    agent_steps = 0
-    for m in row["messages"]:
-        if m["role"] == "tool":
-            owner = next((s for s in reversed(steps) if s["source"] == "agent"), None)
-            if owner is None:  # a result before any agent step has no call to answer: a user step keeps its text
-                steps.append({"step_id": len(steps) + 1, "source": "user", "message": m["content"]})
-                continue
-            owner.setdefault("observation", {"results": []})["results"].append(
-                {"source_call_id": m.get("tool_call_id"), "content": m["content"]})
-            continue
-        step: dict[str, Any] = {"step_id": len(steps) + 1, "source": ATIF_SOURCES[m["role"]], "message": m["content"]}
-        if m["role"] == "assistant":
-            if m.get("reasoning") is not None:
-                step["reasoning_content"] = m["reasoning"]
-            if m["tool_calls"]:
-                step["tool_calls"] = [{"tool_call_id": cid, "function_name": name, "arguments": arguments_value(args)}
-                                      for cid, name, args in map(tool_call_parts, m["tool_calls"])]
-            turn = turns[agent_steps] if agent_steps < len(turns) else None
-            agent_steps += 1
-            if turn is not None:
-                metrics = {"prompt_tokens": turn.get("prompt_tokens"), "completion_tokens": turn.get("completion_tokens"),
-                           "completion_token_ids": turn.get("completion_ids") or None,
-                           "logprobs": turn.get("logprobs") or None}
-                metrics = {k: v for k, v in metrics.items() if v is not None}
-                if metrics:
-                    step["metrics"] = metrics
-            if row.get("model"):
-                step["model_name"] = row["model"]
-        steps.append(step)
-    agent: dict[str, Any] = {"name": "omrl", "model_name": row.get("model") or None}
-    tools = _tools(row)
-    if tools:
-        agent["tool_definitions"] = tools
-    extra = {"task_id": row.get("task_id"), "reward": row.get("reward"), "success": row.get("success"),
-             "omrl_id": row.get("id")}
-    final = {"total_prompt_tokens": row.get("prompt_tokens"), "total_completion_tokens": row.get("completion_tokens"),
-             "total_steps": len(steps)}
-    return {"schema_version": ATIF_VERSION, "session_id": row["id"], "agent": agent, "steps": steps,
-            "final_metrics": {k: v for k, v in final.items() if v is not None},
-            "extra": {k: v for k, v in extra.items() if v is not None}}
 
 
 def to_adp_record(row: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,8 @@ What each format cannot carry, and so drops (`dropped` below applies exactly thi
   the turns' token ids, logprobs and token counts (no place for them).
 - sharegpt: the turns' token ids and logprobs (no place for them). A tool result's name, when it had
   none, is its call's (ShareGPT links results by name and order; every importer fills it so).
-- atif: trainable flags (no field for them); names of user/system messages; the instruction is found
-  again as the first user message that is not a preamble (ATIF has no instruction field). Token ids,
-  logprobs and token counts are kept (step metrics); per-turn rewards and latencies are not.
+- atif: nothing: token ids, logprobs and token counts are step metrics; what ATIF has no field for
+  (trainable flags, names, the instruction, per-turn rewards) travels in its `extra` objects.
 - adp: system messages (no system role: they go to `details.system`, out of the conversation);
   trainable flags; the model and the tool schemas (in `details`, which the importer keeps as metadata);
   an assistant message with text and calls, or with several calls, comes back as one assistant message
@@ -116,7 +115,7 @@ def dropped(v: dict, fmt: str) -> dict:
     for m in v["messages"]:
         if m["role"] == "tool" and m["name"] is None:
             m["name"] = calls.get(m["tool_call_id"])
-    if fmt == "omrl":
+    if fmt in ("omrl", "atif"):
         return v
     if fmt in ("openai", "sharegpt", "adp"):
         v["tokens"] = []
@@ -124,13 +123,9 @@ def dropped(v: dict, fmt: str) -> dict:
         for m in v["messages"]:
             if m["role"] != "assistant":
                 m["trainable"] = None
-    if fmt in ("atif", "adp"):
+    if fmt == "adp":
         for m in v["messages"]:
             m["trainable"] = None
-    if fmt == "atif":
-        for m in v["messages"]:
-            if m["role"] in ("user", "system"):
-                m["name"] = None
     if fmt == "adp":
         split = []
         for m in v["messages"]:
@@ -147,7 +142,7 @@ def dropped(v: dict, fmt: str) -> dict:
                 split.append({**m, "content": None, "reasoning": reasoning if k == 0 else None, "tool_calls": [call]})
         v["messages"] = split
         v["tools"], v["model"] = [], ""
-    if fmt in ("atif", "adp"):
+    if fmt == "adp":
         v["instruction"] = first_user_text(v["messages"])
     return v
 

@@ -114,11 +114,13 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             seen[digest] += 1
             ctx = RecordContext(fmt, path, index, digest if not occurrence else f"{digest}:{occurrence}", rel,
                                 keep_demos)
-            row = convert(record, ctx)
-            previous = row.pop(PREVIOUS_ID, None)
-            row["sample"] = samples[row["task_id"]]
-            row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
-            row = normalize_trajectory(row)
+            converted = convert(record, ctx)  # a row, or a list of rows (ATIF: the trajectory, then its subagents)
+            rows = []
+            for row in converted if isinstance(converted, list) else [converted]:
+                previous = row.pop(PREVIOUS_ID, None)
+                row["sample"] = samples[row["task_id"]] + sum(r["task_id"] == row["task_id"] for r, _ in rows)
+                row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
+                rows.append((normalize_trajectory(row), previous))
         except (SchemaError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             reason = getattr(exc, "reason", "invalid record" if isinstance(exc, SchemaError) else type(exc).__name__)
             detail = "nested too deeply to convert" if isinstance(exc, RecursionError) else str(exc)
@@ -129,10 +131,11 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             if len(report.examples) < 5:
                 report.examples.append(text)
             continue
-        samples[row["task_id"]] += 1
-        if previous:
-            report.previous_ids[row["id"]] = previous
-        yield row
+        for row, previous in rows:
+            samples[row["task_id"]] += 1
+            if previous:
+                report.previous_ids[row["id"]] = previous
+            yield row
 
 
 def load_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False,
