@@ -12,12 +12,18 @@ lists; what a format cannot carry is said there):
   atif      Harbor's ATIF v1.7 trajectories (omrl.formats.atif): steps with tool calls, observations and
             per-step token metrics (prompt/completion token ids, logprobs); subagents embedded
   adp       Agent Data Protocol standardized: {id, content: [message/api actions, text observations], details}
+  traces    a folder of Hugging Face Hub agent traces (omrl.formats.hf_traces): one session file per
+            trajectory, which the Hub's trace viewer shows once pushed (--push); not re-importable
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +36,7 @@ from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
-EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "jsonl")
+EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "traces", "jsonl")
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -77,6 +83,8 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     rows = select_rows(store, where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
+    if fmt == "traces":
+        return _export_traces(store, rows, out, where)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
@@ -88,6 +96,45 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
         tmp.unlink(missing_ok=True)  # a failed or interrupted export leaves no half-written temporary behind
         raise
     return ExportResult(out, fmt, rows.num_rows)
+
+
+def _export_traces(store: Store, rows: pa.Table, out: Path, where: str | None) -> ExportResult:
+    """A folder of Hub session-trace files (one per trajectory) and a dataset card, staged and renamed in whole."""
+    from omrl.formats import hf_traces
+
+    if out.suffix.lower() in (".jsonl", ".json"):
+        raise UsageError(f"--format traces writes a folder (one file per trajectory), not {out.name}")
+    description = f"Exported from `{store.path.name}`" + (f" where `{where}`." if where else ".")
+    with _staged_folder(out) as folder:
+        (folder / "README.md").write_text(hf_traces.CARD.format(description=description), encoding="utf-8")
+        for row in _rows(rows):
+            path = folder / hf_traces.session_path(row["id"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lines = hf_traces.session_lines(row)
+            path.write_text("".join(json.dumps(line, ensure_ascii=False, default=_json_default) + "\n"
+                                    for line in lines), encoding="utf-8")
+    return ExportResult(out, "traces", rows.num_rows)
+
+
+@contextmanager
+def _staged_folder(out: Path) -> Iterator[Path]:
+    """A hidden folder beside `out`, renamed to `out` when the block ends (an earlier `out` swapped out only
+    then); an error or a kill leaves no half-written `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        yield staging
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+        os.rename(staging, out)
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _rows(rows: pa.Table):

@@ -10,11 +10,12 @@ from omrl.hub import EXPORT_FORMATS
 
 @click.command()
 @click.argument("store", type=EXISTING_STORE)
-@click.option("--out", required=True, type=LOCAL_OUTPUT, help="Folder (parquet) or .jsonl file to write.")
+@click.option("--out", required=True, type=LOCAL_OUTPUT, help="Folder (parquet, traces) or .jsonl file to write.")
 @click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
               help="parquet: HF dataset folder; omrl (or jsonl): omrl rows, everything kept; openai: TRL/OpenAI "
                    "{messages, tools} with reward, success, task_id and per-turn weight; sharegpt: conversations "
-                   "with loss flags; atif: Harbor ATIF with token ids; adp: Agent Data Protocol. "
+                   "with loss flags; atif: Harbor ATIF with token ids; adp: Agent Data Protocol; traces: a folder of "
+                   "Hugging Face Hub agent traces (one session file per trajectory, for the Hub's trace viewer). "
                    "Default: parquet for a folder, omrl rows for a .jsonl file.")
 @click.option("--where", help="SQL condition over the trajectories view, e.g. \"success AND env = 'math'\".")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
@@ -23,11 +24,12 @@ from omrl.hub import EXPORT_FORMATS
 @user_errors
 def export(store: str, out: str, fmt: str | None, where: str | None, overwrite: bool, repo_id: str | None,
            private: bool) -> None:
-    """Export trajectories to a Hugging Face dataset folder or a JSONL file (omrl, OpenAI, ShareGPT, ATIF or ADP).
+    """Export trajectories to a Hugging Face dataset folder, a JSONL file (omrl, OpenAI, ShareGPT, ATIF, ADP) or Hub traces.
 
     Each JSONL format reads back with `omrl import`; see the README for what each one keeps.
 
     Example:  omrl export my-store --out sft.jsonl --format openai --where "success"
+              omrl export my-store --out traces --format traces --push me/my-agent-traces
     """
     from omrl.hub import export_store, push_to_hub
 
