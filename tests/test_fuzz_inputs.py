@@ -248,3 +248,45 @@ def test_a_lone_surrogate_is_refused_naming_file_line_and_field(tmp_path):
     assert import_tasks(pair, tmp_path / "pair.parquet") is not None
     result = CliRunner().invoke(cli, ["tasks", "import", str(path), "--out", str(tmp_path / "t.parquet")])
     assert result.exit_code != 0 and "lone.jsonl line 2" in result.output and "Traceback" not in result.output
+
+
+def test_content_that_is_not_text_is_refused_not_coerced(tmp_path):
+    """ShareGPT `value: 5` used to become "5", assistant content [1, 2] "12": refused, naming the message."""
+    store = Store.create(tmp_path / "s")
+    number = tmp_path / "number.jsonl"
+    number.write_text(json.dumps({"conversations": [{"from": "human", "value": "2+3?"},
+                                                    {"from": "gpt", "value": 5}]}) + "\n")
+    with pytest.raises(FormatError, match=r"number\.jsonl record 0 conversations\[1\] value must be text, got an int"):
+        import_files([number], store)
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": [1, 2]}]}) + "\n")
+    with pytest.raises(FormatError, match=r"parts\.jsonl record 0 messages\[1\] content\[0\]: a content part must"):
+        import_files([parts], store)
+    assert _parts(store) == []
+    # Text parts and objects still import as before.
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, " there"]},
+                                             {"role": "assistant", "content": "ok"}]}) + "\n")
+    import_files([fine], store)
+    assert store.read().to_pylist()[0]["messages"][0]["content"] == "hi there"
+
+
+def test_a_nan_answer_and_a_payload_that_is_not_an_object_are_refused(tmp_path):
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"id": "a", "question": "2+2?", "answer": "4"}\n{"id": "b", "question": "2+3?", "answer": NaN}\n')
+    with pytest.raises(TaskError, match=r"nan\.jsonl: row 2 \(id 'b'\): the answer is nan"):
+        import_tasks(nan)
+    with pytest.raises(TaskError, match=r"nan\.jsonl: row 2 \(id 'b'\): the answer is nan"):
+        load_tasks(nan)
+    for payload, said in (("not json", "payload is not valid JSON"), ([1, 2], "payload must be a JSON object")):
+        path = tmp_path / "payload.jsonl"
+        path.write_text(json.dumps({"id": "a", "instruction": "2+2?", "answer": "4", "payload": payload}) + "\n")
+        with pytest.raises(TaskError, match=rf"payload\.jsonl: row 1 \(id 'a'\): {said}"):
+            import_tasks(path, env="math")
+    # A task-row file's payload (an object, or JSON text of one) is the payload, not a field inside it.
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"id": "a", "instruction": "2+3?", "answer": "5", "payload": {"expression": "2+3"}})
+                    + "\n" + json.dumps({"id": "b", "instruction": "2+4?", "payload": '{"expression": "2+4"}'}) + "\n")
+    rows = import_tasks(path, env="math").to_pylist()
+    assert [json.loads(r["payload"]) for r in rows] == [{"expression": "2+3"}, {"expression": "2+4"}]

@@ -43,7 +43,7 @@ def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[s
         reasoning = msg.get("reasoning_content", msg.get("reasoning"))
         out.append(message(role, msg.get("content", msg.get("text")), reasoning=reasoning if isinstance(reasoning, str) else None,
                            tool_calls=calls, tool_call_id=msg.get("tool_call_id"), name=msg.get("name"),
-                           trainable=trainable))
+                           trainable=trainable, where=f"{at} content"))
     return out
 
 
@@ -92,5 +92,5 @@ def convert_conversation(turns: Any, where: str, key: str = "conversations") -> 
                               "unknown role")
         reasoning = turn.get("reasoning")
         messages.append(message(role, value, name=turn.get("name"), trainable=flag,
-                                reasoning=reasoning if isinstance(reasoning, str) else None))
+                                reasoning=reasoning if isinstance(reasoning, str) else None, where=f"{at} value"))
     return messages

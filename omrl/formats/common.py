@@ -94,18 +94,27 @@ def first_record(path: Path) -> Any:
 # ---------------------------------------------------------------- values
 
 
-def text(value: Any) -> str | None:
-    """Message content as text: strings as is, OpenAI content parts joined, other values as JSON."""
+def text(value: Any, where: str = "content") -> str | None:
+    """Message content as text: strings as is, OpenAI content parts joined, objects as JSON.
+
+    A number or boolean (ShareGPT `"value": 5`) or a list of other parts (`[1, 2]`) is refused: turning it
+    into text ("5", "12") would store something the source never wrote."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
-        for part in value:
+        for k, part in enumerate(value):
             if isinstance(part, dict):
                 parts.append(part.get("text") if isinstance(part.get("text"), str) else json.dumps(part))
+            elif isinstance(part, str):
+                parts.append(part)
             else:
-                parts.append(str(part))
+                raise FormatError(f"{where}[{k}]: a content part must be text or an object like "
+                                  f'{{"type": "text", "text": ...}}, got {json_kind(part)}', "bad content")
         return "".join(parts)
+    if not isinstance(value, dict):
+        raise FormatError(f"{where} must be text, got {json_kind(value)}; quote it in the file if it is meant as "
+                          "text", "bad content")
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -155,9 +164,9 @@ def as_tool_schemas(tools: Any, where: str) -> list[dict[str, Any]]:
 
 def message(role: str, content: Any = None, *, reasoning: str | None = None,
             tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str | None = None,
-            name: str | None = None, trainable: bool | None = None) -> dict[str, Any]:
-    """A message dict in the schema's OpenAI form."""
-    return {"role": role, "content": text(content), "reasoning": reasoning, "tool_calls": tool_calls or [],
+            name: str | None = None, trainable: bool | None = None, where: str = "content") -> dict[str, Any]:
+    """A message dict in the schema's OpenAI form (`where` names the content in errors)."""
+    return {"role": role, "content": text(content, where), "reasoning": reasoning, "tool_calls": tool_calls or [],
             "tool_call_id": tool_call_id, "name": name, "trainable": trainable}
 
 

@@ -181,12 +181,32 @@ def _plain_row(row, index, columns, mapping, prefix):
     used = {c for c in columns.values() if c and c in row} | {"env", "split"}
     row_id = column_value(row, columns["id"]) if columns.get("id") else f"{prefix}-{index}"
     answer = column_value(row, columns["answer"]) if columns.get("answer") else None
-    payload = {k: v for k, v in row.items() if k not in used}
+    payload = {k: v for k, v in row.items() if k not in used and k != "payload"}
+    if "payload" in row and "payload" not in used:  # a task-row file's payload is the payload, not a field of it
+        payload.update(_payload_object(row["payload"], index, row_id))
     if isinstance(answer, str) and "####" in answer:
         payload["solution"] = answer  # GSM8K-style: keep the worked solution, answer the number
         answer = extract_gsm8k_answer(answer)
     env, split = env_split(row, mapping, None)
     return task_row(row_id, column_value(row, columns["instruction"]), answer, env, split, payload)
+
+
+def _payload_object(value: Any, index: int, row_id: Any) -> dict[str, Any]:
+    """A `payload` column's value as the object it must be (JSON text of an object, or an object)."""
+    where = f"row {index + 1}" + (f" (id {short_repr(str(row_id))})" if row_id is not None else "")
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{where}: payload is not valid JSON ({exc.msg}: column {exc.colno}); it must be a JSON "
+                            "object (the environment's task data)") from None
+        except (RecursionError, ValueError):
+            raise TaskError(f"{where}: payload is not readable JSON (nested too deeply or a huge number)") from None
+    if not isinstance(value, dict):
+        raise TaskError(f"{where}: payload must be a JSON object (the environment's task data), got {json_kind(value)}")
+    return value
 
 
 MISSING = object()
@@ -292,7 +312,7 @@ def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
     tasks = []
     for index, row in enumerate(rows):
         check = {"id": row.get("id"), "instruction": row.get("instruction"), "env": row.get("env"),
-                 "split": row.get("split")}
+                 "split": row.get("split"), "answer": row.get("answer")}
         validate_row(check, index, seen)
         where = f"row {index + 1} (id {short_repr(check['id'])})"
         payload = row.get("payload")

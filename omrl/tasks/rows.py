@@ -6,6 +6,7 @@ Shared by plain and benchmark conversion (omrl.tasks, omrl.tasks.benchmarks) and
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,8 +82,14 @@ def task_row(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
         payload_text = json.dumps(payload, ensure_ascii=False, default=str)
     except (RecursionError, ValueError):
         payload_text = None  # refused by validate_row, which knows the row
-    return {"id": row_id, "instruction": instruction, "answer": answer_text(answer), "env": env, "split": split,
+    # A non-finite number is kept as is for validate_row to refuse: "nan" is not an answer.
+    answer = answer if _non_finite(answer) else answer_text(answer)
+    return {"id": row_id, "instruction": instruction, "answer": answer, "env": env, "split": split,
             "payload": payload_text}
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def answer_text(answer: Any) -> str | None:
@@ -121,6 +128,9 @@ def validate_row(task: dict[str, Any], index: int, seen: dict[str, int]) -> None
     if instruction is not None and not isinstance(instruction, str):
         raise TaskError(f"{where}: instruction must be text, got {json_kind(instruction)}")
     task["instruction"] = instruction or ""
+    if _non_finite(task.get("answer")):
+        raise TaskError(f"{where}: the answer is {task['answer']!r}, not a value (an empty cell of a float column?); "
+                        "give the answer as text, or leave it out for a task without one")
     if task.get("payload", "") is None:
         raise TaskError(f"{where}: the row's other columns are nested too deeply to store as JSON")
     if not task["id"]:

@@ -352,6 +352,8 @@ def write_fuzz_corpus(folder: str | Path) -> list[FuzzCase]:
     fmt_case("sharegpt", "reward_word", _sharegpt(reward="great"), ("reward",))
     fmt_case("sharegpt", "success_word", _sharegpt(success="maybe"), ("success",))
     fmt_case("sharegpt", "tools_bad_json", _sharegpt(tools="[not json"), ("json",))
+    fmt_case("sharegpt", "value_number", _sharegpt(conversations=[{"from": "human", "value": "2+3?"},
+                                                                  {"from": "gpt", "value": 5}]), ("must be text",))
     fmt_case("openai", "no_messages", {"id": "o"}, ("messages",))
     fmt_case("openai", "messages_string", _openai(messages="hi"), ("messages",))
     fmt_case("openai", "message_not_object", _openai(messages=[1, 2]), ("messages",))
@@ -364,6 +366,9 @@ def write_fuzz_corpus(folder: str | Path) -> list[FuzzCase]:
     fmt_case("openai", "tool_call_not_object", _openai(messages=[{"role": "assistant", "tool_calls": [["f"]]}]),
              ("tool_calls",))
     fmt_case("openai", "id_list", _openai(id=["o", 1]), ("id",))
+    fmt_case("openai", "content_list_of_numbers", _openai(messages=[{"role": "user", "content": "hi"},
+                                                                     {"role": "assistant", "content": [1, 2]}]),
+             ("content part",))
     fmt_case("openai", "content_dict_role_list", _openai(messages=[{"role": ["user"], "content": {}}]), ("role",))
     fmt_case("swe_agent", "no_history", {"trajectory": [], "info": {}}, ("history",), ".traj")
     fmt_case("swe_agent", "history_string", _swe(history="all of it"), ("history",), ".traj")
@@ -417,6 +422,10 @@ def write_fuzz_corpus(folder: str | Path) -> list[FuzzCase]:
     add("tasks_instruction_dict", ".jsonl", _jsonl(_task(question={"text": "2+2?"})), T, reason=("instruction",))
     add("tasks_instruction_number", ".jsonl", _jsonl(_task(question=4.0)), T, reason=("instruction",))
     add("tasks_env_dict", ".jsonl", _jsonl(_task(env={"name": "math"})), T, reason=("env",))
+    add("tasks_answer_nan", ".jsonl", _jsonl(_task(id="a")) + b'{"id": "b", "question": "q", "answer": NaN}\n', T,
+        reason=("nan",))
+    add("tasks_payload_not_json", ".jsonl", _jsonl(_task(id="a", payload="not json")), T, reason=("payload",))
+    add("tasks_payload_list", ".jsonl", _jsonl(_task(id="a", payload=[1, 2])), T, reason=("payload",))
     add("tasks_duplicate_ids", ".jsonl", _jsonl(_task(id="a"), _task(id="a")), T, reason=("duplicate",))
     add("tasks_no_instruction_column", ".jsonl", _jsonl({"id": "a", "text": "?"}), T, whole_file=True,
         reason=("instruction",))
