@@ -60,7 +60,7 @@ def test_bad_specs_fail_clearly(user_module):
         make_env("my_envs:NotAnEnv")
     with pytest.raises(EnvSpecError, match="unknown environment 'nope'"):
         make_env("nope")
-    with pytest.raises(EnvSpecError, match="no class"):
+    with pytest.raises(EnvSpecError, match="has no .Missing."):
         make_env("my_envs:Missing")
     with pytest.raises(EnvSpecError, match="cannot import"):
         make_env("no_such_module_xyz:Env")

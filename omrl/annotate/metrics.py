@@ -3,6 +3,8 @@
 A metric returns a number or bool (the score), a string (a label), a dict with score/label/rationale,
 or None meaning "not applicable" (e.g. no gold answer): then NO annotation is written and the row is
 counted as skipped. A metric that raises becomes an error annotation (status "error"), never a 0.
+Installed packages add named metrics through the `omrl.metrics` entry-point group (name =
+"package.module:function"; see omrl/plugins.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from omrl.annotate.inputs import metric_inputs
 from omrl.errors import UsageError
+from omrl.plugins import Registry
 
 Metric = Callable[..., Any]
 
@@ -177,6 +180,12 @@ def tool_error_rate(messages, turns):
 BUILTIN: dict[str, Metric] = {f.__name__: f for f in (
     env_reward, success, format_valid, exact_match, numeric_match, normalized_match,
     num_turns, num_tokens, repetition, truncated, tool_error_rate)}
+REGISTRY = Registry("metric", "omrl.metrics", {name: f"omrl.annotate.metrics:{name}" for name in BUILTIN})
+
+
+def metric_names() -> list[str]:
+    """Every named metric: the built-ins and those of installed plugins."""
+    return REGISTRY.names()
 
 
 # ---------------------------------------------------------------- loading and calling
@@ -190,12 +199,18 @@ class NamedMetric:
 
 
 def load_metric(spec: str) -> NamedMetric:
-    """A built-in name, `module:function`, or `path/to/file.py:function` -> a metric."""
+    """A registered name (built-in or plugin), `module:function`, or `path/to/file.py:function` -> a metric."""
     if spec in BUILTIN:
         return NamedMetric(spec, BUILTIN[spec], spec)
     if ":" not in spec:
-        raise UsageError(f"unknown metric {spec!r}: built-ins are {', '.join(sorted(BUILTIN))}; "
-                         "or give module:function or path/to/file.py:function")
+        if REGISTRY.get(spec) is None:
+            raise UsageError(f"unknown metric {spec!r}: named metrics are {', '.join(metric_names())}; "
+                             "or give module:function or path/to/file.py:function")
+        fn = REGISTRY.load(spec)
+        if not callable(fn):
+            raise UsageError(f"metric {spec!r} ({REGISTRY.get(spec).target}) is not a function")
+        check_signature(fn, spec)
+        return NamedMetric(spec, fn, spec)
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py"):
         path = Path(where)

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from omrl.annotate.cache import JudgeCache
 from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, judged_together, run_judge
-from omrl.annotate.metrics import BUILTIN, NamedMetric, annotate_row, load_metric
+from omrl.annotate.metrics import NamedMetric, annotate_row, load_metric, metric_names
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combined_reward, load_recipe, reward_annotations
 from omrl.errors import UsageError
 from omrl.schema import new_id
@@ -30,9 +30,10 @@ WRITE_BATCH = 2000  # annotation rows per appended part: bounded memory, few par
 
 
 def recipe_metrics(recipe: RewardRecipe) -> list[NamedMetric]:
-    """The metrics the recipe computes: its `metrics` list, else its components named after built-ins (the env
-    reward is the row's own column, not a metric)."""
-    specs = recipe.metrics or [c.name for c in recipe.components if c.name in BUILTIN and c.name != ENV_REWARD]
+    """The metrics the recipe computes: its `metrics` list, else its components named after named metrics
+    (built-in or plugin; the env reward is the row's own column, not a metric)."""
+    named = set(metric_names())
+    specs = recipe.metrics or [c.name for c in recipe.components if c.name in named and c.name != ENV_REWARD]
     return [load_metric(spec) for spec in specs]
 
 

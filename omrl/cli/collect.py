@@ -64,7 +64,7 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tasks", "tasks_path", required=True,
                      help="Tasks file (from `omrl tasks import`), or shipped:NAME for a shipped task set."),
         click.option("--policy", "policy_spec", required=True,
-                     help="openai:MODEL, hf:PATH, scripted or random."),
+                     help="openai:MODEL, hf:PATH, scripted, random, or a plugin policy NAME[:ARG] (omrl plugins)."),
         click.option("--round", "round_", default=0, show_default=True, help="Iteration round (iterative training)."),
         click.option("--run", "run_id", default=None,
                      help="Run name; default derived from env, tasks file and policy, so re-runs resume."),

@@ -26,8 +26,9 @@ def _key_option(name: str):
 @click.argument("src", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
               help="Store to import into (created when there is something to write).")
-@click.option("--format", "fmt", type=click.Choice(["auto", *FORMATS]), default="auto", show_default=True,
-              help="Source format; auto decides from the extension and the keys of the first record.")
+@click.option("--format", "fmt", default="auto", show_default=True, metavar="auto|" + "|".join(FORMATS) + "|PLUGIN",
+              help="Source format; auto decides from the extension and the keys of the first record. Installed "
+                   "plugins add formats (omrl plugins lists them).")
 @click.option("--map", "map_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A YAML mapping of record keys onto the schema (see recipes/imports/); the --*-key flags override it.")
 @_key_option("messages")
@@ -56,8 +57,12 @@ def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | 
 
     Example:  omrl import results.jsonl --messages-key traj --store my-store
     """
+    from omrl.formats import format_module
     from omrl.formats.importer import ImportFailed, import_files
     from omrl.formats.mapping import load_mapping
+
+    if fmt != "auto":
+        format_module(fmt)  # an unknown format stops here, before any file is read
 
     overrides = {name: keys.get(f"{name}_key") for name in KEY_FLAGS}
     mapping = None

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("omrl.cli.tasks:tasks", "Import, show and generate task datasets."),
     "demo": ("omrl.cli.demo:demo", "Run the learning demo: tiny model, grid env, SFT then GRPO, on the CPU."),
     "envs": ("omrl.cli.envs:envs", "List environments; serve one over the AgentGym HTTP protocol."),
+    "plugins": ("omrl.cli.plugins:plugins", "List the environments, formats, metrics and policies plugins add."),
     "import": ("omrl.cli.import_:import_cmd", "Import trajectory files (ShareGPT, OpenAI, SWE-agent, ...) into a store."),
     "export": ("omrl.cli.export:export", "Export a store to a dataset folder or JSONL (omrl/OpenAI/ShareGPT); push to the Hub."),
     "view": ("omrl.cli.view:view", "Browse trajectories in a local read-only web viewer, or export static HTML."),

@@ -1,21 +1,19 @@
 """Environments: the protocol (base.py) and the built-in environments, one module each.
 
 ENVIRONMENTS maps a built-in name to "module:Class"; installed packages add their own through the
-`omrl.envs` entry-point group (name = "package.module:Class"). Modules are imported only when an
-environment is made, described or asked for tasks, so listing them stays cheap. `make_env` also
+`omrl.envs` entry-point group (name = "package.module:Class"; see omrl/plugins.py). Modules are
+imported only when an environment is made, described or asked for tasks, so listing them stays cheap. `make_env` also
 accepts any "package.module:ClassName" following the protocol.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from omrl.envs.base import Environment, Task
 from omrl.errors import OmrlError
+from omrl.plugins import Entry, Registry, load_target
 
 ENVIRONMENTS: dict[str, str] = {
     "math": "omrl.envs.math:MathEnv",
@@ -27,61 +25,34 @@ ENVIRONMENTS: dict[str, str] = {
     "grid": "omrl.envs.grid:GridEnv",
 }
 
-ENTRY_POINT_GROUP = "omrl.envs"
-
 
 class EnvSpecError(OmrlError, ValueError):
     """An environment name or class path that cannot be used."""
 
 
-@dataclass(frozen=True)
-class EnvEntry:
-    """One named environment: where its class lives and which package provides it."""
-
-    name: str
-    target: str  # "module:Class"
-    provider: str  # "omrl" for built-ins, else the distribution that registered it
+REGISTRY = Registry("environment", "omrl.envs", ENVIRONMENTS, error=EnvSpecError)
 
 
-@cache
-def _plugins() -> tuple[EnvEntry, ...]:
-    from importlib.metadata import entry_points
-
-    found = []
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        provider = point.dist.name if point.dist is not None else "?"
-        found.append(EnvEntry(point.name, point.value, provider))
-    return tuple(found)
-
-
-def registry() -> dict[str, EnvEntry]:
+def registry() -> dict[str, Entry]:
     """Every named environment: the built-ins, then installed plugins (a plugin cannot replace a built-in)."""
-    entries = {name: EnvEntry(name, target, "omrl") for name, target in ENVIRONMENTS.items()}
-    for entry in _plugins():
-        entries.setdefault(entry.name, entry)
-    return entries
+    return REGISTRY.entries()
 
 
 def known_names() -> list[str]:
     """The names `--env` accepts besides package.module:ClassName paths."""
-    return sorted(registry())
+    return REGISTRY.names()
 
 
 def env_class(spec: str) -> type:
     """The class behind a registered name or a "package.module:ClassName" path."""
-    entry = registry().get(spec)
-    target = entry.target if entry is not None else spec
-    if ":" not in target:
+    entry = REGISTRY.get(spec)
+    if entry is not None:
+        cls, target = REGISTRY.load(spec), entry.target
+    elif ":" in spec:
+        cls, target = load_target(spec, EnvSpecError, f"environment {spec!r}"), spec
+    else:
         raise EnvSpecError(f"unknown environment {spec!r}; known: {', '.join(known_names())}, "
                            "or give package.module:ClassName")
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvSpecError(f"cannot import {module_name!r} for environment {spec!r}: {exc}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise EnvSpecError(f"module {module_name!r} has no class {class_name!r}")
     missing = [m for m in ("reset", "step", "close") if not callable(getattr(cls, m, None))]
     if missing:
         raise EnvSpecError(f"{target} is not an environment: it lacks {', '.join(missing)} "

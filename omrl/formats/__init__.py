@@ -1,21 +1,34 @@
 """Importers for trajectory data made outside omrl: one module per format, plus detection.
 
-Each format module has NAME and `convert(record, ctx) -> trajectory dict`; `omrl.formats.importer`
-reads files, converts, validates and appends to a store.
+Each format module has NAME and `convert(record, ctx) -> trajectory dict` (and may have
+`detect(record) -> bool`, used for plugin formats when no built-in format matches); `omrl.formats.importer`
+reads files, converts, validates and appends to a store. Installed packages add formats through the
+`omrl.formats` entry-point group (name = "package.module"; see omrl/plugins.py).
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-from omrl.errors import UsageError
+from omrl.plugins import Registry
 
 FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "adp", "steps")
+REGISTRY = Registry("format", "omrl.formats", {name: f"omrl.formats.{name}" for name in FORMATS})
+
+
+def format_names() -> list[str]:
+    """Every import format: the built-ins and those of installed plugins."""
+    return REGISTRY.names()
 
 
 def format_module(name: str) -> ModuleType:
     """The module implementing a format; errors list the known ones."""
-    if name not in FORMATS:
-        raise UsageError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}")
-    return importlib.import_module(f"omrl.formats.{name}")
+    module = REGISTRY.load(name)
+    if not callable(getattr(module, "convert", None)):
+        raise REGISTRY.error(f"format {name!r} ({REGISTRY.get(name).target}) has no convert(record, ctx)")
+    return module
+
+
+def plugin_formats() -> list[str]:
+    """The names of formats that installed plugins add (not the built-ins)."""
+    return [name for name in REGISTRY.entries() if name not in REGISTRY.builtins]

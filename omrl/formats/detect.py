@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl import readers
-from omrl.formats import FORMATS
+from omrl.formats import format_module, format_names, plugin_formats
 from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
 from omrl.formats.steps import step_list
 
@@ -33,6 +33,15 @@ def detect_record(record: Any) -> str | None:
         return "adp"
     if step_list(record):
         return "steps"
+    return _plugin_format(record)
+
+
+def _plugin_format(record: dict[str, Any]) -> str | None:
+    """The first installed plugin format whose `detect(record)` says yes (built-in formats come first)."""
+    for name in plugin_formats():
+        detect = getattr(format_module(name), "detect", None)
+        if callable(detect) and detect(record):
+            return name
     return None
 
 
@@ -62,7 +71,7 @@ def detect_format(path: str | Path) -> str:
         shown = sorted(map(str, names))
         keys = shown if len(shown) <= 20 else [*shown[:20], f"... {len(shown) - 20} more"]
         raise FormatError(f"{path.name}: cannot tell the format from keys {keys}; {explain(record)}; "
-                          f"or pass --format ({', '.join(FORMATS)}); "
+                          f"or pass --format ({', '.join(format_names())}); "
                           "a task dataset goes through `omrl tasks import`", "unknown format")
     return found
 

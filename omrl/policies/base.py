@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, UsageError
 
 
 class PolicyError(OmrlError, RuntimeError):
@@ -61,3 +61,11 @@ class Policy(Protocol):
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                   context: EpisodeContext) -> PolicyReply: ...
+
+
+def no_argument(spec: str, arg: str, options: dict[str, Any]) -> None:
+    """Refuse an argument (NAME:ARG) or options given to a policy that takes none."""
+    if arg:
+        raise UsageError(f"policy {spec!r} takes no argument, got {spec}:{arg}")
+    if options:
+        raise UsageError(f"policy {spec!r} takes no option(s) {', '.join(sorted(options))}")

@@ -57,6 +57,13 @@ def _cache_name(model: Any) -> str:
 class HFPolicy:
     """A transformers causal LM (a path or a loaded model + tokenizer) acting in many episodes at once."""
 
+    @classmethod
+    def from_spec(cls, arg: str, **options: Any) -> HFPolicy:
+        """`hf:PATH`: the model folder (or Hub name) is required."""
+        if not arg:
+            raise UsageError("hf policy needs a model folder: hf:PATH")
+        return cls(arg, **options)
+
     def __init__(self, model: Any, tokenizer: Any = None, *, max_new_tokens: int = 64,
                  temperature: float | None = None, device: str | None = None, batch_window: float = 0.01,
                  max_batch: int = 256, name: str | None = None) -> None:

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from omrl.envs.base import Action
-from omrl.policies.base import EpisodeContext, PolicyReply
+from omrl.policies.base import EpisodeContext, PolicyReply, no_argument
 from omrl.policies.scripted import action_reply
 
 _DUMMY = {"string": "", "number": 0, "integer": 0, "boolean": False, "array": [], "object": {}}
@@ -31,6 +31,12 @@ class RandomPolicy:
 
     def __init__(self, seed: int | None = None):
         self.seed = seed
+
+    @classmethod
+    def from_spec(cls, arg: str, seed: int | None = None, **options: Any) -> RandomPolicy:
+        """`random`: no argument; the one option is `seed`."""
+        no_argument("random", arg, options)
+        return cls(seed=seed)
 
     def _rng(self, context: EpisodeContext) -> random.Random:
         rng = context.scratch.get("random_rng")

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from omrl.envs.base import Action
-from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply
+from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, no_argument
 
 
 def action_reply(action: Action, call_id: str) -> PolicyReply:
@@ -21,6 +21,12 @@ class ScriptedPolicy:
     """Plays the environment's scripted expert; fails clearly when the environment has none."""
 
     name = "scripted"
+
+    @classmethod
+    def from_spec(cls, arg: str, **options: Any) -> ScriptedPolicy:
+        """`scripted`: no argument, no options."""
+        no_argument("scripted", arg, options)
+        return cls()
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                   context: EpisodeContext) -> PolicyReply:

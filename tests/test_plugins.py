@@ -1,0 +1,154 @@
+"""Plugins: environments, import formats, metrics and policies that an installed package registers through
+entry points (omrl/plugins.py). In process: a real .dist-info folder on sys.path. End to end: the example
+package under examples/ installed with pip into a fresh virtual environment, then used through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from omrl import plugins
+from omrl.annotate.metrics import load_metric
+from omrl.envs import EnvSpecError, env_class, make_env, registry
+from omrl.errors import UsageError
+from omrl.formats import format_module, format_names
+from omrl.formats.detect import detect_record
+from omrl.policies import make_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "omrl-plugin-example"
+
+
+@pytest.fixture
+def installed_dist(tmp_path, monkeypatch):
+    """A distribution `fake-plugin` as pip leaves one: a module and a .dist-info with entry_points.txt."""
+    (tmp_path / "fake_plugin.py").write_text(textwrap.dedent('''
+        from omrl.envs.base import Reset, StepResult
+
+        class OneStepEnv:
+            name = "one-step"
+            def reset(self, task):
+                return Reset(observation="go")
+            def step(self, action):
+                return StepResult(observation="done", reward=1.0, done=True)
+            def close(self):
+                pass
+
+        def loud(messages):
+            return 1.0
+
+        def convert(record, ctx):
+            raise ValueError("not used")
+
+        def detect(record):
+            return isinstance(record, dict) and "fake_log" in record
+
+        def policy(arg, **options):
+            return ("policy", arg, options)
+    '''))
+    info = tmp_path / "fake_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent('''
+        [omrl.envs]
+        one-step = fake_plugin:OneStepEnv
+        math = fake_plugin:OneStepEnv
+        broken = fake_plugin_missing:Env
+        [omrl.metrics]
+        loud = fake_plugin:loud
+        [omrl.formats]
+        fake-log = fake_plugin
+        [omrl.policies]
+        fake = fake_plugin:policy
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.entry_points.cache_clear()
+    yield
+    plugins.entry_points.cache_clear()
+    sys.modules.pop("fake_plugin", None)
+
+
+def test_each_kind_finds_what_an_installed_package_registers(installed_dist):
+    entries = registry()
+    assert entries["one-step"].provider == "fake-plugin" and entries["math"].provider == "omrl"  # no override
+    assert env_class("math").__name__ == "MathEnv"
+    assert make_env("one-step").reset(None).observation == "go"
+    with pytest.raises(EnvSpecError, match=r"environment 'broken' \(from package fake-plugin\)"):
+        make_env("broken")
+
+    metric = load_metric("loud")
+    assert metric.name == "loud" and metric.fn([]) == 1.0
+    assert "fake-log" in format_names() and format_module("fake-log").detect({"fake_log": 1})
+    assert detect_record({"fake_log": 1}) == "fake-log" and detect_record({"messages": []}) == "openai"
+    assert make_policy("fake:abc", retries=2) == ("policy", "abc", {"retries": 2})
+    with pytest.raises(UsageError, match="unknown policy 'nope'.*fake"):
+        make_policy("nope")
+    with pytest.raises(UsageError, match="unknown metric 'nope'.*loud"):
+        load_metric("nope")
+
+
+def _lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _run(args: list[str], cwd: Path, timeout: int = 180) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(map(str, args))}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_the_example_plugin_installs_into_a_fresh_venv_and_collects(tmp_path):
+    pytest.importorskip("setuptools", minversion="77")
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    python = venv / "bin" / "python"
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path)
+                .strip())
+    # omrl from this checkout, its dependencies from this environment (paths only: no network, no build).
+    paths = [str(ROOT), *dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])]
+    (site / "_omrl_checkout.pth").write_text("".join(f"{p}\n" for p in paths))
+    source = tmp_path / "src"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-build-isolation",
+          "-q", str(source)], tmp_path, timeout=300)
+
+    omrl = [str(python), "-m", "omrl"]
+    listed = _run([*omrl, "plugins"], tmp_path)
+    for group, name in [("omrl.envs", "echo-word"), ("omrl.formats", "qa-log"), ("omrl.metrics", "shouting"),
+                        ("omrl.policies", "parrot")]:
+        assert any(group in line and name in line and "omrl-plugin-example" in line
+                   for line in listed.splitlines()), listed
+    assert "echo-word" in _run([*omrl, "envs", "list"], tmp_path)
+
+    _run([*omrl, "tasks", "generate", "echo-word", "--n", "6", "--split", "test", "--out", "echo.jsonl"], tmp_path)
+    out = _run([*omrl, "collect", "--env", "echo-word", "--tasks", "echo.jsonl", "--policy", "parrot",
+                "--store", "store", "--no-progress"], tmp_path)
+    assert "6 written to store" in out and "success 100.0%" in out, out
+    out = _run([*omrl, "collect", "--env", "echo-word", "--tasks", "echo.jsonl", "--policy", "parrot:X",
+                "--store", "store", "--no-progress"], tmp_path)
+    assert "6 written to store" in out and "success 0.0%" in out, out
+    _run([*omrl, "annotate", "store", "--metric", "shouting"], tmp_path)
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"question": "2+2?", "answer": "FOUR", "correct": True}, {"question": "3+3?", "answer": "7", "correct": False}]))
+    _run([*omrl, "import", "qa.jsonl", "--store", "store"], tmp_path)  # detected by the plugin's detect()
+    rows = _lines(_run([*omrl, "query", "store", "--format", "json",
+                            "SELECT env, count(*) AS n, round(avg(reward), 2) AS reward FROM trajectories "
+                            "GROUP BY env ORDER BY env"], tmp_path))
+    assert rows == [{"env": "echo-word", "n": 12, "reward": 0.5}, {"env": "import:qa-log", "n": 2, "reward": 0.5}]
+    scores = _lines(_run([*omrl, "query", "store", "--format", "json",
+                          "SELECT t.success, min(a.score) AS low, max(a.score) AS high, count(*) AS n FROM annotations a "
+                          "JOIN trajectories t ON t.id = a.trajectory_id WHERE a.annotator = 'shouting' GROUP BY 1 "
+                          "ORDER BY 1"], tmp_path))
+    # "Xapple": one capital in 6 letters (words have 5-7 letters); the plain words: none.
+    assert [(s["success"], s["n"]) for s in scores] == [(False, 6), (True, 6)], scores
+    assert 1 / 8 <= scores[0]["low"] <= scores[0]["high"] <= 1 / 6 and scores[1]["high"] == 0.0, scores
