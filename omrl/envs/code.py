@@ -54,9 +54,10 @@ class CodeEnv(ToolEnv):
     def generate_tasks(cls, n: int | None = None, seed: int = 0, split: str = "train") -> list[Task]:
         """The shipped repair projects with their files embedded (self-contained); n caps how many, seed
         shuffles which."""
-        from omrl.tasks import load_tasks
+        from omrl import readers  # not omrl.tasks: it imports the environments (a cycle)
 
-        tasks = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
+        tasks = [Task.from_row(record.value)
+                 for record in readers.iter_records(shipped_datasets_dir() / "tasks" / "code.jsonl")]
         if n is not None and n < len(tasks):
             tasks = random.Random(seed).sample(tasks, n)
         for task in tasks:
