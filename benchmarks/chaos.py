@@ -3,7 +3,8 @@ query and sandbox escape suites. Prints one JSON line.
 
 Targets (issue 8): lost = 0 and duplicated = 0 over >= 50 kills spread across collect, append, import,
 filter, compact, annotate and iterate; fuzz_unlocated_errors = 0 over >= 60 fuzz cases;
-query_escapes = 0 and sandbox_escapes = 0 over every listed case.
+query_escapes = 0 and sandbox_escapes = 0 over every listed case; sandbox_memory_escapes = 0 (issue 21: forked
+children, memfds and tmpfs writes held under one total cap; sandbox_memory_cap says how: cgroup2, cgroup1, polling).
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -18,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from omrl.sandbox import memory_cap
 from omrl.testing.chaos import SCENARIOS, run_scenario
-from omrl.testing.escapes import run_query_escapes, run_sandbox_escapes
+from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes
 from omrl.testing.fuzz import run_fuzz_corpus, summarize
 
 
@@ -64,6 +66,8 @@ def main() -> None:
         "query_escapes": query.escapes,
         "sandbox_cases": sandbox.cases,
         "sandbox_escapes": sandbox.escapes,
+        "sandbox_memory_escapes": sum(a.name in sandbox.escaped for a in MEMORY_ATTEMPTS),
+        "sandbox_memory_cap": memory_cap().kind,
         "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
         "seconds": round(time.monotonic() - started, 1),
     }))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,75 @@ def test_a_reset_that_fails_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="bad"):
         env.reset(escaping)
     assert list(tmp_path.iterdir()) == [] and env.root is None
+
+
+# ------------------------------------------------------------------------------ hostile tasks and actions (issue 21)
+
+from omrl.envs.base import InvalidTask  # noqa: E402
+from omrl.testing import escapes  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(escapes.task_attacks(Path("/nonexistent"), create=False)))
+def test_a_project_outside_the_shipped_or_named_roots_is_an_invalid_task(name, tmp_path):
+    payload, options = escapes.task_attacks(tmp_path)[name]
+    env = make_env("code", **options)
+    with pytest.raises(InvalidTask) as refused:
+        env.reset(Task(id=name, instruction="x", env="code", payload=payload))
+    assert f"code task {name!r}" in str(refused.value) and escapes.SANDBOX_SECRET not in str(refused.value)
+    assert env.root is None
+    env.close()
+
+
+def test_projects_resolve_in_a_root_the_user_names(tmp_path):
+    project = tmp_path / "mine" / "calc"
+    project.mkdir(parents=True)
+    (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    tasks = [Task(id="by-name", instruction="x", env="code", payload={"project": "mine/calc"}),
+             Task(id="by-dir", instruction="x", env="code", payload={"project_dir": "mine/calc"})]
+    for task in tasks:
+        env = make_env("code", projects_root=str(tmp_path))
+        assert "calc.py" in env.reset(task).observation
+        env.close()
+        with pytest.raises(InvalidTask, match="projects_root"):  # not without the root named
+            make_env("code").reset(task)
+    shipped = make_env("code", projects_root=str(tmp_path))  # the shipped projects still resolve
+    assert shipped.reset(SHIPPED[0]).observation
+    shipped.close()
+
+
+def test_an_invalid_task_is_stored_as_such_not_a_traceback(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+    from omrl.store import Store
+
+    payload, _ = escapes.task_attacks(tmp_path)["project_dotdot"]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "climb", "instruction": "x", "env": "code", "payload": payload}) + "\n")
+    flags = [] if SANDBOXED else ["--unsafe-no-sandbox"]
+    result = CliRunner().invoke(cli, ["collect", "--env", "code", "--tasks", str(tasks), "--policy", "scripted",
+                                      "--store", str(tmp_path / "s"), "--no-progress", *flags])
+    assert result.exit_code == 0, result.output
+    [row] = Store(tmp_path / "s").read().to_pylist()
+    assert row["status"] == "env_error" and "InvalidTask: code task 'climb': payload.project" in row["error"]
+    assert "Traceback" not in row["error"] and escapes.SANDBOX_SECRET not in json.dumps(row, default=str)
+
+
+@pytest.mark.parametrize("name", sorted(escapes.ACTION_ATTACKS))
+def test_lone_surrogates_and_control_characters_are_invalid_actions(name):
+    tool, arguments = escapes.ACTION_ATTACKS[name]
+    env = make_env("code")
+    env.reset(Task(id=name, instruction="x", env="code", payload={"files": {"a.py": "a = 1\n"}}))
+    result = env.step(Action(tool=tool, arguments=arguments))
+    assert result.info["invalid_action"] and not result.done, result.observation
+    assert escapes.snapshot(env.root) == {"a.py": b"a = 1\n"}  # nothing created, nothing half-written
+    assert env.step(Action(tool="list_files")).observation == "a.py"
+    env.close()
+
+
+def test_every_code_input_case_of_the_escape_harness_holds(tmp_path):
+    results = escapes.run_code_input_cases(tmp_path)
+    assert len(results) == len(escapes.task_attacks(tmp_path)) + len(escapes.ACTION_ATTACKS) >= 15
+    assert [(name, leaks) for name, _, leaks in results if leaks] == []

@@ -251,9 +251,10 @@ def test_no_escape_attempt_succeeds(tmp_path):
     start = time.monotonic()
     report = escapes.run_sandbox_escapes(tmp_path / "work")
     assert report.escapes == 0 and report.details == [], "\n".join(report.details)
-    assert report.cases == len(escapes.SANDBOX_ATTEMPTS) >= 7
-    assert report.to_dict() == {"suite": "sandbox", "cases": report.cases, "escapes": 0, "details": []}
-    assert time.monotonic() - start < 60
+    inputs = len(escapes.task_attacks(tmp_path, create=False)) + len(escapes.ACTION_ATTACKS)
+    assert report.cases == len(escapes.SANDBOX_ATTEMPTS) + inputs and len(escapes.SANDBOX_ATTEMPTS) >= 10
+    assert report.to_dict() == {"suite": "sandbox", "cases": report.cases, "escapes": 0, "details": [], "escaped": []}
+    assert time.monotonic() - start < 90
     assert {name: os.environ.get(name) for name in escapes.SANDBOX_SECRET_VARS} == secrets
     assert list((tmp_path / "work").iterdir()) == []
 
@@ -286,6 +287,9 @@ def test_the_attempts_judges_see_each_leak(tmp_path):
         (escapes.FORK_BOMB, run("CHILDREN 150"), ["forked 150 processes"]),
         (escapes.DISK_FILL, run("MB 160", project_bytes=2 << 20), ["wrote 160 MB inside", "grew to 2 MB"]),
         (escapes.DETACHED_CHILD, run("child started", timed_out=False), ["not killed"]),
+        (escapes.MEMORY_FORKS, run("HELD AT ONCE MB 3200 CHILDREN [0, 1, 2, 3]"), ["held 3200 MB at once"]),
+        (escapes.MEMORY_MEMFD, run("MEMFD MB 1470\nHELD AT ONCE MB 1470"), ["held 1470 MB at once"]),
+        (escapes.MEMORY_TMPFS, run("TMPFS MB 392\nHELD AT ONCE MB 392"), ["held 392 MB at once"]),
     ]
     assert [attempt for attempt, _, _ in leaked] == list(escapes.SANDBOX_ATTEMPTS)
     for attempt, shown, needles in leaked:
@@ -294,3 +298,114 @@ def test_the_attempts_judges_see_each_leak(tmp_path):
         with pytest.raises(escapes.CouldNotRun):
             attempt.judge(probe, run(""))
     assert not created.exists()  # the judge removed what the escape left
+
+
+# ------------------------------------------------------------------------------ the total memory cap (issue 21)
+
+
+@pytest.fixture
+def polling(monkeypatch):
+    """The sandbox as on a host where no cgroup can be made: the supervisor polls the tree's memory."""
+    monkeypatch.setenv(sandbox.CGROUP_ENV, "off")
+    sandbox.memory_cap(refresh=True)
+    yield sandbox.memory_cap()
+    monkeypatch.delenv(sandbox.CGROUP_ENV)
+    sandbox.memory_cap(refresh=True)
+
+
+def run_memory_body(body: str, **options) -> tuple[str, dict]:
+    seen, info, env = run_agent_test(body, **{"test_timeout_s": 30, **options})
+    env.close()
+    assert info["sandboxed"], seen
+    return seen, info
+
+
+@needs_sandbox
+@pytest.mark.parametrize("mode", ["host", "polling"])
+def test_forked_children_share_one_memory_cap(mode, request):
+    """Four children of 150 MB each under memory_mb=256 held 600 MB at once when the cap was per process."""
+    if mode == "polling":
+        request.getfixturevalue("polling")
+    seen, info = run_memory_body(escapes.forks_body(children=4, mb=150), memory_mb=256)
+    held = escapes.held_at_once_mb(seen)
+    if sandbox.memory_cap().kind == "polling":  # the poller kills the whole run past the cap
+        assert info["out_of_memory"] and "more than 256 MB of memory in total" in seen, seen
+        assert held is None or held <= 300, seen
+    else:  # the kernel kills one process of the group; the parent lives on to report
+        assert held is not None and held <= 256, seen
+        assert info["out_of_memory"] and info["memory_peak_mb"] <= 256, info
+    assert info["memory_peak_mb"] is not None
+
+
+@needs_sandbox
+@pytest.mark.parametrize("mode", ["host", "polling"])
+def test_memfd_pages_count_against_the_cap(mode, request):
+    """memfd_create pages are in no process's address space: 30 x 49 MB reached 1,470 MB under memory_mb=256."""
+    if mode == "polling":
+        request.getfixturevalue("polling")
+    seen, info = run_memory_body(escapes.memfd_body(count=30, mb=49), memory_mb=256)
+    held = escapes.held_at_once_mb(seen) or 0
+    slack = 2 * 49 if sandbox.memory_cap().kind == "polling" else 0  # a poll may come a write or two late
+    assert held <= 256 + slack and info["out_of_memory"], seen
+    assert "Tests failed" in seen and "memory in total" in seen
+
+
+@needs_sandbox
+def test_tmpfs_writes_count_against_the_cap():
+    """/tmp is a tmpfs: its pages are memory, so with disk_mb above memory_mb the memory cap holds them."""
+    seen, info = run_memory_body(escapes.tmpfs_body(count=8, mb=49), memory_mb=128, disk_mb=512)
+    assert (escapes.held_at_once_mb(seen) or 0) <= 128 and info["out_of_memory"], seen
+
+
+@needs_sandbox
+def test_a_run_within_its_cap_reports_its_peak_and_leaves_no_group():
+    result = sandbox.run_sandboxed(["python3", "-c", "x = b'1' * (50 << 20); print('ok')"], Path(__file__).parent,
+                                   sandbox.SandboxLimits(timeout_s=20, memory_mb=256))
+    assert result.returncode == 0 and not result.out_of_memory and result.memory_cap == sandbox.memory_cap().kind
+    assert result.memory_peak_mb is not None and 50 <= result.memory_peak_mb <= 256
+    cap = sandbox.memory_cap()
+    if cap.memory_parent is not None:
+        mine = [p for p in os.listdir(cap.memory_parent) if p.startswith(f"omrl-{os.getpid()}-")]
+        assert mine == []  # each run's group is removed when it ends
+
+
+def test_the_cap_in_force_is_named_in_omrl_envs():
+    cap = sandbox.memory_cap()
+    assert cap.kind in ("cgroup2", "cgroup1", "polling") and cap.description.startswith(
+        {"cgroup2": "cgroup v2", "cgroup1": "cgroup v1", "polling": "polling"}[cap.kind])
+    listed = CliRunner().invoke(cli, ["envs", "list"], terminal_width=400)
+    assert listed.exit_code == 0 and cap.description.split(" (")[0] in " ".join(listed.output.split()), listed.output
+
+
+def test_without_cgroups_the_limit_is_not_called_a_total(polling):
+    from omrl.envs.code import CodeEnv
+
+    assert polling.kind == "polling" and "turned off by OMRL_SANDBOX_CGROUP=off" in polling.description
+    limits = CodeEnv.resource_limits()
+    assert "polled" in limits and "polling" in limits and "cgroup v" not in limits
+
+
+def test_a_cgroup_v2_group_is_made_with_its_limits(tmp_path):
+    """The cgroup v2 files (no v2 controllers here: checked on a plain folder standing in for the parent)."""
+    cap = sandbox.MemoryCap("cgroup2", "test", str(tmp_path), str(tmp_path))
+    group = sandbox._RunGroup(cap, sandbox.SandboxLimits(memory_mb=300, max_processes=10), name="omrl-1-x")
+    folder = tmp_path / "omrl-1-x"
+    assert (folder / "memory.max").read_text() == str(300 << 20) and (folder / "memory.swap.max").read_text() == "0"
+    assert (folder / "pids.max").read_text() == str(10 + sandbox._LAYER_PROCESSES)
+    import subprocess
+
+    shown = subprocess.run(group.wrap(["/bin/sh", "-c", "echo $$"]), capture_output=True, text=True, check=True)
+    assert (folder / "cgroup.procs").read_text().strip() == shown.stdout.strip()  # entered, then exec'd the command
+
+
+def test_a_named_cgroup_v2_parent_that_cannot_delegate_is_refused_with_why(tmp_path, monkeypatch):
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    (tmp_path / "cgroup.subtree_control").chmod(0o444)
+    monkeypatch.setenv(sandbox.CGROUP_ENV, str(tmp_path))
+    monkeypatch.setattr(Path, "write_text", lambda self, text: (_ for _ in ()).throw(OSError(16, "Device busy")))
+    cap = sandbox.memory_cap(refresh=True)
+    monkeypatch.undo()
+    sandbox.memory_cap(refresh=True)
+    assert cap.kind == "polling" and "cannot enable memory, pids" in cap.description
+    assert sandbox.CGROUP_ENV in cap.description  # and says what to do

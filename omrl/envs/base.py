@@ -10,7 +10,8 @@ One environment instance runs one episode at a time:
 An action is one tool call (name + parsed arguments) or, for text environments, plain text. The
 agent loop steps once per tool call the model makes. An invalid action never raises: it returns an
 observation saying what was wrong and sets info["invalid_action"] = True. An exception out of
-reset/step means the environment itself failed (stored as status env_error).
+reset/step means the environment itself failed (stored as status env_error); a task it refuses raises
+InvalidTask from reset, with a message naming the task and the field.
 
 Rewards: StepResult.reward is the reward earned by that step; the trajectory reward is the sum.
 The episode's outcome is info["success"] on the final step (when absent: final reward >= 1).
@@ -33,6 +34,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from omrl.errors import OmrlError
+
+
+class InvalidTask(OmrlError, ValueError):
+    """A task the environment cannot play (a payload it refuses); raised by reset, stored as env_error with
+    this one-line message."""
 
 
 @dataclass

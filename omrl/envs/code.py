@@ -1,34 +1,42 @@
 """`code`: SWE-style repair of a small Python project in a temporary folder; reward 1 when its tests pass.
 
 The tests are agent-written code: they run in the bubblewrap sandbox of omrl.sandbox (a copy of the project,
-no network, no host files, limits on processes, memory, disk and wall time). Without a working sandbox the
+no network, no host files, limits on processes, memory, disk and wall time; the memory cap holds the whole
+process tree where the host lets omrl make a cgroup, see `resource_limits()`). Without a working sandbox the
 environment refuses to start unless it is built with unsafe_no_sandbox=True (`--unsafe-no-sandbox`).
+
+A task names its project by payload["files"] (path -> text), payload["project"] (a folder name among the
+shipped projects or under the env option projects_root) or payload["project_dir"] (a folder inside
+projects_root); any other path is an invalid task, never a host folder read into the episode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
 import threading
+import unicodedata
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omrl import sandbox
-from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
+from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
-from omrl.errors import UsageError
 from omrl.shipped import shipped_datasets_dir
 
 MAX_FILE_CHARS = 20_000     # what read_file shows
 MAX_OUTPUT_CHARS = 4_000    # tail of the test output shown
 MAX_WRITE_CHARS = 200_000
 MAX_PATH_CHARS = 1_000
+MAX_PROJECT_BYTES = 8 << 20  # a project folder read into a task (it is shown to the agent and stored)
 SYSTEM_PROMPT = ("You are fixing a bug in a small Python project. Inspect the files, edit them, run the tests, "
                  "and call submit when the tests pass.")
 
@@ -51,6 +59,14 @@ class CodeEnv(ToolEnv):
     tools = TOOLS
 
     @classmethod
+    def resource_limits(cls) -> str:
+        """The limits the tests run under here, and how the memory total is held on this host."""
+        cap = sandbox.memory_cap()
+        total = "for the whole sandbox" if cap.kind != "polling" else "for the whole sandbox, polled"
+        return (f"memory_mb=1024 {total}, by {cap.description}; also per process (address space). "
+                "max_processes=64; disk_mb=64 (its /tmp); test_timeout_s=10 for the whole tree; 50 MB a file")
+
+    @classmethod
     def generate_tasks(cls, n: int | None = None, seed: int = 0, split: str = "train") -> list[Task]:
         """The shipped repair projects with their files embedded (self-contained); n caps how many, seed
         shuffles which."""
@@ -67,8 +83,9 @@ class CodeEnv(ToolEnv):
 
     def __init__(self, test_timeout_s: float = 10.0, memory_mb: int = 1024,
                  test_command: list[str] | None = None, max_processes: int = 64, disk_mb: int = 64,
-                 unsafe_no_sandbox: bool = False) -> None:
+                 unsafe_no_sandbox: bool = False, projects_root: str | None = None) -> None:
         super().__init__()
+        self.projects_root = projects_root
         self.test_timeout_s = test_timeout_s
         self.memory_mb = memory_mb
         self.test_command = test_command
@@ -91,17 +108,17 @@ class CodeEnv(ToolEnv):
     def reset(self, task: Task) -> Reset:
         self.close()
         super().__init__()
-        files = project_files(task)
+        files = project_files(task, self.projects_root)
         self.task = task
         self.root = Path(tempfile.mkdtemp(prefix="omrl-code-")).resolve()
         try:
             for relative, content in files.items():
                 target = self._resolve(relative)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(content, encoding="utf-8")
+                _write_whole(target, _encoded(content, f"the content of {relative}"))
         except (InvalidAction, OSError) as exc:
             self.close()  # a failed reset leaves no folder behind, even if the caller never closes
-            raise UsageError(f"code task {task.id!r}: cannot lay out project file: {exc}") from None
+            raise InvalidTask(f"code task {task.id!r}: cannot lay out project file: {exc}") from None
         self.command = task.payload.get("test_command") or self.test_command or \
             [sys.executable, "-m", "unittest", "discover", "-s", ".", "-t", "."]
         self._plan = _expert_plan(task)
@@ -139,12 +156,13 @@ class CodeEnv(ToolEnv):
             raise InvalidAction("content must be a string")
         if len(content) > MAX_WRITE_CHARS:
             raise InvalidAction(f"content longer than {MAX_WRITE_CHARS} characters")
+        data = _encoded(content, "content")
         target = self._resolve(path)
         try:
             if target.is_dir():
                 raise InvalidAction(f"{path} is a folder")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+            _write_whole(target, data)
         except OSError as exc:  # e.g. a parent of the path is a file
             raise InvalidAction(f"cannot write {path}: {exc.strerror or exc}") from None
         return StepResult(observation=f"Wrote {len(content)} characters to {path}.")
@@ -164,8 +182,9 @@ class CodeEnv(ToolEnv):
             raise InvalidAction(f"`old` must occur exactly once in {path}; it occurs {count} times")
         if len(text) - len(old) + len(new) > MAX_WRITE_CHARS:
             raise InvalidAction(f"the edited file would be longer than {MAX_WRITE_CHARS} characters")
+        data = _encoded(text.replace(old, new, 1), "`new`")
         try:
-            target.write_text(text.replace(old, new, 1), encoding="utf-8")
+            _write_whole(target, data)
         except OSError as exc:
             raise InvalidAction(f"cannot write {path}: {exc.strerror or exc}") from None
         return StepResult(observation=f"Edited {path}.")
@@ -197,8 +216,12 @@ class CodeEnv(ToolEnv):
             text = "...\n" + text[-MAX_OUTPUT_CHARS:]
         if result.timed_out:
             text += f"\nKilled: the tests ran longer than {self.test_timeout_s:g} s."
-        passed = not result.timed_out and result.returncode == 0
+        if result.out_of_memory:
+            text += (f"\nKilled: the tests needed more than {self.memory_mb} MB of memory in total "
+                     "(all their processes, files in /tmp and memfds together).")
+        passed = not result.timed_out and not result.out_of_memory and result.returncode == 0
         return passed, text, {"returncode": result.returncode, "timed_out": result.timed_out,
+                              "out_of_memory": result.out_of_memory, "memory_peak_mb": result.memory_peak_mb,
                               "test_seconds": round(result.elapsed_s, 3), "sandboxed": result.sandboxed}
 
     def _started(self, kill: Callable[[], None]) -> None:
@@ -214,6 +237,9 @@ class CodeEnv(ToolEnv):
         if not isinstance(path, str) or not path.strip():
             raise InvalidAction("path must be a non-empty string")
         shown = path if len(path) <= 80 else path[:77] + "..."
+        problem = name_problem(path)
+        if problem:
+            raise InvalidAction(f"unusable path {shown!r}: {problem}")
         if len(path) > MAX_PATH_CHARS or any(len(part.encode("utf-8", "replace")) > 255 for part in path.split("/")):
             raise InvalidAction(f"path {shown!r} is too long (at most {MAX_PATH_CHARS} characters, 255 bytes a name)")
         try:
@@ -260,21 +286,121 @@ class CodeEnv(ToolEnv):
         return Action(tool="list_files" if choice == "read_file" else choice)
 
 
-def project_files(task: Task) -> dict[str, str]:
-    """The task's project: payload["files"] (path -> text), or a folder named by payload["project_dir"] or
-    payload["project"] (looked up in the shipped code_tasks/: omrl/data, a checkout's datasets/)."""
-    if isinstance(task.payload.get("files"), dict):
-        return {str(k): str(v) for k, v in task.payload["files"].items()}
-    folder = task.payload.get("project_dir")
-    if folder is None and task.payload.get("project"):
-        folder = shipped_datasets_dir() / "code_tasks" / str(task.payload["project"])
-    if folder is None:
-        raise UsageError(f"code task {task.id!r} names no project (payload needs files, project or project_dir)")
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"code task {task.id!r}: project folder {folder} not found")
-    return {str(p.relative_to(folder)): p.read_text(encoding="utf-8") for p in sorted(folder.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+def project_files(task: Task, projects_root: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The task's project: payload["files"] (path -> text), or the folder payload["project"] names among the
+    shipped code_tasks/ (then under projects_root), or payload["project_dir"], a folder inside projects_root.
+
+    Raises InvalidTask for anything else: a name with `..` or an absolute path, a folder outside those roots
+    (symbolic links included), files that are not UTF-8 text, names with control characters, too big a project.
+    """
+    payload = task.payload
+    if isinstance(payload.get("files"), dict):
+        files = payload["files"]
+        bad = next((k for k, v in files.items() if not isinstance(k, str) or not isinstance(v, str)), None)
+        if bad is not None:
+            raise InvalidTask(f"code task {task.id!r}: payload.files must map paths to text; {bad!r} does not")
+        return dict(files)
+    roots = [shipped_datasets_dir() / "code_tasks"] + ([Path(projects_root)] if projects_root else [])
+    if payload.get("project_dir") is not None:
+        if not projects_root:
+            raise InvalidTask(f"code task {task.id!r}: payload.project_dir is read only inside a projects root the "
+                              "user names (env option projects_root=DIR); use payload.project for a shipped project")
+        folder = _inside(Path(projects_root), Path(projects_root, str(payload["project_dir"])))
+        if folder is None:
+            raise InvalidTask(f"code task {task.id!r}: payload.project_dir {str(payload['project_dir'])!r} is not a "
+                              f"folder inside the projects root {projects_root}")
+    elif payload.get("project"):
+        name = payload["project"]
+        if not isinstance(name, str) or not all(_PROJECT_PART.fullmatch(part) for part in name.split("/")):
+            raise InvalidTask(f"code task {task.id!r}: payload.project {name!r} is not a project name (letters, digits, "
+                              "'.', '_', '-' and '/' between names; no '..', no absolute path)")
+        folder = next((found for root in roots if (found := _inside(root, root / name)) is not None), None)
+        if folder is None:
+            where = " or ".join(str(root) for root in roots)
+            raise InvalidTask(f"code task {task.id!r}: no project {name!r} in {where}"
+                              + ("" if projects_root else " (name your own projects' folder with the env option "
+                                                         "projects_root=DIR)"))
+    else:
+        raise InvalidTask(f"code task {task.id!r} names no project (payload needs files, project or project_dir)")
+    return _read_project(task, folder)
+
+
+_PROJECT_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _inside(root: Path, candidate: Path) -> Path | None:
+    """candidate, resolved, when it is a folder inside root (resolved too), else None."""
+    try:
+        base, found = root.resolve(), candidate.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if found != base and base in found.parents and found.is_dir():
+        return found
+    return None
+
+
+def _read_project(task: Task, folder: Path) -> dict[str, str]:
+    files, size = {}, 0
+    for top, folders, names in os.walk(folder):
+        folders[:] = sorted(f for f in folders if f != "__pycache__")
+        for name in sorted(names) + [f for f in folders if os.path.islink(os.path.join(top, f))]:
+            path = Path(top, name)
+            relative = str(path.relative_to(folder))
+            problem = name_problem(relative)
+            if problem:
+                raise InvalidTask(f"code task {task.id!r}: project file {relative!r}: {problem}")
+            if path.is_symlink() or not path.is_file():
+                raise InvalidTask(f"code task {task.id!r}: project file {relative!r} is a symbolic link or not a "
+                                  "regular file; projects are copied as plain files")
+            data = path.read_bytes()
+            size += len(data)
+            if size > MAX_PROJECT_BYTES:
+                raise InvalidTask(f"code task {task.id!r}: project {folder.name} is larger than "
+                                  f"{MAX_PROJECT_BYTES >> 20} MB")
+            try:
+                files[relative] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidTask(f"code task {task.id!r}: project file {relative!r} is not UTF-8 text") from None
+    return dict(sorted(files.items()))
+
+
+_BIDI_CONTROLS = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def name_problem(path: str) -> str | None:
+    """Why a file path cannot name a project file (a control character, a lone surrogate), or None."""
+    for i, char in enumerate(path):
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp", "Cs") or char in _BIDI_CONTROLS:
+            kind = "a lone surrogate" if unicodedata.category(char) == "Cs" else "a control character"
+            return f"it contains {kind} ({char!r}) at character {i}; file names must be printable text"
+    return None
+
+
+def _encoded(text: str, what: str) -> bytes:
+    """text as UTF-8; a lone surrogate (which no file can hold) is an invalid action."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidAction(f"{what} is not valid text: a lone surrogate ({text[exc.start]!r}) at character "
+                            f"{exc.start}") from None
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    """The whole file or none of it: written beside the target, then renamed over it (mode kept, else 0644)."""
+    try:
+        mode = target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".omrl-write-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 _warned = False

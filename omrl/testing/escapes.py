@@ -17,7 +17,11 @@
   a test file body the agent writes, run through CodeEnv.run_tests, and a judge of what it got.
   `run_sandbox_escapes(workdir)` runs them all and counts the attempts that succeeded (a secret seen, a
   host file read, listed or written, a connection made, more processes or disk than the limit, a late
-  return, a process left behind). Without a sandbox it reports 0 cases and why.
+  return, a process left behind). Without a sandbox it reports 0 cases and why. MEMORY_ATTEMPTS (forked
+  children, memfds, tmpfs writes) are escapes when the attempt itself saw more memory held at once than
+  memory_mb (the total cap); the code env's own inputs are cases too: task payloads naming host folders
+  (`task_attacks`, each must be an InvalidTask) and tool calls with lone surrogates or control characters
+  in names (`ACTION_ATTACKS`, each must be an invalid action that changes no file).
 
 A report's `cases` are the cases that ran to a verdict; a case that could not run is left out of it and
 gets a detail line. Used by tests/test_query_confinement.py, tests/test_sandbox.py and benchmarks/chaos.py.
@@ -60,9 +64,11 @@ class EscapeReport:
     cases: int = 0
     escapes: int = 0
     details: list[str] = field(default_factory=list)
+    escaped: list[str] = field(default_factory=list)  # the names of the cases that escaped
 
     def to_dict(self) -> dict[str, Any]:
-        return {"suite": self.suite, "cases": self.cases, "escapes": self.escapes, "details": list(self.details)}
+        return {"suite": self.suite, "cases": self.cases, "escapes": self.escapes, "details": list(self.details),
+                "escaped": list(self.escaped)}
 
 
 def _short(text: str, root: Path | None = None, limit: int = 160) -> str:
@@ -965,6 +971,122 @@ def _judge_detached(probe: SandboxProbe, run: SandboxRun) -> list[str]:
     return [] if run.info.get("timed_out") else ["the run was not killed at its time limit"]
 
 
+MEMORY_CASES = {  # attempt name -> (what, memory_mb, the body's sizes): the issue's figures
+    "memory_forks": ("4 forked children of 800 MB each", 1024, {"children": 4, "mb": 800}),
+    "memory_memfd": ("30 memfds of 49 MB (memfd_create pages are not in any process's address space)", 256,
+                     {"count": 30, "mb": 49}),
+    "memory_tmpfs": ("400 MB written to /tmp (a tmpfs) with disk_mb above memory_mb", 128,
+                     {"count": 8, "mb": 49}),
+}
+
+
+def forks_body(children: int, mb: int) -> str:
+    """Fork `children` processes that each fill `mb` MB, then say how many held it at the same moment."""
+    return f"""
+        import select
+        reports, report_w = os.pipe()
+        pids = []
+        for i in range({children}):
+            pid = os.fork()
+            if pid == 0:
+                os.close(reports)
+                try:
+                    held = b"\\1" * ({mb} << 20)  # written, so every page is really there
+                    os.write(report_w, b"%d," % i)
+                    time.sleep(30)
+                except MemoryError:
+                    os.write(report_w, b"m,")
+                os._exit(0)
+            pids.append(pid)
+        os.close(report_w)
+        got, ended = b"", set()
+
+        def reap():
+            for i, pid in enumerate(pids):
+                if i not in ended and os.waitpid(pid, os.WNOHANG)[0]:
+                    ended.add(i)
+
+        def reported():
+            return {{int(x) for x in got.decode().split(",") if x.isdigit()}}
+
+        deadline = time.monotonic() + 20  # until each child has either filled its memory or ended
+        while len(reported() | ended) < {children} and time.monotonic() < deadline:
+            if select.select([reports], [], [], 0.2)[0]:
+                chunk = os.read(reports, 64)
+                if not chunk:
+                    break  # every child has ended
+                got += chunk
+            reap()
+        time.sleep(0.5)  # a child that filled its memory last may still cost another its life
+        reap()
+        holding = reported() - ended
+        print("HELD AT ONCE MB", len(holding) * {mb}, "CHILDREN", sorted(holding), flush=True)
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+    """
+
+
+def memfd_body(count: int, mb: int) -> str:
+    """Fill `count` memfds of `mb` MB each through write() (never mapped), printing the total held."""
+    return f"""
+        chunk = b"\\1" * (1 << 20)
+        fds, held = [], 0
+        try:
+            for i in range({count}):
+                fd = os.memfd_create("m%d" % i)
+                for _ in range({mb}):
+                    os.write(fd, chunk)
+                fds.append(fd)
+                held += {mb}
+                print("MEMFD MB", held, flush=True)
+        except OSError as exc:
+            print("MEMFD REFUSED", exc.errno, flush=True)
+        print("HELD AT ONCE MB", held, flush=True)
+    """
+
+
+def tmpfs_body(count: int, mb: int) -> str:
+    """Write `count` files of `mb` MB to /tmp (the sandbox's tmpfs), printing the total written."""
+    return f"""
+        chunk = b"\\1" * (1 << 20)
+        held = 0
+        try:
+            for i in range({count}):
+                with open("/tmp/fill%d.bin" % i, "wb") as out:
+                    for _ in range({mb}):
+                        out.write(chunk)
+                        out.flush()
+                held += {mb}
+                print("TMPFS MB", held, flush=True)
+        except OSError as exc:
+            print("TMPFS REFUSED", exc.errno, flush=True)
+        print("HELD AT ONCE MB", held, flush=True)
+    """
+
+
+def held_at_once_mb(seen: str) -> int | None:
+    """The most memory a memory attempt reported holding at one moment (None: it reported nothing)."""
+    values = [int(line.split()[-1]) for line in seen.splitlines() if line.startswith(("MEMFD MB ", "TMPFS MB "))]
+    for line in seen.splitlines():
+        if line.startswith("HELD AT ONCE MB "):
+            values.append(int(line.split()[4]))
+    return max(values) if values else None
+
+
+def _judge_memory(limit_mb: int) -> Callable[[SandboxProbe, SandboxRun], list[str]]:
+    def judge(probe: SandboxProbe, run: SandboxRun) -> list[str]:
+        held = held_at_once_mb(run.seen)
+        if held is None:
+            if run.info.get("out_of_memory"):  # killed for its memory before it could report anything
+                return []
+            raise CouldNotRun("the probe reported no memory held")
+        return [f"held {held} MB at once, limit {limit_mb} MB in total"] if held > limit_mb else []
+    return judge
+
+
 class CouldNotRun(Exception):
     pass
 
@@ -995,7 +1117,20 @@ DISK_FILL = SandboxAttempt("disk_fill", "write 160 MB in the project and /tmp", 
                            {"disk_mb": DISK_MB})
 DETACHED_CHILD = SandboxAttempt("detached_child", "a setsid child holding the output pipe open past the time "
                                 "limit", _detached_body, _judge_detached, {"test_timeout_s": DETACHED_TIMEOUT_S})
-SANDBOX_ATTEMPTS = (HOST_FILES, ENV_SECRETS, HOST_WRITES, NETWORK, FORK_BOMB, DISK_FILL, DETACHED_CHILD)
+
+
+def _memory_attempt(name: str, body: Callable[..., str], **options: Any) -> SandboxAttempt:
+    what, limit_mb, sizes = MEMORY_CASES[name]
+    return SandboxAttempt(name, f"{what} under memory_mb={limit_mb}", lambda probe: body(**sizes),
+                          _judge_memory(limit_mb), {"memory_mb": limit_mb, "test_timeout_s": 30.0, **options})
+
+
+MEMORY_FORKS = _memory_attempt("memory_forks", forks_body)
+MEMORY_MEMFD = _memory_attempt("memory_memfd", memfd_body)
+MEMORY_TMPFS = _memory_attempt("memory_tmpfs", tmpfs_body, disk_mb=512)
+MEMORY_ATTEMPTS = (MEMORY_FORKS, MEMORY_MEMFD, MEMORY_TMPFS)
+SANDBOX_ATTEMPTS = (HOST_FILES, ENV_SECRETS, HOST_WRITES, NETWORK, FORK_BOMB, DISK_FILL, DETACHED_CHILD,
+                    *MEMORY_ATTEMPTS)
 
 
 def _left_behind(marker: str, wait_s: float = 2.0) -> list[int]:
@@ -1064,7 +1199,97 @@ def run_sandbox_escapes(workdir: Path) -> EscapeReport:
                 report.cases += 1
                 if leaks:
                     report.escapes += 1
+                    report.escaped.append(attempt.name)
                     report.details.append(f"ESCAPE {attempt.name} ({attempt.what}): {'; '.join(leaks)}")
+            for name, what, leaks in run_code_input_cases(root):
+                report.cases += 1
+                if leaks:
+                    report.escapes += 1
+                    report.escaped.append(name)
+                    report.details.append(f"ESCAPE {name} ({what}): {'; '.join(leaks)}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return report
+
+
+# ------------------------------------------------------------------- the code env's own inputs (tasks, actions)
+
+def task_attacks(root: Path, create: bool = True) -> dict[str, tuple[dict, dict]]:
+    """Task payloads that try to pull a host folder into an episode: name -> (payload, env options). With
+    `create`, `root` gets the host folder (holding the secret file) and a projects root with links to it."""
+    host = Path(root) / "host-project"
+    projects = Path(root) / "projects"
+    if create:
+        host.mkdir(parents=True, exist_ok=True)
+        (host / "secret.txt").write_text(SANDBOX_SECRET + "\n")
+        (projects / "inner").mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            (projects / "link").symlink_to(host)
+        with contextlib.suppress(FileExistsError):
+            (projects / "inner" / "secret.txt").symlink_to(host / "secret.txt")
+    climb = "../" * (len(host.resolve().parts) + 2)
+    return {
+        "project_dotdot": ({"project": climb + str(host.resolve()).lstrip("/")}, {}),
+        "project_absolute": ({"project": str(host.resolve())}, {}),
+        "project_dir_absolute": ({"project_dir": str(host.resolve())}, {}),
+        "project_dir_outside_root": ({"project_dir": str(host.resolve())}, {"projects_root": str(projects)}),
+        "project_dotdot_in_root": ({"project": "inner/../../host-project"}, {"projects_root": str(projects)}),
+        "project_link_out_of_root": ({"project": "link"}, {"projects_root": str(projects)}),
+        "project_file_link": ({"project": "inner"}, {"projects_root": str(projects)}),
+    }
+
+
+ACTION_ATTACKS = {  # name -> the tool call; each must be an invalid action that leaves the project as it was
+    "write_lone_surrogate": ("write_file", {"path": "new.py", "content": "x = '\udc00'\n"}),
+    "overwrite_lone_surrogate": ("write_file", {"path": "a.py", "content": "\udc00"}),
+    "replace_lone_surrogate": ("replace_in_file", {"path": "a.py", "old": "a = 1", "new": "a = '\ud800'"}),
+    "name_newline": ("write_file", {"path": "a.py\nb.py", "content": "x = 1\n"}),
+    "name_escape_sequence": ("write_file", {"path": "\x1b[31mred.py", "content": "x = 1\n"}),
+    "name_line_separator": ("write_file", {"path": "a\u2028b.py", "content": "x = 1\n"}),
+    "name_lone_surrogate": ("write_file", {"path": "\udc80.py", "content": "x = 1\n"}),
+    "name_bidi_override": ("write_file", {"path": "test_\u202eyp.py", "content": "x = 1\n"}),
+}
+
+
+def run_code_input_cases(workdir: Path) -> list[tuple[str, str, list[str]]]:
+    """Each task attack (must raise InvalidTask, showing nothing of the host) and action attack (must be an
+    invalid action, never an exception out of step, never a file written) through the code env:
+    (name, what, leaks)."""
+    from omrl.envs import make_env
+    from omrl.envs.base import Action, InvalidTask, Task
+
+    results = []
+    for name, (payload, options) in task_attacks(Path(workdir)).items():
+        what = f"task payload {json.dumps(payload)}"
+        env = make_env("code", **options)
+        leaks = []
+        try:
+            env.reset(Task(id=name, instruction="x", env="code", payload=payload))
+            leaks.append("the task was accepted: a host folder became the project")
+        except InvalidTask as exc:
+            if SANDBOX_SECRET in str(exc):
+                leaks.append("the refusal showed the host file's content")
+        except Exception as exc:  # noqa: BLE001 - any other error is the failure being counted
+            leaks.append(f"not refused as an invalid task: {type(exc).__name__}: {_short(str(exc))}")
+        finally:
+            env.close()
+        results.append((name, what, leaks))
+    for name, (tool, arguments) in ACTION_ATTACKS.items():
+        what = f"{tool}({json.dumps(arguments)})"
+        env = make_env("code")
+        leaks = []
+        try:
+            env.reset(Task(id=name, instruction="x", env="code", payload={"files": {"a.py": "a = 1\n"}}))
+            before = snapshot(env.root)
+            try:
+                result = env.step(Action(tool=tool, arguments=arguments))
+                if not result.info.get("invalid_action"):
+                    leaks.append(f"accepted: {_short(result.observation)}")
+            except Exception as exc:  # noqa: BLE001
+                leaks.append(f"raised out of env.step: {type(exc).__name__}: {_short(str(exc))}")
+            if snapshot(env.root) != before:
+                leaks.append("the project's files changed")
+        finally:
+            env.close()
+        results.append((name, what, leaks))
+    return results
