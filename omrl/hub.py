@@ -12,6 +12,8 @@ lists; what a format cannot carry is said there):
   atif      Harbor's ATIF v1.7 trajectories (omrl.formats.atif): steps with tool calls, observations and
             per-step token metrics (prompt/completion token ids, logprobs); subagents embedded
   adp       Agent Data Protocol standardized: {id, content: [message/api actions, text observations], details}
+  otel      OpenTelemetry GenAI spans (omrl.formats.otel): one OTLP JSON request per line (as the Collector's
+            file exporter writes), a trace per trajectory: invoke_agent, chat per turn, execute_tool per call
   traces    a folder of Hugging Face Hub agent traces (omrl.formats.hf_traces): one session file per
             trajectory, which the Hub's trace viewer shows once pushed (--push); not re-importable
 """
@@ -36,7 +38,7 @@ from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
-EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "traces", "jsonl")
+EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "jsonl")
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -144,10 +146,10 @@ def _rows(rows: pa.Table):
 
 def _records(fmt: str, rows: pa.Table):
     """The JSON records of a JSONL export, in the rows' order."""
-    if fmt == "atif":  # a whole-selection conversion: subagent rows are embedded in their parents
-        from omrl.formats import atif
+    if fmt in ("atif", "otel"):  # the format module's own writer (atif embeds subagent rows in their parents)
+        from omrl.formats import format_module
 
-        return atif.export_records(_rows(rows))
+        return format_module(fmt).export_records(_rows(rows))
     convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
                "sharegpt": to_sharegpt_record, "adp": to_adp_record}[fmt]
     return (convert(row) for row in _rows(rows))

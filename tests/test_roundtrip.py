@@ -119,7 +119,7 @@ def dropped(v: dict, fmt: str) -> dict:
         return v
     if fmt in ("openai", "sharegpt", "adp"):
         v["tokens"] = []
-    if fmt == "openai":
+    if fmt in ("openai", "otel"):
         for m in v["messages"]:
             if m["role"] != "assistant":
                 m["trainable"] = None
@@ -159,7 +159,7 @@ def export_and_import(store: Store, tmp_path, fmt: str, name: str) -> list[dict]
     return load_trajectories(out)  # the format detected from the file, as `omrl import FILE` does
 
 
-FORMATS = ("omrl", "openai", "sharegpt", "atif", "adp")
+FORMATS = ("omrl", "openai", "sharegpt", "atif", "adp", "otel")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

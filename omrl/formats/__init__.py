@@ -1,9 +1,11 @@
 """Importers for trajectory data made outside omrl: one module per format, plus detection.
 
-Each format module has NAME and `convert(record, ctx) -> trajectory dict` (and may have
-`detect(record) -> bool`, used for plugin formats when no built-in format matches); `omrl.formats.importer`
-reads files, converts, validates and appends to a store. Installed packages add formats through the
-`omrl.formats` entry-point group (name = "package.module"; see omrl/plugins.py).
+Each format module has NAME and `convert(record, ctx) -> trajectory dict` (or a list of them; it may
+have `detect(record) -> bool`, used for plugin formats when no built-in format matches, and, when its
+records are not the file's records (otel: one per trace, gathered from the whole file),
+`read_records(path)`); `omrl.formats.importer` reads files, converts, validates and appends to a store.
+Installed packages add formats through the `omrl.formats` entry-point group (name = "package.module"; see
+omrl/plugins.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from types import ModuleType
 
 from omrl.plugins import Registry
 
-FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "adp", "steps")
+FORMATS = ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "adp", "steps", "otel")
 REGISTRY = Registry("format", "omrl.formats", {name: f"omrl.formats.{name}" for name in FORMATS})
 
 

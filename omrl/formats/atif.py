@@ -19,7 +19,7 @@ text, the reference kept in the parent's metadata.
 Export (`to_record`, `export_records`): what omrl keeps and ATIF has no field for travels in the
 `extra` objects ATIF provides, under the key "omrl" (a message's trainable flag and name, a missing text,
 a tool result's link when it answers a call of an earlier step, a turn's reward, done, latency and info;
-tool-call arguments that are not a JSON object), so omrl -> ATIF -> omrl keeps token ids and logprobs
+tool-call arguments that are not a JSON object, or not spaced as Python writes JSON), so omrl -> ATIF -> omrl keeps token ids and logprobs
 exactly, and the messages too. Task id, reward, success, status, error and instruction are in the
 trajectory's `extra`. Rows whose parent is exported with them are embedded as its subagent trajectories.
 """
@@ -296,8 +296,10 @@ def _call(call: dict[str, Any]) -> dict[str, Any]:
     cid, name, args = tool_call_parts(call)
     value = arguments_value(args)
     out = {"tool_call_id": cid or "", "function_name": name, "arguments": value if isinstance(value, dict) else {}}
-    if not isinstance(value, dict):  # ATIF's arguments are an object: other text travels beside it, exactly
-        out["extra"] = {OMRL: {"arguments_text": args if isinstance(args, str) else json.dumps(args)}}
+    raw = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    if not isinstance(value, dict) or json.dumps(value, ensure_ascii=False) != raw:
+        # ATIF's arguments are an object: text that is no object, or spaced otherwise, travels beside it
+        out["extra"] = {OMRL: {"arguments_text": raw}}
     return out
 
 

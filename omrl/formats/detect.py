@@ -8,6 +8,7 @@ from typing import Any
 from omrl import readers
 from omrl.formats import format_module, format_names, plugin_formats
 from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
+from omrl.formats.otel_spans import is_span_record
 from omrl.formats.steps import step_list
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
@@ -20,6 +21,8 @@ def detect_record(record: Any) -> str | None:
     keys = set(record)
     if str(record.get("schema_version", "")).startswith("ATIF") and "steps" in keys:
         return "atif"
+    if is_span_record(record):
+        return "otel"
     if "history" in keys and ({"trajectory", "info", "replay_config"} & keys):
         return "swe_agent"
     if isinstance(record.get("answer_generation"), dict):
@@ -86,6 +89,7 @@ SIGNATURES = {
     "atif": ({"schema_version", "steps"}, {"session_id", "agent", "final_metrics"}),
     "adp": ({"id", "content"}, {"details"}),
     "steps": ({"steps"}, {"task", "reward", "goal"}),
+    "otel": ({"resourceSpans"}, {"name", "context", "attributes"}),
 }
 
 

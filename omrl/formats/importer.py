@@ -93,17 +93,19 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+    reader = read_records
     if mapping is not None:
         fmt, convert = mapping.name, mapping.convert
     else:
         fmt = detect_format(path) if fmt == "auto" else fmt
-        convert = format_module(fmt).convert
+        module = format_module(fmt)
+        convert, reader = module.convert, getattr(module, "read_records", read_records)
     rel = _relative(path, Path(root) if root is not None else path.parent)
     report = report if report is not None else FileReport(str(path), fmt)
     report.format = fmt
     samples: Counter = Counter()  # task_id -> rows seen: several attempts at one task form a GRPO group
     seen: Counter = Counter()  # record digest -> occurrences: identical records in one file stay distinct rows
-    for index, record in read_records(path):
+    for index, record in reader(path):
         report.records += 1
         if on_record:
             on_record()
