@@ -4,7 +4,9 @@ query and sandbox escape suites. Prints one JSON line.
 Targets (issue 8): lost = 0 and duplicated = 0 over >= 50 kills spread across collect, append, import,
 filter, compact, annotate and iterate; fuzz_unlocated_errors = 0 over >= 60 fuzz cases;
 query_escapes = 0 and sandbox_escapes = 0 over every listed case; sandbox_memory_escapes = 0 (issue 21: forked
-children, memfds and tmpfs writes held under one total cap; sandbox_memory_cap says how: cgroup2, cgroup1, polling).
+children, memfds and tmpfs writes held under one total cap; sandbox_memory_cap says how: cgroup2, cgroup1, polling);
+secrets_stored = 0 (issue 21: keys planted in the environment, flags and URL, found in no store, log or
+console output after a run against an endpoint that echoes them).
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -23,6 +25,7 @@ from omrl.sandbox import memory_cap
 from omrl.testing.chaos import SCENARIOS, run_scenario
 from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes
 from omrl.testing.fuzz import run_fuzz_corpus, summarize
+from omrl.testing.leaks import run_secret_leaks
 
 
 def main() -> None:
@@ -47,8 +50,9 @@ def main() -> None:
         fuzz = summarize(outcomes)
         query = run_query_escapes(work / "query")
         sandbox = run_sandbox_escapes(work / "sandbox")
+        leaks = run_secret_leaks(work / "secrets")  # planted keys against an echoing endpoint
         if args.verbose:
-            for report in (query, sandbox):
+            for report in (query, sandbox, leaks):
                 print(json.dumps(report.to_dict()), file=sys.stderr)
 
     results = list(per_command.values())
@@ -69,6 +73,8 @@ def main() -> None:
         "sandbox_memory_escapes": sum(a.name in sandbox.escaped for a in MEMORY_ATTEMPTS),
         "sandbox_memory_cap": memory_cap().kind,
         "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
+        "secrets_stored": leaks.found,
+        "secret_commands": leaks.commands,
         "seconds": round(time.monotonic() - started, 1),
     }))
 

@@ -37,6 +37,7 @@ from collections import Counter
 from typing import Any
 
 from omrl.errors import OmrlError, UsageError
+from omrl.redact import redact, remember_secret, remember_url
 
 try:
     import httpx2 as httpx  # the HTTP library of openai >= 3
@@ -55,7 +56,7 @@ class LLMError(OmrlError, RuntimeError):
     requests it sent."""
 
     def __init__(self, message: str, attempts: int = 1):
-        super().__init__(message)
+        super().__init__(redact(message))  # an endpoint may echo the key it was sent
         self.attempts = attempts
 
 
@@ -150,6 +151,8 @@ class LLMClient:
             raise UsageError(f"max_connections must be at least 1, got {max_connections}")
         self.base_url = base_url
         self.api_key = api_key or "EMPTY"  # local servers accept any key; the client refuses to start without one
+        remember_secret(self.api_key)  # hidden from every error, row and console line from now on (omrl.redact)
+        remember_url(base_url)
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_connections = max_connections

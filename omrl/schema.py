@@ -828,7 +828,7 @@ def normalize_trajectory(row: dict[str, Any]) -> dict[str, Any]:
     status = row.get("status") or "ok"
     if status not in STATUSES:
         raise SchemaError(f"{label}: field 'status' must be one of {', '.join(STATUSES)}, got {_short(status)}")
-    out = _convert(row, _TRAJECTORY_FIELDS, label)
+    out = _redacted(_convert(row, _TRAJECTORY_FIELDS, label))
     if out["num_turns"] is None:
         out["num_turns"] = sum(1 for m in out["messages"] if m["role"] == "assistant")
     if out["group_id"] is None:
@@ -860,7 +860,17 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
         raise SchemaError(f"{label}: field 'status' must be ok or error, got {_short(status)}")
     if status == "error" and not row.get("error"):
         raise SchemaError(f"{label}: an error annotation needs field 'error' saying what went wrong")
-    return NormalizedRow(_convert(row, _ANNOTATION_FIELDS, label), "annotations")
+    return NormalizedRow(_redacted(_convert(row, _ANNOTATION_FIELDS, label)), "annotations")
+
+
+def _redacted(out: dict[str, Any]) -> dict[str, Any]:
+    """A row's error and metadata without the secrets omrl knows of (an endpoint may echo a key back)."""
+    from omrl.redact import redact
+
+    for name in ("error", "metadata"):
+        if out.get(name):
+            out[name] = redact(out[name])
+    return out
 
 
 NORMALIZERS = {"trajectories": normalize_trajectory, "annotations": normalize_annotation}

@@ -60,7 +60,14 @@ class RewardRecipe:
                 "components": {c.name: {"weight": c.weight, **({"scale": list(c.scale)} if c.scale else {})}
                                for c in self.components},
                 **({"metrics": self.metrics} if self.metrics else {}),
-                **({"judges": self.judges} if self.judges else {})}
+                **({"judges": [_shown(j) for j in self.judges]} if self.judges else {})}
+
+
+def _shown(judge: dict[str, Any]) -> dict[str, Any]:
+    """A judge spec as it is stored with the scores: a base URL without the credentials it may carry."""
+    from omrl.redact import display_url
+
+    return {**judge, "base_url": display_url(judge["base_url"])} if isinstance(judge.get("base_url"), str) else judge
 
 
 def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> RewardRecipe:

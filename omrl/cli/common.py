@@ -11,9 +11,11 @@ from typing import Any
 import click
 import pyarrow as pa
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 
 from omrl.errors import OmrlError
+from omrl.redact import redact
 
 
 class _Console(Console):
@@ -23,6 +25,12 @@ class _Console(Console):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.soft_wrap = not self.is_terminal
+
+    def _render_buffer(self, buffer: Any) -> str:
+        # Every line omrl prints passes here: secrets it knows of never reach the terminal (omrl.redact),
+        # whether one styled piece holds a secret or colour codes do not split it.
+        pieces = [Segment(redact(text), style, control) for text, style, control in buffer]
+        return redact(super()._render_buffer(pieces))
 
     def print(self, *objects: Any, **options: Any) -> None:
         tables = [o for o in objects if isinstance(o, Table)]
@@ -72,8 +80,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 def error_line(exc: BaseException) -> str:
     """The message of a user error; an OSError from the system as "PATH: reason"."""
     if isinstance(exc, OSError) and exc.strerror and exc.filename is not None and not isinstance(exc, OmrlError):
-        return f"{exc.filename}: {exc.strerror}"
-    return str(exc) or type(exc).__name__
+        return redact(f"{exc.filename}: {exc.strerror}")
+    return redact(str(exc)) or type(exc).__name__
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -36,6 +36,7 @@ from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
+from omrl.redact import display_url
 
 
 class OpenAIPolicy:
@@ -143,7 +144,7 @@ class OpenAIPolicy:
             return
         self._warned_no_ids = True
         warnings.warn(
-            f"{self.base_url or 'the endpoint'} ({self.model}) returned no token ids for its completions: "
+            f"{display_url(self.base_url) or 'the endpoint'} ({self.model}) returned no token ids for its completions: "
             "turns.completion_ids stay empty for this run, so its rows are re-tokenised for training. "
             "vLLM >= 0.10.2, SGLang and the llama.cpp server return them (see omrl/policies/openai_policy.py)",
             stacklevel=2)

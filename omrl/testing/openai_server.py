@@ -8,6 +8,8 @@ compute one per request. A reply is a dict:
     {"status": 429} / {"status": 500}                    an HTTP error (with an OpenAI error body and a
                                                          retry-after-ms header, 10 unless "retry_after_ms")
     {"raw": "not json"}                                  a malformed body with status 200
+    {"status": 401, "echo": True}                        an HTTP error whose message repeats the request's
+                                                         Authorization header and path (a careless endpoint)
     {"hang": 30}                                         sleep before answering (client timeouts)
     {"delay": 0.05, ...}                                 latency before a normal reply
 
@@ -196,7 +198,11 @@ class FakeOpenAIServer:
                 if reply.get("delay"):
                     time.sleep(float(reply["delay"]))
                 if "status" in reply:
-                    error = {"error": {"message": reply.get("message", "scripted error"),
+                    message = reply.get("message", "scripted error")
+                    if reply.get("echo"):
+                        message = (f"Incorrect API key provided: {self.headers.get('Authorization')} "
+                                   f"for {self.path} (host {self.headers.get('Host')})")
+                    error = {"error": {"message": message,
                                        "type": "fake_error", "code": reply["status"]}}
                     self._send(int(reply["status"]), json.dumps(error).encode(),
                                retry_after_ms=int(reply.get("retry_after_ms", 10)))
