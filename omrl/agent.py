@@ -199,6 +199,12 @@ async def _play(env, task, policy, context, state, max_turns: int, turn_timeout:
     return "truncated"
 
 
+def _offer(state: dict[str, Any], result: StepResult) -> None:
+    """A step that changes the tools offered (StepResult.tools): the next model call gets them, the row keeps the last set."""
+    if getattr(result, "tools", None) is not None:
+        state["tools"] = list(result.tools)
+
+
 async def _play_turn(env, policy, context, state, turn: int) -> bool:
     """One assistant turn and the environment steps it causes; returns whether the episode is done."""
     messages = state["messages"]
@@ -230,20 +236,22 @@ async def _play_turn(env, policy, context, state, turn: int) -> bool:
                 observation, info = f"Invalid action: {problem}. Call the tool again with valid JSON arguments.", {
                     "invalid_action": True, "reason": problem}
             else:
-                action = Action(tool=call["function"]["name"], arguments=args)
+                action = Action(tool=call["function"]["name"], arguments=args, turn=turn)
                 result = await _env_call(f"env.step({action.describe()[:200]})", env.step, action)
                 observation, info = result.observation, dict(result.info or {})
                 reward += result.reward or 0.0
                 done = bool(result.done)
                 state["last"] = result
+                _offer(state, result)
             invalid += bool(info.get("invalid_action"))
             infos.append(info)
             messages.append(_storable(state, {"role": "tool", "tool_call_id": call["id"],
                                               "name": call["function"]["name"], "content": observation}))
     else:
-        action = Action(text=reply.content or "")
+        action = Action(text=reply.content or "", turn=turn)
         result = await _env_call(f"env.step({action.text[:200]!r})", env.step, action)
         reward, done, state["last"] = result.reward or 0.0, bool(result.done), result
+        _offer(state, result)
         info = dict(result.info or {})
         invalid += bool(info.get("invalid_action"))
         infos.append(info)

@@ -23,6 +23,7 @@ ENVIRONMENTS: dict[str, str] = {
     "shop": "omrl.envs.shop:ShopEnv",
     "http": "omrl.envs.http:HttpEnv",
     "grid": "omrl.envs.grid:GridEnv",
+    "bfcl": "omrl.envs.bfcl:BfclEnv",
 }
 
 

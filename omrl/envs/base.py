@@ -13,10 +13,18 @@ observation saying what was wrong and sets info["invalid_action"] = True. An exc
 reset/step means the environment itself failed (stored as status env_error); a task it refuses raises
 InvalidTask from reset, with a message naming the task and the field.
 
+A step may change the tools offered from the next model call on (StepResult.tools; the stored row keeps
+the last set). Action.turn is the index of the assistant reply that made a call, so an environment can
+tell the calls of one reply (parallel calls) from those of the next.
+
+A step's info may carry a short human-readable "note" on its outcome (a checker's verdict); `omrl show`
+prints it beside the turn.
+
 Rewards: StepResult.reward is the reward earned by that step; the trajectory reward is the sum.
 The episode's outcome is info["success"] on the final step (when absent: final reward >= 1).
-`expert_action()` returns the next move of a scripted expert (which may read the gold answer);
-it exists to test the plumbing and to make demonstrations.
+`expert_action()` returns the next move of a scripted expert (which may read the gold answer), or a
+list of tool-call Actions made at once in one reply; it exists to test the plumbing and to make
+demonstrations.
 
 Optional parts of the contract, looked up on the class (omrl.envs reads them; none needs registering):
 - `generate_tasks(n, seed=0, split=..., **options) -> list[Task]` (a classmethod): the environment's own
@@ -50,6 +58,7 @@ class Action:
     tool: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    turn: int | None = None  # the assistant turn (reply) that made it, set by the agent loop: calls of one reply share it
 
     def describe(self) -> str:
         if self.tool is None:
@@ -72,6 +81,7 @@ class StepResult:
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # when set: the tools offered from now on (an episode may add some)
 
 
 @dataclass

@@ -58,6 +58,10 @@ class EngineCrashed(OmrlError, RuntimeError):
     """The engine process died, or gave no answer in time (and was killed)."""
 
 
+class EngineTimeout(EngineCrashed):
+    """The engine gave no answer within the call's timeout and was killed (a runaway call, for instance)."""
+
+
 class EngineError(OmrlError, RuntimeError):
     """The engine answered with an exception (it is still running)."""
 
@@ -261,7 +265,7 @@ class EngineWorker:
             conn.send(message)
             if not conn.poll(timeout):
                 self.process.close()
-                raise EngineCrashed(f"the {self.name} engine gave no answer to {what} within {timeout:g} s "
+                raise EngineTimeout(f"the {self.name} engine gave no answer to {what} within {timeout:g} s "
                                     "and was killed")
             reply = conn.recv()
         except (EOFError, OSError):

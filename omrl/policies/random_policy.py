@@ -59,4 +59,4 @@ class RandomPolicy:
             action = Action(tool=tool.get("function", tool)["name"], arguments=dummy_arguments(tool, rng))
         else:
             action = Action(text=rng.choice(["yes", "no", "ok", "done", "0", "1"]))
-        return action_reply(action, f"call_{turn}_0")
+        return action_reply(action, turn)

@@ -9,12 +9,17 @@ from omrl.envs.base import Action
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, no_argument
 
 
-def action_reply(action: Action, call_id: str) -> PolicyReply:
-    """An environment Action as the assistant reply that would produce it (a tool call, or plain text)."""
-    if action.tool is None:
-        return PolicyReply(content=action.text, raw_text=action.text, finish_reason="stop")
-    call = {"id": call_id, "name": action.tool, "arguments": json.dumps(action.arguments, ensure_ascii=False)}
-    return PolicyReply(content=None, tool_calls=[call], finish_reason="tool_calls")
+def action_reply(action: Action | list[Action], turn: int) -> PolicyReply:
+    """An environment Action as assistant turn `turn`'s reply that would produce it (a tool call, or plain
+    text); a list of tool-call Actions is one reply with parallel calls (ids call_TURN_0, call_TURN_1, ...)."""
+    actions = action if isinstance(action, list) else [action]
+    if len(actions) == 1 and actions[0].tool is None:
+        return PolicyReply(content=actions[0].text, raw_text=actions[0].text, finish_reason="stop")
+    if not actions or any(a.tool is None for a in actions):
+        raise PolicyError("an expert reply of several moves must be tool calls only")
+    calls = [{"id": f"call_{turn}_{i}", "name": a.tool,
+              "arguments": json.dumps(a.arguments, ensure_ascii=False)} for i, a in enumerate(actions)]
+    return PolicyReply(content=None, tool_calls=calls, finish_reason="tool_calls")
 
 
 class ScriptedPolicy:
@@ -36,4 +41,4 @@ class ScriptedPolicy:
                               "(expert_action)")
         action = expert()
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        return action_reply(action, f"call_{turn}_0")
+        return action_reply(action, turn)
