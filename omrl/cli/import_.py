@@ -11,15 +11,20 @@ from rich.table import Table
 from omrl.cli.common import console, user_errors
 from omrl.formats import FORMATS
 
-KEY_FLAGS = ("messages", "reward", "success", "id", "instruction", "tools", "model")
+KEY_FLAGS = ("messages", "reward", "success", "id", "instruction", "tools", "model", "content")
+
+
+KEY_HELP = {
+    "messages": "Where each record keeps its message list (dotted path): maps OpenAI/ShareGPT-style records "
+                "under any key.",
+    "content": "The key of each message's text, when not content/value (e.g. output); implies a mapping.",
+}
 
 
 def _key_option(name: str):
-    return click.option(f"--{name}-key", f"{name}_key", default=None, metavar="PATH",
-                        help=f"Where each record keeps its {name} (dotted path, e.g. info.{name}); implies a mapping."
-                        if name != "messages" else
-                        "Where each record keeps its message list (dotted path): maps OpenAI/ShareGPT-style "
-                        "records under any key.")
+    return click.option(f"--{name}-key", f"{name}_key", default=None, metavar="KEY" if name == "content" else "PATH",
+                        help=KEY_HELP.get(name, f"Where each record keeps its {name} (dotted path, e.g. info.{name}); "
+                                                "implies a mapping."))
 
 
 @click.command("import")
@@ -38,6 +43,7 @@ def _key_option(name: str):
 @_key_option("instruction")
 @_key_option("tools")
 @_key_option("model")
+@_key_option("content")
 @click.option("--skip-errors", is_flag=True, help="Skip bad records (counted and reported) instead of stopping.")
 @click.option("--partial", is_flag=True,
               help="When some files fail, still write the ones that converted (default: all or nothing).")
@@ -106,5 +112,8 @@ def _summary(reports, store_path: str) -> None:
                       status)
     console.print(table)
     for r in reports:
+        if r.dropped:
+            said = ", ".join(f"{n:,} characters ({reason})" for reason, n in r.dropped.most_common())
+            console.print(f"{Path(r.path).name}: left out on purpose: {said}", highlight=False, markup=False)
         for example in r.examples:
             console.print(f"[yellow]skipped[/yellow] {example}", highlight=False, markup=True)

@@ -17,6 +17,8 @@ import json
 from typing import Any
 
 from omrl.formats.common import (
+    AT,
+    FIELDS,
     FormatError,
     RecordContext,
     leftovers,
@@ -31,12 +33,20 @@ ACTIONS = ("message_action", "api_action", "code_action")
 OBSERVATIONS = ("text_observation", "web_observation", "image_observation")
 
 
-def _observation_text(item: dict[str, Any]) -> Any:
+# The keys of each kind of item a message takes; the rest are kept in the row's metadata.
+USED = {"message_action": {"content", "description"}, "api_action": {"function", "kwargs", "id", "description"},
+        "code_action": {"language", "content", "description"}, "text_observation": {"content", "source", "name"},
+        "web_observation": {"source"}, "image_observation": set()}
+
+
+def _observation_text(item: dict[str, Any]) -> tuple[Any, set[str]]:
+    """(an observation's text, the keys it took)."""
     if item["class_"] == "text_observation":
-        return item.get("content")
+        return item.get("content"), set()
     if item["class_"] == "web_observation":
-        return item.get("axtree") or item.get("html") or item.get("url")
-    return json.dumps({k: v for k, v in item.items() if k != "class_"}, ensure_ascii=False, default=str)
+        key = next((k for k in ("axtree", "html", "url") if item.get(k)), None)
+        return (item[key], {key}) if key else (None, set())
+    return json.dumps({k: v for k, v in item.items() if k != "class_"}, ensure_ascii=False, default=str), set(item)
 
 
 def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
@@ -56,6 +66,7 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
                               f"got {kind!r}", "unknown item")
         description = item.get("description") if isinstance(item.get("description"), str) else None
         reasoning = description or None
+        used = {"class_", *USED[kind]}
         if kind == "message_action":
             messages.append(message("assistant", item.get("content"), reasoning=reasoning))
         elif kind == "api_action":
@@ -70,13 +81,19 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
             pending += 1
         else:
             source = item.get("source", "environment")
+            observed, took = _observation_text(item)
+            used |= took
             if source == "agent":
-                messages.append(message("assistant", _observation_text(item)))
+                messages.append(message("assistant", observed))
             elif source == "environment" and pending:
-                messages.append(message("tool", _observation_text(item)))
+                messages.append(message("tool", observed))
                 pending -= 1
             else:
-                messages.append(message("user", _observation_text(item), name=item.get("name")))
+                messages.append(message("user", observed, name=item.get("name")))
+        messages[-1][AT] = f"content[{k}]"
+        rest = {key: value for key, value in item.items() if key not in used and value not in (None, "", [], {})}
+        if rest:
+            messages[-1][FIELDS] = {f"content[{k}]": rest}
     details = record.get("details") if isinstance(record.get("details"), dict) else {}
     return make_row(ctx, native_id=record.get("id"), messages=messages, reward=details.get("reward"),
                     success=details.get("success"),

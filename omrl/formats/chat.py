@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import FormatError, message, openai_tool_calls, parse_json_text, tool_call
+from omrl.formats.common import (
+    AT,
+    FIELDS,
+    FormatError,
+    message,
+    native_text,
+    openai_tool_calls,
+    parse_json_text,
+    tool_call,
+)
 
 # OpenAI roles -> schema roles
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "ai": "assistant",
@@ -22,8 +31,17 @@ ROLE_MAP = {
 CALL_ROLES = ("function_call", "tool_call")
 
 
-def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[str, Any]]:
-    """OpenAI messages -> schema messages (tool results linked later by `make_row`)."""
+OPENAI_KEYS = {"role", "tool_calls", "function_call", "tool_call_id", "name", "weight", "trainable",
+               "reasoning_content", "reasoning"}
+SHAREGPT_KEYS = {"from", "role", "loss", "mask", "weight", "name", "reasoning"}
+
+
+def convert_messages(raw: Any, where: str, key: str = "messages",
+                     content_keys: tuple[str, ...] = ("content", "text")) -> list[dict[str, Any]]:
+    """OpenAI messages -> schema messages (tool results linked later by `make_row`).
+
+    content_keys: where a message's text is (the first present); text under other keys is found or
+    refused by `native_text`, and a message's other keys are kept in the row's metadata."""
     if not isinstance(raw, list) or not raw:
         raise FormatError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
     out = []
@@ -41,9 +59,13 @@ def convert_messages(raw: Any, where: str, key: str = "messages") -> list[dict[s
         weight = msg.get("weight")
         trainable = msg.get("trainable", None if weight is None else bool(weight))
         reasoning = msg.get("reasoning_content", msg.get("reasoning"))
-        out.append(message(role, msg.get("content", msg.get("text")), reasoning=reasoning if isinstance(reasoning, str) else None,
-                           tool_calls=calls, tool_call_id=msg.get("tool_call_id"), name=msg.get("name"),
-                           trainable=trainable, where=f"{at} content"))
+        reasoning = reasoning if isinstance(reasoning, str) else None
+        content, rest = native_text(msg, content_keys, OPENAI_KEYS, at, empty=not calls and not reasoning)
+        out.append(message(role, content, reasoning=reasoning, tool_calls=calls, tool_call_id=msg.get("tool_call_id"),
+                           name=msg.get("name"), trainable=trainable, where=f"{at} content"))
+        out[-1][AT] = f"{key}[{k}]"
+        if rest:
+            out[-1][FIELDS] = {f"{key}[{k}]": rest}
     return out
 
 
@@ -58,8 +80,10 @@ def trainable_flag(turn: dict[str, Any]) -> bool | None:
     return None
 
 
-def convert_conversation(turns: Any, where: str, key: str = "conversations") -> list[dict[str, Any]]:
-    """ShareGPT turns -> schema messages (tool results linked later by `make_row`)."""
+def convert_conversation(turns: Any, where: str, key: str = "conversations",
+                         content_keys: tuple[str, ...] = ("value", "content")) -> list[dict[str, Any]]:
+    """ShareGPT turns -> schema messages (tool results linked later by `make_row`); text keys as in
+    `convert_messages`."""
     if not isinstance(turns, list) or not turns:
         raise FormatError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
     messages: list[dict[str, Any]] = []
@@ -68,7 +92,9 @@ def convert_conversation(turns: Any, where: str, key: str = "conversations") -> 
         if not isinstance(turn, dict):
             raise FormatError(f"{at}: expected an object with from/value", "bad turn")
         speaker = turn.get("from", turn.get("role"))
-        value = turn.get("value", turn.get("content"))
+        reasoning = turn.get("reasoning")
+        reasoning = reasoning if isinstance(reasoning, str) else None
+        value, rest = native_text(turn, content_keys, SHAREGPT_KEYS, at, empty=not reasoning)
         flag = trainable_flag(turn)
         if speaker in CALL_ROLES:
             calls = parse_json_text(value, f"{at} (function_call)", "bad function call")
@@ -85,12 +111,17 @@ def convert_conversation(turns: Any, where: str, key: str = "conversations") -> 
                 prev["tool_calls"] = parsed
             else:
                 messages.append(message("assistant", None, tool_calls=parsed, trainable=flag))
+                messages[-1][AT] = f"{key}[{k}]"
+            if rest:  # a call turn's other keys: kept under its own place in the record
+                messages[-1].setdefault(FIELDS, {})[f"{key}[{k}]"] = rest
             continue
         role = ROLE_MAP.get(str(speaker).lower() if speaker is not None else None)
         if role is None:
             raise FormatError(f"{at}: unknown speaker {speaker!r}; expected one of {', '.join(ROLE_MAP)}",
                               "unknown role")
-        reasoning = turn.get("reasoning")
-        messages.append(message(role, value, name=turn.get("name"), trainable=flag,
-                                reasoning=reasoning if isinstance(reasoning, str) else None, where=f"{at} value"))
+        messages.append(message(role, value, name=turn.get("name"), trainable=flag, reasoning=reasoning,
+                                where=f"{at} value"))
+        messages[-1][AT] = f"{key}[{k}]"
+        if rest:
+            messages[-1][FIELDS] = {f"{key}[{k}]": rest}
     return messages

@@ -170,6 +170,49 @@ def message(role: str, content: Any = None, *, reasoning: str | None = None,
             "tool_call_id": tool_call_id, "name": name, "trainable": trainable}
 
 
+# Private keys a converter may set on a message dict; make_row takes them off (normalize_trajectory
+# refuses unknown fields): where in the record the message came from, the native keys no field took
+# (kept in metadata.message_fields), text removed on purpose (reported in metadata.import.dropped), and
+# the text before tool calls were parsed out of it (kept in its turn's info, as collected rows keep it).
+AT, FIELDS, DROPPED, RAW_TEXT = "_at", "_fields", "_dropped", "_raw_text"
+# Keys a message's text is often under when not under the mapped one; names that look like metadata.
+TEXT_NAMES = ("text", "value", "output", "message", "response", "result", "observation", "body", "utterance",
+              "answer", "completion", "stdout")
+META_NAME = re.compile(r"(^|_)(id|ids|uuid|time|timestamp|date|created|updated|model|status|type|agent|name|"
+                       r"role|index|idx)$|_(at|id|time)$", re.I)
+
+
+def _has_text(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, list):
+        return any(_has_text(v.get("text") if isinstance(v, dict) else v) for v in value)
+    return False
+
+
+def native_text(raw: dict[str, Any], keys: tuple[str, ...], known: set[str], at: str,
+                empty: bool = True) -> tuple[Any, dict[str, Any]]:
+    """(a native message's text, its keys no field took) for a message read with `keys` as its text keys.
+
+    `known`: the keys the converter maps otherwise (role, tool_calls, ...). When the text keys hold no
+    text and the message would be `empty` (no calls, no reasoning), its text is looked for under other
+    keys, never left behind: the one other key holding text (not named like metadata: id, timestamp, ...)
+    is taken; several are a FormatError naming them. Keys nothing took are returned, to be kept in the
+    metadata.
+    """
+    content = next((raw[k] for k in keys if raw.get(k) is not None), None)
+    rest = {k: v for k, v in raw.items() if k not in known and k not in keys and v not in (None, "", [], {})}
+    if empty and not _has_text(content):
+        pick = [k for k, v in rest.items() if _has_text(v) and not META_NAME.search(str(k))]
+        if len(pick) == 1:
+            content = rest.pop(pick[0])
+        elif len(pick) > 1:
+            raise FormatError(f"{at}: the message's text is not under {' or '.join(repr(k) for k in keys)}, and "
+                              f"several keys hold text ({', '.join(repr(k) for k in sorted(map(str, pick)))}); say "
+                              "which with --content-key KEY (or `content:` in a --map file)", "text under unknown key")
+    return content, rest
+
+
 def tool_call(name: Any, arguments: Any, call_id: Any = None, where: str = "tool call") -> dict[str, Any]:
     if not isinstance(name, str) or not name:
         raise FormatError(f"{where}: a tool call needs a function name", "tool call without name")
@@ -222,11 +265,13 @@ def xml_function_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
                 msg["content"] = XML_CALL.sub("", content).strip() or None
+                msg[RAW_TEXT] = content  # what the model wrote, markup and all
                 expecting = True
                 continue
         if expecting and msg["role"] == "user" and content and XML_RESULT.match(content):
             header = XML_RESULT.match(content)
             msg["role"], msg["name"], msg["content"] = "tool", header.group(1), content[header.end():]
+            msg.setdefault(DROPPED, []).append({"reason": "OpenHands result header", "text": header.group(0)})
             continue
         expecting = False
     return messages
@@ -347,6 +392,7 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
         turns = [{"index": k, "done": k == len(positions) - 1} for k in range(len(positions))]
     meta = {"import": {"format": ctx.fmt, "file": ctx.rel or ctx.path.name, "index": ctx.index}}
     meta.update(metadata or {})
+    _take_private_keys(messages, turns, meta)
     digest = ctx.digest or short_hash(ctx.fmt, ctx.path.name, ctx.index, native)  # no digest: called directly
     if instruction is None or not str(instruction).strip():
         instruction = first_user_text(messages)
@@ -375,6 +421,33 @@ def make_row(ctx: RecordContext, *, native_id: Any, messages: list[dict[str, Any
         "metadata": meta,
         "created_at": created_at,
     }
+
+
+def _take_private_keys(messages: list[dict[str, Any]], turns: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Move what converters left on messages under private keys to where the row keeps it (see AT)."""
+    fields, dropped = {}, []
+    for drop in meta.pop(DROPPED, None) or []:  # what an importer left out whole (SWE-agent demonstrations)
+        dropped.append({"at": drop["at"], "reason": drop["reason"], "chars": len(re.sub(r"\s", "", drop["text"]))})
+    assistant = 0
+    for position, msg in enumerate(messages):
+        at = msg.pop(AT, None) or f"messages[{position}]"
+        fields.update(msg.get(FIELDS) or {})  # {where in the record: the native keys no field took}
+        for drop in msg.pop(DROPPED, None) or []:
+            dropped.append({"at": at, "reason": drop["reason"], "chars": len(re.sub(r"\s", "", drop["text"]))})
+        msg.pop(FIELDS, None)
+        raw = msg.pop(RAW_TEXT, None)
+        if msg["role"] == "assistant":
+            if raw is not None and assistant < len(turns):
+                turn = turns[assistant]
+                info = turn.get("info") or {}
+                info = json.loads(info) if isinstance(info, str) else dict(info)
+                info.setdefault("raw_text", raw)
+                turn["info"] = info
+            assistant += 1
+    if fields:
+        meta["message_fields"] = {**meta.get("message_fields", {}), **fields}
+    if dropped:
+        meta["import"]["dropped"] = meta["import"].get("dropped", []) + dropped
 
 
 def _native_id(value: Any, ctx: RecordContext) -> str | None:

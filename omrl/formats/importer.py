@@ -1,7 +1,9 @@
 """Import trajectory files into a store: detect, convert, validate, skip what the store already holds.
 
 A bad record stops the import of its file with an error naming the file and record index, or, with
-`skip_errors`, is counted under its reason and reported; never silently dropped. A file whose every
+`skip_errors`, is counted under its reason and reported; never silently dropped. Text a format leaves
+out on purpose (SWE-agent demonstrations, OpenHands' result headers) is reported per row in
+metadata.import.dropped and per file in `FileReport.dropped`. A file whose every
 record was skipped counts as failed.
 
 All or nothing: every file is converted and validated before anything is written, and then all rows go
@@ -46,6 +48,7 @@ class FileReport:
     status: str = "pending"  # written, nothing new, failed, not written
     reason: str | None = None  # the failure's short category
     previous_ids: dict[str, str] = field(default_factory=dict)  # row id -> its id before content ids
+    dropped: Counter = field(default_factory=Counter)  # reason -> characters of text left out on purpose
 
     @property
     def skipped_total(self) -> int:
@@ -120,9 +123,10 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             rows = []
             for row in converted if isinstance(converted, list) else [converted]:
                 previous = row.pop(PREVIOUS_ID, None)
-                row["sample"] = samples[row["task_id"]] + sum(r["task_id"] == row["task_id"] for r, _ in rows)
+                drops = row["metadata"].get("import", {}).get("dropped", []) if isinstance(row.get("metadata"), dict) else []
+                row["sample"] = samples[row["task_id"]] + sum(r["task_id"] == row["task_id"] for r, _, _ in rows)
                 row["group_id"] = group_id(row["run_id"], 0, row["task_id"])
-                rows.append((normalize_trajectory(row), previous))
+                rows.append((normalize_trajectory(row), previous, drops))
         except (SchemaError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             reason = getattr(exc, "reason", "invalid record" if isinstance(exc, SchemaError) else type(exc).__name__)
             detail = "nested too deeply to convert" if isinstance(exc, RecursionError) else str(exc)
@@ -133,7 +137,9 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
             if len(report.examples) < 5:
                 report.examples.append(text)
             continue
-        for row, previous in rows:
+        for drop in (d for _, _, ds in rows for d in ds):
+            report.dropped[drop["reason"]] += drop["chars"]
+        for row, previous, _ in rows:
             samples[row["task_id"]] += 1
             if previous:
                 report.previous_ids[row["id"]] = previous

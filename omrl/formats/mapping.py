@@ -6,10 +6,13 @@
 A mapping names, by dotted path (`info.task.instruction`, `steps.0.text`) or a list of candidate paths,
 where each field of a record is: `messages` (required: a list of OpenAI {role, content, tool_calls} or
 ShareGPT {from, value} messages), `reward`, `success`, `id` (the task id), `instruction`, `tools`,
-`model`, `system` (a system prompt kept apart), and `task` (paths copied into the task payload); `style`
+`model`, `system` (a system prompt kept apart), `task` (paths copied into the task payload) and
+`content` (the key, or candidate keys, of each message's text, e.g. `[content, output]`); `style`
 (openai, sharegpt, auto) and `name` (env `import:<name>`). A field left out falls back to the usual keys
 (reward, success/resolved, instance_id/id/task_id, tools/available_tools/functions, model). Keys the
-mapping does not use go to the row's metadata, never lost. The built-in openai and sharegpt formats are
+mapping does not use go to the row's metadata, never lost; so do a message's keys (under
+metadata.message_fields), and a message whose text is under a key no mapping names gets it from there,
+or the import fails naming the key. The built-in openai and sharegpt formats are
 mappings of the same kind.
 """
 
@@ -67,6 +70,7 @@ class Mapping:
     tools: Paths = None
     model: Paths = None
     system: Paths = None  # a system prompt kept beside the messages (LLaMA-Factory): put first
+    content: tuple[str, ...] = ()  # the keys of a message's text (the first present); () = the style's usual
     task: tuple[str, ...] = field(default_factory=tuple)
     name: str = "mapped"
     style: str = "auto"  # the messages' shape: openai {role, content}, sharegpt {from, value}, auto: by the first
@@ -105,7 +109,9 @@ class Mapping:
         first = raw[0] if isinstance(raw[0], dict) else {}
         sharegpt = self.style == "sharegpt" or (
             self.style == "auto" and ("from" in first or ("value" in first and "content" not in first)))
-        messages = (convert_conversation(raw, ctx.where, key) if sharegpt else convert_messages(raw, ctx.where, key))
+        text_keys = self.content or (("value", "content") if sharegpt else ("content", "text"))
+        messages = (convert_conversation(raw, ctx.where, key, text_keys) if sharegpt
+                    else convert_messages(raw, ctx.where, key, text_keys))
         _, system = pick(self.system, (), lambda v: isinstance(v, str) and bool(v))
         if system:
             messages.insert(0, message("system", system))
@@ -148,7 +154,7 @@ def mapping_from(options: dict[str, Any], where: str = "mapping") -> Mapping:
             if not isinstance(value, str) or not value or (key == "style" and value not in STYLES):
                 raise FormatError(f"{where}: '{key}' must be {'one of ' + ', '.join(STYLES) if key == 'style' else 'text'}",
                                   "bad mapping")
-        elif key == "task" or isinstance(value, list):
+        elif key in ("task", "content") or isinstance(value, list):
             value = [value] if isinstance(value, str) else value
             if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
                 raise FormatError(f"{where}: '{key}' must be a dotted path or a list of them", "bad mapping")

@@ -163,10 +163,13 @@ def _play(spans: list[dict[str, Any]], kinds: dict[str, Any], root: dict[str, An
             merge(messages, input_messages(attrs, at))
             for reply in output_messages(attrs, at) or [message("assistant", None)]:
                 reply.pop("_responses", None)
+                finish = reply.pop("_finish", None)
                 if attrs.get(OMRL + "trainable") is not None:
                     reply["trainable"] = bool(attrs[OMRL + "trainable"])
                 messages.append(reply)
                 turns.append(_turn(span, len(turns), at))
+                if finish is not None and OMRL + "turn.info" not in attrs:  # omrl's own info says it already
+                    turns[-1]["info"].setdefault("finish_reason", finish)
             if span["status"]["code"] == "ERROR" and status == "ok":
                 status, error = "policy_error", span["status"]["message"] or "the model call failed"
         else:
@@ -291,6 +294,8 @@ def _message(raw: Any, at: str) -> dict[str, Any]:
                   reasoning="".join(reasoning) if reasoning else None, tool_calls=calls,
                   name=raw.get("name") if isinstance(raw.get("name"), str) else None)
     msg["_responses"] = responses
+    if isinstance(raw.get("finish_reason"), str):
+        msg["_finish"] = raw["finish_reason"]
     return msg
 
 
@@ -561,5 +566,5 @@ def _turn_attributes(turn: dict[str, Any], m: dict[str, Any], last: bool) -> dic
             OMRL + "turn.prompt_ids": prompt_ids,
             OMRL + "turn.reward": turn.get("reward"),
             OMRL + "turn.done": turn.get("done") if bool(turn.get("done")) != last else None,
-            OMRL + "turn.info": json.dumps(info, ensure_ascii=False) if info else None,
+            OMRL + "turn.info": json.dumps(info, ensure_ascii=False),  # always: it marks the span as omrl's
             OMRL + "trainable": m.get("trainable")}

@@ -25,11 +25,15 @@ import re
 from typing import Any
 
 from omrl.formats.common import (
+    AT,
+    DROPPED,
+    FIELDS,
     FormatError,
     RecordContext,
     list_field,
     make_row,
     message,
+    native_text,
     object_field,
     openai_tool_calls,
     require_dict,
@@ -71,9 +75,14 @@ def problem_statement(content: str | None) -> str | None:
     return found.group(1).strip() if found else content
 
 
-def _history(history: list[Any], where: str, keep_demos: bool) -> tuple[list[dict[str, Any]], list[bool]]:
+HISTORY_KEYS = {"role", "tool_calls", "tool_call_ids", "is_demo", "message_type"}
+
+
+def _history(history: list[Any], where: str, keep_demos: bool,
+             dropped: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[bool]]:
     """(messages, is-demonstration flag of each) of a history list; demonstrations only with keep_demos,
-    then marked trainable=false."""
+    then marked trainable=false (else reported in `dropped`). A message's other keys (action, thought,
+    agent) are kept in the row's metadata."""
     messages, demo_flags = [], []
     for k, msg in enumerate(history):
         at = f"{where} history[{k}]"
@@ -82,12 +91,18 @@ def _history(history: list[Any], where: str, keep_demos: bool) -> tuple[list[dic
         demo = bool(msg.get("is_demo"))
         demo_flags.append(demo)
         if demo and not keep_demos:
+            dropped.append({"at": f"history[{k}]", "reason": "demonstration (--keep-demos keeps it)",
+                            "text": json.dumps(msg, ensure_ascii=False, default=str)})
             continue
         ids = list_field(msg.get("tool_call_ids"), at, "tool_call_ids")
-        messages.append(message(ROLES[msg["role"]], msg.get("content", msg.get("text")),
-                                tool_calls=openai_tool_calls(msg.get("tool_calls"), at),
+        calls = openai_tool_calls(msg.get("tool_calls"), at)
+        content, rest = native_text(msg, ("content", "text"), HISTORY_KEYS, at, empty=not calls)
+        messages.append(message(ROLES[msg["role"]], content, tool_calls=calls,
                                 tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None,
                                 trainable=False if demo else None))
+        messages[-1][AT] = f"history[{k}]"
+        if rest:
+            messages[-1][FIELDS] = {f"history[{k}]": rest}
     kept = demo_flags if keep_demos else [False] * len(messages)
     return messages, kept
 
@@ -103,7 +118,7 @@ def _state(value: Any) -> Any:
 
 def _step_info(step: dict[str, Any]) -> dict[str, Any]:
     return {k: _state(step[k]) if k == "state" else step[k]
-            for k in ("thought", "response", "state", "execution_time") if step.get(k) is not None}
+            for k in ("thought", "action", "response", "state", "execution_time") if step.get(k) is not None}
 
 
 def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
@@ -112,7 +127,8 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     history = record.get("history")
     if not isinstance(history, list) or not history:
         raise FormatError(f"{ctx.where}: 'history' must be a non-empty list of messages", "empty conversation")
-    messages, is_demo = _history(history, ctx.where, ctx.keep_demos)
+    dropped: list[dict[str, Any]] = []
+    messages, is_demo = _history(history, ctx.where, ctx.keep_demos, dropped)
     demos = sum(1 for m in history if isinstance(m, dict) and m.get("is_demo"))
     steps = list_field(record.get("trajectory"), ctx.where, "trajectory")
     for k, step in enumerate(steps):
@@ -124,6 +140,7 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
         except (json.JSONDecodeError, RecursionError):
             config = {"raw": config}
     config = object_field(config, ctx.where, "replay_config")
+    matched = False
     legacy = (not any(m["tool_calls"] for m in messages) and bool(steps)
               and all(isinstance(s.get("action"), str) for s in steps))
     tools = None
@@ -133,6 +150,9 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
             if m["role"] == "assistant" and not demo:
                 break
             head.append(m)
+        for m in messages[len(head):]:  # the steps below hold the same turns, action by action
+            dropped.append({"at": m[AT], "reason": "legacy history rebuilt from the trajectory steps",
+                            "text": m["content"] or ""})
         messages = head
         is_demo = is_demo[: len(head)]
         turns = [{"index": k, "done": False, "info": {"demonstration": True}}  # kept demonstrations' turns
@@ -181,8 +201,10 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     if isinstance(env_config.get("repo"), dict):
         task["repo_config"] = env_config["repo"]
     resolved = info.get("resolved", record.get("resolved"))
+    unmatched = [] if legacy or matched else steps  # steps that fit no turn one to one: kept whole
     metadata = {"info": info, "environment": record.get("environment"), "trajectory_steps": len(steps),
-                "demonstrations_skipped": demos, "legacy": legacy, "replay_config": config,
+                **({"trajectory": unmatched} if unmatched else {}),
+                "demonstrations_skipped": demos, "legacy": legacy, "replay_config": config, DROPPED: dropped,
                 "roles_detail": [m.get("message_type") for m in history if isinstance(m, dict)]}
     return make_row(ctx, native_id=instance, messages=messages, tools=tools, task=task, reward=record.get("reward"),
                     success=resolved, status=status, error=error, model=model, metadata=metadata, turns=turns,
