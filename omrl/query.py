@@ -12,17 +12,26 @@ no allowed path, extension install/load off and the configuration locked. So no 
 wraps it (`EXPLAIN ANALYZE` runs what it wraps), can read a file, reach the network, load an
 extension or write anywhere but the connection's own temporary folder (for spilling), which omrl makes
 and removes. The statement check (SELECT and EXPLAIN of a SELECT only) is a second line of defence.
+
+Limits: every connection gets DuckDB's `memory_limit` and `threads` (QueryLimits: a quarter of the
+machine's memory and all its CPUs unless the command's --query-memory / --query-threads or OMRL_QUERY_MEMORY
+/ OMRL_QUERY_THREADS say otherwise), a result is streamed and refused once it outgrows the same memory cap,
+and every query stops at its time limit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import os
 import re
 import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
@@ -43,6 +52,8 @@ READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 VIEWS = ("trajectories", "messages", "turns", "tool_calls", "annotations", "latest_annotations", "scores",
          "groups")
 DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 1e6  # past this a timer cannot wait (threading's clock overflows); refused like inf and nan
+TEMP_PREFIX = "omrl-duckdb-"  # a connection's own temporary folder (spilling): a host path no query may show
 VANISHED_RETRIES = 4  # connections rebuilt when a compaction removes a part under a query
 
 # Set when the database starts, before any statement can run.
@@ -67,6 +78,103 @@ def quote_literal(text: str) -> str:
 
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+# ---------------------------------------------------------------------------------------- limits
+
+MEMORY_ENV = "OMRL_QUERY_MEMORY"
+THREADS_ENV = "OMRL_QUERY_THREADS"
+DEFAULT_MEMORY_SHARE = 0.25  # of the machine's (or its cgroup's) memory; DuckDB alone would take 80%
+MIN_MEMORY_MB = 64
+RESULT_BATCH_ROWS = 10_000  # rows a result is streamed in: the memory cap is checked after each batch
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(%|[kmgt]i?b?|b)?\s*", re.IGNORECASE)
+_MB_PER_UNIT = {"b": 1 / 2**20, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one confined connection may use: memory (DuckDB's memory_limit, and separately its result) and
+    worker threads."""
+
+    memory_mb: int
+    threads: int
+
+    def share(self, connections: int) -> QueryLimits:
+        """Each connection's part when `connections` of them share these limits (the viewer's)."""
+        n = max(1, connections)
+        return QueryLimits(max(MIN_MEMORY_MB, self.memory_mb // n), max(1, self.threads // n))
+
+
+def machine_memory_mb() -> int:
+    """The memory this process can have: the machine's, or less where its cgroup (v2) sets memory.max."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            group = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), "/")
+        with open(f"/sys/fs/cgroup{group.rstrip('/')}/memory.max", encoding="utf-8") as f:
+            total = min(total, int(f.read().strip()))  # "max": no limit (ValueError, the machine's)
+    return total >> 20
+
+
+def machine_threads() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_memory(text: str | int | float, source: str = "--query-memory") -> int:
+    """A memory size in MB from "2GB", "512MB", "1.5G", "25%" (of machine_memory_mb) or a plain number (MB)."""
+    match = _SIZE.fullmatch(str(text))
+    if not match:
+        raise QueryError(f"{source}: {text!r} is not a memory size; give e.g. 2GB, 512MB or 25% (of this "
+                         "machine's memory)")
+    number, unit = float(match.group(1)), (match.group(2) or "m").lower()
+    mb = machine_memory_mb() * number / 100 if unit == "%" else number * _MB_PER_UNIT[unit[0]]
+    if not MIN_MEMORY_MB <= mb <= machine_memory_mb():
+        raise QueryError(f"{source}: {text!r} is {mb:.0f} MB; give between {MIN_MEMORY_MB} MB and this "
+                         f"machine's {machine_memory_mb()} MB")
+    return int(mb)
+
+
+def parse_threads(text: str | int, source: str = "--query-threads") -> int:
+    """A positive number of threads."""
+    try:
+        threads = int(str(text).strip())
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise QueryError(f"{source}: {text!r} is not a positive number of threads")
+    return threads
+
+
+_LIMITS: QueryLimits | None = None  # a command's --query-memory / --query-threads while it runs
+
+
+def query_limits() -> QueryLimits:
+    """The limits of a new connection: the running command's flags, else OMRL_QUERY_MEMORY and
+    OMRL_QUERY_THREADS, else DEFAULT_MEMORY_SHARE of the memory and every CPU."""
+    if _LIMITS is not None:
+        return _LIMITS
+    memory, threads = os.environ.get(MEMORY_ENV, "").strip(), os.environ.get(THREADS_ENV, "").strip()
+    return QueryLimits(
+        parse_memory(memory, MEMORY_ENV) if memory else max(MIN_MEMORY_MB,
+                                                             int(machine_memory_mb() * DEFAULT_MEMORY_SHARE)),
+        parse_threads(threads, THREADS_ENV) if threads else machine_threads())
+
+
+@contextlib.contextmanager
+def limits_in_force(memory_mb: int | None = None, threads: int | None = None) -> Iterator[QueryLimits]:
+    """Every connection made meanwhile gets these limits (None: as before); restored afterwards."""
+    global _LIMITS
+    saved = _LIMITS
+    base = query_limits()
+    _LIMITS = QueryLimits(memory_mb or base.memory_mb, threads or base.threads)
+    try:
+        yield _LIMITS
+    finally:
+        _LIMITS = saved
 
 
 # ------------------------------------------------------------------------------------ the connection
@@ -132,6 +240,7 @@ _TEMP_DIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Connections `connect` confined (or _check_confined verified): their configuration is locked, so they stay
 # confined and are not asked again (asking costs a duckdb_settings() query, ~10 ms, on every user query).
 _CONFINED: weakref.WeakSet = weakref.WeakSet()
+_LIMITS_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> its QueryLimits
 
 
 def close(con: duckdb.DuckDBPyConnection) -> None:
@@ -142,12 +251,16 @@ def close(con: duckdb.DuckDBPyConnection) -> None:
         finalizer()
 
 
-def connect(store: Store) -> duckdb.DuckDBPyConnection:
+def connect(store: Store, limits: QueryLimits | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the store's views, confined: no file, network or extension
-    access, locked configuration, spilling only into its own temporary folder (removed with it)."""
-    temp_dir = tempfile.mkdtemp(prefix="omrl-duckdb-")
+    access, locked configuration, spilling only into its own temporary folder (removed with it), at most
+    `limits` (None: query_limits()) of memory and threads."""
+    limits = limits or query_limits()
+    temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
     try:
-        con = duckdb.connect(":memory:", config={**_START_CONFIG, "temp_directory": temp_dir})
+        con = duckdb.connect(":memory:", config={**_START_CONFIG, "temp_directory": temp_dir,
+                                                 "memory_limit": f"{limits.memory_mb}MB",
+                                                 "threads": limits.threads})
     except BaseException:
         _remove_temp_dir(temp_dir)
         raise
@@ -164,6 +277,7 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
         close(con)
         raise
     _CONFINED.add(con)
+    _LIMITS_OF[con] = limits
     return con
 
 
@@ -322,20 +436,70 @@ _VANISHED_MESSAGES = ("No such file or directory", "The specified key does not e
                       "AWS Error INTERNAL_FAILURE during GetObject")
 
 
+_MEMORY_HINT = "raise the cap with --query-memory or OMRL_QUERY_MEMORY"
+
+
 def _user_error(exc: duckdb.Error) -> QueryError:
     message = _one_line(exc)
     if isinstance(exc, duckdb.PermissionException):
         return QueryError("refused: queries read only the store's views (no files, network or extensions) "
                           f"and write nothing; DuckDB said: {message}")
+    if isinstance(exc, duckdb.OutOfMemoryException) or message.startswith("Out of Memory Error"):
+        first = str(exc).strip().splitlines()[0]  # the rest is DuckDB's advice on settings that are locked
+        return QueryError(f"the query needs more memory than its cap: {first}; {_MEMORY_HINT}")
     return QueryError(message)
 
 
-def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None) -> pa.Table:
+def check_timeout(limit: float) -> float:
+    """A query time limit in seconds: finite, positive and at most MAX_TIMEOUT_S (QueryError otherwise)."""
+    if not (isinstance(limit, int | float) and math.isfinite(limit) and 0 < limit <= MAX_TIMEOUT_S):
+        raise QueryError(f"the query time limit must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
+                         f"not {limit}")
+    return float(limit)
+
+
+class _Gathered:
+    """A result gathered whole from its batches, refused once it outgrows `cap_mb`."""
+
+    def __init__(self, cap_mb: int):
+        self.cap_mb, self.batches, self.bytes, self.rows = cap_mb, [], 0, 0
+
+    def __call__(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.bytes += batch.nbytes
+        self.rows += batch.num_rows
+        if self.bytes > self.cap_mb << 20:
+            raise QueryError(f"the result passed the query memory cap ({self.cap_mb} MB) after {self.rows:,} "
+                             f"rows; select fewer rows or columns (LIMIT, aggregates) or {_MEMORY_HINT}")
+
+
+def _next_batch(reader: pa.RecordBatchReader, fired: threading.Event, sent: bool) -> pa.RecordBatch | None:
+    """The next batch of a streamed result (None at its end). A DuckDB error raised while streaming
+    arrives as Arrow's OSError: it is raised as the DuckDB error it was."""
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not sent:
+            raise
+        if fired.is_set():
+            raise duckdb.InterruptException(str(exc)) from None
+        if sent and _vanished(exc):  # rows went out already: running again would repeat them
+            raise QueryError(f"a part of the store was removed (compacted) while the query ran: "
+                             f"{_one_line(exc)}; run it again") from None
+        raise duckdb.Error(str(exc)) from None
+
+
+def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None,
+             sink: Callable[[pa.RecordBatch], None] | None = None) -> pa.Table | None:
     """Run `query`, stopped by `con.interrupt()` from a timer thread once it runs past `timeout` seconds
-    (None: DEFAULT_TIMEOUT_S)."""
-    limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
-    if not limit > 0:
-        raise QueryError(f"the query time limit must be a positive number of seconds, not {limit}")
+    (None: DEFAULT_TIMEOUT_S). Its result streams in batches to `sink` (the first one empty when there are
+    no rows), or without a sink is returned whole, refused past the connection's memory cap."""
+    limit = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
+    gathered = None
+    if sink is None:
+        gathered = sink = _Gathered((_LIMITS_OF.get(con) or query_limits()).memory_mb)
     fired = threading.Event()
 
     def stop() -> None:
@@ -345,8 +509,16 @@ def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None) 
     timer = threading.Timer(limit, stop)
     timer.daemon = True
     timer.start()
+    reader = None
     try:
-        return con.sql(query).to_arrow_table()
+        reader = con.sql(query).to_arrow_reader(RESULT_BATCH_ROWS)
+        sent = False
+        while (batch := _next_batch(reader, fired, sent)) is not None:
+            sink(batch)
+            sent = True
+        if not sent and gathered is None:
+            schema = reader.schema
+            sink(pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema))
     except duckdb.InterruptException:
         if fired.is_set():
             raise QueryError(f"query ran past {limit:g} s and was stopped (raise the limit with --timeout)"
@@ -354,6 +526,9 @@ def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None) 
         raise
     finally:
         timer.cancel()
+        if reader is not None:
+            reader.close()
+    return None if gathered is None else pa.Table.from_batches(gathered.batches, schema=reader.schema)
 
 
 def _with_connection(store: Store, con: duckdb.DuckDBPyConnection | None,
@@ -388,13 +563,25 @@ def run_query(store: Store, query: str, con: duckdb.DuckDBPyConnection | None = 
     """Execute read-only SQL over a store; returns Arrow (the last statement's result).
 
     Runs on a confined connection (`con`, which must come from `connect`, or a fresh one) and is
-    stopped with a QueryError once it runs past `timeout` seconds (None: DEFAULT_TIMEOUT_S).
+    stopped with a QueryError once it runs past `timeout` seconds (None: DEFAULT_TIMEOUT_S) or its result
+    outgrows the connection's memory cap.
     """
     def work(c: duckdb.DuckDBPyConnection) -> pa.Table:
         check_read_only(c, query)
         return _execute(c, query, timeout)
 
     return _with_connection(store, con, work)
+
+
+def stream_query(store: Store, query: str, sink: Callable[[pa.RecordBatch], None],
+                 con: duckdb.DuckDBPyConnection | None = None, timeout: float | None = None) -> None:
+    """`run_query` with the result handed to `sink` batch by batch as it comes (the one batch is empty
+    when there are no rows), so a result of any size passes in little memory."""
+    def work(c: duckdb.DuckDBPyConnection) -> None:
+        check_read_only(c, query)
+        _execute(c, query, timeout, sink)
+
+    _with_connection(store, con, work)
 
 
 # --------------------------------------------------------------------------------------- --where
@@ -418,8 +605,10 @@ def _without_locations(node):
 _SAFE_SOURCES = {"BASE_TABLE", "JOIN", "SUBQUERY", "EMPTY", "EXPRESSION_LIST"}
 
 
-def _check_sources(node, allowed: set[str]) -> None:
-    """Every table a --where's subqueries read is one of the store's views (or a CTE of its own)."""
+def _check_sources(node, allowed: frozenset[str]) -> None:
+    """Every table a --where's subqueries read is one of the store's views or a CTE in scope there: a
+    CTE's name reaches the rest of its query and the CTEs after it (a recursive one also its own recursive
+    part), never a sibling subquery, so a CTE named after a system table cannot unlock that table."""
     if isinstance(node, list):
         for item in node:
             _check_sources(item, allowed)
@@ -438,24 +627,17 @@ def _check_sources(node, allowed: set[str]) -> None:
                                         node.get("table_name")) if p)
             raise QueryError(f"refused: a --where may read only the store's views ({', '.join(VIEWS)}), "
                              f"not {name!r}")
-    for value in node.values():
-        _check_sources(value, allowed)
-
-
-def _cte_names(tree) -> set[str]:
-    """The names of the CTEs defined anywhere in a parse tree."""
-    names: set[str] = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            cte_map = node.get("cte_map")
-            if isinstance(cte_map, dict):
-                names.update(entry.get("key") for entry in cte_map.get("map", []))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return names
+    cte_map = node.get("cte_map")
+    for entry in cte_map.get("map", []) if isinstance(cte_map, dict) else []:
+        _check_sources(entry.get("value"), allowed)  # a CTE's body sees only the CTEs before it
+        allowed = allowed | {entry.get("key")}
+    for key, value in node.items():
+        if key == "cte_map":
+            continue
+        if key == "right" and node.get("type") == "RECURSIVE_CTE_NODE":  # its recursive part reads itself
+            _check_sources(value, allowed | {node.get("cte_name")})
+        else:
+            _check_sources(value, allowed)
 
 
 def where_select(con: duckdb.DuckDBPyConnection, where: str, head: str, tail: str = "") -> str:
@@ -489,7 +671,7 @@ def where_select(con: duckdb.DuckDBPyConnection, where: str, head: str, tail: st
     model.pop("where_clause", None)
     if condition is None or node != model or statements[0].get("named_param_map"):
         raise shape_error
-    _check_sources(condition, set(VIEWS) | _cte_names(condition))
+    _check_sources(condition, frozenset(VIEWS))
     return sql
 
 

@@ -211,6 +211,22 @@ def test_cli_timeout_option(store):
     assert "--timeout" in run_cli("query", "--help").output
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300", "soon"])
+def test_a_time_limit_that_is_no_number_of_seconds_is_refused_in_one_line(store, value):
+    result = run_cli("query", str(store.path), "SELECT 1", "--timeout", value)
+    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "--timeout" in result.output and "Traceback" not in result.output, result.output
+    with pytest.raises(QueryError, match="positive number of seconds"):
+        run_query(store, "SELECT 1", timeout=float(value) if value != "soon" else -1.0)
+
+
+def test_a_time_limit_of_inf_is_refused_before_any_thread_starts(store):
+    before = threading.active_count()
+    with pytest.raises(QueryError, match="not inf"):
+        run_query(store, "SELECT 1", timeout=float("inf"))
+    assert threading.active_count() == before
+
+
 def test_a_long_where_is_stopped(store, tmp_path, monkeypatch):
     from omrl.curate.filters import FilterOptions, filter_store
 
@@ -276,6 +292,10 @@ LEGIT_WHERES = {
     "EXISTS (SELECT 1 FROM tool_calls t WHERE t.trajectory_id = trajectories.id AND t.name = 'answer') AND sample = 0":
         ["traj-0", "traj-2", "traj-4"],
     "id IN (WITH best AS (SELECT trajectory_id FROM latest_annotations) SELECT * FROM best)": ["traj-0"],
+    "id IN (WITH a AS (SELECT id FROM trajectories WHERE success), b AS (SELECT * FROM a) SELECT id FROM b)":
+        ["traj-0", "traj-2", "traj-4"],
+    "sample IN (WITH RECURSIVE n AS (SELECT 1 AS v UNION ALL SELECT v + 1 FROM n WHERE v < 3) SELECT v FROM n)":
+        ["traj-1", "traj-3", "traj-5"],
 }
 
 
@@ -446,3 +466,148 @@ def test_the_query_report_counts_what_leaks(tmp_path, monkeypatch):
         "NOT CLEAN fake: crashes: raised ZeroDivisionError: division by zero instead of a clean refusal "
         "(nothing leaked; not counted as an escape)",
         "NOT REFUSED fake: accepted: accepted, returned [{'one': 1}] (nothing leaked; not counted as an escape)"]
+
+
+# ----------------------------------------------------------------------------- CTEs and system views
+
+
+@pytest.mark.parametrize("where", [
+    "id IN (WITH duckdb_views AS (SELECT 'x' AS v) SELECT v FROM duckdb_views) OR EXISTS (SELECT * FROM duckdb_views)",
+    "EXISTS (WITH pg_settings AS (SELECT 1) SELECT 1) AND "
+    "CAST((SELECT setting FROM pg_settings WHERE name = 'temp_directory') AS INTEGER) > 0",
+    "id IN (WITH duckdb_views AS (SELECT * FROM duckdb_views) SELECT sql FROM duckdb_views)",
+    "id IN (WITH a AS (SELECT * FROM duckdb_tables), duckdb_tables AS (SELECT 'x') SELECT * FROM a)",
+    "id IN (WITH RECURSIVE duckdb_tables AS (SELECT * FROM duckdb_tables UNION ALL SELECT * FROM duckdb_tables) "
+    "SELECT table_name FROM duckdb_tables)",
+])
+def test_a_cte_named_after_a_system_view_unlocks_nothing_outside_its_scope(store, where):
+    with pytest.raises(QueryError, match="may read only the store's views") as info:
+        select_ids(store, where)
+    assert query_module.TEMP_PREFIX not in str(info.value)
+
+
+# ------------------------------------------------------------------------------- memory and threads
+
+
+def _limits_of(con) -> tuple[str, int]:
+    return tuple(con.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchall()[0])
+
+
+def test_every_connection_gets_a_memory_cap_and_threads(store, monkeypatch):
+    monkeypatch.delenv(query_module.MEMORY_ENV, raising=False)
+    monkeypatch.delenv(query_module.THREADS_ENV, raising=False)
+    default = query_module.query_limits()
+    assert default.memory_mb == int(query_module.machine_memory_mb() * query_module.DEFAULT_MEMORY_SHARE)
+    assert default.threads == query_module.machine_threads()
+    con = connect(store)
+    assert _limits_of(con)[1] == default.threads
+    con.close()
+    monkeypatch.setenv(query_module.MEMORY_ENV, "300MB")
+    monkeypatch.setenv(query_module.THREADS_ENV, "1")
+    con = connect(store)
+    assert _limits_of(con) == ("286.1 MiB", 1)  # DuckDB shows 300 MB in MiB
+    assert run_query(store, "SELECT current_setting('threads') AS t").to_pylist() == [{"t": 1}]
+    con.close()
+    with query_module.limits_in_force(memory_mb=200):
+        assert query_module.query_limits() == query_module.QueryLimits(200, 1)
+    assert query_module.query_limits() == query_module.QueryLimits(300, 1)
+    monkeypatch.setenv(query_module.MEMORY_ENV, "lots")
+    with pytest.raises(QueryError, match="OMRL_QUERY_MEMORY: 'lots' is not a memory size"):
+        connect(store)
+
+
+@pytest.mark.parametrize("text, mb", [("512MB", 512), ("2GB", 2048), ("1.5g", 1536), ("256", 256),
+                                      ("1048576 KB", 1024)])
+def test_memory_sizes(text, mb):
+    assert query_module.parse_memory(text) == mb
+    assert query_module.parse_memory("10%") == query_module.machine_memory_mb() // 10
+
+
+def test_the_settings_are_a_flag_on_every_command_that_queries(store, tmp_path, monkeypatch):
+    """--query-memory / --query-threads reach the connections of omrl query and of every --where verb."""
+    seen = []
+    real = query_module.connect
+
+    def spy(*args, **kwargs):
+        con = real(*args, **kwargs)
+        seen.append(_limits_of(con))
+        return con
+
+    monkeypatch.setattr(query_module, "connect", spy)
+    flags = ["--query-memory", "200MB", "--query-threads", "1"]
+    commands = {
+        "query": ["query", str(store.path), "SELECT 1"],
+        "filter": ["filter", str(store.path), "--out", str(tmp_path / "f"), "--where", "success"],
+        "export": ["export", str(store.path), "--out", str(tmp_path / "e.jsonl"), "--where", "success"],
+        "augment": ["augment", str(store.path), "--out", str(tmp_path / "a"), "--op", "tool_rename",
+                    "--where", "success"],
+        "annotate": ["annotate", str(store.path), "--metric", "num_turns", "--where", "success"],
+    }
+    for name, args in commands.items():
+        seen.clear()
+        result = run_cli(*args, *flags)
+        assert result.exit_code == 0, (name, result.output)
+        assert seen and set(seen) == {("190.7 MiB", 1)}, (name, seen)
+        assert "--query-memory" in run_cli(args[0], "--help").output
+    bad = run_cli("query", str(store.path), "SELECT 1", "--query-memory", "1XB")
+    assert bad.exit_code == 2 and "not a memory size" in bad.output
+
+
+BIG_ROWS = "SELECT range, repeat('x', 1000) AS pad FROM range(300000)"  # a 300 MB result
+
+
+def test_a_result_past_the_memory_cap_is_refused_in_one_line(store):
+    with query_module.limits_in_force(memory_mb=64):
+        with pytest.raises(QueryError, match=r"passed the query memory cap \(64 MB\)") as info:
+            run_query(store, BIG_ROWS)
+        assert "\n" not in str(info.value) and "--query-memory" in str(info.value)
+        with pytest.raises(QueryError, match="needs more memory than its cap: Out of Memory Error") as info:
+            run_query(store, "SELECT length(string_agg(repeat('x', 10000), '')) FROM range(100000)")
+        assert "\n" not in str(info.value)
+        assert run_query(store, "SELECT count(*) AS n FROM trajectories").to_pylist() == [{"n": 6}]
+
+
+def test_the_cli_streams_a_result_larger_than_the_cap(store, tmp_path):
+    """The table keeps only the rows it shows; json, csv and parquet write batch by batch."""
+    cap = ["--query-memory", "64MB"]
+    table = run_cli("query", str(store.path), BIG_ROWS, "--max-rows", "1", *cap)
+    assert table.exit_code == 0, table.output
+    assert "1 of 300000 rows shown" in table.output
+    for fmt in ("json", "csv", "parquet"):
+        out = tmp_path / f"big.{fmt}"
+        result = run_cli("query", str(store.path), BIG_ROWS, "--format", fmt, "--out", str(out), *cap)
+        assert result.exit_code == 0 and "wrote 300000 rows" in result.output, result.output
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            assert pq.read_metadata(out).num_rows == 300000
+        else:
+            assert sum(1 for _ in out.open()) == 300000 + (fmt == "csv")
+    assert run_cli("query", str(store.path), "SELECT 1 AS x WHERE false", "--format", "csv").output == '"x"\n'
+    failed = run_cli("query", str(store.path), SLOW_SQL, "--format", "json", "--out", str(tmp_path / "slow.json"),
+                     "--timeout", "0.5")
+    assert failed.exit_code == 1 and not list(tmp_path.glob("slow.json*"))  # no half-written file
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv", "parquet"])
+def test_every_duckdb_type_prints_or_fails_in_one_line(store, tmp_path, fmt):
+    """test_all_types(): dates past year 9999, infinite timestamps, intervals, unions, blobs, nested lists."""
+    args = ["--out", str(tmp_path / "t.parquet")] if fmt == "parquet" else []
+    result = run_cli("query", str(store.path), "SELECT * FROM test_all_types()", "--format", fmt, *args)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    if fmt == "parquet":  # Parquet has no interval type: said in one line
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "cannot hold this result" in result.output and not list(tmp_path.glob("t.parquet*"))
+        return
+    assert result.exit_code == 0, result.output
+    if fmt == "json":
+        rows = [json.loads(line) for line in result.output.splitlines()]
+        assert len(rows) == 3 and rows[0]["date"] and rows[2]["date"] is None
+    elif fmt == "csv":
+        import csv
+        import io
+
+        rows = list(csv.reader(io.StringIO(result.output)))
+        assert len(rows) == 4 and rows[0][0] == "bool" and len(rows[0]) == len(rows[1])
+    else:
+        assert "tinyint" in result.output and "9223372036854775807" in result.output

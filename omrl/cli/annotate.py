@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import console, query_limits, user_errors
 
 
 @click.command()
@@ -46,6 +46,7 @@ from omrl.cli.common import console, user_errors
 @click.option("--ray-workers", type=int, default=None,
               help="With --ray: judge workers, one CPU each (default: one per cluster CPU).")
 @user_errors
+@query_limits
 def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where, concurrency, max_chars,
              max_tokens, max_prompt_tokens, group_max, price_prompt, price_completion, reward_recipe, redo,
              ray_address, ray_workers):

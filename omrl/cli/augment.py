@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, query_limits, user_errors
 
 OP_NAMES = ["paraphrase", "observation_noise", "tool_rename", "error_recovery", "drop_redundant"]
 
@@ -21,6 +21,7 @@ OP_NAMES = ["paraphrase", "observation_noise", "tool_rename", "error_recovery", 
 @click.option("--model", help="Model for LLM paraphrases.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default="EMPTY", show_default=False, help="API key for --base-url.")
 @user_errors
+@query_limits
 def augment(store, out, ops, n, seed, where, no_originals, base_url, model, api_key):
     """Multiply training data with outcome-preserving perturbations.
 

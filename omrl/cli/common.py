@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 import pyarrow as pa
+import pyarrow.compute as pc
 from rich.console import Console
 from rich.segment import Segment
 from rich.table import Table
@@ -88,15 +89,48 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err_console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
 
 
-def arrow_to_rich(table: pa.Table, title: str | None = None, max_rows: int = 50, max_width: int = 60) -> Table:
-    """A rich table of the first rows of an Arrow table, long cells shortened."""
+def arrow_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """The Python values of an Arrow column; a value Python cannot hold (a date past year 9999, a
+    timestamp of DuckDB's infinity) comes as Arrow's text for it, inside lists and structs too."""
+    try:
+        return column.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):
+        pass
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return [_value(chunk.slice(i, 1)) for chunk in chunks for i in range(len(chunk))]
+
+
+def _value(one: pa.Array) -> Any:
+    """The value of a one-element array, as arrow_values gives it."""
+    try:
+        return one.to_pylist()[0]
+    except (OverflowError, ValueError, pa.ArrowException):
+        pass
+    kind = one.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return None if one.null_count else arrow_values(pc.list_flatten(one))
+    if pa.types.is_struct(kind):
+        return None if one.null_count else {kind.field(k).name: _value(pc.struct_field(one, [k]))
+                                            for k in range(kind.num_fields)}
+    try:
+        return pc.cast(one, pa.string())[0].as_py()
+    except (pa.ArrowException, ValueError):
+        return f"<{kind} value>"
+
+
+def arrow_to_rich(table: pa.Table, title: str | None = None, max_rows: int = 50, max_width: int = 60,
+                  total: int | None = None) -> Table:
+    """A rich table of the first rows of an Arrow table, long cells shortened; `total`: the rows of the
+    whole result when `table` holds only its first ones."""
     out = Table(title=title, show_lines=False)
     for name in table.column_names:
         out.add_column(name, overflow="fold")
-    for row in table.slice(0, max_rows).to_pylist():
-        out.add_row(*(_cell(v, max_width) for v in row.values()))
-    if table.num_rows > max_rows:
-        out.caption = f"{max_rows} of {table.num_rows} rows shown"
+    shown = table.slice(0, max_rows)
+    for row in zip(*(arrow_values(c) for c in shown.columns), strict=True):
+        out.add_row(*(_cell(v, max_width) for v in row))
+    total = table.num_rows if total is None else total
+    if total > shown.num_rows:
+        out.caption = f"{shown.num_rows} of {total} rows shown"
     return out
 
 
@@ -138,3 +172,56 @@ class LocalOutput(click.Path):
 
 
 LOCAL_OUTPUT = LocalOutput()
+
+
+class Seconds(click.ParamType):
+    """A time limit in seconds: finite, positive and at most omrl.query.MAX_TIMEOUT_S (inf and nan refused)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from omrl.query import QueryError, check_timeout  # DuckDB loads only when a command runs
+
+        try:
+            return check_timeout(float(value))
+        except (TypeError, ValueError, QueryError):
+            self.fail(f"{value!r} is not a time limit; give a positive number of seconds, e.g. 30", param, ctx)
+
+
+def _memory_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from omrl.query import QueryError, parse_memory
+
+    try:
+        return None if value is None else parse_memory(value)
+    except QueryError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1], ctx, param) from None
+
+
+def _threads_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from omrl.query import QueryError, parse_threads
+
+    try:
+        return None if value is None else parse_threads(value)
+    except QueryError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1], ctx, param) from None
+
+
+def query_limits(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--query-memory and --query-threads on a command that queries a store: the limits of every DuckDB
+    connection it makes while it runs (omrl.query.limits_in_force). Put it under @user_errors."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, query_memory: int | None = None, query_threads: int | None = None,
+                **kwargs: Any) -> Any:
+        from omrl.query import limits_in_force
+
+        with limits_in_force(query_memory, query_threads):
+            return func(*args, **kwargs)
+
+    wrapper = click.option(
+        "--query-threads", metavar="N", callback=_threads_option, expose_value=True,
+        help="Threads of each query (DuckDB's); default: every CPU, or OMRL_QUERY_THREADS.")(wrapper)
+    return click.option(
+        "--query-memory", metavar="SIZE", callback=_memory_option,
+        help="Memory cap of each query and of its result, e.g. 2GB, 512MB or 10% (of this machine's); "
+             "default: 25%, or OMRL_QUERY_MEMORY.")(wrapper)

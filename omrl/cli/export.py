@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, query_limits, user_errors
 from omrl.hub import EXPORT_FORMATS
 
 
@@ -22,6 +22,7 @@ from omrl.hub import EXPORT_FORMATS
 @click.option("--push", "repo_id", help="Also upload the export to this Hub dataset repo (user/name).")
 @click.option("--private", is_flag=True, help="Create the Hub repo as private (with --push).")
 @user_errors
+@query_limits
 def export(store: str, out: str, fmt: str | None, where: str | None, overwrite: bool, repo_id: str | None,
            private: bool) -> None:
     """Export trajectories to a Hugging Face dataset folder, a JSONL file (omrl, OpenAI, ShareGPT, ATIF, ADP) or Hub traces.

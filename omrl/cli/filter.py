@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
+from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, query_limits, user_errors
 
 
 @click.command(name="filter")
@@ -28,6 +28,7 @@ from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, user_errors
 @click.option("--rebuild", "rebuild_from", is_flag=True,
               help="STORE is a filtered store: re-run the filter recorded in its omrl.json into --out.")
 @user_errors
+@query_limits
 def filter_(store, out, where, success, min_reward, status, dedupe, near_threshold, best_of_n, drop_flat_groups,
             max_turns, split, seed, rejects, reward_recipe, rebuild_from):
     """Filter, deduplicate, rejection-sample and split trajectories into a new store.

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import console, query_limits, user_errors
 from omrl.files import append_files
 from omrl.store import TABLES, Store, open_store
 from omrl.store_layout import CompactPolicy
@@ -66,6 +66,7 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_exi
 @click.option("--where", help="With --tokens: only the trajectories matching this SQL condition.")
 @click.option("--show", default=20, show_default=True, help="With --tokens: drifts printed (all are counted).")
 @user_errors
+@query_limits
 def check(path: str, repair: bool, model: str | None, where: str | None, show: int) -> None:
     """List part files that cannot be read and ids stored twice (and, with --tokens, token drifts); exit 1 on any.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import user_errors
+from omrl.cli.common import query_limits, user_errors
 from omrl.store import open_store
 
 
@@ -29,6 +29,7 @@ def _need_view_extra(exc: ImportError) -> click.ClickException:
 @click.option("--per-page", type=int, default=100, show_default=True,
               help="With --export: rows per list page (index.html, page-2.html, ... linked by next/prev).")
 @user_errors
+@query_limits
 def view(store: str, port: int, host: str, open_browser: bool, export_dir: str | None, where: str | None,
          search: str | None, limit: int, per_page: int) -> None:
     """Browse trajectories in a local, read-only web viewer: list with SQL filter, threads, groups, runs.

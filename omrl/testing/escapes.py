@@ -299,6 +299,13 @@ def where_attacks(store: Path, outside: Path, url: str = NO_SERVER_URL) -> list[
         f"id IN (SELECT key FROM read_csv('{url}'))",
         f"id IN (SELECT key FROM {PYTHON_VARIABLE})",
         f"CAST((SELECT content FROM read_text('{outside}/secret.txt')) AS INTEGER) > 0",
+        # a CTE named after a system view, read outside its WITH (or inside its own body) reaches the real one
+        "id IN (WITH duckdb_views AS (SELECT 'x' AS v) SELECT v FROM duckdb_views) OR EXISTS (SELECT * FROM duckdb_views)",
+        "id IN (WITH pg_settings AS (SELECT 'x' AS v) SELECT v FROM pg_settings) OR "
+        "CAST((SELECT setting FROM pg_settings WHERE name = 'temp_directory') AS INTEGER) > 0",
+        "id IN (WITH duckdb_views AS (SELECT * FROM duckdb_views) SELECT sql FROM duckdb_views)",
+        "id IN (WITH RECURSIVE duckdb_tables AS (SELECT * FROM duckdb_tables UNION ALL SELECT * FROM duckdb_tables) "
+        "SELECT table_name FROM duckdb_tables)",
     ]
 
 
@@ -414,6 +421,8 @@ class QueryWorld:
               limit: float | None = None) -> None:
         """Run `call` (one attack through one entry point) and judge it; `con`: a caller's connection whose
         settings must stay; `limit`: the time limit the call runs under (a long query)."""
+        from omrl.query import TEMP_PREFIX
+
         hits_before = len(self.hits)
         if con is not None and id(con) not in self._settings:
             self._settings[id(con)] = _settings(con)
@@ -438,6 +447,8 @@ class QueryWorld:
             leaks.append("returned the process environment (/proc/self/environ)")
         if outcome == "accepted" and str(self.root) in text:
             leaks.append("returned host paths (a file listing or file read outside the views)")
+        if TEMP_PREFIX in text:
+            leaks.append("returned a host path (the connection's temporary folder)")
         if len(self.hits) > hits_before:
             leaks.append(f"the HTTP server saw {', '.join(self.hits[hits_before:][:3])}")
         if settings_before is not None and outcome != "hung":
