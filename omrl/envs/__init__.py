@@ -24,6 +24,7 @@ ENVIRONMENTS: dict[str, str] = {
     "http": "omrl.envs.http:HttpEnv",
     "grid": "omrl.envs.grid:GridEnv",
     "bfcl": "omrl.envs.bfcl:BfclEnv",
+    "os": "omrl.envs.os_interaction:OsEnv",
 }
 
 
