@@ -1,7 +1,7 @@
 """Export a store (or a SQL selection of it) to files, and push an export to the Hugging Face Hub.
 
-Formats (each JSONL one is re-importable with `omrl import`, and a round trip keeps what tests/test_roundtrip.py
-lists; what a format cannot carry is said there):
+Formats (each JSONL one is re-importable with `omrl import`; what a round trip keeps is README's table,
+which tests/test_loss_table.py measures):
   parquet   a new store folder (data/<table>/part-*.parquet, README.md dataset card, omrl.json), compacted:
             a valid Hugging Face dataset folder, loadable with `datasets.load_dataset(folder)`
   omrl      one omrl trajectory row per line, everything kept (re-importable with `omrl store append`);

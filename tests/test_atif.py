@@ -9,12 +9,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_roundtrip import REAL_FILES, hand_made_rows
+from test_roundtrip import REAL_FILES, hand_made_rows, rl_row
 
 from omrl.cli.main import cli
 from omrl.formats.importer import load_trajectories
 from omrl.hub import export_store
-from omrl.schema import Message, ToolCall, Trajectory, Turn
 from omrl.store import Store
 
 atif = pytest.importorskip("atif")  # the dev extra installs it
@@ -55,25 +54,7 @@ def test_every_export_validates_with_the_published_models(tmp_path, real_data):
 def test_a_round_trip_keeps_token_ids_logprobs_and_turns_exactly(tmp_path):
     """Token ids (prompt and completion), logprobs (float32 exactly), token counts, per-turn rewards,
     latencies and info, messages and their flags: all come back equal."""
-    logprobs = [-0.1, -1e-8, -12.345678, -0.0, -3.4e38]  # float32 values: stored, written, read back bit for bit
-    row = Trajectory(
-        id="rl", task_id="t", model="m", instruction="Add 2 and 3.", reward=0.5, success=False, status="truncated",
-        error="ran out of turns", prompt_tokens=40, completion_tokens=9,
-        messages=[Message("system", "Be exact.", name="rules"), Message("user", "Add 2 and 3.", trainable=False),
-                  Message("assistant", None, reasoning="use the tool",
-                          tool_calls=[ToolCall("add", '{"a":2,"b":3}', "c1"), ToolCall("echo", "not json", "c2"),
-                                      ToolCall("get", '{"k": [1, 2]}', "c3")]),
-                  Message("tool", "5", tool_call_id="c1", name="add"),
-                  Message("tool", None, tool_call_id="c2", name="echo", trainable=False),
-                  Message("tool", "[1, 2]", tool_call_id="c3", name="get"),
-                  Message("assistant", "", trainable=True),
-                  Message("user", "The answer was checked.")],
-        turns=[Turn(0, reward=0.25, latency_s=1.5, prompt_tokens=20, completion_tokens=5,
-                    info=json.dumps({"prompt_token_ids": [1, 2, 3], "finish_reason": "tool_calls"}),
-                    completion_ids=[7, 8, 9, 10, 11], logprobs=logprobs),
-               Turn(1, reward=0.25, done=True, prompt_tokens=20, completion_tokens=4, completion_ids=[0, 2**31 - 1, 5, 6],
-                    logprobs=[-1.0, -2.0, -0.5, -0.25])],
-    ).to_row()
+    row = rl_row()
     store = Store.create(tmp_path / "s")
     store.append([row])
     records = exported(store, tmp_path)

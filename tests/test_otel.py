@@ -10,11 +10,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_roundtrip import hand_made_rows
+from test_roundtrip import hand_made_rows, rl_row
 
 from omrl.cli.main import cli
 from omrl.formats.importer import load_trajectories
-from omrl.schema import Message, ToolCall, Trajectory, Turn
 from omrl.store import Store
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")  # the dev extra installs these
@@ -247,21 +246,7 @@ def test_openinference_spans_import_the_same_way(tmp_path):
 
 
 def test_omrl_to_otel_to_omrl_keeps_token_ids_and_logprobs_exactly(tmp_path):
-    logprobs = [-0.1, -1e-8, -12.345678, -0.0, -3.4e38]
-    row = Trajectory(
-        id="rl", task_id="t", model="m", instruction="Add 2 and 3.", reward=0.5, success=False, status="truncated",
-        error="ran out of turns", prompt_tokens=40, completion_tokens=9,
-        messages=[Message("system", "Be exact.", name="rules"), Message("user", "Add 2 and 3."),
-                  Message("assistant", None, reasoning="use the tool",
-                          tool_calls=[ToolCall("add", '{"a":2,"b":3}', "c1"), ToolCall("echo", "not json", "c2")]),
-                  Message("tool", "5", tool_call_id="c1", name="add"), Message("tool", None, tool_call_id="c2", name="echo"),
-                  Message("assistant", "", trainable=False), Message("user", "The answer was checked.")],
-        turns=[Turn(0, reward=0.25, latency_s=1.5, prompt_tokens=20, completion_tokens=5,
-                    info=json.dumps({"prompt_token_ids": [1, 2, 3], "finish_reason": "tool_calls"}),
-                    completion_ids=[7, 8, 9, 10, 11], logprobs=logprobs),
-               Turn(1, reward=0.25, done=True, latency_s=0.25, prompt_tokens=20, completion_tokens=4,
-                    completion_ids=[0, 2**31 - 1, 5, 6], logprobs=[-1.0, -2.0, -0.5, -0.25])],
-    ).to_row()
+    row = rl_row()
     store = Store.create(tmp_path / "s")
     store.append([row, *hand_made_rows()])
     out = tmp_path / "spans.jsonl"
@@ -285,4 +270,4 @@ def test_omrl_to_otel_to_omrl_keeps_token_ids_and_logprobs_exactly(tmp_path):
     line = json.loads(out.read_text().splitlines()[0])
     spans = line["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert [s["name"] for s in spans] == ["invoke_agent omrl", "chat m", "execute_tool add", "execute_tool echo",
-                                          "chat m"]
+                                          "execute_tool get", "chat m"]

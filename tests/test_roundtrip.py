@@ -5,22 +5,10 @@ ids, tool_call_id links, name, trainable), reward, success, task id, tools, mode
 per-turn token ids and logprobs. Row ids, run ids and metadata are not compared: an imported row's id
 comes from the file's content, its run from the file's path.
 
-What each format cannot carry, and so drops (`dropped` below applies exactly this to the original):
-- omrl: nothing (the rows themselves).
-- openai: the trainable flag of non-assistant messages (fine-tuning weighs assistant messages only);
-  the turns' token ids, logprobs and token counts (no place for them).
-- sharegpt: the turns' token ids and logprobs (no place for them). A tool result's name, when it had
-  none, is its call's (ShareGPT links results by name and order; every importer fills it so).
-- atif: nothing: token ids, logprobs and token counts are step metrics; what ATIF has no field for
-  (trainable flags, names, the instruction, per-turn rewards) travels in its `extra` objects.
-- adp: system messages (no system role: they go to `details.system`, out of the conversation);
-  trainable flags; the model and the tool schemas (in `details`, which the importer keeps as metadata);
-  an assistant message with text and calls, or with several calls, comes back as one assistant message
-  per ADP action (its text first, then one per call, reasoning on the first); an empty text beside calls
-  comes back as none; the instruction is found again as the first user message that is not a preamble;
-  token ids are dropped.
-Known loss outside the hand-made rows (tested apart): in ShareGPT, a calls-only assistant message right
-after an assistant text message reads back with content "" instead of None.
+What each format cannot carry is measured aspect by aspect and listed in README's table by
+tests/test_loss_table.py, which checks the table against the code; `dropped` below applies exactly
+those losses to the hand-made rows, field by field (ADP: no system role; one message per action;
+ShareGPT, OpenAI, ADP: no token ids; OpenAI, OTel: no training flags on non-assistant messages).
 """
 
 from __future__ import annotations
@@ -87,6 +75,31 @@ def hand_made_rows() -> list[dict]:
         turns=[Turn(0), Turn(1, done=True)],
     ).to_row()
     return [fix, chat, odd]
+
+
+def rl_row() -> dict:
+    """A collected-style row with everything RL needs: per-turn prompt and completion token ids, float32
+    logprobs, token counts, rewards, latencies and info, a truncated status with its error, reasoning,
+    compactly written and non-JSON call arguments, a result without text, trainable flags and names."""
+    logprobs = [-0.1, -1e-8, -12.345678, -0.0, -3.4e38]  # float32 values: stored, written, read back bit for bit
+    return Trajectory(
+        id="rl", task_id="t", model="m", instruction="Add 2 and 3.", reward=0.5, success=False, status="truncated",
+        error="ran out of turns", prompt_tokens=40, completion_tokens=9, tools=TOOLS,
+        messages=[Message("system", "Be exact.", name="rules"), Message("user", "Add 2 and 3.", trainable=False),
+                  Message("assistant", None, reasoning="use the tool",
+                          tool_calls=[ToolCall("add", '{"a":2,"b":3}', "c1"), ToolCall("echo", "not json", "c2"),
+                                      ToolCall("get", '{"k": [1, 2]}', "c3")]),
+                  Message("tool", "5", tool_call_id="c1", name="add"),
+                  Message("tool", None, tool_call_id="c2", name="echo", trainable=False),
+                  Message("tool", "[1, 2]", tool_call_id="c3", name="get"),
+                  Message("assistant", "", trainable=True),
+                  Message("user", "The answer was checked.")],
+        turns=[Turn(0, reward=0.25, latency_s=1.5, prompt_tokens=20, completion_tokens=5,
+                    info=json.dumps({"prompt_token_ids": [1, 2, 3], "finish_reason": "tool_calls"}),
+                    completion_ids=[7, 8, 9, 10, 11], logprobs=logprobs),
+               Turn(1, reward=0.25, done=True, latency_s=0.25, prompt_tokens=20, completion_tokens=4,
+                    completion_ids=[0, 2**31 - 1, 5, 6], logprobs=[-1.0, -2.0, -0.5, -0.25])],
+    ).to_row()
 
 
 @pytest.fixture
