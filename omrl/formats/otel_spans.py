@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from omrl.formats.common import BadRecord, FormatError, json_kind, read_records
+from omrl.formats.common import BadRecord, FormatError, json_kind, list_field, read_records
 
 HEX_ID = re.compile(r"(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{32})")
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK",
@@ -68,26 +68,18 @@ def spans_of(value: Any, where: str) -> list[dict[str, Any]]:
     raise FormatError(f"{where}: neither an OTLP request (resourceSpans) nor a span (name, context)", "not a span")
 
 
-def _list(value: Any, where: str, name: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise FormatError(f"{where}: '{name}' must be a list, got {json_kind(value)}", "bad span")
-    return value
-
-
 def _otlp_spans(request: dict[str, Any], where: str) -> list[dict[str, Any]]:
     out = []
-    for r, block in enumerate(_list(request.get("resourceSpans"), where, "resourceSpans")):
+    for r, block in enumerate(list_field(request.get("resourceSpans"), where, "resourceSpans")):
         at = f"{where} resourceSpans[{r}]"
         if not isinstance(block, dict):
             raise FormatError(f"{at}: must be an object", "bad span")
         resource = attributes((block.get("resource") or {}).get("attributes"), f"{at} resource")
-        for s, scope in enumerate(_list(block.get("scopeSpans", block.get("instrumentationLibrarySpans")), at,
+        for s, scope in enumerate(list_field(block.get("scopeSpans", block.get("instrumentationLibrarySpans")), at,
                                         "scopeSpans")):
             if not isinstance(scope, dict):
                 raise FormatError(f"{at} scopeSpans[{s}]: must be an object", "bad span")
-            for k, span in enumerate(_list(scope.get("spans"), at, "spans")):
+            for k, span in enumerate(list_field(scope.get("spans"), at, "spans")):
                 here = f"{at} scopeSpans[{s}] spans[{k}]"
                 if not isinstance(span, dict):
                     raise FormatError(f"{here}: must be an object", "bad span")
@@ -103,7 +95,7 @@ def _otlp_spans(request: dict[str, Any], where: str) -> list[dict[str, Any]]:
                     "attributes": attributes(span.get("attributes"), here),
                     "events": [{"name": e.get("name"), "time": _nanos(e.get("timeUnixNano"), f"{here} event"),
                                 "attributes": attributes(e.get("attributes"), f"{here} event")}
-                               for e in _list(span.get("events"), here, "events") if isinstance(e, dict)],
+                               for e in list_field(span.get("events"), here, "events") if isinstance(e, dict)],
                     "status": {"code": STATUS_CODES.get(status.get("code"), "UNSET"), "message": status.get("message")},
                     "resource": resource,
                 })
@@ -126,7 +118,7 @@ def _sdk_span(span: dict[str, Any], where: str) -> dict[str, Any]:
         "attributes": dict(attrs),
         "events": [{"name": e.get("name"), "time": _iso_nanos(e.get("timestamp"), f"{where} event"),
                     "attributes": dict(e.get("attributes") or {})}
-                   for e in _list(span.get("events"), where, "events") if isinstance(e, dict)],
+                   for e in list_field(span.get("events"), where, "events") if isinstance(e, dict)],
         "status": {"code": STATUS_CODES.get(status.get("status_code"), "UNSET"), "message": status.get("description")},
         "resource": dict(resource.get("attributes") or {}),
     }
@@ -176,7 +168,7 @@ def _iso_nanos(value: Any, where: str) -> int:
 def attributes(items: Any, where: str) -> dict[str, Any]:
     """OTLP key-values [{key, value: AnyValue}] as a dict of plain values."""
     out = {}
-    for k, item in enumerate(_list(items, where, "attributes")):
+    for k, item in enumerate(list_field(items, where, "attributes")):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
             raise FormatError(f"{where} attributes[{k}]: expected {{key, value}}", "bad attribute")
         out[item["key"]] = any_value(item.get("value"), f"{where} attribute {item['key']!r}")
@@ -197,7 +189,7 @@ def any_value(value: Any, where: str) -> Any:
         number = value["doubleValue"]
         return float(number) if isinstance(number, (int, float, str)) else None  # "NaN", "Infinity" too
     if "arrayValue" in value:
-        return [any_value(v, where) for v in _list((value["arrayValue"] or {}).get("values"), where, "values")]
+        return [any_value(v, where) for v in list_field((value["arrayValue"] or {}).get("values"), where, "values")]
     if "kvlistValue" in value:
         return attributes((value["kvlistValue"] or {}).get("values"), where)
     if "bytesValue" in value:

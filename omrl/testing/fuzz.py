@@ -33,7 +33,7 @@ from typing import Any
 from omrl.errors import UsageError
 
 TARGETS = ("store append", "store append annotations", "import auto", "tasks import", "tasks load",
-           *(f"import {fmt}" for fmt in ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif")))
+           *(f"import {fmt}" for fmt in ("sharegpt", "openai", "swe_agent", "openmanus", "toolbench", "atif", "otel")))
 LOCATOR = re.compile(r"\b(line|record|row|item|row group) \d+", re.IGNORECASE)
 MAX_MESSAGE = 2000  # an error message longer than this is a problem (a record's repr pasted in)
 
@@ -117,6 +117,16 @@ def _atif(**change: Any) -> dict[str, Any]:
     return {"schema_version": "ATIF-v1.2", "session_id": "a-1", "agent": {"name": "fz", "model_name": "m"},
             "steps": [{"step_id": 1, "source": "user", "message": "say hi"},
                       {"step_id": 2, "source": "agent", "message": "hi"}], **change}
+
+
+def _otel(span: dict[str, Any] | None = None, **change: Any) -> dict[str, Any]:
+    """An OTLP JSON request holding one chat span (its fields changed by `span`)."""
+    chat = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "2", "name": "chat m", "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2", "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                {"key": "gen_ai.input.messages", "value": {"stringValue": '[{"role": "user", "parts": '
+                                                                          '[{"type": "text", "content": "hi"}]}]'}}]}
+    return {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [{**chat, **(span or {})}]}]}], **change}
 
 
 def _task(**change: Any) -> dict[str, Any]:
@@ -402,6 +412,18 @@ def write_fuzz_corpus(folder: str | Path) -> list[FuzzCase]:
     fmt_case("atif", "metrics_list", _atif(steps=[{"source": "agent", "message": "x", "metrics": [1]}]),
              ("metrics",), ".json")
     fmt_case("atif", "reward_infinity", _atif(extra={"reward": "Infinity"}), ("finite",), ".json")
+    fmt_case("otel", "resource_spans_string", {"resourceSpans": "all"}, ("resourceSpans",), ".json")
+    fmt_case("otel", "trace_id_word", _otel({"traceId": "not-an-id"}), ("traceId",), ".json")
+    fmt_case("otel", "time_word", _otel({"startTimeUnixNano": "noon"}), ("startTimeUnixNano",), ".json")
+    fmt_case("otel", "messages_not_json", _otel({"attributes": [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+        {"key": "gen_ai.input.messages", "value": {"stringValue": "[{oops"}}]}), ("json",), ".json")
+    fmt_case("otel", "message_role_unknown", _otel({"attributes": [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+        {"key": "gen_ai.output.messages", "value": {"stringValue": '[{"role": "wizard", "parts": []}]'}}]}),
+        ("role",), ".json")
+    fmt_case("otel", "no_content", _otel({"attributes": [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}]}), ("content",), ".json")
 
     # ---- tasks import: JSONL / JSON / CSV / Parquet task files
     T = "tasks import"
