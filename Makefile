@@ -12,25 +12,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,view,dev,bfcl]'
+	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld]'
 	# bfcl-eval without its pinned dependencies (see the bfcl extra in pyproject.toml): about 4 s
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 # bubblewrap: the sandbox for agent-written code (the code env's tests); chromium and its driver: the
-# viewer's browser tests. Installed with apt only when missing.
+# viewer's browser tests; a Java runtime: the ScienceWorld simulator. Installed with apt only when missing.
 system-deps:
 	@missing=""; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
 		echo "missing:$$missing -- install with e.g. 'sudo apt-get install$$missing'" \
 		     "(without bubblewrap the code environment refuses to run agent tests; without chromium the" \
-		     "viewer's browser tests skip)"; \
+		     "viewer's browser tests skip; without Java the scienceworld environment refuses to run)"; \
 	fi
 
 test: system-deps $(STAMP)

@@ -25,6 +25,7 @@ ENVIRONMENTS: dict[str, str] = {
     "grid": "omrl.envs.grid:GridEnv",
     "bfcl": "omrl.envs.bfcl:BfclEnv",
     "os": "omrl.envs.os_interaction:OsEnv",
+    "scienceworld": "omrl.envs.scienceworld:SciWorldEnv",
 }
 
 
