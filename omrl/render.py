@@ -54,14 +54,14 @@ def render_trajectory(row: dict[str, Any], max_chars: int = 2000) -> Group:
             turn = turn_rewards.get(assistant_index)
             if turn is not None and turn.get("reward") is not None:
                 subtitle = f"turn {assistant_index}  reward {turn['reward']:g}" + ("  done" if turn.get("done") else "")
-                subtitle += "".join(f"  {note}" for note in _notes(turn.get("info")))
+                subtitle += "".join(f"  {note}" for note in turn_notes(turn.get("info")))
             assistant_index += 1
         parts.append(Panel(body, title=f"[{position}] {title}", subtitle=subtitle,
                            border_style=ROLE_STYLES.get(role, "white"), title_align="left"))
     return Group(*parts)
 
 
-def _notes(info: Any) -> list[str]:
+def turn_notes(info: Any) -> list[str]:
     """The short notes an environment left on a turn's steps (info["note"]: e.g. a checker's verdict)."""
     try:
         info = json.loads(info) if isinstance(info, str) else info

@@ -35,4 +35,5 @@ def show(store: str, trajectory_id: str, as_json: bool, max_chars: int) -> None:
     if as_json:
         click.echo(json.dumps(rows[0], default=str, ensure_ascii=False, indent=2))
     else:
-        console.print(render_trajectory(rows[0], max_chars=max_chars))
+        # Wrapped even when piped: a game's or a tool's long lines stay whole inside their panels.
+        console.print(render_trajectory(rows[0], max_chars=max_chars), soft_wrap=False)

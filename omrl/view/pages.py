@@ -148,7 +148,10 @@ def list_html(page: ListPage, links: Links, store_name: str) -> str:
 
 
 def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The messages, each assistant message with its turn (reward, latency, tokens) when it has one."""
+    """The messages, each assistant message with its turn (reward, latency, tokens) and the notes the
+    environment left on it (omrl.render.turn_notes) when it has one."""
+    from omrl.render import turn_notes
+
     turns = {t.get("index"): t for t in row.get("turns") or []}
     out = []
     assistant = 0
@@ -157,6 +160,7 @@ def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
         item["calls"] = [dict(c, pretty=pretty_json(c.get("arguments"))) for c in message.get("tool_calls") or []]
         if message.get("role") == "assistant":
             item["turn"] = turns.get(assistant)
+            item["notes"] = turn_notes(item["turn"].get("info")) if item["turn"] else []  # a game's score...
             assistant += 1
         out.append(item)
     return out
