@@ -12,13 +12,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld]'
+	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx]'
 	# bfcl-eval without its pinned dependencies (see the bfcl extra in pyproject.toml): about 4 s
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 # bubblewrap: the sandbox for agent-written code (the code env's tests); chromium and its driver: the
-# viewer's browser tests; a Java runtime: the ScienceWorld simulator. Installed with apt only when missing.
+# viewer's browser tests; a Java runtime: the ScienceWorld simulator and TextWorldExpress's engine (--env twx).
+# Installed with apt only when missing.
 system-deps:
 	@missing=""; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
@@ -31,7 +32,7 @@ system-deps:
 	else \
 		echo "missing:$$missing -- install with e.g. 'sudo apt-get install$$missing'" \
 		     "(without bubblewrap the code environment refuses to run agent tests; without chromium the" \
-		     "viewer's browser tests skip; without Java the scienceworld environment refuses to run)"; \
+		     "viewer's browser tests skip; without Java the scienceworld and twx environments refuse to run)"; \
 	fi
 
 test: system-deps $(STAMP)

@@ -15,18 +15,10 @@ from pathlib import Path
 import pytest
 
 from omrl.envs.engine import EngineCrashed, EngineError, EngineWorker, GuardedProcess
+from tests.engine_helpers import running
 
 ECHO = "omrl.testing.engines:EchoEngine"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a killed process may wait a moment for PID 1 to reap it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:

@@ -26,6 +26,8 @@ ENVIRONMENTS: dict[str, str] = {
     "bfcl": "omrl.envs.bfcl:BfclEnv",
     "os": "omrl.envs.os_interaction:OsEnv",
     "scienceworld": "omrl.envs.scienceworld:SciWorldEnv",
+    "textworld": "omrl.envs.textworld:TextWorldEnv",
+    "twx": "omrl.envs.twx:TwxEnv",
 }
 
 

@@ -197,9 +197,9 @@ class GuardedProcess:
             self._close_watch()
 
 
-def _worker_env() -> dict[str, str]:
-    """This process's environment with the folder holding the omrl package first on PYTHONPATH."""
-    env = dict(os.environ)
+def _worker_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment and `extra`, with the folder holding the omrl package first on PYTHONPATH."""
+    env = {**os.environ, **extra}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -207,15 +207,17 @@ def _worker_env() -> dict[str, str]:
 
 
 class EngineWorker:
-    """One engine object (`target` "module:callable" called with `kwargs`) living in a guarded process.
+    """One engine object (`target` "module:callable" called with `kwargs`) living in a guarded process
+    (with `env` added to its environment).
 
     `call(method, ...)` runs one of its methods there and returns the result; the engine's exceptions
     come back as EngineError, its death or silence as EngineCrashed. One call at a time (a lock).
     """
 
     def __init__(self, target: str, kwargs: dict[str, Any] | None = None, *, name: str | None = None,
-                 start_timeout: float = 180.0, call_timeout: float = 120.0) -> None:
-        self.target, self.kwargs = target, dict(kwargs or {})
+                 env: dict[str, str] | None = None, start_timeout: float = 180.0, call_timeout: float = 120.0
+                 ) -> None:
+        self.target, self.kwargs, self.env = target, dict(kwargs or {}), dict(env or {})
         self.name = name or target
         self.start_timeout, self.call_timeout = start_timeout, call_timeout
         self.restarts = 0
@@ -228,7 +230,7 @@ class EngineWorker:
         ours, theirs = socket.socketpair()
         try:
             self.process = GuardedProcess([sys.executable, "-m", "omrl.envs.engine", str(theirs.fileno())],
-                                          keep_fds=(theirs.fileno(),), env=_worker_env(), name=self.name)
+                                          keep_fds=(theirs.fileno(),), env=_worker_env(self.env), name=self.name)
         finally:
             theirs.close()
         self._conn = Connection(ours.detach())

@@ -1,0 +1,252 @@
+"""TextWorldExpress (`--env twx`): fast procedural text games (CookingWorld, Coin, TWC, MapReader, ...).
+
+Needs `pip install 'omrl[twx]'` (textworld-express) and Java 11+ (`make system-deps` installs
+openjdk-17-jre-headless). Each environment instance owns one TextWorldExpress JVM, started by the
+package through py4j inside an omrl engine process (omrl/envs/engine.py): it is reused across
+episodes (`reusable`), replaced when it dies, and never outlives the command.
+
+Tasks: `omrl tasks generate twx --split test --option game=coin --option params=numLocations=5`.
+Games: cookingworld (default), coin, twc, mapreader, arithmetic, sorting, simonsays, peckingorder.
+`params` are the game's own generation properties ("numLocations=5,includeDoors=0"; empty: the
+benchmark's defaults). Splits are TextWorldExpress's own seed folds: train (seeds 0-999), dev
+(10000-10999), test (20000-20999); the package also draws its objects per fold. The payload holds all
+a replay needs: game, params, seed, fold, step_limit and the package version.
+
+Observation: the task description, the game's text, then its valid actions ("Admissible commands: ...",
+sorted; `show_actions=false` leaves them out). Action: one command through `act(command)`, or plain text
+(`action_format=text`). A command the game does not know is answered by the game ("Unknown action")
+and marked info.invalid_action. Reward: the change of TextWorldExpress's normalised score, so an
+episode's reward is its final score (1.0 when won); success is the game's `tasksuccess`. The game ends
+on success, on failure or after `step_limit` moves. Each turn's info holds the scorer's score,
+score_raw, success, failure and moves. `--policy scripted` plays the game's gold path; `--policy
+random` a random valid action each turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+import shutil
+from typing import Any
+
+from omrl.envs import textgame
+from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task
+from omrl.errors import UsageError
+
+GAMES = ("cookingworld", "coin", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+FOLD_SEEDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range(20000, 21000)}
+DEFAULT_STEP_LIMIT = 100
+
+
+def package_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("textworld-express")
+    except Exception:
+        return None
+
+
+def canonical_params(params: Any) -> str:
+    """Game properties as TextWorldExpress reads them, "key=value" pairs sorted by key ("" for defaults)."""
+    if params is None or params == "":
+        return ""
+    if isinstance(params, dict):
+        pairs = [(str(k), v) for k, v in params.items()]
+    elif isinstance(params, str):
+        pairs = []
+        for item in params.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"twx params must be key=value pairs separated by commas, got {params!r}")
+            pairs.append((key.strip(), value.strip()))
+    else:
+        raise UsageError(f"twx params must be a 'key=value,...' string or an object, got {type(params).__name__}")
+    out = []
+    for key, value in sorted(pairs):
+        if isinstance(value, bool):
+            value = int(value)
+        out.append(f"{key}={value}")
+    return ",".join(out)
+
+
+class TwxEngine:
+    """The engine side (runs in the engine process): one TextWorldExpressEnv and its JVM."""
+
+    def __init__(self) -> None:
+        from textworld_express import TextWorldExpressEnv
+
+        self.env = TextWorldExpressEnv(envStepLimit=DEFAULT_STEP_LIMIT)
+        self.loaded: tuple[str, str] | None = None
+
+    def _load(self, game: str, params: str) -> None:
+        if self.loaded != (game, params):
+            self.env.load(game, params)  # raises ValueError naming unknown or out-of-range properties
+            self.loaded = (game, params)
+
+    def reset(self, game: str, params: str, seed: int, fold: str, step_limit: int) -> dict[str, Any]:
+        self._load(game, params)
+        self.env.envStepLimit = step_limit
+        # Without the gold path: generating it costs several times the reset itself, and only the expert needs it.
+        observation, infos = self.env.reset(seed=seed, gameFold=fold, generateGoldPath=False)
+        return {"observation": observation, "task": infos["taskDescription"], "actions": list(infos["validActions"])}
+
+    def gold_path(self, game: str, params: str, seed: int, fold: str, step_limit: int,
+                  commands: list[str]) -> list[str]:
+        """The game's gold path; the game is reset with it and `commands` (played so far) replayed, so the
+        episode goes on where it was (the games are deterministic per seed)."""
+        self._load(game, params)
+        self.env.envStepLimit = step_limit
+        self.env.reset(seed=seed, gameFold=fold, generateGoldPath=True)
+        gold = self.env.getGoldActionSequence()
+        for command in commands:
+            self.env.step(command)
+        return list(gold)
+
+    def step(self, command: str) -> dict[str, Any]:
+        observation, reward, done, infos = self.env.step(command)
+        return {"observation": observation, "reward": reward, "done": done, "actions": list(infos["validActions"]),
+                "score": infos["score"], "score_raw": infos["scoreRaw"], "success": infos["tasksuccess"],
+                "failure": infos["taskfailure"], "moves": infos["numMoves"]}
+
+    def describe(self, game: str, params: str, fold: str, seeds: list[int]) -> list[str]:
+        """The task description of each seed's game (checks the params on the way)."""
+        self._load(game, params)
+        out = []
+        for seed in seeds:
+            _, infos = self.env.reset(seed=seed, gameFold=fold, generateGoldPath=False)
+            out.append(infos["taskDescription"])
+        return out
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def draw_seeds(n: int, seed: int, split: str, game: str) -> list[int]:
+    """`n` distinct game seeds of TextWorldExpress's `split` fold, the same for the same arguments."""
+    seeds = list(FOLD_SEEDS[split])
+    if n > len(seeds):
+        raise UsageError(f"the twx {split} fold has {len(seeds)} seeds, asked for {n}")
+    random.Random(f"twx-{seed}-{split}-{game}").shuffle(seeds)
+    return seeds[:n]
+
+
+def _engine():
+    from omrl.envs.engine import EngineWorker
+
+    return EngineWorker("omrl.envs.twx:TwxEngine", name="twx")
+
+
+class TwxEnv:
+    """TextWorldExpress games (CookingWorld, Coin, TWC, MapReader...): game text, valid actions, act(command)."""
+
+    name = "twx"
+    splits = ("train", "dev", "test")  # TextWorldExpress's own seed folds
+    reusable = True  # one JVM per instance, kept across episodes
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if importlib.util.find_spec("textworld_express") is None:
+            return "needs the twx extra: pip install 'omrl[twx]'"
+        if shutil.which("java") is None:
+            return "needs Java 11+ on PATH (apt-get install openjdk-17-jre-headless, or make system-deps)"
+        return None
+
+    @classmethod
+    def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", game: str = "cookingworld",
+                       params: Any = "", step_limit: int = DEFAULT_STEP_LIMIT) -> list[Task]:
+        """`n` games of `split` (distinct seeds of TextWorldExpress's fold), the same for the same arguments."""
+        if game not in GAMES:
+            raise UsageError(f"twx game must be one of {', '.join(GAMES)}, got {game!r}")
+        if split not in FOLD_SEEDS:
+            raise UsageError(f"twx splits are {', '.join(FOLD_SEEDS)}, got {split!r}")
+        if not 1 <= int(step_limit) <= 10000:
+            raise UsageError(f"step_limit must be between 1 and 10000, got {step_limit!r}")
+        params = canonical_params(params)
+        seeds = draw_seeds(n, seed, split, game)
+        engine = _engine()
+        try:
+            from omrl.envs.engine import EngineError
+
+            try:
+                descriptions = engine.call("describe", game, params, split, seeds, timeout=60 + 2 * n)
+            except EngineError as exc:
+                raise UsageError(f"twx {game} params {params!r}: {exc}") from None
+        finally:
+            engine.close()
+        version = package_version()
+        suffix = f"-{hashlib.sha256(params.encode()).hexdigest()[:6]}" if params else ""
+        return [Task(id=f"twx-{game}{suffix}-{split}-{game_seed}", instruction=description, env="twx", split=split,
+                     payload={"game": game, "params": params, "seed": game_seed, "fold": split,
+                              "step_limit": int(step_limit), "textworld_express": version})
+                for game_seed, description in zip(seeds, descriptions, strict=True)]
+
+    def __init__(self, action_format: str = "tool", show_actions: bool = True, call_timeout: float = 120.0) -> None:
+        self.action_format = textgame.check_action_format(action_format)
+        self.show_actions = bool(show_actions)
+        self.engine = _engine()
+        self.engine.call_timeout = float(call_timeout)
+        self.actions: list[str] = []
+        self.game_args: tuple[Any, ...] = ()
+        self.commands: list[str] = []  # sent to the game this episode
+        self.gold: list[str] | None = None  # fetched when the expert is first asked
+        self.done = True
+
+    def reset(self, task: Task) -> Reset:
+        payload = task.payload
+        try:
+            game, fold = str(payload["game"]), str(payload.get("fold", task.split or "train"))
+            args = (game, canonical_params(payload.get("params", "")), int(payload["seed"]), fold,
+                    int(payload.get("step_limit", DEFAULT_STEP_LIMIT)))
+        except (KeyError, TypeError, ValueError) as exc:  # UsageError from canonical_params included
+            raise InvalidTask(f"twx task {task.id}: the payload needs game, seed, fold and optional params and "
+                              f"step_limit ({exc})") from None
+        if game not in GAMES or fold not in FOLD_SEEDS:
+            raise InvalidTask(f"twx task {task.id}: unknown game {game!r} or fold {fold!r}")
+        self.engine.ensure()  # a JVM that died between episodes is replaced here
+        first = self.engine.call("reset", *args)
+        self.game_args, self.commands, self.gold = args, [], None
+        self.actions = sorted(first["actions"])
+        self.done = False
+        text = f"{first['task']}\n\n{first['observation']}"
+        return Reset(observation=textgame.with_commands(text, self.actions if self.show_actions else None),
+                     tools=textgame.tools_for(self.action_format),
+                     system_prompt=textgame.system_prompt(self.action_format))
+
+    def step(self, action: Action) -> StepResult:
+        if self.done:
+            return StepResult("The game is over.", 0.0, True, {"invalid_action": True, "success": False})
+        command, problem = textgame.read_command(action)
+        if command is None:  # not a command at all: the game is not asked
+            return StepResult(f"Invalid action: {problem}.", 0.0, False, {"invalid_action": True, "reason": problem})
+        known = command in self.actions
+        self.commands.append(command)
+        result = self.engine.call("step", command)
+        self.actions = sorted(result["actions"])
+        self.done = bool(result["done"])
+        info: dict[str, Any] = {"command": command, "score": result["score"], "score_raw": result["score_raw"],
+                                "failure": bool(result["failure"]), "moves": int(result["moves"]),
+                                "note": f"score {result['score']:g}"}  # shown per turn by omrl show and the viewer
+        if not known:
+            info["invalid_action"] = True
+        if self.done:
+            info["success"] = bool(result["success"])
+        observation = textgame.with_commands(result["observation"], None if self.done or not self.show_actions
+                                             else self.actions)
+        return StepResult(observation, float(result["reward"]), self.done, info)
+
+    def expert_action(self) -> Action:
+        """The next command of TextWorldExpress's gold path (the expert plays it from the start)."""
+        if self.gold is None:
+            self.gold = self.engine.call("gold_path", *self.game_args, self.commands)
+        played = len(self.commands)
+        command = self.gold[played] if played < len(self.gold) else "look around"
+        return textgame.as_action(command, self.action_format)
+
+    def random_action(self, rng: random.Random) -> Action:
+        return textgame.as_action(textgame.random_command(self.actions, rng), self.action_format)
+
+    def close(self) -> None:
+        self.done = True
+        self.engine.close()

@@ -1,0 +1,166 @@
+"""TextWorldExpress (`--env twx`): a real JVM per instance, gold paths, its own seed folds, no JVM ever left."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from omrl.envs import EnvSpecError, generate_tasks, make_env
+from omrl.envs.base import Action
+from omrl.envs.twx import FOLD_SEEDS, TwxEnv, canonical_params, draw_seeds
+from omrl.errors import UsageError
+from omrl.policies import make_policy
+from omrl.render import render_trajectory
+from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_episodes
+from omrl.store import Store
+from omrl.tasks import write_tasks
+from tests.engine_helpers import ROOT, KillingPolicy, kill_collect_mid_run, require_env
+
+SMALL = "numLocations=3,numIngredients=2,numDistractorItems=2"  # short gold paths: fast tests
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    require_env("twx")
+    return generate_tasks("twx", 4, seed=3, split="test", params=SMALL, step_limit=40)
+
+
+@pytest.fixture(scope="module")
+def pool(tasks):
+    """Engines shared by the tests that do not kill them (a JVM start is the slow part)."""
+    shared = EnvPool(lambda: make_env("twx"))
+    yield shared
+    asyncio.run(shared.close())
+
+
+def play(tasks, policy, tmp_path, pool=None, **knobs):
+    """Collect into a new store (through `pool`'s engines when given); the result and the stored rows."""
+    store = Store.create(tmp_path / "store")
+    if pool is None:
+        result = asyncio.run(collect("twx", tasks, policy, store, progress=False, max_turns=60, **knobs))
+        return result, store.read().to_pylist()
+    settings = RolloutSettings(env="twx", max_turns=60, concurrency=knobs.get("concurrency", 1))
+    episodes = asyncio.run(play_episodes([(t, s) for t in tasks for s in range(knobs.get("samples", 1))], None,
+                                         policy, settings, run_id=knobs["run_id"], pool=pool))
+    store.append([e.row for e in episodes])
+    return eval_metrics([e.row for e in episodes])["twx"], store.read().to_pylist()
+
+
+def test_the_gold_path_wins_and_a_random_policy_does_not(tasks, pool, tmp_path):
+    metrics, rows = play(tasks, make_policy("scripted"), tmp_path, pool, concurrency=2, run_id="expert")
+    assert metrics["errors"] == 0 and metrics["success_rate"] == 1.0 and len(rows) == 4
+    assert all(abs(r["reward"] - 1.0) < 1e-9 for r in rows)
+    last = json.loads(rows[0]["turns"][-1]["info"])
+    assert last["success"] is True and last["score"] == 1.0 and "moves" in last
+    assert json.loads(rows[0]["tools"])[0]["function"]["name"] == "act"
+    assert "Admissible commands:" in rows[0]["messages"][1]["content"]
+    shown = render_trajectory(rows[0])  # the viewer's and `omrl show`'s renderer: commands and score per turn
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(shown)
+    text = console.export_text()
+    assert "act" in text and "score 1" in text
+
+    metrics, rows = play(tasks, make_policy("random"), tmp_path / "random", pool, concurrency=2, run_id="random")
+    assert metrics["errors"] == 0 and metrics["episodes"] == 4 and metrics["success_rate"] == 0.0
+
+
+def test_a_wrong_command_is_an_observation(tasks, pool):
+    env = asyncio.run(pool.acquire())
+    try:
+        first = env.reset(tasks[0])
+        assert tasks[0].instruction in first.observation
+        wrong = env.step(Action(tool="act", arguments={"command": "dance with the fridge"}))
+        assert not wrong.done and wrong.info["invalid_action"] and "Unknown action" in wrong.observation
+        for bad in (Action(tool="act", arguments={}), Action(tool="jump", arguments={"command": "x"}),
+                    Action(tool="act", arguments={"command": "   "})):
+            result = env.step(bad)
+            assert result.info["invalid_action"] and not result.done and result.observation.startswith("Invalid")
+        injected = env.step(Action(tool="act", arguments={"command": "look around\ntake knife"}))
+        assert injected.info["command"] == "look around take knife"  # one line: never two commands
+        text = make_env("twx", action_format="text")
+        try:
+            text.reset(tasks[0])
+            looked = text.step(Action(text="Thought: I should look.\nAction: look around"))
+            assert looked.info["command"] == "look around" and "invalid_action" not in looked.info
+        finally:
+            text.close()
+        # The same instance plays a second episode from a fresh start.
+        again = env.reset(tasks[0])
+        assert again.observation == first.observation
+    finally:
+        asyncio.run(pool.release(env, tasks[0], reuse=True))
+
+
+@pytest.mark.parametrize("which", ["child", "engine"])
+def test_an_engine_killed_mid_episode_is_env_error_and_the_episode_is_stored(tasks, tmp_path, which):
+    policy = KillingPolicy(at=2, which=which)  # child: the JVM; engine: the omrl engine process hosting it
+    result, rows = play(tasks[:2], policy, tmp_path, concurrency=1, run_id=f"kill-{which}")
+    assert policy.killed and len(rows) == 2
+    by_status = {r["status"]: r for r in rows}
+    assert set(by_status) == {"env_error", "ok"}, [(r["status"], r["error"]) for r in rows]
+    broken = by_status["env_error"]
+    assert broken["reward"] is None and broken["success"] is None and "twx engine" in broken["error"]
+    assert broken["num_turns"] == 2  # the turns before the kill are kept, and the call it failed on:
+    assert broken["messages"][-1]["role"] == "assistant" and "env.step" in broken["error"]
+    assert by_status["ok"]["success"] is True  # the next episode got a new engine
+
+
+def test_splits_are_the_package_folds_disjoint_and_generation_is_deterministic(tasks, pool):
+    seeds = {split: draw_seeds(1000, 0, split, "coin") for split in TwxEnv.splits}
+    for split, drawn in seeds.items():
+        assert len(set(drawn)) == 1000 and set(drawn) == set(FOLD_SEEDS[split])  # the whole fold, each once
+        assert draw_seeds(20, 0, split, "coin") == drawn[:20]
+    assert not (set(seeds["train"]) & set(seeds["dev"]) or set(seeds["dev"]) & set(seeds["test"])
+                or set(seeds["train"]) & set(seeds["test"]))
+    assert draw_seeds(20, 1, "test", "coin") != draw_seeds(20, 0, "test", "coin")
+    assert all(t.payload["fold"] == "test" == t.split and t.payload["seed"] in FOLD_SEEDS["test"] for t in tasks)
+    again = generate_tasks("twx", 4, seed=3, split="test", params=SMALL, step_limit=40)
+    assert [t.to_row() for t in again] == [t.to_row() for t in tasks]
+    assert [t.payload["seed"] for t in tasks] == draw_seeds(4, 3, "test", "cookingworld")
+    payload = tasks[0].payload
+    assert set(payload) == {"game", "params", "seed", "fold", "step_limit", "textworld_express"}
+    # The same payload replays the same game: the same first observation from two engines.
+    env1, env2 = asyncio.run(pool.acquire()), asyncio.run(pool.acquire())
+    try:
+        assert env1 is not env2 and env1.reset(tasks[1]).observation == env2.reset(tasks[1]).observation
+    finally:
+        for env in (env1, env2):
+            asyncio.run(pool.release(env, tasks[1], reuse=True))
+
+
+def test_bad_generation_options_are_refused_in_one_line():
+    require_env("twx")
+    with pytest.raises(UsageError, match="Unrecognized property name"):
+        generate_tasks("twx", 2, game="coin", params="numLocationz=5")
+    with pytest.raises(UsageError, match="game must be one of"):
+        generate_tasks("twx", 2, game="chess")
+    with pytest.raises(EnvSpecError, match="splits train, dev, test"):
+        generate_tasks("twx", 2, split="validation")
+    assert canonical_params({"numLocations": 5, "includeDoors": False}) == "includeDoors=0,numLocations=5"
+    assert canonical_params("numLocations=5, includeDoors=0") == "includeDoors=0,numLocations=5"
+
+
+def test_missing_java_or_package_is_one_line(monkeypatch):
+    import importlib.util
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "Java" in TwxEnv.unavailable() and "openjdk-17-jre-headless" in TwxEnv.unavailable()
+    with pytest.raises(EnvSpecError, match="cannot run here: needs Java"):
+        make_env("twx")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textworld_express" else real(name, *a))
+    assert TwxEnv.unavailable() == "needs the twx extra: pip install 'omrl[twx]'"
+
+
+def test_kill_9_of_collect_mid_run_leaves_no_java(tasks, tmp_path):
+    many = generate_tasks("twx", 40, seed=5, split="train")
+    write_tasks(many, tmp_path / "tasks.jsonl")
+    engines, left = kill_collect_mid_run(
+        ["collect", "--env", "twx", "--tasks", str(tmp_path / "tasks.jsonl"), "--policy", "scripted",
+         "--store", str(tmp_path / "store"), "--max-turns", "120", "-c", "2", "--no-progress"], ROOT, "java")
+    assert engines and left == []
