@@ -12,7 +12,7 @@ import random
 import re
 from typing import Any
 
-from omrl.envs.base import Action, tool_schema
+from omrl.envs.base import Action, StepResult, tool_schema
 
 ACT_TOOL = tool_schema("act", "Type one command into the text game, e.g. 'open fridge' or 'go north'.",
                        {"command": {"type": "string", "description": "the command, as you would type it"}})
@@ -23,6 +23,16 @@ TEXT_PROMPT = ("You are playing a text-based game. Each turn, reply with exactly
                "each observation when they are given.")
 MAX_COMMAND_CHARS = 180  # the Z-machine reads at most ~200 characters of input; longer is cut, never split
 _ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a package (recorded in task payloads: a replay needs the same engine)."""
+    try:
+        from importlib.metadata import version
+
+        return version(distribution)
+    except Exception:
+        return None
 
 
 def system_prompt(action_format: str) -> str:
@@ -78,3 +88,55 @@ def as_action(command: str, action_format: str) -> Action:
 def random_command(commands: list[str], rng: random.Random) -> str:
     """A uniformly random admissible command (the random baseline of the text-game papers)."""
     return rng.choice(commands) if commands else "look"
+
+
+class CommandGame:
+    """The steps every engine-backed text game takes the same way; subclasses own the engine and the game.
+
+    A subclass sets `action_format` and `engine` (an omrl.envs.engine.EngineWorker), and in `reset`
+    `commands` (admissible now; [] when the engine lists none), `sent = []` and `done = False`. It
+    implements `play(command) -> StepResult` (send one command, read the scorer) and `expert_path()`
+    (the expert's commands from the start of the game).
+    """
+
+    action_format = "tool"
+    fallback = "look"  # the expert's command once its path is played out
+    engine: Any = None
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.sent: list[str] = []  # commands sent to the game this episode
+        self.done = True
+
+    def play(self, command: str) -> StepResult:
+        raise NotImplementedError
+
+    def expert_path(self) -> list[str]:
+        raise NotImplementedError
+
+    def step(self, action: Action) -> StepResult:
+        if self.done:
+            return StepResult("The game is over.", 0.0, True, {"invalid_action": True, "success": False})
+        command, problem = read_command(action)
+        if command is None:  # not a command at all: the game is not asked
+            return StepResult(f"Invalid action: {problem}.", 0.0, False, {"invalid_action": True, "reason": problem})
+        admissible = not self.commands or command in self.commands
+        self.sent.append(command)
+        result = self.play(command)
+        result.info["command"] = command
+        if not admissible:  # the game answered it (that answer is the observation), but it was not admissible
+            result.info["invalid_action"] = True
+        return result
+
+    def expert_action(self) -> Action:
+        """The next command of the expert's path (the expert plays it from the start)."""
+        path, played = self.expert_path(), len(self.sent)
+        return as_action(path[played] if played < len(path) else self.fallback, self.action_format)
+
+    def random_action(self, rng: random.Random) -> Action:
+        return as_action(random_command(self.commands, rng), self.action_format)
+
+    def close(self) -> None:
+        self.done = True
+        if self.engine is not None:
+            self.engine.close()

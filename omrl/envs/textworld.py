@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.envs import textgame
-from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task
+from omrl.envs.base import InvalidTask, Reset, StepResult, Task
 from omrl.errors import UsageError
 
 THEMES: dict[str, dict[str, Any]] = {
@@ -59,12 +59,7 @@ DEFAULT_MAX_STEPS = 50
 
 
 def package_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("textworld")
-    except Exception:
-        return None
+    return textgame.installed_version("textworld")
 
 
 def split_of(game_seed: int) -> str:
@@ -279,7 +274,7 @@ def build_games(tasks: list[Task], cache: str | None = None) -> None:
         engine.close()
 
 
-class TextWorldEnv:
+class TextWorldEnv(textgame.CommandGame):
     """TextWorld text adventures (cooking or custom quests), generated locally; act(command)."""
 
     name = "textworld"
@@ -332,47 +327,36 @@ class TextWorldEnv:
 
     def __init__(self, action_format: str = "tool", admissible: bool = True, cache: str | None = None,
                  call_timeout: float = 120.0, build_timeout: float = 900.0) -> None:
+        super().__init__()
         self.action_format = textgame.check_action_format(action_format)
         self.admissible = bool(admissible)
         self.build_timeout = float(build_timeout)
         self.engine = _engine(str(cache) if cache else None)
         self.engine.call_timeout = float(call_timeout)
-        self.commands: list[str] = []  # admissible now
-        self.played: list[str] = []  # sent to the game this episode
         self.walkthrough: list[str] = []
         self.score, self.max_score, self.max_steps = 0, 1, DEFAULT_MAX_STEPS
-        self.done = True
 
     def reset(self, task: Task) -> Reset:
         payload = self.payload_of(task)
         self.engine.ensure()  # an engine that died between episodes is replaced here
         first = self.engine.call("reset", payload, self.admissible, timeout=self.build_timeout)
         self.commands, self.walkthrough = first["commands"], list(first["walkthrough"])
-        self.played, self.score, self.max_score = [], 0, max(1, int(first["max_score"]))
+        self.sent, self.score, self.max_score = [], 0, max(1, int(first["max_score"]))
         self.max_steps, self.done = payload["max_steps"], False
         return Reset(observation=textgame.with_commands(first["text"], self.commands),
                      tools=textgame.tools_for(self.action_format),
                      system_prompt=textgame.system_prompt(self.action_format))
 
-    def step(self, action: Action) -> StepResult:
-        if self.done:
-            return StepResult("The game is over.", 0.0, True, {"invalid_action": True, "success": False})
-        command, problem = textgame.read_command(action)
-        if command is None:  # not a command at all: the game is not asked
-            return StepResult(f"Invalid action: {problem}.", 0.0, False, {"invalid_action": True, "reason": problem})
-        admissible = command in self.commands
-        self.played.append(command)
+    def play(self, command: str) -> StepResult:
         result = self.engine.call("step", command)
         self.commands = result["commands"]
         reward = (result["score"] - self.score) / self.max_score
         self.score = result["score"]
-        out_of_steps = not (result["won"] or result["lost"]) and len(self.played) >= self.max_steps
+        out_of_steps = not (result["won"] or result["lost"]) and len(self.sent) >= self.max_steps
         self.done = bool(result["done"] or result["won"] or result["lost"] or out_of_steps)
-        info: dict[str, Any] = {"command": command, "score": self.score, "max_score": self.max_score,
-                                "won": result["won"], "lost": result["lost"], "moves": result["moves"],
+        info: dict[str, Any] = {"score": self.score, "max_score": self.max_score, "won": result["won"],
+                                "lost": result["lost"], "moves": result["moves"],
                                 "note": f"score {self.score}/{self.max_score}"}  # shown per turn by omrl show
-        if self.admissible and not admissible:
-            info["invalid_action"] = True
         text = result["text"]
         if self.done:
             info["success"] = bool(result["won"])
@@ -381,16 +365,6 @@ class TextWorldEnv:
                 text += f"\n\nYou are out of moves ({self.max_steps})."
         return StepResult(textgame.with_commands(text, None if self.done else self.commands), reward, self.done, info)
 
-    def expert_action(self) -> Action:
-        """The next command of the game's walkthrough (the expert plays it from the start)."""
-        played = len(self.played)
-        command = self.walkthrough[played] if played < len(self.walkthrough) else "look"
-        return textgame.as_action(command, self.action_format)
-
-    def random_action(self, rng: random.Random) -> Action:
-        return textgame.as_action(textgame.random_command(self.commands, rng), self.action_format)
-
-    def close(self) -> None:
-        self.done = True
-        self.engine.close()
-
+    def expert_path(self) -> list[str]:
+        """The game's walkthrough."""
+        return self.walkthrough

@@ -31,21 +31,12 @@ import shutil
 from typing import Any
 
 from omrl.envs import textgame
-from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task
+from omrl.envs.base import InvalidTask, Reset, StepResult, Task
 from omrl.errors import UsageError
 
 GAMES = ("cookingworld", "coin", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 FOLD_SEEDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range(20000, 21000)}
 DEFAULT_STEP_LIMIT = 100
-
-
-def package_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("textworld-express")
-    except Exception:
-        return None
 
 
 def canonical_params(params: Any) -> str:
@@ -138,7 +129,7 @@ def _engine():
     return EngineWorker("omrl.envs.twx:TwxEngine", name="twx")
 
 
-class TwxEnv:
+class TwxEnv(textgame.CommandGame):
     """TextWorldExpress games (CookingWorld, Coin, TWC, MapReader...): game text, valid actions, act(command)."""
 
     name = "twx"
@@ -175,7 +166,7 @@ class TwxEnv:
                 raise UsageError(f"twx {game} params {params!r}: {exc}") from None
         finally:
             engine.close()
-        version = package_version()
+        version = textgame.installed_version("textworld-express")
         suffix = f"-{hashlib.sha256(params.encode()).hexdigest()[:6]}" if params else ""
         return [Task(id=f"twx-{game}{suffix}-{split}-{game_seed}", instruction=description, env="twx", split=split,
                      payload={"game": game, "params": params, "seed": game_seed, "fold": split,
@@ -183,15 +174,14 @@ class TwxEnv:
                 for game_seed, description in zip(seeds, descriptions, strict=True)]
 
     def __init__(self, action_format: str = "tool", show_actions: bool = True, call_timeout: float = 120.0) -> None:
+        super().__init__()
         self.action_format = textgame.check_action_format(action_format)
         self.show_actions = bool(show_actions)
+        self.fallback = "look around"
         self.engine = _engine()
         self.engine.call_timeout = float(call_timeout)
-        self.actions: list[str] = []
         self.game_args: tuple[Any, ...] = ()
-        self.commands: list[str] = []  # sent to the game this episode
         self.gold: list[str] | None = None  # fetched when the expert is first asked
-        self.done = True
 
     def reset(self, task: Task) -> Reset:
         payload = task.payload
@@ -206,47 +196,29 @@ class TwxEnv:
             raise InvalidTask(f"twx task {task.id}: unknown game {game!r} or fold {fold!r}")
         self.engine.ensure()  # a JVM that died between episodes is replaced here
         first = self.engine.call("reset", *args)
-        self.game_args, self.commands, self.gold = args, [], None
-        self.actions = sorted(first["actions"])
+        self.game_args, self.sent, self.gold = args, [], None
+        self.commands = sorted(first["actions"])
         self.done = False
         text = f"{first['task']}\n\n{first['observation']}"
-        return Reset(observation=textgame.with_commands(text, self.actions if self.show_actions else None),
+        return Reset(observation=textgame.with_commands(text, self.commands if self.show_actions else None),
                      tools=textgame.tools_for(self.action_format),
                      system_prompt=textgame.system_prompt(self.action_format))
 
-    def step(self, action: Action) -> StepResult:
-        if self.done:
-            return StepResult("The game is over.", 0.0, True, {"invalid_action": True, "success": False})
-        command, problem = textgame.read_command(action)
-        if command is None:  # not a command at all: the game is not asked
-            return StepResult(f"Invalid action: {problem}.", 0.0, False, {"invalid_action": True, "reason": problem})
-        known = command in self.actions
-        self.commands.append(command)
+    def play(self, command: str) -> StepResult:
         result = self.engine.call("step", command)
-        self.actions = sorted(result["actions"])
+        self.commands = sorted(result["actions"])
         self.done = bool(result["done"])
-        info: dict[str, Any] = {"command": command, "score": result["score"], "score_raw": result["score_raw"],
+        info: dict[str, Any] = {"score": result["score"], "score_raw": result["score_raw"],
                                 "failure": bool(result["failure"]), "moves": int(result["moves"]),
                                 "note": f"score {result['score']:g}"}  # shown per turn by omrl show and the viewer
-        if not known:
-            info["invalid_action"] = True
         if self.done:
             info["success"] = bool(result["success"])
         observation = textgame.with_commands(result["observation"], None if self.done or not self.show_actions
-                                             else self.actions)
+                                             else self.commands)
         return StepResult(observation, float(result["reward"]), self.done, info)
 
-    def expert_action(self) -> Action:
-        """The next command of TextWorldExpress's gold path (the expert plays it from the start)."""
+    def expert_path(self) -> list[str]:
+        """TextWorldExpress's gold path, asked for the first time the expert plays."""
         if self.gold is None:
-            self.gold = self.engine.call("gold_path", *self.game_args, self.commands)
-        played = len(self.commands)
-        command = self.gold[played] if played < len(self.gold) else "look around"
-        return textgame.as_action(command, self.action_format)
-
-    def random_action(self, rng: random.Random) -> Action:
-        return textgame.as_action(textgame.random_command(self.actions, rng), self.action_format)
-
-    def close(self) -> None:
-        self.done = True
-        self.engine.close()
+            self.gold = self.engine.call("gold_path", *self.game_args, self.sent)
+        return self.gold
