@@ -38,7 +38,8 @@ from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
 
-EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "jsonl")
+EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "swebench-predictions",
+                  "jsonl")
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -151,7 +152,8 @@ def _records(fmt: str, rows: pa.Table):
 
         return format_module(fmt).export_records(_rows(rows))
     convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
-               "sharegpt": to_sharegpt_record, "adp": to_adp_record}[fmt]
+               "sharegpt": to_sharegpt_record, "adp": to_adp_record,
+               "swebench-predictions": to_swebench_prediction}[fmt]
     return (convert(row) for row in _rows(rows))
 
 
@@ -203,6 +205,24 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def to_openai_record(row: dict[str, Any]) -> dict[str, Any]:
     """{"messages", "tools"} (one fine-tuning example) with the task id, reward, success, model and instruction beside."""
     return {"messages": to_openai_messages(row["messages"]), "tools": _tools(row), **_outcome(row)}
+
+
+def to_swebench_prediction(row: dict[str, Any]) -> dict[str, Any]:
+    """SWE-bench's prediction record: instance_id, model_name_or_path and model_patch, the diff the episode's
+    submit produced (turns.info.model_patch; "" when it never submitted)."""
+    task = row.get("task") or {}
+    task = json.loads(task) if isinstance(task, str) else task
+    payload = task.get("payload") or {}
+    payload = json.loads(payload) if isinstance(payload, str) else payload
+    patch = ""
+    for turn in reversed(row.get("turns") or []):
+        info = turn.get("info") or {}
+        info = json.loads(info) if isinstance(info, str) else info
+        if isinstance(info, dict) and isinstance(info.get("model_patch"), str):
+            patch = info["model_patch"]
+            break
+    return {"instance_id": payload.get("instance_id") or row["task_id"], "model_name_or_path": row.get("model") or "",
+            "model_patch": patch}
 
 
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}

@@ -63,8 +63,9 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
         # and load_tasks reports a missing file as one clear line.
         click.option("--tasks", "tasks_path", required=True,
                      help="Tasks file (from `omrl tasks import`), or shipped:NAME for a shipped task set."),
-        click.option("--policy", "policy_spec", required=True,
-                     help="openai:MODEL, hf:PATH, scripted, random, or a plugin policy NAME[:ARG] (omrl plugins)."),
+        click.option("--policy", "policy_spec", default=None,
+                     help="openai:MODEL, hf:PATH, scripted, random, or a plugin policy NAME[:ARG] (omrl plugins). "
+                          "Required (except for `omrl eval --predictions`)."),
         click.option("--round", "round_", default=0, show_default=True, help="Iteration round (iterative training)."),
         click.option("--run", "run_id", default=None,
                      help="Run name; default derived from env, tasks file and policy, so re-runs resume."),
@@ -95,6 +96,8 @@ def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | No
     from omrl.policies import make_policy
     from omrl.tasks import load_tasks
 
+    if not policy_spec:
+        raise click.UsageError("Missing option '--policy'.")
     tasks = load_tasks(tasks_path, split=split)
     if limit is not None:
         tasks = tasks[:limit]

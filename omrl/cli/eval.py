@@ -18,14 +18,21 @@ from omrl.cli.common import console, user_errors
 @click.option("--store", "store_path", default=None, type=click.Path(),
               help="Store to keep the episodes in (created if missing); default: a temporary one.")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per task (pass@k up to k).")
+@click.option("--predictions", "predictions_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Score a predictions file instead of playing a policy (SWE-bench's {instance_id, "
+                   "model_name_or_path, model_patch}, JSON or JSONL) against the tasks; envs with score_prediction.")
 @user_errors
-def eval_(store_path: str | None, samples: int, **args: Any) -> None:
+def eval_(store_path: str | None, samples: int, predictions_path: str | None, **args: Any) -> None:
     """Evaluate a policy: success rate, mean reward and pass@k per environment.
 
     Example:  omrl eval --env grid --tasks datasets/tasks/grid_eval.jsonl --policy hf:tiny -k 4 --store evals
+              omrl eval --env swe --tasks swe.jsonl --predictions preds.jsonl
     """
     from omrl.rollout import default_run_name, evaluate
     from omrl.store import Store
+
+    if predictions_path is not None:
+        return _score_predictions(args["env_spec"], args["tasks_path"], predictions_path, args["concurrency"])
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
@@ -50,3 +57,53 @@ def eval_(store_path: str | None, samples: int, **args: Any) -> None:
     console.print(table)
     if store_path is None:
         console.print("[dim]episodes were not kept; pass --store to keep them[/dim]")
+
+
+def _score_predictions(env_spec: str, tasks_path: str, predictions_path: str, concurrency: int) -> None:
+    """Each prediction scored by the environment's own scorer (its score_prediction); one table, resolved rate."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from omrl.envs import env_class
+    from omrl.errors import UsageError
+    from omrl.tasks import load_tasks
+
+    score = getattr(env_class(env_spec), "score_prediction", None)
+    if not callable(score):
+        raise UsageError(f"environment {env_spec!r} does not score predictions files (no score_prediction)")
+    text = Path(predictions_path).read_text(encoding="utf-8")
+    try:
+        records = json.loads(text)
+        records = list(records.values()) if isinstance(records, dict) else records
+    except json.JSONDecodeError:
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"{predictions_path}:{number}: not JSON ({exc.msg})") from None
+    patches = {}
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict) or not isinstance(record.get("instance_id"), str) \
+                or not isinstance(record.get("model_patch") or "", str):
+            raise UsageError(f"{predictions_path}: prediction {number} needs instance_id and model_patch (text)")
+        patches[record["instance_id"]] = record.get("model_patch") or ""
+    tasks = {t.payload.get("instance_id", t.id): t for t in load_tasks(tasks_path)}
+    unknown = sorted(set(patches) - set(tasks))
+    if unknown:
+        raise UsageError(f"{len(unknown)} predictions name no task of {tasks_path}: {', '.join(unknown[:5])}")
+    chosen = [(tasks[i], p) for i, p in patches.items()]
+    with console.status(f"scoring {len(chosen)} predictions"), ThreadPoolExecutor(max(1, concurrency)) as pool:
+        verdicts = list(pool.map(lambda pair: score(*pair), chosen))
+    table = Table(title=f"predictions {Path(predictions_path).name} ({env_spec})")
+    for column in ("instance_id", "resolved", "FAIL_TO_PASS", "PASS_TO_PASS"):
+        table.add_column(column)
+    for (task, _), verdict in zip(chosen, verdicts, strict=True):
+        table.add_row(task.payload.get("instance_id", task.id), "yes" if verdict["resolved"] else "no",
+                      verdict["fail_to_pass"], verdict["pass_to_pass"])
+    console.print(table)
+    resolved = sum(v["resolved"] for v in verdicts)
+    console.print(f"resolved {resolved}/{len(verdicts)} ({resolved / max(1, len(verdicts)):.1%}); "
+                  f"{len(tasks) - len(chosen)} tasks without a prediction")

@@ -15,7 +15,8 @@ from omrl.hub import EXPORT_FORMATS
               help="parquet: HF dataset folder; omrl (or jsonl): omrl rows, everything kept; openai: TRL/OpenAI "
                    "{messages, tools} with reward, success, task_id and per-turn weight; sharegpt: conversations "
                    "with loss flags; atif: Harbor ATIF with token ids; adp: Agent Data Protocol; traces: a folder of "
-                   "Hugging Face Hub agent traces (one session file per trajectory, for the Hub's trace viewer). "
+                   "Hugging Face Hub agent traces (one session file per trajectory, for the Hub's trace viewer); "
+                   "swebench-predictions: SWE-bench's {instance_id, model_name_or_path, model_patch} per swe episode. "
                    "Default: parquet for a folder, omrl rows for a .jsonl file.")
 @click.option("--where", help="SQL condition over the trajectories view, e.g. \"success AND env = 'math'\".")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")

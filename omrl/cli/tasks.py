@@ -69,16 +69,21 @@ def show(path: str, examples: int) -> None:
 @click.option("--split", default=None, help="Split name (default: the environment's first; `omrl envs` lists them).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Generator option (repeatable; JSON values), e.g. --option walls=true for grid.")
+@click.option("--package", "packages", multiple=True, metavar="NAME==VERSION",
+              help="A package whose source the generator uses (repeatable; the swe generator's `packages`).")
 @user_errors
-def generate(kind: str, out: str, n: int, seed: int, split: str | None, options: tuple[str, ...]) -> None:
-    """Generate tasks with environment ENV's own generator (math, shop, code, grid, ...; see `omrl envs`).
+def generate(kind: str, out: str, n: int, seed: int, split: str | None, options: tuple[str, ...],
+             packages: tuple[str, ...]) -> None:
+    """Generate tasks with environment ENV's own generator (math, shop, code, grid, swe, os, ...; see `omrl envs`).
 
     Example:  omrl tasks generate math --n 200 --seed 1 --out math.parquet
+              omrl tasks generate swe --package more-itertools==10.2.0 --package toolz==0.12.1 --n 40 --out swe.jsonl
     """
     from omrl.cli.collect import env_options
     from omrl.tasks import generate_tasks, write_tasks
 
-    generated = generate_tasks(kind, n=n, seed=seed, split=split, **env_options(options, "--option"))
+    extra = {"packages": list(packages)} if packages else {}
+    generated = generate_tasks(kind, n=n, seed=seed, split=split, **env_options(options, "--option"), **extra)
     write_tasks(generated, out)
     console.print(f"wrote {len(generated)} {kind} tasks to {out}")
 

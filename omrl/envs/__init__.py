@@ -28,6 +28,7 @@ ENVIRONMENTS: dict[str, str] = {
     "scienceworld": "omrl.envs.scienceworld:SciWorldEnv",
     "textworld": "omrl.envs.textworld:TextWorldEnv",
     "twx": "omrl.envs.twx:TwxEnv",
+    "swe": "omrl.envs.swe:SweEnv",
 }
 
 

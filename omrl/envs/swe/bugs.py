@@ -1,0 +1,206 @@
+"""Candidate bugs for a package's source: omrl's own procedural modifiers (one small change to one function), and
+the validation that keeps a candidate only when its tests catch it.
+
+A modifier looks at one function's AST and proposes changes of one expression or statement; the change is made
+on the source text (only that expression's characters, or that statement's lines), so the fix is a small diff.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_FLIP = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+         ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_ARITH = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult, ast.Mod: ast.FloorDiv}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One proposed bug: which file and function, which modifier, and the file's text with the bug in it."""
+
+    path: str
+    function: str
+    modifier: str
+    buggy: str
+    original: str
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(f"{self.path}\0{self.function}\0{self.modifier}\0{self.buggy}".encode()).hexdigest()[:12]
+
+    def bug_patch(self) -> str:
+        return unified_diff(self.path, self.original, self.buggy)
+
+    def fix_patch(self) -> str:
+        return unified_diff(self.path, self.buggy, self.original)
+
+    def fix_edit(self) -> dict[str, str]:
+        """The fix as one str_replace edit: the smallest run of whole lines around the change that occurs once."""
+        old_lines, new_lines = self.buggy.splitlines(keepends=True), self.original.splitlines(keepends=True)
+        start = 0
+        while start < min(len(old_lines), len(new_lines)) and old_lines[start] == new_lines[start]:
+            start += 1
+        end_old, end_new = len(old_lines), len(new_lines)
+        while end_old > start and end_new > start and old_lines[end_old - 1] == new_lines[end_new - 1]:
+            end_old, end_new = end_old - 1, end_new - 1
+        for extra in range(0, 50):
+            lo, hi_old, hi_new = max(0, start - extra), end_old + extra, end_new + extra
+            old = "".join(old_lines[lo:hi_old])
+            if old and self.buggy.count(old) == 1:
+                return {"path": self.path, "old": old, "new": "".join(new_lines[lo:hi_new])}
+        return {"path": self.path, "old": self.buggy, "new": self.original}
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    """A git-style unified diff of one file (a/PATH b/PATH), as SWE-bench's patch fields are."""
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                 f"a/{path}", f"b/{path}")
+    text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    return f"diff --git a/{path} b/{path}\n{text}" if text else ""
+
+
+# ------------------------------------------------------------------------------------------ modifiers
+
+Change = tuple[ast.AST, str]  # the node whose source is replaced, and the replacement text
+
+
+def _flip_comparison(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _FLIP:
+            changed = ast.Compare(node.left, [_FLIP[type(node.ops[0])]()], node.comparators)
+            yield node, ast.unparse(changed)
+
+
+def _off_by_one(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= 16:
+            yield node, str(node.value + 1)
+            if node.value > 0:
+                yield node, str(node.value - 1)
+
+
+def _swap_bool_op(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.BoolOp):
+            other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+            yield node, ast.unparse(ast.BoolOp(other, node.values))
+
+
+def _swap_arithmetic(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            yield node, ast.unparse(ast.BinOp(node.left, _ARITH[type(node.op)](), node.right))
+
+
+def _negate_condition(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, (ast.If, ast.While)) and not isinstance(node.test, ast.Constant):
+            yield node.test, f"not ({ast.unparse(node.test)})"
+
+
+def _flip_boolean(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            yield node, str(not node.value)
+
+
+def _remove_statement(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or len(body) < 2:
+            continue
+        for statement in body:
+            if isinstance(statement, (ast.Assign, ast.AugAssign, ast.Expr)) and not (
+                    isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)):
+                yield statement, "pass"
+
+
+def _swap_arguments(function: ast.AST) -> Iterator[Change]:
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args):
+            args = [node.args[1], node.args[0], *node.args[2:]]
+            yield node, ast.unparse(ast.Call(node.func, args, node.keywords))
+
+
+MODIFIERS: dict[str, Callable[[ast.AST], Iterator[Change]]] = {
+    "flip_comparison": _flip_comparison, "off_by_one": _off_by_one, "swap_bool_op": _swap_bool_op,
+    "swap_arithmetic": _swap_arithmetic, "negate_condition": _negate_condition, "flip_boolean": _flip_boolean,
+    "remove_statement": _remove_statement, "swap_arguments": _swap_arguments,
+}
+
+
+def source_files(tree: Path) -> list[str]:
+    """The package's own Python files (relative paths): not its tests, docs, examples or build scripts."""
+    skip = {"tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "build", ".git"}
+    files = []
+    for path in sorted(tree.rglob("*.py")):
+        relative = path.relative_to(tree)
+        if (skip & set(relative.parts[:-1]) or relative.name.startswith(("test_", "conftest"))
+                or relative.name.endswith("_test.py") or relative.name in ("setup.py", "noxfile.py")
+                or len(relative.parts) == 1 and relative.name.startswith(("_version", "version"))):
+            continue
+        files.append(str(relative))
+    return files
+
+
+def candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[Candidate]:
+    """Every function of the package's source with up to `per_function` changes per modifier, in a seeded order."""
+    rng = random.Random(seed)
+    found = []
+    for relative in source_files(tree):
+        original = (tree / relative).read_text(encoding="utf-8", errors="replace")
+        try:
+            module = ast.parse(original)
+        except SyntaxError:
+            continue
+        for function in ast.walk(module):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for name, modifier in MODIFIERS.items():
+                changes = list(modifier(function))
+                rng.shuffle(changes)
+                for node, replacement in changes[:per_function]:
+                    buggy = _replace(original, node, replacement)
+                    if buggy is not None and buggy != original:
+                        found.append(Candidate(relative, function.name, name, buggy, original))
+    rng.shuffle(found)
+    return found
+
+
+def _replace(text: str, node: ast.AST, replacement: str) -> str | None:
+    """text with node's characters replaced (a statement keeps its indentation); None if the result breaks."""
+    lines = text.splitlines(keepends=True)
+    if getattr(node, "end_lineno", None) is None:
+        return None
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line.encode("utf-8")))
+    data = text.encode("utf-8")
+    start = offsets[node.lineno - 1] + node.col_offset
+    end = offsets[node.end_lineno - 1] + node.end_col_offset
+    segment = data[start:end].decode("utf-8", errors="replace")
+    if "\n" in replacement or ("\n" in segment and isinstance(node, ast.expr)):
+        replacement = f"({replacement})"
+    changed = (data[:start] + replacement.encode("utf-8") + data[end:]).decode("utf-8", errors="replace")
+    try:
+        ast.parse(changed)
+    except SyntaxError:
+        return None
+    return changed
+
+
+def problem_statement(package: str, failing: list[str], output: str) -> str:
+    """A task text written from the failing tests (the template; a judge model may rewrite it)."""
+    shown = "\n".join(f"- {test}" for test in failing[:10]) + (f"\n- ... and {len(failing) - 10} more"
+                                                               if len(failing) > 10 else "")
+    excerpts = [line.strip() for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))][:5]
+    details = "\n".join(excerpts)
+    return (f"A change broke {package}: these tests of its own suite now fail:\n{shown}\n\n"
+            f"What they report:\n{details}\n\nFind the bug in the package's source (not in the tests) and fix it "
+            "so that the whole test suite passes again.")

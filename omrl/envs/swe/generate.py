@@ -1,0 +1,143 @@
+"""Generate validated SWE tasks: per package, a baseline test run, then candidate bugs run in the sandbox (in
+parallel), kept only when >= 1 test that passed now fails and every other test that passed still passes
+(no run or test past its time limit). Resumable: each tried candidate is recorded under the cache folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from omrl.envs.base import InvalidTask, Task
+from omrl.envs.swe import bugs, packages
+
+
+def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", workers: int = 2,
+             per_test_timeout_s: float = 10.0, max_candidates: int | None = None, report: dict | None = None,
+             progress=print) -> list[Task]:
+    """About n validated tasks spread over the packages of `specs`; `report` (if given) receives per package
+    and per modifier kept/tried counts and timings."""
+    report = report if report is not None else {}
+    quota = math.ceil(n / len(specs))
+    tasks: list[Task] = []
+    for spec in specs:
+        package = packages.fetch(spec, progress=progress)
+        kept = _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates,
+                              report.setdefault(package.key, {}), progress)
+        tasks += kept
+    return tasks[:n] if len(tasks) > n else tasks
+
+
+def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates, report, progress):
+    started = time.monotonic()
+    state = packages.cache_dir() / "runs" / f"{package.source.name}-s{seed}-t{per_test_timeout_s:g}.jsonl"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    tried = _read_state(state)
+    baseline = tried.get("baseline")
+    if baseline is None:
+        run = packages.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=900)
+        baseline = {"id": "baseline", "passed": sorted(run.passed()), "seconds": run.seconds,
+                    "timed_out": run.timed_out}
+        _append(state, baseline)
+    report["baseline_passed"] = len(baseline["passed"])
+    report["baseline_seconds"] = baseline["seconds"]
+    if not baseline["passed"] or baseline["timed_out"]:
+        raise InvalidTask(f"{package.key}: its tests do not run here (baseline: {len(baseline['passed'])} passed"
+                          f"{', timed out' if baseline['timed_out'] else ''}); pick another package or version")
+    passed = set(baseline["passed"])
+    candidates = bugs.candidates(package.source, seed=seed)
+    if max_candidates is not None:
+        candidates = candidates[:max_candidates]
+    lock = threading.Lock()
+    stop = threading.Event()
+    per_modifier = report.setdefault("modifiers", {})
+    kept: list[Task] = [task_from_record(spec, package, r, split, per_test_timeout_s)
+                        for r in tried.values() if r.get("kept")]
+    for record in tried.values():
+        if "modifier" in record:
+            counts = per_modifier.setdefault(record["modifier"], {"kept": 0, "tried": 0})
+            counts["tried"] += 1
+            counts["kept"] += bool(record.get("kept"))
+
+    def attempt(candidate: bugs.Candidate) -> None:
+        if stop.is_set() or candidate.id in tried:
+            return
+        record = validate(package, candidate, passed, per_test_timeout_s)
+        with lock:
+            _append(state, record)
+            counts = per_modifier.setdefault(candidate.modifier, {"kept": 0, "tried": 0})
+            counts["tried"] += 1
+            if record["kept"] and len(kept) < quota:
+                counts["kept"] += 1
+                kept.append(task_from_record(spec, package, record, split, per_test_timeout_s))
+                progress(f"{package.key}: kept {len(kept)}/{quota} ({candidate.modifier} in {candidate.function})")
+            if len(kept) >= quota:
+                stop.set()
+
+    if len(kept) < quota:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(attempt, candidates))
+    report["kept"] = len(kept)
+    report["tried"] = sum(c["tried"] for c in per_modifier.values())
+    report["seconds"] = round(time.monotonic() - started, 1)
+    return kept[:quota]
+
+
+def validate(package: packages.Package, candidate: bugs.Candidate, passed: set[str],
+             per_test_timeout_s: float) -> dict:
+    """Run the whole suite with the candidate's bug (in the sandbox); the record says whether it is kept."""
+    run = packages.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=600,
+                             patches=[candidate.bug_patch()])
+    now = run.passed()
+    failing = sorted(t for t in passed if run.outcomes.get(t) in ("FAILED", "ERROR"))
+    missing = sorted(t for t in passed if t not in run.outcomes)
+    still = sorted(passed & now)
+    kept = bool(failing) and not missing and not run.timed_out and not run.per_test_timeouts \
+        and len(failing) + len(still) == len(passed)
+    why = ("kept" if kept else "no test failed" if not failing and not missing else
+           "run timed out" if run.timed_out else "a test hit its time limit" if run.per_test_timeouts else
+           f"{len(missing)} tests did not run")
+    record = {"id": candidate.id, "modifier": candidate.modifier, "path": candidate.path,
+              "function": candidate.function, "kept": kept, "why": why, "seconds": run.seconds}
+    if kept:
+        record.update({"FAIL_TO_PASS": failing, "PASS_TO_PASS": still, "bug_patch": candidate.bug_patch(),
+                       "patch": candidate.fix_patch(), "fix_edit": candidate.fix_edit(),
+                       "problem_statement": bugs.problem_statement(package.name, failing, run.output)})
+    return record
+
+
+def task_from_record(spec: str, package: packages.Package, record: dict, split: str,
+                     per_test_timeout_s: float) -> Task:
+    """A kept candidate as a task with SWE-bench's fields (and what omrl needs to replay it)."""
+    instance_id = f"{package.name}__{package.version}-{record['modifier']}-{record['id']}"
+    payload = {"instance_id": instance_id, "package": package.name, "version": package.version,
+               "repo": package.name, "base_commit": f"{package.name}=={package.version}",
+               "sdist": spec, "sdist_sha256": package.sdist_sha256,
+               "patch": record["patch"], "test_patch": "", "FAIL_TO_PASS": record["FAIL_TO_PASS"],
+               "PASS_TO_PASS": record["PASS_TO_PASS"], "problem_statement": record["problem_statement"],
+               "bug_patch": record["bug_patch"], "fix_edit": record["fix_edit"], "modifier": record["modifier"],
+               "path": record["path"], "function": record["function"], "per_test_timeout_s": per_test_timeout_s}
+    return Task(id=instance_id, instruction=record["problem_statement"], answer=record["patch"], env="swe",
+                split=split, payload=payload)
+
+
+def _read_state(path: Path) -> dict[str, dict]:
+    records = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash: that candidate is tried again
+                continue
+            records[record["id"]] = record
+    return records
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+        out.flush()

@@ -1,0 +1,197 @@
+"""SWE tasks from a package sdist (a tiny one built here, byte for byte the same each run, so its unpacked tree
+and test environment are cached in ~/.cache/omrl): generation with validation, the swe env's tools in the
+sandbox, SWE-bench's resolved, predictions export and eval, and SFT on expert trajectories."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+
+import pytest
+from click.testing import CliRunner
+
+from omrl import sandbox
+from omrl.cli.main import cli
+from omrl.envs import generate_tasks, make_env
+from omrl.envs.base import Action, InvalidTask
+from omrl.envs.swe import bugs
+from omrl.envs.toolenv import play_episode
+from omrl.store import Store
+
+AVAILABLE, WHY = sandbox.sandbox_status()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")
+
+FILES = {
+    "PKG-INFO": "Metadata-Version: 2.1\nName: omrl-tinycalc\nVersion: 0.1\n",
+    "src/tinycalc/__init__.py": (
+        "def clamp(value, low, high):\n    \"\"\"value limited to [low, high].\"\"\"\n    if value < low:\n"
+        "        return low\n    if value > high:\n        return high\n    return value\n\n\n"
+        "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"),
+    "tests/test_calc.py": (
+        "from tinycalc import clamp, mean\n\n\ndef test_clamp_low():\n    assert clamp(-1, 0, 10) == 0\n\n\n"
+        "def test_clamp_high():\n    assert clamp(11, 0, 10) == 10\n\n\ndef test_clamp_inside():\n"
+        "    assert clamp(5, 0, 10) == 5\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> str:
+    """omrl-tinycalc-0.1.tar.gz, deterministic (fixed times and order), so its cache entries are reused."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        for name, text in sorted(FILES.items()):
+            info = tarfile.TarInfo(f"omrl-tinycalc-0.1/{name}")
+            info.size, info.mtime, info.mode = len(text.encode()), 0, 0o644
+            tar.addfile(info, io.BytesIO(text.encode()))
+    path = tmp_path_factory.mktemp("sdist") / "omrl-tinycalc-0.1.tar.gz"
+    with gzip.GzipFile(path, "wb", mtime=0) as out:
+        out.write(data.getvalue())
+    return str(path)
+
+
+class Made(list):
+    """The generated tasks, with the generator's report beside them."""
+
+    report: dict
+
+
+@pytest.fixture(scope="module")
+def tasks(sdist):
+    report: dict = {}
+    made = Made(generate_tasks("swe", n=3, packages=[sdist], report=report))
+    made.report = report
+    return made
+
+
+def test_generation_keeps_only_bugs_the_tests_catch(tasks):
+    report = tasks.report["omrl-tinycalc-0.1"]
+    assert len(tasks) == 3 and report["baseline_passed"] == 4 and report["kept"] >= 3  # validated (some in flight)
+    assert report["tried"] >= 3 and set(report["modifiers"]) <= set(bugs.MODIFIERS)
+    for task in tasks:
+        payload = task.payload
+        for field in ("instance_id", "package", "version", "patch", "FAIL_TO_PASS", "PASS_TO_PASS",
+                      "problem_statement"):
+            assert payload[field], field
+        assert payload["package"] == "omrl-tinycalc" and payload["version"] == "0.1" and task.env == "swe"
+        assert set(payload["FAIL_TO_PASS"]).isdisjoint(payload["PASS_TO_PASS"])
+        assert len(payload["FAIL_TO_PASS"]) + len(payload["PASS_TO_PASS"]) == 4
+        assert payload["patch"].startswith("diff --git a/src/tinycalc/__init__.py")
+        assert all(test in payload["problem_statement"] for test in payload["FAIL_TO_PASS"])
+
+
+def test_generation_resumes_from_what_it_tried(sdist, tasks):
+    again: dict = {}
+    same = generate_tasks("swe", n=3, packages=[sdist], report=again)
+    assert [t.id for t in same] == [t.id for t in tasks]
+    assert again["omrl-tinycalc-0.1"]["tried"] == tasks.report["omrl-tinycalc-0.1"]["tried"]  # nothing re-run
+
+
+def test_a_candidate_the_tests_do_not_catch_is_dropped(sdist):
+    from omrl.envs.swe import packages
+    from omrl.envs.swe.generate import validate
+
+    package = packages.fetch(sdist, progress=lambda _: None)
+    original = (package.source / "src/tinycalc/__init__.py").read_text()
+    harmless = bugs.Candidate("src/tinycalc/__init__.py", "clamp", "flip_comparison",
+                              original.replace('"""value limited to [low, high]."""', '"""changed."""'), original)
+    looping = bugs.Candidate("src/tinycalc/__init__.py", "mean", "remove_statement",
+                             original.replace("    total = 0\n", "    total = 0\n    while True:\n        pass\n"),
+                             original)
+    passed = {f"tests/test_calc.py::test_{name}" for name in ("clamp_low", "clamp_high", "clamp_inside", "mean")}
+    assert validate(package, harmless, passed, 10.0)["why"] == "no test failed"
+    assert validate(package, looping, passed, 2.0)["why"] == "a test hit its time limit"  # the per-test limit
+
+
+def test_the_fix_through_the_tools_resolves_and_an_empty_submission_does_not(tasks):
+    env = make_env("swe")
+    try:
+        for task in tasks:
+            total, last, _ = play_episode(env, task)
+            assert total == 1.0 and last.info["resolved"] and last.info["model_patch"].startswith("diff --git")
+            env.reset(task)
+            empty = env.step(Action(tool="submit"))
+            assert empty.reward == 0.0 and not empty.info["resolved"]
+            assert empty.info["fail_to_pass"] == f"0/{len(task.payload['FAIL_TO_PASS'])}"
+    finally:
+        env.close()
+
+
+def test_the_tools_work_inside_the_sandbox(tasks):
+    env = make_env("swe", command_timeout_s=20)
+    try:
+        env.reset(tasks[0])
+        view = env.step(Action(tool="view", arguments={"path": "src/tinycalc/__init__.py", "start_line": 9}))
+        assert view.observation.splitlines()[0].strip().startswith("9") and "lines in all" in view.observation
+        found = env.step(Action(tool="search", arguments={"text": "def mean"}))
+        assert "src/tinycalc/__init__.py:10:def mean" in found.observation
+        where = env.step(Action(tool="bash", arguments={"command": "pwd; id -u; ls /root 2>&1 | head -1"}))
+        assert where.observation.split()[:2] == ["/testbed", "65534"]  # the sandbox's user, its own checkout
+        bad = env.step(Action(tool="str_replace", arguments={"path": "src/tinycalc/__init__.py", "old_str": "zzz",
+                                                             "new_str": "y"}))
+        assert bad.info["invalid_action"] and "occurs 0 times" in bad.observation
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def collected(tasks, tmp_path_factory):
+    """The scripted expert's episodes of the tasks, through `omrl collect`: (tasks file, store)."""
+    from omrl.tasks import write_tasks
+
+    folder = tmp_path_factory.mktemp("collect")
+    write_tasks(tasks, folder / "swe.jsonl")
+    result = CliRunner().invoke(cli, ["collect", "--env", "swe", "--tasks", str(folder / "swe.jsonl"), "--policy",
+                                      "scripted", "--store", str(folder / "s"), "--no-progress", "--concurrency", "2"])
+    assert result.exit_code == 0 and "success 100.0%" in result.output, result.output
+    return folder / "swe.jsonl", folder / "s"
+
+
+def test_collect_export_predictions_and_eval_them(tasks, collected, tmp_path):
+    tasks_file, store = collected
+    runner = CliRunner()
+    exported = runner.invoke(cli, ["export", str(store), "--out", str(tmp_path / "preds.jsonl"),
+                                   "--format", "swebench-predictions"])
+    assert exported.exit_code == 0, exported.output
+    predictions = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert sorted(p["instance_id"] for p in predictions) == sorted(t.id for t in tasks)
+    assert all(p["model_name_or_path"] == "scripted" and p["model_patch"].startswith("diff --git")
+               for p in predictions)
+    scored = runner.invoke(cli, ["eval", "--env", "swe", "--tasks", str(tasks_file), "--predictions",
+                                 str(tmp_path / "preds.jsonl")])
+    assert scored.exit_code == 0 and "resolved 3/3" in scored.output, scored.output
+    predictions[0]["model_patch"] = ""
+    (tmp_path / "worse.json").write_text(json.dumps(predictions))  # SWE-bench's JSON list form
+    worse = runner.invoke(cli, ["eval", "--env", "swe", "--tasks", str(tasks_file), "--predictions",
+                                str(tmp_path / "worse.json")])
+    assert worse.exit_code == 0 and "resolved 2/3" in worse.output, worse.output
+    refused = runner.invoke(cli, ["eval", "--env", "math", "--tasks", str(tasks_file), "--predictions",
+                                  str(tmp_path / "worse.json")])
+    assert refused.exit_code != 0 and "does not score predictions" in refused.output
+    rows = Store(store).read().to_pylist()
+    info = json.loads(rows[0]["turns"][-1]["info"])
+    assert info["resolved"] and info["fail_to_pass"].split("/")[0] == info["fail_to_pass"].split("/")[1]
+
+
+def test_a_task_without_its_fields_is_invalid(tasks):
+    env = make_env("swe")
+    broken = tasks[0].__class__(id="x", instruction="x", env="swe", payload={"sdist": tasks[0].payload["sdist"]})
+    with pytest.raises(InvalidTask, match="payload.bug_patch"):
+        env.reset(broken)
+    env.close()
+    with pytest.raises(InvalidTask, match="--package"):
+        generate_tasks("swe", n=2)
+
+
+def test_sft_runs_on_expert_swe_trajectories(collected, tmp_path):
+    """A smoke test: the tiny model trains on the scripted expert's SWE episodes end to end (no learning claim)."""
+    pytest.importorskip("trl")
+    from omrl.models import cached_tiny_model
+    from omrl.train.sft import SFTRecipe, train_sft
+
+    result = train_sft(SFTRecipe(model=str(cached_tiny_model()), store=str(collected[1]),
+                                 output_dir=str(tmp_path / "o"), batch_size=2, max_steps=1, logging_steps=1,
+                                 max_length=2048,  # the tiny model's whole context: SWE turns are long
+                                 quiet=True))
+    assert len(result.losses) == 1 and result.losses[0] > 0 and result.checkpoint.is_dir()
