@@ -32,7 +32,8 @@ def measure(env: str, tasks: list, policy: str, max_turns: int, concurrency: int
     episodes = asyncio.run(play_episodes([(t, 0) for t in tasks], None, make_policy(policy), settings,
                                          run_id=f"bench-{policy}"))
     wins = sum(bool(e.success) for e in episodes)
-    failed = [e.row["task_id"] for e in episodes if not e.success]
+    failed = [e.row["task_id"] + (f" ({e.status}: {e.row['error'][:160]})" if e.row["error"] else "")
+              for e in episodes if not e.success]
     return {"episodes": len(episodes), "successes": wins, "success_rate": wins / len(episodes),
             "statuses": dict(Counter(e.status for e in episodes)), "wall_s": round(time.monotonic() - started, 1),
             "not_solved": failed[:20]}

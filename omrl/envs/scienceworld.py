@@ -53,6 +53,8 @@ HOW = {"tool": "call the `act` tool with exactly one command",
 UNPARSED = ("No known action matches that input.", "Unknown action.")
 MAX_COMMAND_CHARS = 200  # one line of input; a longer reply is cut, never split into several commands
 START_TIMEOUT_S = 300.0  # the JVM's start: a few seconds on a quiet machine, much more under load
+# Making a gold path searches the task (mendelian genetics: over 2 minutes at a load of 40 on 2 cores).
+GOLD_TIMEOUT_S = 1200.0
 STEP_LIMIT = 1_000_000  # the simulator's own move limit is never what ends an episode here: max_turns is
 
 
@@ -212,7 +214,8 @@ class SciWorldEnv:
             raise UsageError(f"scienceworld task {task.id}: the payload needs task_name and an integer variation "
                              "(generate tasks with `omrl tasks generate scienceworld`)")
         self.engine.ensure()
-        first = self.engine.call("load", name, variation, str(payload.get("simplifications") or ""))
+        first = self.engine.call("load", name, variation, str(payload.get("simplifications") or ""),
+                                 timeout=START_TIMEOUT_S)
         self.score = 0  # the normalised score paid so far, in points (0-100)
         self.gold: list[str] | None = None
         self.gold_next = 0
@@ -242,7 +245,7 @@ class SciWorldEnv:
     def expert_action(self) -> Action:
         """The next command of the simulator's gold path (asked for on the first call)."""
         if self.gold is None:
-            self.gold = self.engine.call("gold_path")
+            self.gold = self.engine.call("gold_path", timeout=GOLD_TIMEOUT_S)
         command = self.gold[self.gold_next] if self.gold_next < len(self.gold) else "look around"
         self.gold_next += 1
         return self._as_action(command)
