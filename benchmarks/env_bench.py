@@ -54,6 +54,9 @@ class Bench:
     prepare: Callable[[list[Task]], None] | None = None  # untimed work before the clock starts
 
 
+SCIENCEWORLD_SHORT = "find-animal,find-living-thing,find-non-living-thing,find-plant"
+
+
 def _textworld_prepare(tasks: list[Task]) -> None:
     from omrl.envs.textworld import build_games
 
@@ -65,6 +68,11 @@ BENCHES: dict[str, Bench] = {
     "twx": Bench(lambda n: generate_tasks("twx", n, split="test")),
     "textworld": Bench(lambda n: generate_tasks("textworld", n, split="test"), max_tasks=4,
                        prepare=_textworld_prepare),
+    "bfcl": Bench(lambda n: generate_tasks("bfcl", n, split="multi_turn_base"), max_turns=32),
+    # The find-* tasks: gold paths of 5-10 steps, whose making (the expert's, untimed by the wrapper but in
+    # the wall time) is quick; other task types spend most of an episode's wall time making the gold path.
+    "scienceworld": Bench(lambda n: generate_tasks("scienceworld", n, split="test", tasks=SCIENCEWORLD_SHORT),
+                          max_turns=64, max_tasks=8),
 }
 
 

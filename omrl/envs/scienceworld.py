@@ -14,7 +14,8 @@ The variation lists come from the simulator once per scienceworld version and ar
 Observations are the simulator's text: the first one is the task description and what "look around"
 shows, the system prompt lists the action templates (open OBJ, move OBJ to OBJ, focus on OBJ, ...).
 The agent types one command per step through the `act` tool (or as plain text with
-`--env-option action_format=text`); a command the simulator cannot parse is an observation
+`--env-option action_format=text`; the act tool, command reading and stepping are the text games',
+omrl.envs.textgame); a command the simulator cannot parse is an observation
 ("No known action matches that input."), marked invalid in the step's info.
 
 Reward and success come from the simulator: its score (0-100, negative when the task failed) is
@@ -39,19 +40,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
+from omrl.envs import textgame
+from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.engine import EngineWorker
 from omrl.errors import UsageError
 
 ENGINE = "omrl.envs.scienceworld:SciWorldEngine"
-ACT_TOOL = tool_schema("act", "Type one command into the ScienceWorld simulator, e.g. 'open door to kitchen'.",
-                       {"command": {"type": "string", "description": "the command, as you would type it"}})
-INTRO = ("You are an agent in ScienceWorld, a text-based simulated world, solving a science task. Each turn, "
-         "{how}. Commands follow these templates (OBJ is an object you can see):\n{templates}")
-HOW = {"tool": "call the `act` tool with exactly one command",
-       "text": "reply with exactly one command and nothing else"}
+TEMPLATES = "ScienceWorld's commands follow these templates (OBJ is an object you can see):\n{templates}"
 UNPARSED = ("No known action matches that input.", "Unknown action.")
-MAX_COMMAND_CHARS = 200  # one line of input; a longer reply is cut, never split into several commands
 START_TIMEOUT_S = 300.0  # the JVM's start: a few seconds on a quiet machine, much more under load
 # Making a gold path searches the task (mendelian genetics: over 2 minutes at a load of 40 on 2 cores).
 GOLD_TIMEOUT_S = 1200.0
@@ -122,18 +118,12 @@ class SciWorldEngine:
         self.env.close()
 
 
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("scienceworld")
-
-
 @cache
 def variation_table() -> dict[str, dict[str, Any]]:
     """{task name: {"id", "train", "dev", "test"}} for the installed scienceworld, from the per-version cache
     (made by the simulator on first use)."""
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    path = home / "omrl" / "scienceworld" / _version() / "variations.json"
+    path = home / "omrl" / "scienceworld" / str(textgame.installed_version("scienceworld")) / "variations.json"
     if path.exists():
         return json.loads(path.read_text())
     engine = EngineWorker(ENGINE, name="scienceworld", start_timeout=START_TIMEOUT_S, call_timeout=600.0)
@@ -148,7 +138,7 @@ def variation_table() -> dict[str, dict[str, Any]]:
     return table
 
 
-class SciWorldEnv:
+class SciWorldEnv(textgame.CommandGame):
     """ScienceWorld: 30 science task types, its own train/dev/test variations, scored by the simulator."""
 
     name = "scienceworld"
@@ -186,7 +176,7 @@ class SciWorldEnv:
         if n > available:
             raise UsageError(f"scienceworld {split} has {available} variations of the chosen tasks, asked for {n}")
         out: list[Task] = []
-        version = _version()
+        version = textgame.installed_version("scienceworld")
         while len(out) < n:
             for name in order:
                 if pools[name] and len(out) < n:
@@ -199,13 +189,12 @@ class SciWorldEnv:
                                               "simplifications": simplifications, "scienceworld_version": version}))
         return out
 
+    fallback = "look around"  # the expert's command once its gold path is played out
+
     def __init__(self, action_format: str = "tool") -> None:
-        if action_format not in HOW:
-            raise UsageError(f"action_format must be 'tool' or 'text', got {action_format!r}")
-        self.action_format = action_format
+        super().__init__()
+        self.action_format = textgame.check_action_format(action_format)
         self.engine = EngineWorker(ENGINE, name="scienceworld", start_timeout=START_TIMEOUT_S, call_timeout=120.0)
-        self.done = True
-        self.random_steps = 0
 
     def reset(self, task: Task) -> Reset:
         payload = task.payload
@@ -218,23 +207,19 @@ class SciWorldEnv:
                                  timeout=START_TIMEOUT_S)
         self.score = 0  # the normalised score paid so far, in points (0-100)
         self.gold: list[str] | None = None
-        self.gold_next = 0
-        self.done = False
-        system = INTRO.format(how=HOW[self.action_format], templates=", ".join(first["templates"]))
+        self.commands, self.sent, self.done = [], [], False  # the simulator lists no admissible commands
+        system = textgame.system_prompt(self.action_format) + "\n" + TEMPLATES.format(
+            templates=", ".join(first["templates"]))
         observation = f"Task: {first['task'].strip()}\n\n{first['observation'].strip()}"
-        return Reset(observation=observation, tools=[ACT_TOOL] if self.action_format == "tool" else [],
-                     system_prompt=system)
+        return Reset(observation=observation, tools=textgame.tools_for(self.action_format), system_prompt=system)
 
-    def step(self, action: Action) -> StepResult:
-        if self.done:
-            return StepResult("The episode is over.", 0.0, True, {"invalid_action": True, "success": False})
-        command, problem = _read_command(action)
-        if command is None:
-            return StepResult(f"Invalid action: {problem}.", 0.0, False, {"invalid_action": True})
+    def play(self, command: str) -> StepResult:
+        """One command through the simulator: the score's growth as reward, the end on completion or failure."""
         result = self.engine.call("step", command)
         points = max(result["score"], 0)
         reward, self.score = (points - self.score) / 100.0, points
-        info: dict[str, Any] = {"command": command, "score": result["score"], "moves": result["moves"]}
+        info: dict[str, Any] = {"score": result["score"], "moves": result["moves"],
+                                "note": f"score {result['score']}"}
         if result["observation"].strip().startswith(UNPARSED):
             info["invalid_action"] = True
         if result["completed"] or result["score"] < 0:
@@ -242,36 +227,12 @@ class SciWorldEnv:
             info.update(success=result["completed"], completed=result["completed"], failed=result["score"] < 0)
         return StepResult(result["observation"].strip(), reward, self.done, info)
 
-    def expert_action(self) -> Action:
-        """The next command of the simulator's gold path (asked for on the first call)."""
+    def expert_path(self) -> list[str]:
+        """The simulator's gold path (asked for the first time the expert acts)."""
         if self.gold is None:
             self.gold = self.engine.call("gold_path", timeout=GOLD_TIMEOUT_S)
-        command = self.gold[self.gold_next] if self.gold_next < len(self.gold) else "look around"
-        self.gold_next += 1
-        return self._as_action(command)
+        return self.gold
 
     def random_action(self, rng: random.Random) -> Action:
-        return self._as_action(self.engine.call("random_command", rng.randrange(2 ** 31)))
-
-    def _as_action(self, command: str) -> Action:
-        return Action(tool="act", arguments={"command": command}) if self.action_format == "tool" \
-            else Action(text=command)
-
-    def close(self) -> None:
-        self.done = True
-        self.engine.close()
-
-
-def _read_command(action: Action) -> tuple[str | None, str | None]:
-    """(command, None), or (None, why the action holds no command): one line, single spaces, bounded."""
-    if action.tool is not None:
-        if action.tool != "act":
-            return None, f"unknown tool {action.tool!r}: the only tool is act(command)"
-        value = action.arguments.get("command") if isinstance(action.arguments, dict) else None
-        if not isinstance(value, str):
-            return None, "act needs a `command` string argument"
-        text = value
-    else:
-        text = next((line for line in (action.text or "").splitlines() if line.strip()), "")
-    command = " ".join(text.split())[:MAX_COMMAND_CHARS].strip().strip("`'\"").strip()
-    return (command, None) if command else (None, "the command is empty")
+        """A random action template filled with random objects (ScienceWorld lists no admissible commands)."""
+        return textgame.as_action(self.engine.call("random_command", rng.randrange(2 ** 31)), self.action_format)
