@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -81,7 +82,9 @@ def main() -> None:
                  "packages_with_tasks": sum(1 for v in report.values() if v.get("kept")),
                  "kept_tried_per_modifier": modifiers,
                  "seconds_per_validated_task": round(generation_s / max(1, len(tasks)), 1)}
-    sample = tasks[: args.sample]
+    step = max(1, len(tasks) // max(1, args.sample))
+    sample = tasks[::step][: args.sample]  # spread over the packages
+    print(json.dumps({"generation": out}), file=sys.stderr, flush=True)  # before the (long) episodes
     env = make_env("swe")
     fixed = empty = 0
     test_seconds = []
