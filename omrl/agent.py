@@ -10,7 +10,8 @@ Every environment call runs in a worker thread (`asyncio.to_thread`) because env
 Outcome of an episode (the `status` column):
 - ok: the environment said done. reward = sum of step rewards; success = info["success"] of the last
   step, or (when absent) last step reward >= 1.
-- truncated: max_turns reached first. reward = sum so far (a real outcome under the turn budget);
+- truncated: max_turns reached first, or the next prompt would not fit the model's context (the policy
+  raised ContextFull; `error` says so). reward = sum so far (a real outcome under the budget);
   success = False.
 - policy_error / env_error / timeout: something failed; `error` says what. reward and success are
   None: a failed episode is never scored, not even 0. The reward earned before the failure stays in
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omrl.envs.base import Action, Reset, StepResult
-from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
+from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.schema import group_id, is_failed, normalize_trajectory, replace_lone_surrogates, trajectory_id
 
 DEFAULT_SYSTEM_PROMPT = ("You are an agent solving a task step by step. Use the tools offered to act; "
@@ -212,6 +213,8 @@ async def _play_turn(env, policy, context, state, turn: int) -> bool:
     try:
         # A copy: a policy that keeps or edits the list must not change the record.
         reply = await policy.act([dict(m) for m in messages], state["tools"], context)
+    except ContextFull as exc:  # an outcome under the context budget, like max_turns; not a failure
+        raise _Stop("truncated", f"turn {turn}: {exc}") from exc
     except PolicyTimeout as exc:
         raise _Stop("timeout", f"turn {turn}: {_describe(exc)}") from exc
     except asyncio.TimeoutError as exc:

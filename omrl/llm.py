@@ -20,6 +20,13 @@ a failed variant; never a score):
 
 Every attempt passes through the transport, which counts it (`stats`, and `LLMError.attempts` per call).
 
+Load: the requests in flight adapt to what the endpoint sustains (omrl.endpoint): its stated slots
+(llama.cpp's /props) cap them, timeouts, 429 and 503 halve them, replies that waited in the server's queue
+lower them, good replies raise them again, never above `max_connections` (`adaptive=False`: always
+`max_connections`). A request waits for its turn here, off the wire, so a retry never joins the server's
+queue; a request given up on (timeout, cancelled episode) has its connection closed, which tells the server
+to stop. `server_info()` is what the endpoint said about itself (slots, context length), probed once.
+
 Connections: at most `max_connections` requests in flight. The transport holds a slot only while a request
 is on the wire (not while backing off) and the httpx pool has as many connections. Large limits are split
 over clients of at most POOL_SHARD connections, each call going to the least busy one: httpcore scans its
@@ -36,6 +43,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from omrl.endpoint import ServerInfo, Throttle, probe, vllm_waiting
 from omrl.errors import OmrlError, UsageError
 from omrl.redact import redact, remember_secret, remember_url
 
@@ -81,30 +89,36 @@ class LLMMalformed(LLMError):
     """The reply was not a chat completion."""
 
 
-def _problem(body: bytes) -> str | None:
-    """Why a 2xx chat-completions body is not a chat completion, or None when it is one."""
+def _read(body: bytes) -> tuple[str | None, float]:
+    """(why a 2xx chat-completions body is not a chat completion or None when it is one, its units of work:
+    completion tokens + prompt tokens / 16, from its usage or else its size)."""
     try:
         data = json.loads(body)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        return f"the reply is not JSON ({type(exc).__name__}: {exc}): {body[:200]!r}"
+        return f"the reply is not JSON ({type(exc).__name__}: {exc}): {body[:200]!r}", 0.0
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
-        return f"the reply has no choices: {body[:200]!r}"
+        return f"the reply has no choices: {body[:200]!r}", 0.0
     first = choices[0]
     if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
-        return f"the reply's first choice has no message: {body[:200]!r}"
-    return None
+        return f"the reply's first choice has no message: {body[:200]!r}", 0.0
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    if isinstance(completion, (int, float)) and completion >= 0:
+        return None, 1.0 + completion + (prompt / 16 if isinstance(prompt, (int, float)) and prompt > 0 else 0.0)
+    return None, 1.0 + len(body) / 4
 
 
 class _Transport(httpx.AsyncBaseTransport):
     """httpx's own transport, with a cap on requests in flight, a count of every attempt's outcome, and
     bodies that are not chat completions turned into retryable 502s."""
 
-    def __init__(self, limit: int, stats: Counter):
+    def __init__(self, limit: int, stats: Counter, throttle: Throttle):
         self._inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=limit,
                                                                    max_keepalive_connections=limit))
         self._slots = asyncio.Semaphore(limit)
         self._stats = stats
+        self._throttle = throttle  # shared by the client's shards: the endpoint's one limit
 
     def _count(self, kind: str | None) -> None:
         per_call = _attempts.get()
@@ -114,27 +128,41 @@ class _Transport(httpx.AsyncBaseTransport):
                 counter[kind] += 1
 
     async def handle_async_request(self, request):
-        async with self._slots:
-            try:
-                response = await self._inner.handle_async_request(request)
-            except httpx.TimeoutException:
-                self._count("timeout")
-                raise
-            except httpx.TransportError:
-                self._count("connection")
-                raise
-            if response.status_code >= 400:
-                self._count(f"http_{response.status_code}")
-                return response
-            if request.method == "POST" and request.url.path.endswith("/chat/completions"):
-                await response.aread()
-                problem = _problem(response.content)
-                if problem is not None:
-                    self._count("malformed")
-                    return httpx.Response(502, headers={MALFORMED: "1"}, request=request,
-                                          json={"error": {"message": problem, "type": "malformed_reply"}})
-            self._count(None)
+        if not (request.method == "POST" and request.url.path.endswith("/chat/completions")):
+            async with self._slots:
+                return await self._send(request, None)
+        async with self._throttle.slot() as ticket, self._slots:
+            return await self._send(request, ticket)
+
+    async def _send(self, request, ticket):
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx.TimeoutException:
+            self._count("timeout")
+            if ticket is not None:
+                ticket.done("timeout")
+            raise  # httpcore has closed the connection: the server sees the request given up
+        except httpx.TransportError:
+            self._count("connection")
+            if ticket is not None:
+                ticket.done("connection")
+            raise
+        if response.status_code >= 400:
+            self._count(f"http_{response.status_code}")
+            if ticket is not None:
+                ticket.done(f"http_{response.status_code}")
             return response
+        if ticket is not None:
+            await response.aread()
+            problem, units = _read(response.content)
+            if problem is not None:
+                self._count("malformed")
+                ticket.done("malformed")
+                return httpx.Response(502, headers={MALFORMED: "1"}, request=request,
+                                      json={"error": {"message": problem, "type": "malformed_reply"}})
+            ticket.done("ok", units)
+        self._count(None)
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -144,7 +172,7 @@ class LLMClient:
     """Chat completions from an OpenAI-compatible endpoint, with retries, timeouts and connection limits."""
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 60.0,
-                 max_retries: int = 2, max_connections: int = 64):
+                 max_retries: int = 2, max_connections: int = 64, adaptive: bool = True):
         if max_retries < 0:
             raise UsageError(f"max_retries must be at least 0, got {max_retries}")
         if max_connections < 1:
@@ -156,9 +184,13 @@ class LLMClient:
         self.timeout = timeout
         self.max_retries = max_retries
         self.max_connections = max_connections
+        self.adaptive = adaptive
         self.stats: Counter[str] = Counter()
         self._clients: dict[int, list[Any]] = {}  # event loop id -> openai clients
         self._busy: list[int] = []
+        self.throttle: Throttle | None = None  # the running (or last) loop's limit on requests in flight
+        self._server: ServerInfo | None = None
+        self._probes: dict[int, asyncio.Future] = {}
 
     def _clients_here(self) -> list[Any]:
         import openai
@@ -168,18 +200,36 @@ class LLMClient:
         if clients is None:
             shards = max(1, math.ceil(self.max_connections / POOL_SHARD))
             per_shard = math.ceil(self.max_connections / shards)
+            self.throttle = Throttle(self.max_connections, self._server, adaptive=self.adaptive,
+                                     on_busy_check=lambda: vllm_waiting(self.base_url, self.api_key))
             clients = [openai.AsyncOpenAI(
                 base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries,
-                http_client=openai.DefaultAsyncHttpxClient(transport=_Transport(per_shard, self.stats)))
+                http_client=openai.DefaultAsyncHttpxClient(transport=_Transport(per_shard, self.stats,
+                                                                                self.throttle)))
                 for _ in range(shards)]
             self._clients = {loop: clients}  # a finished loop's clients go with their pools
             self._busy = [0] * shards
         return clients
 
+    async def server_info(self) -> ServerInfo:
+        """What the endpoint says about itself (slots, context length; omrl.endpoint.probe), asked once."""
+        if self._server is None:
+            loop = asyncio.get_running_loop()
+            pending = self._probes.get(id(loop))
+            if pending is None or pending.get_loop() is not loop:
+                pending = self._probes[id(loop)] = loop.create_task(probe(self.base_url, self.api_key))
+            self._server = await pending
+            self._probes.clear()
+        return self._server
+
     async def chat(self, *, timeout: float | None = None, **request: Any) -> Any:
         """One chat completion (`request`: the arguments of `chat.completions.create`); raises LLMError."""
         import openai
 
+        if self.adaptive and self._server is None:
+            info = await self.server_info()
+            self._clients_here()
+            self.throttle.set_info(info)
         clients = self._clients_here()
         shard = min(range(len(clients)), key=self._busy.__getitem__)
         attempts: Counter[str] = Counter()

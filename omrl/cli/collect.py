@@ -70,6 +70,10 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--run", "run_id", default=None,
                      help="Run name; default derived from env, tasks file and policy, so re-runs resume."),
         click.option("--base-url", default=None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)."),
+        click.option("--context-length", default=None, type=click.IntRange(min=1),
+                     help="openai:MODEL: the model's context in tokens, for the prompt budget (default: what the "
+                          "server says, llama.cpp's /props or vLLM's /v1/models); a turn that would not fit ends "
+                          "the episode as truncated."),
         click.option("--server-tokens", default=None, type=click.Choice(["auto", "standard", "off"]),
                      help="openai:MODEL: ask the server for each completion's token ids and logprobs, stored in "
                           "turns: auto (default: logprobs, plus vLLM/SGLang token-id fields except on "
@@ -91,7 +95,8 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
-            limit: int | None, split: str | None, server_tokens: str | None = None):
+            limit: int | None, split: str | None, server_tokens: str | None = None,
+            context_length: int | None = None):
     """Tasks and policy from the CLI flags."""
     from omrl.policies import make_policy
     from omrl.tasks import load_tasks
@@ -105,9 +110,13 @@ def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | No
         raise click.ClickException(f"no tasks in {tasks_path}" + (f" for split {split!r}" if split else ""))
     options: dict[str, Any] = {}
     if policy_spec.startswith("openai:"):
-        options = {"base_url": base_url, "max_connections": max(concurrency, 16), "tokens": server_tokens}
+        options = {"base_url": base_url, "max_connections": max(concurrency, 16), "tokens": server_tokens,
+                   "context_length": context_length}
     elif base_url:
         raise click.BadParameter("--base-url only applies to openai:MODEL policies", param_hint="--base-url")
+    elif context_length:
+        raise click.BadParameter("--context-length only applies to openai:MODEL policies",
+                                 param_hint="--context-length")
     elif server_tokens:
         raise click.BadParameter("--server-tokens only applies to openai:MODEL policies", param_hint="--server-tokens")
     return tasks, make_policy(policy_spec, **options)
@@ -178,7 +187,7 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
                             args["concurrency"], args["limit"], args["split"],
-                            args["server_tokens"])
+                            args["server_tokens"], args["context_length"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
     result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,

@@ -25,6 +25,10 @@ class PolicyTimeout(PolicyError):
     """The policy did not reply within its time limit."""
 
 
+class ContextFull(PolicyError):
+    """The conversation no longer fits the model's context: the episode ends as `truncated`, with this reason."""
+
+
 @dataclass
 class PolicyReply:
     """One assistant turn. tool_calls are dicts {id, name, arguments (JSON text)}."""

@@ -19,6 +19,14 @@ logprobs (stored in turns), so data collected from a server trains without re-to
                                        fallback where a chat reply carries no choices[0].token_ids)
     (nothing more to ask)              llama.cpp server: logprobs.content[i].id
 
+Per turn, `max_tokens` is sent: the episode's (`--max-tokens`), else the policy's, else DEFAULT_MAX_TOKENS,
+so a model that does not stop cannot hold a slow server's slot until its context is full. Where the
+context length is known (`context_length`, `--context-length`, else what the server says: llama.cpp's
+/props, vLLM's /v1/models; omrl.endpoint), the prompt is budgeted: from the last reply's usage plus about
+CHARS_PER_TOKEN characters a token since, `max_tokens` is lowered to what is left, and a prompt that
+leaves less than MIN_REPLY_TOKENS raises ContextFull, as does a server's 400 saying the context is
+exceeded: the episode ends as `truncated` with that reason, not as a policy_error.
+
 The three extension fields are not sent to api.openai.com (which refuses unknown fields) nor with tokens="standard";
 tokens="off" asks for nothing. A server that returns no ids leaves completion_ids empty and the policy warns
 once (per policy object, so once per run).
@@ -26,17 +34,28 @@ once (per policy object, so once per run).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import warnings
 from typing import Any
-from urllib.parse import urlparse
 
+from omrl.endpoint import is_openai_com
 from omrl.errors import UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
-from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
+from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
 from omrl.redact import display_url
+
+DEFAULT_MAX_TOKENS = 1024  # per turn, when neither the episode nor the policy sets one
+MIN_REPLY_TOKENS = 16  # a prompt leaving less of the context than this ends the episode as truncated
+CHARS_PER_TOKEN = 3.0  # prompt estimate for text the server has not counted yet (conservative)
+_USAGE = "omrl.openai.usage"  # context.scratch: (messages the server counted, their tokens)
+# How servers say a prompt is past the context: vLLM, OpenAI, llama.cpp, SGLang, TGI.
+_CONTEXT_EXCEEDED = re.compile(r"maximum context length|context_length_exceeded|exceed_context_size|"
+                               r"exceeds the available context size|context window|longer than the model|"
+                               r"input validation error: .*tokens", re.IGNORECASE)
 
 
 class OpenAIPolicy:
@@ -46,7 +65,7 @@ class OpenAIPolicy:
                  timeout: float = 120.0, retries: int = 4, max_tokens: int | None = None,
                  max_connections: int = 256, logprobs: bool = False, native_tools: bool = True,
                  extra_body: dict[str, Any] | None = None, backoff: float | None = None,
-                 max_backoff: float | None = None, tokens: str = "auto"):
+                 max_backoff: float | None = None, tokens: str = "auto", context_length: int | None = None):
         # backoff, max_backoff: accepted and ignored, for call sites written before the one client; the
         # schedule is the openai client's own (omrl/llm.py).
         if not model:
@@ -61,7 +80,10 @@ class OpenAIPolicy:
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.timeout = timeout
         self.retries = retries
-        self.max_tokens = max_tokens
+        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens  # 0: none sent
+        if context_length is not None and context_length < 1:
+            raise UsageError(f"openai policy context_length must be at least 1, got {context_length}")
+        self.context_length = context_length
         self.max_connections = max_connections
         self.logprobs = logprobs  # ask for logprobs also with tokens="off" (the option's older meaning)
         self.tokens = tokens
@@ -72,8 +94,22 @@ class OpenAIPolicy:
                                 max_connections=max_connections)
         self.stats = self.client.stats  # calls, requests, retries, http_error, and attempts by outcome
 
+    async def _max_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                          context: EpisodeContext) -> int | None:
+        """This turn's completion limit within the context budget; raises ContextFull when none is left."""
+        wanted = context.max_tokens or self.max_tokens or None
+        limit = self.context_length or (await self.client.server_info()).context_length
+        if not limit:
+            return wanted
+        used = prompt_estimate(messages, tools, context.scratch.get(_USAGE))
+        room = limit - used - used // 10  # a tenth kept free: an estimate, and chat templates add tokens
+        if room < MIN_REPLY_TOKENS:
+            raise ContextFull(f"{self.model}: the conversation (about {used} tokens) leaves {max(room, 0)} of the "
+                              f"model's {limit}-token context for a reply")
+        return min(wanted, room) if wanted else room
+
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                 context: EpisodeContext) -> dict[str, Any]:
+                 context: EpisodeContext, max_tokens: int | None = None) -> dict[str, Any]:
         # Messages and tools travel in extra_body: the client's per-request type transform walks every
         # message of the growing conversation (milliseconds of CPU per call at long contexts) and has
         # nothing to change in plain chat dicts. The JSON sent is the same.
@@ -81,7 +117,6 @@ class OpenAIPolicy:
         request: dict[str, Any] = {"model": self.model, "messages": [], "temperature": context.temperature}
         if tools and self.native_tools:
             body["tools"] = tools
-        max_tokens = context.max_tokens or self.max_tokens
         if max_tokens:
             request["max_tokens"] = max_tokens
         if context.seed is not None:
@@ -97,20 +132,26 @@ class OpenAIPolicy:
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                   context: EpisodeContext) -> PolicyReply:
-        request = self._request(messages, tools, context)
+        request = self._request(messages, tools, context, await self._max_tokens(messages, tools, context))
         timeout = getattr(context, "model_call_timeout", None) or self.timeout
         try:
             response = await self.client.chat(**request, timeout=timeout)
         except LLMTimeout as exc:
             raise PolicyTimeout(f"{self.model}: no reply within {timeout}s ({exc.attempts} attempts)") from None
         except LLMStatusError as exc:
+            if exc.status in (400, 413, 422) and _CONTEXT_EXCEEDED.search(str(exc)):
+                raise ContextFull(f"{self.model}: the server says the prompt is past the model's context: "
+                                  f"{exc}") from None
             if not exc.retried:
                 self.stats["http_error"] += 1
                 raise PolicyError(f"{self.model}: {exc}") from None
             raise PolicyError(f"{self.model}: failed after {exc.attempts} attempts: {exc}") from None
         except LLMError as exc:
             raise PolicyError(f"{self.model}: failed after {exc.attempts} attempts: {exc}") from None
-        return self._reply(response, tools)
+        reply = self._reply(response, tools)
+        if reply.prompt_tokens is not None:  # what the server counted, for the next turn's budget
+            context.scratch[_USAGE] = (len(messages) + 1, reply.prompt_tokens + (reply.completion_tokens or 0))
+        return reply
 
     def _reply(self, response: Any, tools: list[dict[str, Any]]) -> PolicyReply:
         choice = response.choices[0]  # the client raised LLMMalformed for a reply without choices
@@ -161,10 +202,19 @@ _TOKEN_ID_PREFIX = "token_id:"
 
 def _is_openai_com(base_url: str | None) -> bool:
     """api.openai.com (also the client's default when no base URL is set) refuses unknown request fields."""
-    if not base_url:
-        return True
-    host = urlparse(base_url).hostname or ""
-    return host == "openai.com" or host.endswith(".openai.com")
+    return is_openai_com(base_url)
+
+
+def prompt_estimate(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                    counted: tuple[int, int] | None = None) -> int:
+    """Tokens of a prompt: what the server counted for the first `counted[0]` messages (their `counted[1]`
+    tokens), plus about CHARS_PER_TOKEN characters a token (and 4 a message) for the rest, tools included."""
+    start, known = counted if counted and counted[0] <= len(messages) else (0, 0)
+    rest = messages[start:]
+    chars = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in rest)
+    if not start and tools:
+        chars += len(json.dumps(tools, ensure_ascii=False))
+    return known + int(chars / CHARS_PER_TOKEN) + 4 * len(rest)
 
 
 def _extra(obj: Any) -> dict[str, Any]:

@@ -176,8 +176,8 @@ class FakeOpenAIServer:
                     self.wfile.write(body)
 
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
-                    body = {"object": "list", "data": [{"id": server.model, "object": "model"}]}
+                body = server.get_body(self.path)
+                if body is not None:
                     self._send(200, json.dumps(body).encode())
                 else:
                     self._send(404, b'{"error": {"message": "not found"}}')
@@ -209,9 +209,19 @@ class FakeOpenAIServer:
                 elif "raw" in reply:
                     self._send(200, str(reply["raw"]).encode())
                 else:
-                    self._send(200, json.dumps(server.completion_body(request, reply)).encode())
+                    server.respond(self, request, reply)
 
         return Handler
+
+    def get_body(self, path: str) -> dict[str, Any] | None:
+        """The JSON a GET of `path` answers, or None for a 404 (subclasses serve more)."""
+        if path.rstrip("/").endswith("/models"):
+            return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        return None
+
+    def respond(self, handler: Any, request: dict[str, Any], reply: Reply) -> None:
+        """Send a normal reply's completion (subclasses model generation time here)."""
+        handler._send(200, json.dumps(self.completion_body(request, reply)).encode())
 
 
 TOKEN_STYLES = ("vllm", "vllm-0.9", "llamacpp", "sglang")
