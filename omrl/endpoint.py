@@ -17,13 +17,16 @@ The limit (`Throttle.limit`) starts at the stated slots, else at START, and move
   and a retry then waits here for a slot instead of joining the server's queue;
 - a reply that waited in the server's queue lowers it in proportion. Where the server does not say
   (vLLM's waiting count is the better signal, and llama.cpp's slots cap the limit already), a reply that
-  overlapped another request counts as queued when it took more than QUEUED times the best time per unit
-  of work seen lately (units = completion tokens + prompt tokens / 16; QUEUE_SLACK_S of noise allowed):
-  a one-slot server serves requests in turn, so with two in flight each takes about twice as long as
-  alone, while a batching server keeps its time per token. The limit is then multiplied by QUEUED / that
-  ratio (about 1.5 requests in flight on one slot, each waiting at most one other's time);
-- a reply within GROW_BELOW times the best (or any good reply where the server says what it has), when
-  the whole limit was in use, raises it by its square root (fast while far
+  overlapped another request counts as queued when it took more than QUEUED times its service time
+  (QUEUE_SLACK_S of noise allowed). The service time of a reply of u units of work (completion tokens +
+  prompt tokens / 16) is read off the lower envelope of the (units, latency) points of the last WINDOW
+  replies: the fastest the server has been for work of that size, a fixed cost per request included. A
+  one-slot server serves requests in turn, so with two in flight each takes about twice its service time,
+  while a batching server keeps to its envelope. The limit is then multiplied by QUEUED / that ratio
+  (about 1.5 requests in flight on one slot, each waiting at most one other's time). A reply slower than
+  waiting behind every other request of ours explains (a busy machine, other clients) is no signal;
+- a reply within GROW_BELOW times its service time (or any good reply where the server says what it
+  has), when the whole limit was in use, raises it by its square root (fast while far
   below the ceiling), never above `ceiling` (the caller's max_connections) nor the stated slots.
 Requests waiting for a slot here are not on the wire: their time does not count towards the timeout.
 """
@@ -42,11 +45,11 @@ from urllib.parse import urlparse
 
 START = 1  # requests in flight before the first reply shows what the server sustains (its time alone)
 COOL_S = 1.0  # at most one halving per this long: a burst of timeouts is one signal
-QUEUED = 1.5  # a reply that took this many times the best time per unit (plus the slack) waited in a queue
+QUEUED = 1.5  # a reply that took this many times its service time (plus the slack) waited in a queue
 GROW_BELOW = 1.2  # ... and one that took at most this many times shows room for more (between: hold)
 QUEUE_SLACK_S = 0.05  # latency noise (HTTP, scheduling) allowed before a reply counts as queued
 POLL_S = 2.0  # vLLM's /metrics at most this often
-WINDOW = 64  # replies the best time per unit is taken over
+WINDOW = 64  # replies the service envelope is drawn over
 _WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 
 
@@ -133,13 +136,36 @@ async def vllm_waiting(base_url: str, api_key: str | None, timeout: float = 2.0)
     return int(sum(float(v) for v in found)) if found else None
 
 
+def service_time(points: Any, units: float) -> float:
+    """The lower envelope of (units, latency) points at `units`: the fastest the server has served that much
+    work (its lower convex hull, extended along its end segments; through the origin for a single point)."""
+    hull: list[tuple[float, float]] = []
+    for point in sorted(set(points)):
+        if hull and point[0] == hull[-1][0]:
+            continue  # the same size again: the faster one came first in sorted order
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], point) <= 0:
+            hull.pop()
+        hull.append(point)
+    if len(hull) == 1:
+        return hull[0][1] * units / hull[0][0] if hull[0][0] > 0 else hull[0][1]
+    segment = next((i for i in range(1, len(hull)) if units <= hull[i][0]), len(hull) - 1)
+    left, right = hull[segment - 1], hull[segment]  # the segment holding `units`, or an end one beyond
+    slope = (right[1] - left[1]) / (right[0] - left[0])
+    return max(1e-6, left[1] + max(0.0, slope) * (units - left[0]))
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
 class Ticket:
     """One request's slot; `overlapped`: another request was in flight at some moment of its life."""
 
-    def __init__(self, throttle: Throttle):
+    def __init__(self, throttle: Throttle, peers: int):
         self.throttle = throttle
         self.started = time.monotonic()
         self.overlapped = False
+        self.peers = peers  # the most other requests in flight at any moment of its life
 
     def done(self, outcome: str, units: float | None = None) -> None:
         """Report how the request went: "ok" (with its units of work), "timeout", "http_<status>", ..."""
@@ -157,7 +183,7 @@ class Throttle:
         self.limit = float(self._cap() if self.info.slots else min(self._cap(), START)) if adaptive \
             else float(self.ceiling)
         self.in_flight: set[Ticket] = set()
-        self.samples: deque[float] = deque(maxlen=WINDOW)  # seconds per unit of recent replies
+        self.samples: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (units, latency) of recent replies
         self.last_cut = -COOL_S
         self.cuts = 0  # halvings (timeouts, 429, 503, vLLM's queue)
         self.queued = 0  # replies that showed they had waited in the server's queue
@@ -187,12 +213,13 @@ class Throttle:
             self._changed = asyncio.Condition()
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.in_flight) < self.allowed)
-            ticket = Ticket(self)
+            ticket = Ticket(self, len(self.in_flight))
             self.in_flight.add(ticket)
             self.peak = max(self.peak, len(self.in_flight))
             if len(self.in_flight) > 1:
                 for other in self.in_flight:
                     other.overlapped = True
+                    other.peers = max(other.peers, len(self.in_flight) - 1)
         try:
             yield ticket
         finally:
@@ -219,10 +246,12 @@ class Throttle:
         if outcome != "ok":
             return
         if units and units > 0:
-            best = min(self.samples) if self.samples else latency / units
-            self.samples.append(latency / units)
-            ratio = max(0.0, latency - QUEUE_SLACK_S) / (best * units) if best > 0 else 0.0
+            service = service_time(self.samples, units) if self.samples else latency
+            self.samples.append((units, latency))
+            ratio = max(0.0, latency - QUEUE_SLACK_S) / service if service > 0 else 0.0
             if self.info.kind is None and ticket.overlapped:
+                if ratio > ticket.peers + 1:
+                    return  # slower than waiting behind all of ours explains (a busy machine): no signal
                 if ratio > QUEUED:
                     self.limit = max(1.0, self.limit * QUEUED / ratio)  # it waited behind others: fewer at once
                     self.queued += 1
