@@ -1,5 +1,5 @@
 """Collection against a slow one-slot server: `omrl collect` on its defaults against the same run at
-`--concurrency 1`. Prints one JSON line.
+`--concurrency 1`, both at once, each against its own server. Prints one JSON line.
 
     python benchmarks/slow_server.py              # 10 tasks x 2 samples, 3 turns; about 3 minutes
     python benchmarks/slow_server.py --quick      # 4 tasks x 2 samples
@@ -71,20 +71,23 @@ def serve(tokens_per_s: float, ready) -> None:
             return
 
 
-def collect_run(base_url: str, work: Path, name: str, tasks: int, extra: list[str]) -> dict:
-    store = work / name
+def start_collect(base_url: str, work: Path, name: str, tasks: int, extra: list[str]) -> tuple:
     argv = [sys.executable, "-m", "omrl", "collect", "--env", "math", "--tasks", "shipped:math_arith",
             "--limit", str(tasks), "-n", "2", "--max-turns", "3", "--policy", "openai:small-gguf",
-            "--base-url", base_url, "--store", str(store), "--no-progress", *extra]
+            "--base-url", base_url, "--store", str(work / name), "--no-progress", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "EMPTY"}
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return process, time.monotonic()
+
+
+def finish_collect(process: subprocess.Popen, started: float, work: Path, name: str) -> dict:
+    stdout, stderr = process.communicate(timeout=3600)
     wall = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{done.stdout}\n{done.stderr[-2000:]}")
+    if process.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{stdout}\n{stderr[-2000:]}")
     from omrl.store import Store
 
-    rows = Store(store).read("trajectories", ["status"]).to_pylist()
+    rows = Store(work / name).read("trajectories", ["status"]).to_pylist()
     statuses: dict[str, int] = {}
     for row in rows:
         statuses[row["status"]] = statuses.get(row["status"], 0) + 1
@@ -100,22 +103,29 @@ def main() -> None:
     args = parser.parse_args()
     tasks, speed = (4, args.tokens_per_s * 2) if args.quick else (args.tasks, args.tokens_per_s)
 
-    runs, servers = {}, {}
+    # Both runs at once, each against its own one-slot server: the machine's load falls on both alike.
+    runs, servers, started = {}, {}, {}
+    pipes, processes = {}, []
     with tempfile.TemporaryDirectory(prefix="omrl-slow-") as tmp:
-        for name, extra in (("defaults", []), ("concurrency_1", ["--concurrency", "1"])):
-            ours, theirs = multiprocessing.Pipe()
-            process = multiprocessing.Process(target=serve, args=(speed, theirs), daemon=True)
-            process.start()
-            base_url = ours.recv()
-            try:
-                runs[name] = collect_run(base_url, Path(tmp), name, tasks, extra)
-                ours.send("stats")
-                servers[name] = ours.recv()
-            finally:
-                ours.send("stop")
-                process.join(timeout=10)
-                if process.is_alive():
-                    process.kill()
+        try:
+            for name, extra in (("defaults", []), ("concurrency_1", ["--concurrency", "1"])):
+                ours, theirs = multiprocessing.Pipe()
+                server = multiprocessing.Process(target=serve, args=(speed, theirs), daemon=True)
+                server.start()
+                processes.append(server)
+                pipes[name] = ours
+                started[name] = start_collect(ours.recv(), Path(tmp), name, tasks, extra)
+            for name, (process, began) in started.items():
+                runs[name] = finish_collect(process, began, Path(tmp), name)
+                pipes[name].send("stats")
+                servers[name] = pipes[name].recv()
+        finally:
+            for pipe in pipes.values():
+                pipe.send("stop")
+            for server in processes:
+                server.join(timeout=10)
+                if server.is_alive():
+                    server.kill()
     default = runs["defaults"]
     ok = default["episodes"] - default["statuses"].get("timeout", 0)
     print(json.dumps({

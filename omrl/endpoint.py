@@ -21,9 +21,10 @@ The limit (`Throttle.limit`) starts at the stated slots, else at START, and move
   (QUEUE_SLACK_S of noise allowed). The service time of a reply of u units of work (completion tokens +
   prompt tokens / 16) is read off the lower envelope of the (units, latency) points of the last WINDOW
   replies: the fastest the server has been for work of that size, a fixed cost per request included. A
-  one-slot server serves requests in turn, so with two in flight each takes about twice its service time,
-  while a batching server keeps to its envelope. The limit is then multiplied by QUEUED / that ratio
-  (about 1.5 requests in flight on one slot, each waiting at most one other's time). A reply slower than
+  one-slot server serves requests in turn, so with three in flight the last waits two others' time, while
+  a batching server keeps to its envelope. The limit is then multiplied by QUEUED / that ratio: on one
+  slot about two requests stay in flight, the next one queued while one is served, so the server never
+  idles and none waits more than one other's time. A reply slower than
   waiting behind every other request of ours explains (a busy machine, other clients) is no signal;
 - a reply within GROW_BELOW times its service time (or any good reply where the server says what it
   has), when the whole limit was in use, raises it by its square root (fast while far
@@ -45,7 +46,7 @@ from urllib.parse import urlparse
 
 START = 1  # requests in flight before the first reply shows what the server sustains (its time alone)
 COOL_S = 1.0  # at most one halving per this long: a burst of timeouts is one signal
-QUEUED = 1.5  # a reply that took this many times its service time (plus the slack) waited in a queue
+QUEUED = 2.0  # a reply that took more than this many times its service time (plus the slack) waited too long
 GROW_BELOW = 1.2  # ... and one that took at most this many times shows room for more (between: hold)
 QUEUE_SLACK_S = 0.05  # latency noise (HTTP, scheduling) allowed before a reply counts as queued
 POLL_S = 2.0  # vLLM's /metrics at most this often

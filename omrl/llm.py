@@ -192,6 +192,12 @@ class LLMClient:
         self._server: ServerInfo | None = None
         self._probes: dict[int, asyncio.Future] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy sent to another process (a Ray worker) opens its own clients and limit there, on first use.
+        state = dict(self.__dict__)
+        state.update(_clients={}, _busy=[], throttle=None, _probes={})
+        return state
+
     def _clients_here(self) -> list[Any]:
         import openai
 

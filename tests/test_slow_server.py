@@ -180,3 +180,13 @@ def test_a_server_refusing_a_long_prompt_ends_the_episode_as_truncated(tmp_path:
     assert out.exit_code == 0, out.output
     (row,) = Store(tmp_path / "cli").read().to_pylist()
     assert row["status"] == "truncated" and "600-token context" in row["error"]
+
+
+def test_a_used_policy_still_pickles_for_ray_workers():
+    import pickle
+
+    with FakeOpenAIServer(default={"content": "hi"}) as server:
+        policy = OpenAIPolicy("m", base_url=server.base_url)
+        _calls(policy.client, 2)
+        copy = pickle.loads(pickle.dumps(policy))  # the limit and clients stay behind; the copy makes its own
+        assert [r.choices[0].message.content for r in _calls(copy.client, 2)] == ["hi", "hi"]
