@@ -202,6 +202,6 @@ def test_dotted_paths_reach_nested_fields_and_query_id_is_guessed(tmp_path):
 def test_an_unknown_env_is_refused_at_import(tmp_path):
     src = tmp_path / "t.jsonl"
     src.write_text(json.dumps({"id": "a", "question": "q"}) + "\n")
-    with pytest.raises(TaskError, match="unknown environment 'maht'; built in: .*math"):
+    with pytest.raises(TaskError, match="unknown environment 'maht'; known: .*math"):
         import_tasks(src, env="maht")
     assert import_tasks(src, env="my_pkg.envs:MyEnv").to_pylist()[0]["env"] == "my_pkg.envs:MyEnv"
