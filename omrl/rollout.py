@@ -41,6 +41,7 @@ from omrl.schema import is_failed, trajectory_id
 from omrl.store import Store
 
 EnvFactory = Callable[[], Any]
+DEFAULT_MAX_TURNS = 16  # for environments that declare no `default_max_turns` of their own
 
 
 
@@ -56,8 +57,9 @@ class RolloutSettings:
         "help": "environment name (see `omrl envs`) or package.module:ClassName", "flag": "--env"})
     env_options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the environment's constructor", "flag": "--env-option"})
-    max_turns: int = field(default=16, metadata={
-        "help": "assistant turns before the episode is truncated", "flag": "--max-turns"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "assistant turns before the episode is truncated (unset: the environment's own "
+                f"`default_max_turns`, else {DEFAULT_MAX_TURNS})", "flag": "--max-turns"})
     max_new_tokens: int | None = field(default=None, metadata={
         "help": "completion token limit per turn (unset: the policy's own)", "flag": "--max-tokens",
         "aliases": ("--max-new-tokens",)})
@@ -277,7 +279,7 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
       closed when it ends. An instance whose episode failed (env_error, timeout) is closed, not reused.
     Returns the episodes in job order (an empty list with keep=False, for long runs that stream).
     """
-    if settings.max_turns < 1 or settings.concurrency < 1:
+    if (settings.max_turns is not None and settings.max_turns < 1) or settings.concurrency < 1:
         raise UsageError("max_turns and concurrency must be at least 1")
     make = make_env if make_env is not None else env_factory(settings.env, settings.env_options)
     own_pool = pool is None
@@ -291,7 +293,7 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
         episode = None
         try:
             episode = await run_episode(
-                env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=settings.max_turns,
+                env, task, policy, run_id=run_id, round=round, sample=sample, max_turns=turn_budget(settings, env),
                 temperature=settings.temperature, seed=episode_seed(settings.seed, task.id, sample),
                 max_tokens=settings.max_new_tokens, model_call_timeout=settings.model_call_timeout,
                 turn_timeout=settings.turn_timeout, episode_timeout=settings.episode_timeout, source=source,
@@ -326,6 +328,15 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
         if own_pool:
             await asyncio.shield(envs.close())
     return episodes  # type: ignore[return-value]
+
+
+def turn_budget(settings: RolloutSettings, env: Any) -> int:
+    """`settings.max_turns`, or when unset the environment's `default_max_turns` (a game that needs 60
+    moves says so), else DEFAULT_MAX_TURNS."""
+    if settings.max_turns is not None:
+        return settings.max_turns
+    declared = getattr(env, "default_max_turns", None)
+    return declared if isinstance(declared, int) and declared >= 1 else DEFAULT_MAX_TURNS
 
 
 class EnvPool:
@@ -429,7 +440,7 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     factory and policy are pickled to each worker, rows come back here and are appended the same way.
     """
     settings = _settings(settings, env_spec, knobs)
-    if samples < 1 or settings.concurrency < 1 or settings.max_turns < 1:
+    if samples < 1 or settings.concurrency < 1 or (settings.max_turns is not None and settings.max_turns < 1):
         raise UsageError("samples, concurrency and max_turns must be at least 1")
     if flush_seconds <= 0:  # the flush timer would spin on sleep(0)
         raise UsageError(f"flush_seconds must be positive, got {flush_seconds}")

@@ -324,3 +324,22 @@ def test_collect_reuses_its_probe_of_a_reusable_environment(tmp_path):
                                  progress=False))
     assert result.statuses["ok"] == 4
     assert ledger.count("made") == ledger.count("closed") == 1  # the probe played all four episodes
+
+
+class LongGameEnv(CountEnv):
+    """Needs more than the generic 16 turns, and says so."""
+
+    default_max_turns = 30
+
+
+def test_an_environment_declares_its_own_turn_budget_and_max_turns_overrides_it():
+    tasks = count_tasks(1, target=20)
+    policy = make_policy("scripted")
+
+    def play(settings):
+        return asyncio.run(play_episodes([(tasks[0], 0)], LongGameEnv, policy, settings, run_id="r"))[0]
+
+    assert play(RolloutSettings()).status == "ok"  # 20 moves fit the env's 30
+    assert play(RolloutSettings(max_turns=10)).status == "truncated"
+    assert asyncio.run(play_episodes([(tasks[0], 0)], CountEnv, policy, RolloutSettings(), run_id="r"))[0].status \
+        == "truncated"  # no declared budget: 16

@@ -34,6 +34,8 @@ Optional parts of the contract, looked up on the class (omrl.envs reads them; no
   (the pip extra or the system package it lacks), or None; `make_env` refuses with that line.
 - `reusable = True`: `reset` restores a fresh state, so one instance may play many episodes in turn
   (slow engines: JVMs, browsers). The episode runner then pools instances and closes one that failed.
+- `default_max_turns`: the turn budget an episode gets when the user sets none (a text game needs more
+  moves than a one-shot tool task); omrl.rollout.turn_budget reads it.
 - `resource_limits() -> str | None` (a classmethod): the resource limits in force on this host, shown by `omrl envs`.
 """
 

@@ -142,6 +142,7 @@ class SciWorldEnv(textgame.CommandGame):
     """ScienceWorld: 30 science task types, its own train/dev/test variations, scored by the simulator."""
 
     name = "scienceworld"
+    default_max_turns = 200  # gold paths run up to ~180 steps
     splits = ("train", "dev", "test")  # ScienceWorld's own variation splits, per task type
     reusable = True  # one JVM plays episode after episode
 

@@ -278,6 +278,7 @@ class TextWorldEnv(textgame.CommandGame):
     """TextWorld text adventures (cooking or custom quests), generated locally; act(command)."""
 
     name = "textworld"
+    default_max_turns = DEFAULT_MAX_STEPS + 10  # the game's own move limit ends it first
     splits = SPLITS
     reusable = True  # one engine process per instance, kept across episodes
 

@@ -133,6 +133,7 @@ class TwxEnv(textgame.CommandGame):
     """TextWorldExpress games (CookingWorld, Coin, TWC, MapReader...): game text, valid actions, act(command)."""
 
     name = "twx"
+    default_max_turns = DEFAULT_STEP_LIMIT + 10  # the game's own step limit ends it first
     splits = ("train", "dev", "test")  # TextWorldExpress's own seed folds
     reusable = True  # one JVM per instance, kept across episodes
 

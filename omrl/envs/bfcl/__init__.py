@@ -86,6 +86,7 @@ class BfclEnv:
     """BFCL multi-turn function calling: stateful APIs, per-turn state and response checks by bfcl-eval."""
 
     name = "bfcl"
+    default_max_turns = 100  # BFCL allows 20 replies with calls per user turn; entries have up to ~5 turns
     splits = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
     reusable = True  # one engine process serves episode after episode
 
