@@ -11,6 +11,7 @@ import ast
 import difflib
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,7 @@ def candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[Candida
             module = ast.parse(original)
         except SyntaxError:
             continue
+        source = _Source(original)
         for function in ast.walk(module):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -166,33 +168,58 @@ def candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[Candida
                 changes = list(modifier(function))
                 rng.shuffle(changes)
                 for node, replacement in changes[:per_function]:
-                    buggy = _replace(original, node, replacement)
+                    buggy = source.replace(node, replacement, function)
                     if buggy is not None and buggy != original:
                         found.append(Candidate(relative, function.name, name, buggy, original))
     rng.shuffle(found)
     return found
 
 
-def _replace(text: str, node: ast.AST, replacement: str) -> str | None:
-    """text with node's characters replaced (a statement keeps its indentation); None if the result breaks."""
-    lines = text.splitlines(keepends=True)
-    if getattr(node, "end_lineno", None) is None:
-        return None
-    offsets = [0]
-    for line in lines:
-        offsets.append(offsets[-1] + len(line.encode("utf-8")))
-    data = text.encode("utf-8")
-    start = offsets[node.lineno - 1] + node.col_offset
-    end = offsets[node.end_lineno - 1] + node.end_col_offset
-    segment = data[start:end].decode("utf-8", errors="replace")
-    if "\n" in replacement or ("\n" in segment and isinstance(node, ast.expr)):
-        replacement = f"({replacement})"
-    changed = (data[:start] + replacement.encode("utf-8") + data[end:]).decode("utf-8", errors="replace")
+# Line breaks str.splitlines knows but Python's tokenizer does not (besides \r\n and \n): with one of them in a
+# file, its AST line numbers and these offsets disagree, so a change is checked by parsing the whole file.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+class _Source:
+    """One file's text, its UTF-8 bytes and line offsets, computed once for all the changes proposed in it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.data = text.encode("utf-8")
+        self.offsets = [0]
+        for line in text.splitlines(keepends=True):
+            self.offsets.append(self.offsets[-1] + len(line.encode("utf-8")))
+        self.local_check = _OTHER_BREAKS.search(text.replace("\r\n", "\n")) is None
+
+    def replace(self, node: ast.AST, replacement: str, function: ast.AST) -> str | None:
+        """The text with node's characters replaced (a statement keeps its indentation); None if the result
+        breaks. Only `function` (node's function) is parsed again, unless that says the change breaks it: a
+        function's text parses alone as it does in its file, the rest of the file being unchanged."""
+        if getattr(node, "end_lineno", None) is None:
+            return None
+        start = self.offsets[node.lineno - 1] + node.col_offset
+        end = self.offsets[node.end_lineno - 1] + node.end_col_offset
+        segment = self.data[start:end].decode("utf-8", errors="replace")
+        if "\n" in replacement or ("\n" in segment and isinstance(node, ast.expr)):
+            replacement = f"({replacement})"
+        new = replacement.encode("utf-8")
+        changed = self.data[:start] + new + self.data[end:]
+        first = min([function.lineno] + [d.lineno for d in function.decorator_list])
+        low, high = self.offsets[first - 1], self.offsets[function.end_lineno]
+        if self.local_check and low <= start <= end <= high:
+            text = changed[low:high + len(new) - (end - start)].decode("utf-8", errors="replace")
+            if _parses(text if function.col_offset == 0 else "if 1:\n" + text):
+                return changed.decode("utf-8", errors="replace")
+        text = changed.decode("utf-8", errors="replace")
+        return text if _parses(text) else None
+
+
+def _parses(text: str) -> bool:
     try:
-        ast.parse(changed)
+        ast.parse(text)
     except SyntaxError:
-        return None
-    return changed
+        return False
+    return True
 
 
 def problem_statement(package: str, failing: list[str], output: str) -> str:

@@ -49,7 +49,9 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
         raise InvalidTask(f"{package.key}: its tests do not run here (baseline: {len(baseline['passed'])} passed"
                           f"{', timed out' if baseline['timed_out'] else ''}); pick another package or version")
     passed = set(baseline["passed"])
+    searched = time.monotonic()
     candidates = bugs.candidates(package.source, seed=seed)
+    report["candidates"], report["candidates_seconds"] = len(candidates), round(time.monotonic() - searched, 2)
     if max_candidates is not None:
         candidates = candidates[:max_candidates]
     lock = threading.Lock()

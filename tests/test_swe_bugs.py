@@ -1,0 +1,103 @@
+"""The swe environment's candidate bugs (no sandbox needed): the fast search finds exactly what parsing the whole
+file again for every change finds, on real source files (the standard library's) and on crafted layouts."""
+
+from __future__ import annotations
+
+import ast
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from omrl.envs.swe import bugs
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CRAFTED = {
+    "pkg/shapes.py": (
+        "import functools\n\n\nclass Box:\n    size = 3\n\n    @functools.lru_cache(maxsize=16)\n"
+        "    def area(self, w, h=2):\n        if w > 0 and h > 0:\n            return w * h\n        return 0\n\n"
+        "    class Inner:\n        def grow(self, n):\n            total = 0\n            for i in range(n):\n"
+        "                total += i % 3\n            return total\n\n\n"
+        "@(\n    functools.cache)\ndef cached(x):\n    return x + 1 if x < 10 else x - 1\n\n\n"
+        "def multi(a, b):\n    value = (a +\n             b)\n    return f\"{value!r:>{a + 1}}\" if value != a else \"é\"\n"),
+    "pkg/tabs.py": "def f(x):\n\tif x == 1:\n\t\treturn True\n\treturn x in (1, 2)\n",
+    "pkg/crlf.py": "def g(x):\r\n    y = x + 1\r\n    return y < 4\r\n",
+    "pkg/formfeed.py": "def h(x):\n    return x >= 2\n\x0c\ndef k(x):\n    z = x - 1\n    return z == 0\n",
+    "pkg/nested.py": ("def outer(items):\n    def inner(v):\n        return v * 2 > 3\n"
+                      "    async def later(v):\n        await v\n        return not v\n"
+                      "    return [inner(i) for i in items if i is not None]\n"),
+}
+
+
+def reference_candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[bugs.Candidate]:
+    """What candidates() must return: the same search, checking each change by parsing its whole file again."""
+    rng = random.Random(seed)
+    found = []
+    for relative in bugs.source_files(tree):
+        original = (tree / relative).read_text(encoding="utf-8", errors="replace")
+        try:
+            module = ast.parse(original)
+        except SyntaxError:
+            continue
+        for function in ast.walk(module):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for name, modifier in bugs.MODIFIERS.items():
+                    changes = list(modifier(function))
+                    rng.shuffle(changes)
+                    for node, replacement in changes[:per_function]:
+                        buggy = _replace_whole(original, node, replacement)
+                        if buggy is not None and buggy != original:
+                            found.append(bugs.Candidate(relative, function.name, name, buggy, original))
+    rng.shuffle(found)
+    return found
+
+
+def _replace_whole(text: str, node: ast.AST, replacement: str) -> str | None:
+    offsets = [0]
+    for line in text.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(line.encode("utf-8")))
+    data = text.encode("utf-8")
+    start = offsets[node.lineno - 1] + node.col_offset
+    end = offsets[node.end_lineno - 1] + node.end_col_offset
+    segment = data[start:end].decode("utf-8", errors="replace")
+    if "\n" in replacement or ("\n" in segment and isinstance(node, ast.expr)):
+        replacement = f"({replacement})"
+    changed = (data[:start] + replacement.encode("utf-8") + data[end:]).decode("utf-8", errors="replace")
+    try:
+        ast.parse(changed)
+    except SyntaxError:
+        return None
+    return changed
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A package of crafted files and a few real ones (standard library modules, copied)."""
+    root = tmp_path_factory.mktemp("tree")
+    for name, text in CRAFTED.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(text.encode("utf-8"))
+    for name in ("textwrap.py", "colorsys.py", "bisect.py"):
+        shutil.copy(STDLIB / name, root / "pkg" / name)
+    return root
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_candidates_are_those_of_parsing_each_whole_file(tree, seed):
+    fast = bugs.candidates(tree, seed=seed)
+    slow = reference_candidates(tree, seed=seed)
+    assert len(fast) > 200  # real files give many
+    assert [(c.path, c.function, c.modifier, c.buggy) for c in fast] == \
+        [(c.path, c.function, c.modifier, c.buggy) for c in slow]
+    assert {c.path for c in fast} >= set(CRAFTED)  # every crafted layout proposed changes
+    assert {c.function for c in fast} >= {"area", "grow", "cached", "multi", "f", "g", "h", "inner", "later"}
+
+
+def test_a_change_that_breaks_the_syntax_is_not_proposed():
+    text = "def f(x):\n    return x\n"
+    function = ast.parse(text).body[0]
+    source = bugs._Source(text)
+    assert source.replace(function.body[0].value, "x +", function) is None
+    assert source.replace(function.body[0].value, "x + 1", function) == "def f(x):\n    return x + 1\n"
