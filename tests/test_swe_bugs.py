@@ -55,10 +55,11 @@ def reference_candidates(tree: Path, seed: int = 0, per_function: int = 2) -> li
 
 
 def _replace_whole(text: str, node: ast.AST, replacement: str) -> str | None:
-    offsets = [0]
-    for line in text.splitlines(keepends=True):
-        offsets.append(offsets[-1] + len(line.encode("utf-8")))
     data = text.encode("utf-8")
+    offsets = [0]  # where lines start, as Python's tokenizer ends lines: \r\n, \r or \n (not a form feed)
+    for i, byte in enumerate(data):
+        if byte == 10 or byte == 13 and data[i + 1:i + 2] != b"\n":
+            offsets.append(i + 1)
     start = offsets[node.lineno - 1] + node.col_offset
     end = offsets[node.end_lineno - 1] + node.end_col_offset
     segment = data[start:end].decode("utf-8", errors="replace")
@@ -92,7 +93,26 @@ def test_candidates_are_those_of_parsing_each_whole_file(tree, seed):
     assert [(c.path, c.function, c.modifier, c.buggy) for c in fast] == \
         [(c.path, c.function, c.modifier, c.buggy) for c in slow]
     assert {c.path for c in fast} >= set(CRAFTED)  # every crafted layout proposed changes
-    assert {c.function for c in fast} >= {"area", "grow", "cached", "multi", "f", "g", "h", "inner", "later"}
+    assert {c.function for c in fast} >= {"area", "grow", "cached", "multi", "f", "g", "h", "k", "inner", "later"}
+
+
+def test_each_candidate_changes_its_own_function_only(tree):
+    """Positions as the tokenizer counts lines: a form feed or a lone \\r does not shift a change elsewhere."""
+    (tree / "pkg" / "cr.py").write_bytes(b"def m(x):\r    return x > 1\r\rdef n(y):\r    return y + 2 == 3\r")
+    try:
+        found = [c for c in bugs.candidates(tree) if c.path in ("pkg/formfeed.py", "pkg/cr.py", "pkg/shapes.py")]
+    finally:
+        (tree / "pkg" / "cr.py").unlink()
+    assert {c.function for c in found} >= {"h", "k", "m", "n", "area", "cached"}
+    for candidate in found:
+        before, after = (_functions(text) for text in (candidate.original, candidate.buggy))
+        changed = {name for (name, dump), (_, other) in zip(before, after, strict=True) if dump != other}
+        assert changed == {candidate.function}, candidate
+
+
+def _functions(text: str) -> list[tuple[str, str]]:
+    return [(node.name, ast.dump(node)) for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 def test_a_change_that_breaks_the_syntax_is_not_proposed():

@@ -175,21 +175,16 @@ def candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[Candida
     return found
 
 
-# Line breaks str.splitlines knows but Python's tokenizer does not (besides \r\n and \n): with one of them in a
-# file, its AST line numbers and these offsets disagree, so a change is checked by parsing the whole file.
-_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
-
-
 class _Source:
     """One file's text, its UTF-8 bytes and line offsets, computed once for all the changes proposed in it."""
 
     def __init__(self, text: str) -> None:
-        self.text = text
         self.data = text.encode("utf-8")
-        self.offsets = [0]
-        for line in text.splitlines(keepends=True):
-            self.offsets.append(self.offsets[-1] + len(line.encode("utf-8")))
-        self.local_check = _OTHER_BREAKS.search(text.replace("\r\n", "\n")) is None
+        # where each line starts, in bytes (AST columns are UTF-8 bytes), lines ending as Python's tokenizer ends
+        # them: not at a form feed or the other breaks str.splitlines knows
+        self.offsets = [0] + [m.end() for m in re.finditer(rb"\r\n|\r|\n", self.data)]
+        if self.offsets[-1] != len(self.data):
+            self.offsets.append(len(self.data))
 
     def replace(self, node: ast.AST, replacement: str, function: ast.AST) -> str | None:
         """The text with node's characters replaced (a statement keeps its indentation); None if the result
@@ -206,7 +201,7 @@ class _Source:
         changed = self.data[:start] + new + self.data[end:]
         first = min([function.lineno] + [d.lineno for d in function.decorator_list])
         low, high = self.offsets[first - 1], self.offsets[function.end_lineno]
-        if self.local_check and low <= start <= end <= high:
+        if low <= start <= end <= high:
             text = changed[low:high + len(new) - (end - start)].decode("utf-8", errors="replace")
             if _parses(text if function.col_offset == 0 else "if 1:\n" + text):
                 return changed.decode("utf-8", errors="replace")
