@@ -6,7 +6,9 @@ filter, compact, annotate and iterate; fuzz_unlocated_errors = 0 over >= 60 fuzz
 query_escapes = 0 and sandbox_escapes = 0 over every listed case; sandbox_memory_escapes = 0 (issue 21: forked
 children, memfds and tmpfs writes held under one total cap; sandbox_memory_cap says how: cgroup2, cgroup1, polling);
 secrets_stored = 0 (issue 21: keys planted in the environment, flags and URL, found in no store, log or
-console output after a run against an endpoint that echoes them).
+console output after a run against an endpoint that echoes them); viewer_escapes = 0 and viewer_blocked_s_max <= 2
+(issue 21: the longest another page waited while a hostile WHERE ran; viewer_unblocked_s_max is the same pages
+without it, measured in the same run).
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from omrl.sandbox import memory_cap
 from omrl.testing.chaos import SCENARIOS, run_scenario
-from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes
+from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes, run_viewer_escapes
 from omrl.testing.fuzz import run_fuzz_corpus, summarize
 from omrl.testing.leaks import run_secret_leaks
 
@@ -51,8 +53,9 @@ def main() -> None:
         query = run_query_escapes(work / "query")
         sandbox = run_sandbox_escapes(work / "sandbox")
         leaks = run_secret_leaks(work / "secrets")  # planted keys against an echoing endpoint
+        viewer = run_viewer_escapes(work / "viewer")  # other sites, a hostile WHERE, a 20 MB message
         if args.verbose:
-            for report in (query, sandbox, leaks):
+            for report in (query, sandbox, leaks, viewer):
                 print(json.dumps(report.to_dict()), file=sys.stderr)
 
     results = list(per_command.values())
@@ -75,6 +78,10 @@ def main() -> None:
         "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
         "secrets_stored": leaks.found,
         "secret_commands": leaks.commands,
+        "viewer_cases": viewer.cases,
+        "viewer_escapes": viewer.escapes,
+        "viewer_blocked_s_max": viewer.figures.get("blocked_s_max"),
+        "viewer_unblocked_s_max": viewer.figures.get("unblocked_s_max"),
         "seconds": round(time.monotonic() - started, 1),
     }))
 

@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from omrl.durable import staged_folder
 from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import Store, StoreError
@@ -108,7 +105,7 @@ def _export_traces(store: Store, rows: pa.Table, out: Path, where: str | None) -
     if out.suffix.lower() in (".jsonl", ".json"):
         raise UsageError(f"--format traces writes a folder (one file per trajectory), not {out.name}")
     description = f"Exported from `{store.path.name}`" + (f" where `{where}`." if where else ".")
-    with _staged_folder(out) as folder:
+    with staged_folder(out) as folder:
         (folder / "README.md").write_text(hf_traces.CARD.format(description=description), encoding="utf-8")
         for row in _rows(rows):
             path = folder / hf_traces.session_path(row["id"])
@@ -117,27 +114,6 @@ def _export_traces(store: Store, rows: pa.Table, out: Path, where: str | None) -
             path.write_text("".join(json.dumps(line, ensure_ascii=False, default=_json_default) + "\n"
                                     for line in lines), encoding="utf-8")
     return ExportResult(out, "traces", rows.num_rows)
-
-
-@contextmanager
-def _staged_folder(out: Path) -> Iterator[Path]:
-    """A hidden folder beside `out`, renamed to `out` when the block ends (an earlier `out` swapped out only
-    then); an error or a kill leaves no half-written `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        yield staging
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        os.rename(staging, out)
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def _rows(rows: pa.Table):

@@ -180,14 +180,27 @@ def limits_in_force(memory_mb: int | None = None, threads: int | None = None) ->
 # ------------------------------------------------------------------------------------ the connection
 
 
-def _parts_dataset(store: Store, files: list, schema: pa.Schema) -> ds.Dataset:
+class _OwnThreadScans(ds.FileSystemDataset):
+    """A dataset whose scans decode Parquet in the thread that reads them, not in pyarrow's process-wide
+    thread pool (DuckDB asks a dataset for its scanner through its class, so this reaches every scan)."""
+
+    def scanner(self, *args, **kwargs):
+        return super().scanner(*args, **{**kwargs, "use_threads": False})
+
+
+def _parts_dataset(store: Store, files: list, schema: pa.Schema, isolated: bool = False) -> ds.Dataset:
     """Parquet files of the store as one pyarrow dataset, opened through the store's storage (local disk or
-    S3: omrl.storage), so that DuckDB scans Arrow and never opens a path itself."""
-    return ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format="parquet",
-                      filesystem=store.storage.filesystem)
+    S3: omrl.storage), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
+    decode in the query's own threads (_OwnThreadScans)."""
+    dataset = ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format="parquet",
+                         filesystem=store.storage.filesystem)
+    if not isolated:
+        return dataset
+    return _OwnThreadScans(list(dataset.get_fragments()), schema=dataset.schema, format=dataset.format,
+                           filesystem=dataset.filesystem)
 
 
-def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str) -> str:
+def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str, isolated: bool = False) -> str:
     """Hand a table's live parts to DuckDB as a pyarrow dataset (so DuckDB opens no file itself) and
     return a SELECT of every current column; older parts get missing columns as typed NULL, columns
     from newer writers stay visible after them."""
@@ -203,18 +216,18 @@ def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str) ->
                 if f.name not in schema.names:
                     extra.setdefault(f.name, f)
         full = pa.schema(list(schema) + [extra[n] for n in sorted(extra)])
-        con.register(name, _parts_dataset(store, parts, full))
+        con.register(name, _parts_dataset(store, parts, full, isolated))
     return f"SELECT * FROM {name}"
 
 
-def _register_tool_calls(con: duckdb.DuckDBPyConnection, store: Store) -> str:
+def _register_tool_calls(con: duckdb.DuckDBPyConnection, store: Store, isolated: bool = False) -> str:
     """The `tool_calls` rows: read flat from the parts' side files; parts without one (v1 parts, a side
     file lost) are unnested as before, with the same columns and values."""
     sides, lacking = store.side_files("tool_calls")
-    con.register("_omrl_tool_calls_side", _parts_dataset(store, sides, TOOL_CALLS_SCHEMA)
+    con.register("_omrl_tool_calls_side", _parts_dataset(store, sides, TOOL_CALLS_SCHEMA, isolated)
                  if sides else TOOL_CALLS_SCHEMA.empty_table())
     schema = SCHEMAS["trajectories"]
-    con.register("_omrl_trajectories_unflattened", _parts_dataset(store, lacking, schema)
+    con.register("_omrl_trajectories_unflattened", _parts_dataset(store, lacking, schema, isolated)
                  if lacking else schema.empty_table())
     columns = ", ".join(_ident(f.name) for f in TOOL_CALLS_SCHEMA)
     return f"""
@@ -251,10 +264,12 @@ def close(con: duckdb.DuckDBPyConnection) -> None:
         finalizer()
 
 
-def connect(store: Store, limits: QueryLimits | None = None) -> duckdb.DuckDBPyConnection:
+def connect(store: Store, limits: QueryLimits | None = None, isolated: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the store's views, confined: no file, network or extension
     access, locked configuration, spilling only into its own temporary folder (removed with it), at most
-    `limits` (None: query_limits()) of memory and threads."""
+    `limits` (None: query_limits()) of memory and threads. `isolated` (a server's connections): its scans
+    decode Parquet in its own query threads, not in pyarrow's pool that every connection of the process
+    shares, so one slow query cannot hold up the scans of the others (at the cost of parallel decoding)."""
     limits = limits or query_limits()
     temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
     try:
@@ -266,12 +281,12 @@ def connect(store: Store, limits: QueryLimits | None = None) -> duckdb.DuckDBPyC
         raise
     _TEMP_DIRS[con] = weakref.finalize(con, _remove_temp_dir, temp_dir)
     try:
-        _define_views(con, store)
+        con.execute("SET enable_progress_bar = false")  # no slow query (the views' own included) draws on a terminal
+        _define_views(con, store, isolated)
         # Order matters: access is switched off after the start (switched off at the start, DuckDB
         # would allow the in-memory database's own `:memory:*` paths relative to the working folder),
         # allowed_paths is empty and allowed_directories is only the temporary folder.
         con.execute("SET enable_external_access = false")
-        con.execute("SET enable_progress_bar = false")  # a slow query must not draw on a server's terminal
         con.execute("SET lock_configuration = true")  # nothing above can be switched back on
     except BaseException:
         close(con)
@@ -281,9 +296,9 @@ def connect(store: Store, limits: QueryLimits | None = None) -> duckdb.DuckDBPyC
     return con
 
 
-def _define_views(con: duckdb.DuckDBPyConnection, store: Store) -> None:
-    con.execute(f"CREATE VIEW trajectories AS {_register_table(con, store, 'trajectories')}")
-    con.execute(f"CREATE VIEW annotations AS {_register_table(con, store, 'annotations')}")
+def _define_views(con: duckdb.DuckDBPyConnection, store: Store, isolated: bool = False) -> None:
+    con.execute(f"CREATE VIEW trajectories AS {_register_table(con, store, 'trajectories', isolated)}")
+    con.execute(f"CREATE VIEW annotations AS {_register_table(con, store, 'annotations', isolated)}")
     con.execute(
         """
         CREATE VIEW messages AS
@@ -301,7 +316,7 @@ def _define_views(con: duckdb.DuckDBPyConnection, store: Store) -> None:
         FROM trajectories
         """
     )
-    con.execute(f"CREATE VIEW tool_calls AS {_register_tool_calls(con, store)}")
+    con.execute(f"CREATE VIEW tool_calls AS {_register_tool_calls(con, store, isolated)}")
     con.execute(
         """
         CREATE VIEW latest_annotations AS

@@ -4,10 +4,9 @@ nothing. Screenshots go to the test's tmp folder. Skips only when chromium or ch
 
 from __future__ import annotations
 
+import http.server
 import shutil
-import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ if not (Path(CHROMIUM).is_file() and Path(CHROMEDRIVER).is_file()):
 pytest.importorskip("selenium", reason="browser tests need selenium (pip install selenium)")
 pytest.importorskip("uvicorn")
 
-import uvicorn  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -28,16 +26,11 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from omrl.testing.escapes import serve_app  # noqa: E402
 from omrl.view.app import make_app  # noqa: E402
 from omrl.view.export import export_site  # noqa: E402
 from omrl.view.pages import file_key  # noqa: E402
 from tests.test_view import CHILD_ID, XSS_ID, build_store  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +40,8 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(store):
-    port = _free_port()
-    config = uvicorn.Config(make_app(store), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(make_app(store)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +257,54 @@ def test_exported_search_is_the_live_list_from_disk(driver, server, store, tmp_p
     driver.get(exported[-1])
     _wait(driver, By.ID, "thread")
     _ran_nothing(driver)
+
+
+def test_a_long_message_opens_whole_and_other_sites_are_refused(driver, tmp_path):
+    """A cut message's link opens its whole text (a same-origin navigation passes); a page on another site
+    (localhost is not 127.0.0.1) can neither load the viewer's files as images nor open its pages."""
+    from omrl.store import Store
+    from omrl.synthetic import synthetic_trajectories
+
+    store = Store.create(tmp_path / "store")
+    row = dict(next(iter(synthetic_trajectories(1, seed=3))), id="long")
+    row["messages"] = [{"role": "user", "content": "hi"},
+                       {"role": "tool", "content": "line of output\n" * 3000 + "<script>window.__omrl_xss = 4</script>"}]
+    store.append([row])
+    with serve_app(make_app(store)) as url:
+        driver.get(url + "/t/long")
+        driver.find_element(By.CSS_SELECTOR, "details.fold summary").click()
+        _wait(driver, By.CSS_SELECTOR, "a.full-text").click()
+        whole = _wait(driver, By.ID, "full-text")
+        assert whole.text.endswith("<script>window.__omrl_xss = 4</script>")
+        _ran_nothing(driver)
+        driver.find_element(By.CSS_SELECTOR, "a.back-link").click()
+        _wait(driver, By.ID, "thread")
+
+        port = url.rsplit(":", 1)[1]
+        page = (f'<img id="probe" src="{url}/static/favicon.svg"><a id="go" href="{url}/runs">viewer</a>').encode()
+
+        class Foreign(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+
+        foreign = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+        threading.Thread(target=foreign.serve_forever, daemon=True).start()
+        try:
+            driver.get(f"http://localhost:{foreign.server_address[1]}/")
+            probe = _wait(driver, By.ID, "probe")
+            WebDriverWait(driver, 10).until(lambda d: d.execute_script("return arguments[0].complete", probe))
+            assert driver.execute_script("return arguments[0].naturalWidth", probe) == 0  # refused: no image
+            driver.find_element(By.ID, "go").click()
+            WebDriverWait(driver, 10).until(lambda d: port in d.current_url)
+            assert "refused" in driver.find_element(By.TAG_NAME, "body").text
+            driver.get(url + "/static/favicon.svg")  # typed in: served
+            assert "svg" in driver.page_source
+        finally:
+            foreign.shutdown()
+            foreign.server_close()

@@ -23,8 +23,17 @@
   (`task_attacks`, each must be an InvalidTask) and tool calls with lone surrogates or control characters
   in names (`ACTION_ATTACKS`, each must be an invalid action that changes no file).
 
+- The viewer (omrl view, omrl/view/): `run_viewer_escapes(workdir)` serves a real store over HTTP (uvicorn)
+  and counts what a hostile page or URL gets through: requests from other sites (Sec-Fetch-Site, Origin)
+  that are not refused, a slow WHERE that is not stopped or that holds up the other pages VIEWER_BLOCKED_S
+  longer than they take without it (figures `blocked_s_max`: the longest another page waited meanwhile,
+  and `unblocked_s_max`: the longest without it), a
+  WHERE past the memory cap that is not refused, a 20 MB message served as a 20 MB page (or its whole
+  text not escaped), and an export written into a store or over a non-empty folder.
+
 A report's `cases` are the cases that ran to a verdict; a case that could not run is left out of it and
-gets a detail line. Used by tests/test_query_confinement.py, tests/test_sandbox.py and benchmarks/chaos.py.
+gets a detail line. Used by tests/test_query_confinement.py, tests/test_sandbox.py, tests/test_view.py and
+benchmarks/chaos.py.
 """
 
 from __future__ import annotations
@@ -65,10 +74,20 @@ class EscapeReport:
     escapes: int = 0
     details: list[str] = field(default_factory=list)
     escaped: list[str] = field(default_factory=list)  # the names of the cases that escaped
+    figures: dict[str, float] = field(default_factory=dict)  # measured along (the viewer's waits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"suite": self.suite, "cases": self.cases, "escapes": self.escapes, "details": list(self.details),
-                "escaped": list(self.escaped)}
+        out = {"suite": self.suite, "cases": self.cases, "escapes": self.escapes, "details": list(self.details),
+               "escaped": list(self.escaped)}
+        return {**out, "figures": dict(self.figures)} if self.figures else out
+
+    def judge(self, name: str, leaks: list[str]) -> None:
+        """Count one case that ran to a verdict: an escape when anything leaked."""
+        self.cases += 1
+        if leaks:
+            self.escapes += 1
+            self.escaped.append(name)
+            self.details.append(f"ESCAPE {name}: {'; '.join(leaks)}")
 
 
 def _short(text: str, root: Path | None = None, limit: int = 160) -> str:
@@ -622,6 +641,251 @@ def run_query_escapes(workdir: Path) -> EscapeReport:
             close(caller_con)
             close(raw_con)
     return world.report
+
+
+# ================================================================================================ viewer
+
+VIEWER_TIMEOUT_S = 6.0  # the viewer's time limit for a request's queries in the viewer suite
+VIEWER_BLOCKED_S = 2.0  # the longest another page may wait while a hostile query runs
+BIG_MESSAGE_MB = 20
+BIG_PAGE_MB = 1.0  # a page showing the big message must stay below this
+BIG_ID = "big-message"
+# A WHERE needing ~300 MB (one string aggregate over the 146 small messages squared), under a 64 MB
+# per-connection cap.
+MEMORY_WHERE = (f"(SELECT length(string_agg(repeat('x', 15000), '')) FROM messages a, messages b "
+                f"WHERE a.trajectory_id <> '{BIG_ID}' AND b.trajectory_id <> '{BIG_ID}') > 0")
+VIEWER_MEMORY_MB = 256  # the viewer's memory cap in the suite, shared by its connections
+FOREIGN_HEADERS = [{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},
+                   {"Sec-Fetch-Site": "same-site"}, {"Origin": "http://evil.example"}, {"Origin": "null"}]
+
+
+@contextlib.contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """An ASGI app served by uvicorn on a free 127.0.0.1 port for the duration: its base URL."""
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="omrl-serve-app", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _get(url: str, headers: dict[str, str] | None = None, timeout: float = 120.0) -> tuple[int, bytes, float]:
+    """(status, body, seconds) of one GET."""
+    import urllib.error
+    import urllib.request
+
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as reply:
+            return reply.status, reply.read(), time.monotonic() - start
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), time.monotonic() - start
+
+
+def _page_error(body: bytes) -> str:
+    """The error a viewer page shows (its role="alert" text), or the page's start."""
+    import html
+    import re
+
+    text = body.decode("utf-8", "replace")
+    found = re.search(r'role="alert"[^>]*>(.*?)<', text, re.S)
+    return html.unescape(found.group(1)) if found else text[:200]
+
+
+def build_viewer_store(path: Path, big_mb: float = BIG_MESSAGE_MB):
+    """build_store's rows plus one trajectory whose tool message is `big_mb` MB of text ending in a script
+    tag (past any cut)."""
+    from omrl.synthetic import synthetic_trajectories
+
+    store = build_store(path)
+    big = dict(next(iter(synthetic_trajectories(1, seed=99))), id=BIG_ID, group_id="big-group")
+    text = "0123456789 " * int(big_mb * 2**20 // 11) + "<script>window.__omrl_xss = 3</script>"
+    big["messages"] = [{"role": "user", "content": "show me"}, {"role": "tool", "content": text}]
+    store.append([big])
+    return store
+
+
+def _other_pages(store) -> list[str]:
+    """Pages a user opens meanwhile: the list, a trajectory, its group, the runs, a filtered list."""
+    from urllib.parse import quote
+
+    row = store.sql(f"SELECT id, group_id FROM trajectories WHERE id <> '{BIG_ID}' ORDER BY id LIMIT 1").to_pylist()[0]
+    return ["/", f"/t/{quote(row['id'], safe='')}", f"/g/{quote(row['group_id'], safe='')}", "/runs",
+            "/?where=success", "/?sort=reward&dir=asc"]
+
+
+def _foreign_cases(report: EscapeReport, url: str, pages: list[str]) -> None:
+    from urllib.parse import quote
+
+    for headers in FOREIGN_HEADERS:
+        for page in pages[:2] + ["/static/view.js", "/?where=" + quote(SLOW_WHERE)]:
+            status, _, _ = _get(url + page, headers)
+            report.judge(f"foreign request {page} {headers}",
+                         [] if status == 403 else [f"answered {status}, not 403"])
+    own = {"Sec-Fetch-Site": "same-origin", "Origin": url}
+    for page in pages:
+        for headers in (own, {"Sec-Fetch-Site": "none"}, {}):
+            status, _, _ = _get(url + page, headers)
+            if status != 200:
+                report.details.append(f"NOT SERVED {page} {headers}: {status} (the viewer's own page)")
+
+
+def _fetch_round(report: EscapeReport, url: str, pages: list[str], waits: dict[str, float],
+                 until: Callable[[], bool] = lambda: True) -> None:
+    """Each page fetched once (while `until()` holds), its longest wait kept in `waits`."""
+    for page in pages:
+        if not until():
+            return
+        status, body, seconds = _get(url + page)
+        waits[page] = max(waits.get(page, 0.0), seconds)
+        if status != 200:
+            report.details.append(f"NOT SERVED {page}: {status} {_short(_page_error(body))}")
+
+
+def _blocking_case(report: EscapeReport, url: str, pages: list[str], timeout_s: float,
+                   allowed_s: float) -> tuple[float, float]:
+    """The other pages fetched again and again, first alone, then while a hostile WHERE runs: (the longest
+    wait alone, the longest wait meanwhile)."""
+    from urllib.parse import quote
+
+    _fetch_round(report, url, pages, {})  # warm: the caches are built before the clock matters
+    alone: dict[str, float] = {}
+    for _ in range(3):
+        _fetch_round(report, url, pages, alone)
+    box: list[tuple[int, bytes, float]] = []
+    hostile = threading.Thread(target=lambda: box.append(_get(url + "/?where=" + quote(SLOW_WHERE))),
+                               name="omrl-viewer-hostile", daemon=True)
+    hostile.start()
+    time.sleep(0.5)  # the hostile query is running
+    meanwhile: dict[str, float] = {}
+    while hostile.is_alive():
+        _fetch_round(report, url, pages, meanwhile, until=hostile.is_alive)
+    hostile.join(timeout_s + SLOW_GRACE_S + 60)
+    leaks = []
+    if not box:
+        leaks.append("the hostile WHERE's page never came back")
+    elif box[0][2] > timeout_s + SLOW_GRACE_S:
+        leaks.append(f"the hostile WHERE ran {box[0][2]:.1f} s, limit {timeout_s:g} s")
+    elif b"ran past" not in box[0][1]:
+        leaks.append(f"the hostile WHERE's page ended otherwise than by its time limit ({box[0][0]})")
+    base, blocked = max(alone.values(), default=0.0), max(meanwhile.values(), default=0.0)
+    if blocked > base + allowed_s:
+        slowest = max(meanwhile, key=meanwhile.get)
+        leaks.append(f"{slowest} waited {blocked:.1f} s while it ran, {base:.1f} s at most without it "
+                     f"(at most {allowed_s:g} s more allowed)")
+    report.judge(f"slow WHERE {_short(SLOW_WHERE)}", leaks)
+    return base, blocked
+
+
+def _memory_case(report: EscapeReport, url: str) -> None:
+    from urllib.parse import quote
+
+    status, body, _ = _get(url + "/?where=" + quote(MEMORY_WHERE))
+    capped = status == 400 and b"more memory than its cap" in body
+    report.judge(f"WHERE past the memory cap {MEMORY_WHERE}",
+                 [] if capped else [f"a ~300 MB query under a {VIEWER_MEMORY_MB} MB viewer cap answered {status} "
+                                    f"without the memory error ({_short(_page_error(body))})"])
+
+
+def _big_message_case(report: EscapeReport, url: str, big_mb: float) -> None:
+    import html
+    import re
+
+    status, body, seconds = _get(url + f"/t/{BIG_ID}")
+    page = body.decode("utf-8", "replace")
+    leaks = [] if status == 200 else [f"the page answered {status}"]
+    if len(body) > BIG_PAGE_MB * 2**20:
+        leaks.append(f"a {big_mb:g} MB message made a {len(body) / 2**20:.1f} MB page ({seconds:.1f} s)")
+    links = re.findall(r'class="full-text" href="([^"]+)"', page)
+    if not links:
+        leaks.append("no link to the whole message")
+    else:
+        status, full, _ = _get(url + html.unescape(links[0]))
+        text = full.decode("utf-8", "replace")
+        if status != 200 or len(full) < big_mb * 2**20:
+            leaks.append(f"the whole message's page answered {status} with {len(full)} bytes")
+        if "<script>window" in text or "&lt;script&gt;window.__omrl_xss = 3&lt;/script&gt;" not in text:
+            leaks.append("the whole message is not served escaped")
+    report.judge(f"a {big_mb:g} MB message", leaks)
+    report.figures["big_message_page_kb"] = round(len(body) / 1024, 1)
+
+
+def _export_cases(report: EscapeReport, store, root: Path) -> None:
+    from omrl.view.export import export_site
+
+    watched = _Watched(store.path)
+    other = root / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    holder = store.path.parent
+    targets = [(store.path, False), (store.path / "data", True), (store.path / "new-site", False),
+               (holder, True), (other, False)]
+    for target, overwrite in targets:
+        refused = ""
+        try:
+            export_site(store, target, limit=3, overwrite=overwrite)
+        except (UsageError, OSError) as exc:
+            refused = str(exc)
+        leaks = []
+        if changed := watched.changes():
+            leaks.append(f"changed the store ({changed})")
+            watched.restore()
+        if (other / "notes.txt").read_text() != "mine\n" or len(list(other.iterdir())) != 1:
+            leaks.append("wrote over a non-empty folder without --overwrite")
+        if not refused:
+            leaks.append("not refused")
+        report.judge(f"export into {target.relative_to(root)} (overwrite={overwrite})", leaks)
+    site = root / "site"  # a new folder: written, the big message cut with its whole text on a page of its own
+    from omrl.view.pages import file_key, full_text_key
+
+    export_site(store, site, where=f"id = '{BIG_ID}'")
+    page, whole = site / "t" / f"{file_key(BIG_ID)}.html", site / "t" / f"{full_text_key(BIG_ID, 'content', 1)}.html"
+    leaks = [] if page.is_file() and page.stat().st_size < BIG_PAGE_MB * 2**20 else ["the exported page is not cut"]
+    if not whole.is_file() or whole.name not in page.read_text(encoding="utf-8"):
+        leaks.append("the export has no linked page with the whole message")
+    report.judge("export of a big message", leaks)
+
+
+def run_viewer_escapes(workdir: Path, timeout_s: float = VIEWER_TIMEOUT_S, allowed_s: float = VIEWER_BLOCKED_S,
+                       big_mb: float = BIG_MESSAGE_MB) -> EscapeReport:
+    """The viewer's cases (module docstring) against a real store served on 127.0.0.1 (a slow WHERE under
+    a `timeout_s` limit may hold up other pages `allowed_s` at most, the big message has `big_mb`); figures:
+    blocked_s_max (the longest another page waited while the slow WHERE ran), unblocked_s_max (the longest
+    the same pages took without it, the baseline) and big_message_page_kb."""
+    from omrl.query import QueryLimits
+    from omrl.view.app import make_app
+
+    report = EscapeReport("viewer")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="viewer-escapes-", dir=workdir)).resolve()
+    try:
+        store = build_viewer_store(root / "holder" / "store", big_mb)
+        pages = _other_pages(store)
+        app = make_app(store, timeout=timeout_s, limits=QueryLimits(VIEWER_MEMORY_MB, 2))
+        with serve_app(app) as url:
+            _foreign_cases(report, url, pages)
+            alone, blocked = _blocking_case(report, url, pages, timeout_s, allowed_s)
+            report.figures.update(blocked_s_max=round(blocked, 2), unblocked_s_max=round(alone, 2))
+            _memory_case(report, url)
+            _big_message_case(report, url, big_mb)
+        _export_cases(report, store, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return report
 
 
 # =============================================================================================== sandbox

@@ -1,4 +1,5 @@
-"""The viewer's web app: GET-only Starlette routes over one store, strict security headers."""
+"""The viewer's web app: GET-only Starlette routes over one store, strict security headers, requests from
+other sites refused, each request's queries under one time limit."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from omrl.query import QueryError, QueryLimits
 from omrl.store import Store
 from omrl.view import pages
 from omrl.view.data import PER_PAGE, StoreReader, search_available
+
+DEFAULT_TIMEOUT_S = 20.0  # a request's queries in all (omrl view --timeout)
 
 STATIC_DIR = Path(__file__).parent / "static"
 LOCAL_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -29,6 +33,31 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+class _SameOrigin:
+    """Pure ASGI middleware refusing (403) what another site's page makes a browser ask for: any page can
+    point an <img> or a form at 127.0.0.1. Refused: `Sec-Fetch-Site: cross-site` or `same-site` (another
+    port of this host is another origin) and an `Origin` header that is not this server's (`null`
+    included). Typed addresses and bookmarks (`none`), the viewer's own links (`same-origin`) and clients
+    that send neither header pass."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        site = headers.get("sec-fetch-site", "").strip().lower()
+        origin = headers.get("origin")
+        own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
+        if site in ("cross-site", "same-site") or (origin is not None and origin.rstrip("/") != own):
+            why = f"Sec-Fetch-Site: {site}" if site in ("cross-site", "same-site") else f"Origin: {origin}"
+            response = PlainTextResponse(f"refused: the viewer answers only its own pages, not a request from "
+                                         f"another site ({why})", status_code=403)
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class _SecurityHeaders:
@@ -59,10 +88,12 @@ def _int(value: str | None, default: int) -> int:
         return default
 
 
-def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: float = 20.0) -> Starlette:
+def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+             limits: QueryLimits | None = None) -> Starlette:
     """The read-only viewer of `store`. `allowed_hosts` guards against DNS rebinding (default: local
-    names only; ["*"] accepts any Host header)."""
-    reader = StoreReader(store, timeout=timeout)
+    names only; ["*"] accepts any Host header); a request's queries stop at `timeout` seconds in all, and
+    its connections share `limits` (None: omrl.query.query_limits)."""
+    reader = StoreReader(store, timeout=timeout, limits=limits, serving=True)
     name = store.path.resolve().name
     links = pages.Links()
 
@@ -81,6 +112,17 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
         if row is None:
             return html(pages.error_html("no trajectory with this id in the store", links, name), 404)
         return html(pages.trajectory_html(row, links, name))
+
+    def full_text(request: Request) -> Response:
+        q = request.query_params
+        row = reader.trajectory(request.path_params["trajectory_id"])
+        at = _int(q.get("at"), -1) if q.get("at") is not None else None
+        call = _int(q.get("call"), -1) if q.get("call") is not None else None
+        page = pages.full_text_html(row, q.get("field", "content"), at, call, links, name) if row else None
+        if page is None:
+            return html(pages.error_html("no such text in the store: give /full/TRAJECTORY_ID?field=content&at=N",
+                                         links, name), 404)
+        return html(page)
 
     def group(request: Request) -> Response:
         found = reader.group(request.path_params["group_id"])
@@ -104,22 +146,34 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
     async def not_found(request: Request, exc: Exception) -> Response:
         return html(pages.error_html("no such page", links, name), 404)
 
+    async def failed(request: Request, exc: Exception) -> Response:  # past the time limit, all busy, ...
+        return html(pages.error_html(str(exc), links, name, status=503), 503)
+
     @asynccontextmanager
     async def lifespan(app):
+        reader.start()
         yield
         reader.close()
 
+    def timed(page):
+        """A page whose queries share one time limit (StoreReader.request)."""
+        def run(request: Request) -> Response:
+            with reader.request():
+                return page(request)
+        return run
+
     routes = [
-        Route("/", listing, methods=["GET", "HEAD"]),
-        Route("/t/{trajectory_id:path}", trajectory, methods=["GET", "HEAD"]),
-        Route("/g/{group_id:path}", group, methods=["GET", "HEAD"]),
-        Route("/runs", runs, methods=["GET", "HEAD"]),
-        Route("/diff", diff, methods=["GET", "HEAD"]),
+        Route("/", timed(listing), methods=["GET", "HEAD"]),
+        Route("/t/{trajectory_id:path}", timed(trajectory), methods=["GET", "HEAD"]),
+        Route("/full/{trajectory_id:path}", timed(full_text), methods=["GET", "HEAD"]),
+        Route("/g/{group_id:path}", timed(group), methods=["GET", "HEAD"]),
+        Route("/runs", timed(runs), methods=["GET", "HEAD"]),
+        Route("/diff", timed(diff), methods=["GET", "HEAD"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    middleware = [Middleware(_SecurityHeaders),
+    middleware = [Middleware(_SecurityHeaders), Middleware(_SameOrigin),
                   Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or LOCAL_HOSTS)]
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: not_found},
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: not_found, QueryError: failed},
                     lifespan=lifespan)
     app.state.reader = reader
     return app

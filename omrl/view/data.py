@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -17,12 +20,25 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
-from omrl.query import QueryError, close, connect, quote_literal, run_query, select_where
+from omrl.query import (
+    QueryError,
+    QueryLimits,
+    check_timeout,
+    close,
+    connect,
+    query_limits,
+    quote_literal,
+    run_query,
+    select_where,
+)
 from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
 from omrl.schema import success_sql
 from omrl.store import Store
 from omrl.train.advantages import group_advantages
+from omrl.view.pool import ConnectionPool
 from omrl.view.rows import Location, RowGroups, scan_keys
+
+T = TypeVar("T")
 
 # sort key in the URL -> the SQL it orders by (the only SQL a request's sort can choose)
 SORTS: dict[str, str] = {
@@ -47,6 +63,7 @@ MAX_PER_PAGE = 500
 CACHE_MAX_ROWS = 2_000_000
 ROW_GROUP_CACHE = 2
 SEARCHES_KEPT = 4  # (search, sort) orders of the cached list kept for paging
+QUERY_CONNECTIONS = 3  # lent one per query: a slow one (a user's WHERE) leaves the others to other pages
 
 # No message bodies: the list reads only these small columns (DuckDB projects them from the parts).
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
@@ -159,14 +176,24 @@ def _newest_first(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class StoreReader:
-    """One confined DuckDB connection over a store, shared by the requests under a lock (a DuckDB
-    connection is not for concurrent use) and built again when the store's parts change."""
+    """What the viewer reads, two ways: the cached list and indexes of the current parts, under one lock and
+    built on a connection of their own (short, in-memory work once built); and SQL (a user's WHERE, the runs
+    page, lists of big stores) on a few confined connections lent one per query (ConnectionPool), so one
+    slow query holds up only itself. Each connection gets its share of the memory cap (`limits`: the
+    command's, omrl.query.query_limits), and a request's queries together stop at `timeout` seconds
+    (`request`)."""
 
-    def __init__(self, store: Store, timeout: float = 20.0):
+    def __init__(self, store: Store, timeout: float = 20.0, limits: QueryLimits | None = None,
+                 connections: int = QUERY_CONNECTIONS, serving: bool = False):
         self.store = store
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
+        share = (limits or query_limits()).share(connections + 1)  # the pool's and the cache's own
         self._lock = threading.Lock()
-        self._con: duckdb.DuckDBPyConnection | None = None
+        self._limits = share
+        # serving (the web app): the connections are made ahead of need, not while a page waits
+        self._pool = ConnectionPool(store, share, connections, keep_filled=serving)
+        self._request = threading.local()  # this thread's request deadline (monotonic seconds)
+        self._con: duckdb.DuckDBPyConnection | None = None  # the cache's own, used under the lock
         self._parts: tuple | None = None
         self._snapshot: _Snapshot | None = None
         self._too_big = False
@@ -177,7 +204,12 @@ class StoreReader:
         self._notes_too_big = False
         self._note_rows = RowGroups("annotations", keep=ROW_GROUP_CACHE)
 
+    def start(self) -> None:
+        """Serving: the query connections are made now, in the background, before the first pages ask."""
+        self._pool.fill()
+
     def close(self) -> None:
+        self._pool.close()
         with self._lock:
             if self._con is not None:
                 close(self._con)
@@ -185,27 +217,79 @@ class StoreReader:
             self._row_groups.clear()  # the open parts
             self._note_rows.clear()
 
-    def _connection(self, refresh: bool = False) -> duckdb.DuckDBPyConnection:
+    # ------------------------------------------------------------------------- time and connections
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        """The queries of one request (this thread) within `timeout` seconds in all."""
+        self._request.deadline = time.monotonic() + self.timeout
+        try:
+            yield
+        finally:
+            self._request.deadline = None
+
+    def _time_left(self) -> float:
+        """Seconds the current request's queries may still run (`timeout` outside a request)."""
+        deadline = getattr(self._request, "deadline", None)
+        if deadline is None:
+            return self.timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise QueryError(self._past_limit())
+        return left
+
+    def _past_limit(self) -> str:
+        return (f"this page's queries ran past the viewer's time limit of {self.timeout:g} s and were stopped "
+                "(omrl view --timeout sets it)")
+
+    def _current(self, refresh: bool = False) -> None:
+        """Under the lock: the caches (and the pool's connections) follow the store's current parts."""
         parts = (tuple(self.store.parts("trajectories", warn=False)),
                  tuple(self.store.parts("annotations", warn=False)))
-        if refresh or self._con is None or parts != self._parts:
+        if refresh or parts != self._parts:
             if self._con is not None:
                 close(self._con)
-            self._con, self._parts, self._snapshot, self._too_big = connect(self.store), parts, None, False
+            self._pool.renew()
+            self._con, self._parts, self._snapshot, self._too_big = None, parts, None, False
             self._notes, self._notes_too_big = None, False
             self._row_groups.clear()
             self._note_rows.clear()
+
+    def _cache_connection(self) -> duckdb.DuckDBPyConnection:
+        """Under the lock: the connection the caches are built on (for the current parts)."""
+        if self._con is None:
+            self._con = connect(self.store, self._limits, isolated=True)
         return self._con
 
-    def _snap(self, con: duckdb.DuckDBPyConnection) -> _Snapshot | None:
-        """The cached list table and row index of the current parts (None above CACHE_MAX_ROWS)."""
+    def _query(self, work: Callable[[duckdb.DuckDBPyConnection, float], T]) -> T:
+        """`work(connection, seconds left)` on a lent connection of the current parts; once more on new
+        connections when a compaction removed a part under it."""
+        for attempt in (0, 1):
+            with self._lock:
+                self._current(refresh=attempt == 1)
+            try:
+                with self._pool.lend(self._time_left()) as con:
+                    return work(con, self._time_left())
+            except (QueryError, FileNotFoundError) as exc:
+                if "ran past" in str(exc) and getattr(self._request, "deadline", None) is not None:
+                    raise QueryError(self._past_limit()) from None
+                if attempt or ("No such file" not in str(exc) and not isinstance(exc, FileNotFoundError)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _snap(self) -> _Snapshot | None:
+        """Under the lock: the cached list table and row index of the current parts (None above
+        CACHE_MAX_ROWS)."""
+        self._current()
         if self._snapshot is None and not self._too_big:
-            n = run_query(self.store, "SELECT count(*) FROM trajectories", con=con).column(0)[0].as_py()
+            con = self._cache_connection()
+            n = run_query(self.store, "SELECT count(*) FROM trajectories", con=con,
+                          timeout=self._time_left()).column(0)[0].as_py()
             if n > CACHE_MAX_ROWS:
                 self._too_big = True  # until the parts change
                 return None
             table = run_query(self.store, f"SELECT {LIST_COLUMNS} FROM trajectories", con=con,
-                              timeout=self.timeout)
+                              timeout=self._time_left())
             where, groups = _locate(self._parts[0])
             self._snapshot = _Snapshot(table, where, groups)
         return self._snapshot
@@ -247,17 +331,17 @@ class StoreReader:
         return hits[1]
 
     def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
-        """Full rows of these ids read straight from their row groups (None: no index; unknown ids
-        dropped). A part that a compaction removed raises FileNotFoundError."""
-        snap = self._snap(self._connection())
+        """Under the lock: full rows of these ids read straight from their row groups (None: no index;
+        unknown ids dropped). A part that a compaction removed raises FileNotFoundError."""
+        snap = self._snap()
         if snap is None:
             return None
         return self._row_groups.read([snap.where[tid] for tid in ids if tid in snap.where])
 
     def _note_index(self) -> dict[str, list[Location]] | None:
-        """trajectory_id -> where its annotations lie, for the current parts (None above CACHE_MAX_ROWS
-        annotations: those are found by a query)."""
-        self._connection()
+        """Under the lock: trajectory_id -> where its annotations lie, for the current parts (None above
+        CACHE_MAX_ROWS annotations: those are found by a query)."""
+        self._current()
         if self._notes is None and not self._notes_too_big:
             parts = self._parts[1]
             if sum(pq.ParquetFile(p).metadata.num_rows for p in parts) > CACHE_MAX_ROWS:
@@ -269,54 +353,72 @@ class StoreReader:
             self._notes = notes
         return self._notes
 
-    def _run(self, work):
-        """`work(con)` under the lock; once again on a new connection when a part vanished under it."""
+    def _cached(self, work: Callable[[], T]) -> T:
+        """`work()` under the lock; once more with the caches built anew when a part vanished under it."""
         with self._lock:
             try:
-                return work(self._connection())
+                return work()
             except (QueryError, FileNotFoundError) as exc:
                 if "No such file" not in str(exc) and not isinstance(exc, FileNotFoundError):
                     raise
-                return work(self._connection(refresh=True))
+                self._current(refresh=True)
+                return work()
 
     def sql(self, query: str) -> list[dict[str, Any]]:
         """Code's read-only SQL (never a user's) as rows."""
-        return self._run(lambda con: run_query(self.store, query, con=con, timeout=self.timeout).to_pylist())
+        return self._query(lambda con, left: run_query(self.store, query, con=con, timeout=left).to_pylist())
 
     # ------------------------------------------------------------------------------------ pages
 
-    def _window(self, con: duckdb.DuckDBPyConnection, where: str, hits: pa.Array | None, sort: str,
-                desc: bool, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+    def _window(self, where: str, hits: pa.Array | None, sort: str, desc: bool, offset: int, limit: int
+                ) -> tuple[list[dict[str, Any]], int]:
         """Rows [offset, offset + limit) of the list matching `where` and the search `hits` (None: no
         search) in the (sort, desc) order, and how many match in all. The one selection of the list:
-        the served pages and the export both read it."""
-        snap = None if where else self._snap(con)
+        the served pages and the export both read it. Without a WHERE it is the cached list's (under the
+        lock); with one, or above CACHE_MAX_ROWS, queries on a lent connection."""
+        if not where:
+            def cached() -> tuple[list[dict[str, Any]], int] | None:
+                snap = self._snap()
+                if snap is None:
+                    return None
+                if hits is not None:  # the cached list's order for this sort, kept to the hits (once per search)
+                    order = self._searched_order(snap, hits, sort, desc)
+                    return snap.table.take(order[offset: offset + limit]).to_pylist(), len(order)
+                order = self._order(snap, sort, desc)[offset: offset + limit]
+                return snap.table.take(order).to_pylist(), snap.table.num_rows
+
+            done = self._cached(cached)
+            if done is not None:
+                return done
+        return self._query(lambda con, left: self._window_sql(con, left, where, hits, sort, desc, offset, limit))
+
+    def _window_sql(self, con: duckdb.DuckDBPyConnection, left: float, where: str, hits: pa.Array | None,
+                    sort: str, desc: bool, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """`_window` by queries on `con` within `left` seconds."""
+        deadline = time.monotonic() + left
+
+        def select(columns: str, order_by: str | None = None) -> pa.Table:
+            return select_where(self.store, where or None, columns=columns, order_by=order_by, con=con,
+                                timeout=max(0.001, deadline - time.monotonic()))
+
         if hits is not None:
-            # The hits are an id set from the search index: the WHERE's rows (or the cached list) are
-            # narrowed to them and sorted and paged here; the SQL checker admits no outside table.
-            if snap is not None:  # the cached list's order for this sort, kept to the hits (once per search)
-                order = self._searched_order(snap, hits, sort, desc)
-                return snap.table.take(order[offset: offset + limit]).to_pylist(), len(order)
-            table = select_where(self.store, where or None, columns=LIST_COLUMNS, con=con, timeout=self.timeout)
+            # The hits are an id set from the search index: the WHERE's rows are narrowed to them and
+            # sorted and paged here; the SQL checker admits no outside table.
+            table = select(LIST_COLUMNS)
             table = table.filter(pc.is_in(table.column("id"), value_set=hits))
             order = _sort_indices(table, sort, desc)[offset: offset + limit]
             return table.take(order).to_pylist(), table.num_rows
-        if snap is not None:
-            order = self._order(snap, sort, desc)[offset: offset + limit]
-            return snap.table.take(order).to_pylist(), snap.table.num_rows
         # one scan: the window's rows, each carrying the count of all matching rows
         direction = "DESC" if desc else "ASC"
         order_by = f"{SORTS[sort]} {direction} NULLS LAST, id ASC LIMIT {int(limit)} OFFSET {int(offset)}"
-        rows = select_where(self.store, where or None, columns=LIST_COLUMNS + ", count(*) OVER () AS _n",
-                            order_by=order_by, con=con, timeout=self.timeout).to_pylist()
+        rows = select(LIST_COLUMNS + ", count(*) OVER () AS _n", order_by).to_pylist()
         if rows:
             total = rows[0]["_n"]
             for row in rows:
                 del row["_n"]
             return rows, total
         # past the end (or nothing matches): the count alone
-        return [], select_where(self.store, where or None, columns="count(*) AS n", con=con,
-                                timeout=self.timeout).column(0)[0].as_py()
+        return [], select("count(*) AS n").column(0)[0].as_py()
 
     def list_page(self, where: str = "", sort: str | None = None, desc: bool = True, page: int = 1,
                   per_page: int = PER_PAGE, search: str = "") -> ListPage:
@@ -328,22 +430,18 @@ class StoreReader:
         search = (search or "").strip()
         per_page = max(1, min(int(per_page), MAX_PER_PAGE))
         page = max(1, int(page))
-
-        def work(con):
-            rows, total = self._window(con, where, hits, sort, desc, (page - 1) * per_page, per_page)
+        try:
+            hits = self._search_ids(search) if search else None
+            rows, total = self._window(where, hits, sort, desc, (page - 1) * per_page, per_page)
             pages = max(1, math.ceil(total / per_page))
             current = min(page, pages)
             if current != page and total:
-                rows, total = self._window(con, where, hits, sort, desc, (current - 1) * per_page, per_page)
-            return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where,
-                            search=search)
-
-        try:
-            hits = self._search_ids(search) if search else None
-            return self._run(work)
+                rows, total = self._window(where, hits, sort, desc, (current - 1) * per_page, per_page)
         except (QueryError, UsageError) as exc:  # a refused WHERE or search query, shown beside its box
             source = "where" if isinstance(exc, QueryError) else "search"
             return ListPage([], 0, 1, 1, sort, desc, where, error=str(exc), search=search, error_in=source)
+        return ListPage(rows, total, current, max(1, math.ceil(total / per_page)), sort, desc, where,
+                        search=search)
 
     def selection(self, where: str | None = None, search: str | None = None, limit: int = 1000
                   ) -> tuple[list[dict[str, Any]], int]:
@@ -351,7 +449,7 @@ class StoreReader:
         order (newest first), and how many match in all (for --export). Refused filters raise."""
         where, search = (where or "").strip(), (search or "").strip()
         hits = self._search_ids(search) if search else None
-        return self._run(lambda con: self._window(con, where, hits, DEFAULT_SORT, True, 0, int(limit)))
+        return self._window(where, hits, DEFAULT_SORT, True, 0, int(limit))
 
     def annotations(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
         """The annotations of these trajectories, newest first, by trajectory id (read from their row
@@ -368,13 +466,7 @@ class StoreReader:
                 out[tid] = _newest_first(self._note_rows.read(index.get(tid, []), ANNOTATION_FIELDS))
             return True
 
-        with self._lock:
-            try:
-                done = indexed()
-            except FileNotFoundError:  # compacted meanwhile: index the new parts
-                self._connection(refresh=True)
-                done = indexed()
-        if done:
+        if self._cached(indexed):
             return out
         values = ", ".join(quote_literal(i) for i in ids)
         for a in self.sql(f"SELECT trajectory_id, {ANNOTATION_COLUMNS} FROM annotations "
@@ -410,8 +502,7 @@ class StoreReader:
 
     def storage_order(self, ids: list[str]) -> list[str]:
         """`ids` in the order their rows lie in the parts (so a pass reads each row group once)."""
-        with self._lock:
-            snap = self._snap(self._connection())
+        snap = self._cached(self._snap)
         if snap is None:
             return list(ids)
         far = ("\uffff", 0, 0)
@@ -419,17 +510,14 @@ class StoreReader:
 
     def _indexed(self, ids: list[str]) -> list[dict[str, Any]] | None:
         """`_rows` under the lock, with the index built again once when a part vanished."""
-        with self._lock:
-            try:
-                return self._rows(ids)
-            except FileNotFoundError:
-                self._connection(refresh=True)
-                return self._rows(ids)
+        return self._cached(lambda: self._rows(ids))
 
     def _group_ids(self, group_id: str) -> list[str] | None:
-        with self._lock:
-            snap = self._snap(self._connection())
+        def ids() -> list[str] | None:
+            snap = self._snap()
             return None if snap is None else list(snap.groups.get(group_id, []))
+
+        return self._cached(ids)
 
     def group(self, group_id: str) -> Group | None:
         """The samples of one GRPO group with their group-relative advantages, as GRPO computes them."""
@@ -459,7 +547,7 @@ class StoreReader:
         """Counts by env, status and model; episodes, success and mean reward per run and round (kept
         until the parts change)."""
         with self._lock:
-            self._connection()
+            self._current()
             parts = self._parts
         if self._runs is not None and self._runs[0] == parts:
             return self._runs[1]

@@ -7,6 +7,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -17,6 +18,12 @@ from omrl.view.data import SORTS, Group, ListPage, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
 TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
+CUT_CHARS = 20_000  # a longer text shows its start and a link to the whole: a 20 MB message is no 20 MB page
+# The texts a page may cut, by field: a message's (at = its position; call = a tool call's index), an
+# annotation's (at = its place in the page's list, newest first) and the trajectory's own.
+MESSAGE_TEXTS = ("content", "reasoning", "arguments")
+ANNOTATION_TEXTS = ("rationale", "annotation_error")
+ROW_TEXTS = ("instruction", "error", "task", "tools", "metadata")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -27,6 +34,12 @@ META_CSP = CSP.replace("; frame-ancestors 'none'", "")
 def file_key(key: str) -> str:
     """A file name for an id in an export (ids may hold any character)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+
+
+def full_text_key(trajectory_id: str, field: str, at: int | None = None, call: int | None = None) -> str:
+    """The file name (without .html) of one whole text's page in an export."""
+    return "-".join([file_key(trajectory_id), field] + [f"{k}{v}" for k, v in (("at", at), ("call", call))
+                                                          if v is not None])
 
 
 class Links:
@@ -73,6 +86,17 @@ class Links:
             return None
         return "/diff?" + urlencode({"a": a, "b": b})
 
+    def full_text(self, trajectory_id: str, field: str, at: int | None = None, call: int | None = None
+                  ) -> str | None:
+        """The page holding one whole text of a trajectory (see `text_of`), escaped like every page."""
+        if self.export:
+            if self.trajectories is not None and trajectory_id not in self.trajectories:
+                return None
+            return f"{self.root}t/{full_text_key(trajectory_id, field, at, call)}.html"
+        params = {"field": field, "at": at, "call": call}
+        return "/full/" + quote(trajectory_id, safe="") + "?" + urlencode(
+            {k: v for k, v in params.items() if v is not None})
+
     def group(self, group_id: str | None) -> str | None:
         if not group_id:
             return None
@@ -102,9 +126,12 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def pretty_json(text: Any) -> str:
-    """JSON text indented, or the text as it was when it is not JSON (a model may write anything)."""
+    """JSON text indented, or the text as it was when it is not JSON (a model may write anything) or too
+    long to be shown whole (CUT_CHARS)."""
     if text is None or text == "":
         return ""
+    if len(str(text)) > CUT_CHARS:
+        return str(text)
     try:
         return json.dumps(json.loads(text), ensure_ascii=False, indent=2)
     except (TypeError, ValueError):
@@ -112,8 +139,58 @@ def pretty_json(text: Any) -> str:
 
 
 def short(text: Any, n: int = 160) -> str:
-    text = "" if text is None else " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    """The text on one line (runs of white space as one space), cut to `n` characters; only its first
+    words are looked at, so a 20 MB text costs no more than a short one."""
+    words, length = [], -1
+    for match in re.finditer(r"\S+", "" if text is None else str(text)):
+        words.append(match.group())
+        length += len(words[-1]) + 1
+        if length > n:
+            break
+    line = " ".join(words)
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def thousands(n: int) -> str:
+    return f"{n:,}"
+
+
+def text_of(row: dict[str, Any], field: str, at: int | None = None, call: int | None = None) -> str | None:
+    """One text of a trajectory row: a message's content, reasoning or tool call arguments (`at` its
+    position, `call` the call's index), an annotation's rationale or error (`at` its place in
+    row["annotations"]), or the row's own (instruction, error, task, tools, metadata). None: no such text."""
+    def item(items: Any, index: int | None) -> dict[str, Any] | None:
+        items = items or []
+        return items[index] if isinstance(index, int) and 0 <= index < len(items) else None
+
+    if field in ROW_TEXTS:
+        value = row.get(field)
+    elif field in MESSAGE_TEXTS:
+        message = item(row.get("messages"), at)
+        if message is None:
+            return None
+        if field == "arguments":
+            tool_call = item(message.get("tool_calls"), call)
+            value = None if tool_call is None else tool_call.get("arguments")
+        else:
+            value = message.get(field)
+    elif field in ANNOTATION_TEXTS:
+        note = item(row.get("annotations"), at)
+        value = None if note is None else note.get("error" if field == "annotation_error" else "rationale")
+    else:
+        return None
+    return None if value is None else str(value)
+
+
+def long_texts(row: dict[str, Any]) -> list[tuple[str, int | None, int | None]]:
+    """The (field, at, call) of each text of the row that its page cuts (longer than CUT_CHARS)."""
+    found = [(field, None, None) for field in ROW_TEXTS]
+    for at, message in enumerate(row.get("messages") or []):
+        found += [("content", at, None), ("reasoning", at, None)]
+        found += [("arguments", at, k) for k in range(len(message.get("tool_calls") or []))]
+    for at in range(len(row.get("annotations") or [])):
+        found += [("rationale", at, None), ("annotation_error", at, None)]
+    return [address for address in found if len(text_of(row, *address) or "") > CUT_CHARS]
 
 
 _ENV = jinja2.Environment(
@@ -123,8 +200,8 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_ENV.filters.update(fmt=fmt, pretty_json=pretty_json, short=short)
-_ENV.globals.update(FOLD_CHARS=FOLD_CHARS, TOOL_FOLD_CHARS=TOOL_FOLD_CHARS)
+_ENV.filters.update(fmt=fmt, pretty_json=pretty_json, short=short, thousands=thousands)
+_ENV.globals.update(FOLD_CHARS=FOLD_CHARS, TOOL_FOLD_CHARS=TOOL_FOLD_CHARS, CUT_CHARS=CUT_CHARS)
 
 
 def render(template: str, links: Links, **context: Any) -> str:
@@ -280,6 +357,25 @@ def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
                   steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name,
                   step_agreement=_agreement_chart(runs.get("step_agreement") or []),
                   step_table_rows=STEP_TABLE_ROWS)
+
+
+def full_text_html(row: dict[str, Any], field: str, at: int | None, call: int | None, links: Links,
+                   store_name: str) -> str | None:
+    """The page of one whole text of a trajectory (None: the row has no such text)."""
+    text = text_of(row, field, at, call)
+    if text is None:
+        return None
+    if field in MESSAGE_TEXTS:
+        what = f"message #{at}: {'tool call ' + str(call) + ' arguments' if field == 'arguments' else field}"
+        back = f"#m{at}"
+    elif field in ANNOTATION_TEXTS:
+        note = row["annotations"][at]
+        what, back = f"annotation by {note.get('annotator')}: {field.replace('annotation_', '')}", "#annotations"
+    else:
+        what, back = field, "#payload" if field in ("task", "tools", "metadata") else ""
+    home = links.trajectory(row["id"])
+    return render("full.html", links, t=row, what=what, text=text, back=home + back if home else None,
+                  store_name=store_name)
 
 
 def error_html(message: str, links: Links, store_name: str, status: int = 404) -> str:

@@ -3,7 +3,8 @@
 A part never changes once written (a compaction only removes it), so a key -> (part, row group, row) index
 stays right until the list of parts changes; the reader builds a new one then. Reading one row costs the
 decode of its row group's columns asked for (message text sits in per-row-group dictionary pages, so one
-row cannot be had for less), so the last few row groups read are kept.
+row cannot be had for less), so the last few row groups read are kept. Reads decode in the calling thread,
+not in pyarrow's shared thread pool: a slow query's scans, which fill that pool, hold up no page read here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def scan_keys(parts: Iterable, columns: list[str]) -> Iterator[tuple[Location, l
         file = pq.ParquetFile(part)
         present = [c for c in columns if c in file.schema_arrow.names]
         for rg in range(file.num_row_groups):
-            data = file.read_row_group(rg, columns=present)
+            data = file.read_row_group(rg, columns=present, use_threads=False)
             n = data.num_rows
             values = [data.column(c).to_pylist() if c in present else [None] * n for c in columns]
             for row, item in enumerate(zip(*values, strict=True)):
@@ -67,7 +68,7 @@ class RowGroups:
             return self._cache[key]
         file = self._file(part)
         wanted = None if columns is None else [c for c in columns if c in file.schema_arrow.names]
-        data = file.read_row_group(rg, columns=wanted)
+        data = file.read_row_group(rg, columns=wanted, use_threads=False)
         self._cache[key] = data
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
