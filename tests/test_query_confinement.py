@@ -414,7 +414,7 @@ def test_no_attack_escapes_through_any_entry_point(tmp_path):
     wheres = len(where_attacks(Path("s"), Path("o")))
     assert statements >= 45 and wheres >= 20
     assert report.cases >= 4 * statements + len(where_paths(tmp_path)) * (wheres - 2)
-    assert report.to_dict() == {"suite": "query", "cases": report.cases, "escapes": 0, "details": []}
+    assert report.to_dict() == {"suite": "query", "cases": report.cases, "escapes": 0, "details": [], "escaped": []}
     assert (os.environ.get("HOME"), os.getcwd(), os.environ.get(escapes.SECRET_ENV_VAR)) == (home, cwd, secret)
     assert list((tmp_path / "work").iterdir()) == []  # its scratch folder is gone
     assert {t.name for t in threading.enumerate()} <= threads  # its HTTP server is closed
