@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import omrl.envs.swe.packages as packages
 from omrl import sandbox
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
-from omrl.envs.swe import packages
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 
 MAX_OBSERVATION_CHARS = 6_000

@@ -12,8 +12,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import omrl.envs.swe.bugs as bugs
+import omrl.envs.swe.packages as packages
 from omrl.envs.base import InvalidTask, Task
-from omrl.envs.swe import bugs, packages
 
 
 def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", workers: int = 2,
