@@ -12,14 +12,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx]'
+	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx,web]'
 	# bfcl-eval without its pinned dependencies (see the bfcl extra in pyproject.toml): about 4 s
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 # bubblewrap: the sandbox for agent-written code (the code env's tests); chromium and its driver: the
-# viewer's browser tests; a Java runtime: the ScienceWorld simulator and TextWorldExpress's engine (--env twx).
-# Installed with apt only when missing.
+# miniwob environment and the viewer's browser tests; a Java runtime: the ScienceWorld simulator and
+# TextWorldExpress's engine (--env twx). Installed with apt only when missing.
 system-deps:
 	@missing=""; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \

@@ -29,6 +29,7 @@ ENVIRONMENTS: dict[str, str] = {
     "textworld": "omrl.envs.textworld:TextWorldEnv",
     "twx": "omrl.envs.twx:TwxEnv",
     "swe": "omrl.envs.swe:SweEnv",
+    "miniwob": "omrl.envs.miniwob:MiniWoBEnv",
 }
 
 

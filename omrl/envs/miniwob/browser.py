@@ -1,0 +1,129 @@
+"""One headless Chromium for one environment instance, driven by its own chromedriver under an engine guard.
+
+    browser = Browser()                 # chromedriver + Chromium started (browser.start_s seconds)
+    browser.driver.get(url)             # a selenium WebDriver session
+    browser.close()                     # both gone, with every process Chromium started
+
+- Never left behind: chromedriver runs under omrl.envs.engine.GuardedProcess, and Chromium with all its
+  helpers (zygotes, renderers, GPU and utility processes) is chromedriver's child in the same process
+  group, which the guard kills when the browser is closed or the omrl process dies, SIGKILL included.
+  Chromium's crash handlers (chrome_crashpad_handler) sit in sessions of their own; they exit when the
+  browser they watch is gone (tested with the rest).
+- No network beyond the task pages: the pages are file:// URLs; every http(s) and WebSocket request goes
+  to a proxy address where nothing listens (loopback included), host names resolve to nothing, WebRTC
+  may not use UDP, and Chromium's background services (updates, sync, metrics, safe browsing) are off.
+- Selenium Manager (which looks up and downloads drivers over the internet) never runs: selenium talks
+  to the chromedriver started here as a remote end (webdriver.Remote), with the driver's path given
+  explicitly; its statistics are switched off (SE_AVOID_STATS) should anything in the process call it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+from omrl.envs.engine import GuardedProcess
+
+WINDOW = (500, 320)  # MiniWoB's own window size (its task area is the top-left 160x210 px)
+DEAD_PROXY = "127.0.0.1:9"  # the discard port: nothing answers there
+CHROMIUM_FLAGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+    "--no-default-browser-check", "--disable-extensions", "--disable-sync", "--disable-background-networking",
+    "--disable-component-update", "--disable-default-apps", "--disable-domain-reliability", "--no-pings",
+    "--disable-client-side-phishing-detection", "--safebrowsing-disable-auto-update", "--metrics-recording-only",
+    "--disable-breakpad", "--disable-features=OptimizationGuideModelDownloading,OptimizationHints,Translate,"
+    "MediaRouter,AutofillServerCommunication,CertificateTransparencyComponentUpdater",
+    f"--proxy-server={DEAD_PROXY}", "--proxy-bypass-list=<-loopback>", "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--mute-audio", "--hide-scrollbars",
+)
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def chromedriver_path() -> str | None:
+    return shutil.which("chromedriver")
+
+
+class BrowserError(RuntimeError):
+    """The browser or its driver could not be started."""
+
+
+class Browser:
+    """A headless Chromium with its chromedriver; `driver` is the selenium session."""
+
+    def __init__(self, *, window: tuple[int, int] = WINDOW, start_timeout: float = 90.0,
+                 page_timeout: float = 60.0) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.common.proxy import Proxy, ProxyType
+        from selenium.webdriver.remote.client_config import ClientConfig
+
+        chromium, chromedriver = chromium_path(), chromedriver_path()
+        if not chromium or not chromedriver:
+            raise BrowserError("needs chromium and chromedriver on PATH (apt-get install chromium chromium-driver)")
+        os.environ.setdefault("SE_AVOID_STATS", "true")
+        started = time.monotonic()
+        self.profile = tempfile.mkdtemp(prefix="omrl-chromium-")
+        self.driver: Any = None
+        self.process = GuardedProcess([chromedriver, "--port=0"], stdout=subprocess.PIPE, name="chromedriver")
+        try:
+            port = self._driver_port(start_timeout)
+            options = webdriver.ChromeOptions()
+            options.binary_location = chromium
+            for flag in (*CHROMIUM_FLAGS, f"--window-size={window[0]},{window[1]}", f"--user-data-dir={self.profile}"):
+                options.add_argument(flag)
+            url = f"http://127.0.0.1:{port}"
+            config = ClientConfig(remote_server_addr=url, timeout=int(start_timeout),
+                                  proxy=Proxy({"proxyType": ProxyType.DIRECT}))
+            self.driver = webdriver.Remote(command_executor=url, options=options, client_config=config)
+            self.driver.set_page_load_timeout(page_timeout)
+            self.driver.set_script_timeout(page_timeout)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, Exception) and not isinstance(exc, BrowserError):
+                raise BrowserError(f"starting Chromium failed: {type(exc).__name__}: {str(exc).strip()[:300]}") from exc
+            raise
+        self.start_s = time.monotonic() - started
+
+    def _driver_port(self, timeout: float) -> int:
+        """The port chromedriver reports on stdout; the rest of its stdout is drained by a thread."""
+        stream = self.process.process.stdout
+        found: dict[str, int] = {}
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in iter(stream.readline, b""):
+                match = re.search(rb"started successfully on port (\d+)", line)
+                if match and not ready.is_set():
+                    found["port"] = int(match.group(1))
+                    ready.set()
+            ready.set()  # end of output: chromedriver is gone
+
+        threading.Thread(target=read, name="chromedriver-stdout", daemon=True).start()
+        if not ready.wait(timeout) or "port" not in found:
+            status = self.process.exit_status()
+            raise BrowserError(f"chromedriver did not start ({status}): {self.process.stderr_tail() or 'no output'}")
+        return found["port"]
+
+    def pids(self) -> list[int]:
+        """chromedriver's process group: chromedriver, then Chromium and its helpers."""
+        return self.process.engine_pids()
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def close(self) -> None:
+        """Kill chromedriver's group (Chromium and its helpers) and remove the profile; idempotent.
+
+        No WebDriver quit first: a hung browser would hold it up to the client timeout, and the profile
+        is thrown away anyway."""
+        self.driver = None
+        self.process.close()
+        shutil.rmtree(self.profile, ignore_errors=True)
