@@ -32,7 +32,8 @@ system-deps:
 	else \
 		echo "missing:$$missing -- install with e.g. 'sudo apt-get install$$missing'" \
 		     "(without bubblewrap the code environment refuses to run agent tests; without chromium the" \
-		     "viewer's browser tests skip; without Java the scienceworld and twx environments refuse to run)"; \
+		     "miniwob environment refuses to start and the browser tests skip; without Java the scienceworld" \
+		     "and twx environments refuse to run)"; \
 	fi
 
 test: system-deps $(STAMP)

@@ -130,7 +130,7 @@ class MiniWoBEnv(ToolEnv):
             raise UsageError(f"miniwob time_limit_s must be positive, got {time_limit_s}")
         self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
         self.screenshots = screenshots in (True, "true", "1", 1)
-        self.browser = Browser(start_timeout=start_timeout_s)
+        self.engine = Browser(start_timeout=start_timeout_s)  # `engine`, as in every engine environment
         self.page: PageState | None = None
         self.task: Task | None = None
         self.history: list[Action] = []
@@ -183,7 +183,7 @@ class MiniWoBEnv(ToolEnv):
 
             raise UsageError(f"miniwob task {task.id!r}: its payload needs the MiniWoB task name and seed")
         self.task, self.history = task, []
-        driver = self.browser.driver
+        driver = self.engine.driver
         driver.get(task_url(name))  # a fresh page each episode: nothing carries over from the last one
         _start_episode(driver, str(seed), str(task.payload.get("data_mode") or "train"), self.time_limit_s)
         self.page = _read(driver)
@@ -218,14 +218,14 @@ class MiniWoBEnv(ToolEnv):
                 raise InvalidAction(f"ref must be the number of a listed element, got {ref!r}")
             if self.page is None or self.page.by_ref(number) is None:
                 raise InvalidAction(f"there is no element [{number}] on the page; use a ref from the list")
-            done, element = self.browser.driver.execute_script(
+            done, element = self.engine.driver.execute_script(
                 "return [WOB_DONE_GLOBAL, document.querySelector('[data-omrl-ref=\"' + arguments[0] + '\"]')];",
                 number)
             if done:
                 return self._finished("The task had already ended before this action.")
             if element is None:
                 raise InvalidAction(f"element [{number}] is gone from the page")
-        elif self.browser.driver.execute_script("return WOB_DONE_GLOBAL;"):
+        elif self.engine.driver.execute_script("return WOB_DONE_GLOBAL;"):
             return self._finished("The task had already ended before this action.")
         try:
             perform(element)
@@ -235,13 +235,13 @@ class MiniWoBEnv(ToolEnv):
             raise InvalidAction(f"[{number}] cannot be used that way ({what})") from None
         except StaleElementReferenceException:
             raise InvalidAction(f"element [{number}] is gone from the page") from None
-        self.page = _read(self.browser.driver)
+        self.page = _read(self.engine.driver)
         if self.page.done:
             return self._finished(f"Done: {what}.")
         return StepResult(observation=f"Done: {what}.\n\nThe page:\n{self.page.render()}")
 
     def _finished(self, head: str) -> StepResult:
-        page = self.page = _read(self.browser.driver)
+        page = self.page = _read(self.engine.driver)
         self.done = True
         success = page.raw_reward >= 1.0
         outcome = "success" if success else (page.reason or "failed")
@@ -269,7 +269,7 @@ class MiniWoBEnv(ToolEnv):
         def perform(_: Any) -> None:
             from selenium.webdriver.common.action_chains import ActionChains
 
-            chain = ActionChains(self.browser.driver)
+            chain = ActionChains(self.engine.driver)
             *modifiers, last = keys
             for modifier in modifiers:
                 chain.key_down(modifier)
@@ -299,7 +299,7 @@ class MiniWoBEnv(ToolEnv):
         if direction not in ("up", "down"):
             raise InvalidAction(f"scroll direction must be 'up' or 'down', got {direction!r}")
         amount = SCROLL_PX if direction == "down" else -SCROLL_PX
-        driver = self.browser.driver
+        driver = self.engine.driver
 
         def perform(element: Any) -> None:
             if element is None:
@@ -340,11 +340,11 @@ class MiniWoBEnv(ToolEnv):
         """The task area (#wrap, MiniWoB's 160x210 px box) as a PNG data URI."""
         from selenium.webdriver.common.by import By
 
-        return "data:image/png;base64," + self.browser.driver.find_element(By.ID, "wrap").screenshot_as_base64
+        return "data:image/png;base64," + self.engine.driver.find_element(By.ID, "wrap").screenshot_as_base64
 
     def close(self) -> None:
         super().close()
-        self.browser.close()
+        self.engine.close()
 
 
 def _start_episode(driver: Any, seed: str, data_mode: str, time_limit_s: float | None) -> None:

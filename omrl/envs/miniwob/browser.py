@@ -85,6 +85,10 @@ class Browser:
             self.driver = webdriver.Remote(command_executor=url, options=options, client_config=config)
             self.driver.set_page_load_timeout(page_timeout)
             self.driver.set_script_timeout(page_timeout)
+            # --window-size is the outer size; make the page's own viewport the size MiniWoB expects.
+            inner = self.driver.execute_script("return [window.innerWidth, window.innerHeight];")
+            outer = self.driver.get_window_size()
+            self.driver.set_window_size(outer["width"] + window[0] - inner[0], outer["height"] + window[1] - inner[1])
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception) and not isinstance(exc, BrowserError):
@@ -112,7 +116,7 @@ class Browser:
             raise BrowserError(f"chromedriver did not start ({status}): {self.process.stderr_tail() or 'no output'}")
         return found["port"]
 
-    def pids(self) -> list[int]:
+    def engine_pids(self) -> list[int]:
         """chromedriver's process group: chromedriver, then Chromium and its helpers."""
         return self.process.engine_pids()
 

@@ -103,7 +103,7 @@ for (const item of elements) {  // refs in document order, the first time an ele
 const query = document.getElementById('query');
 return {utterance: query ? query.textContent.replace(/\s+/g, ' ').trim() : '',
         done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, raw_reward: WOB_RAW_REWARD_GLOBAL,
-        reason: WOB_REWARD_REASON === null ? null : String(WOB_REWARD_REASON), elements: elements};
+        reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON), elements: elements};
 """
 
 # Forget the refs of the last episode, so the same seed gives the same refs whatever came before.
