@@ -125,6 +125,12 @@ def click_dialog(fields, page, history):
     return click(find(page, tag="button", text="Close"))
 
 
+def click_dialog_2(fields, page, history):
+    # The dialog's title-bar close button shows an "x" icon; its text is "Close".
+    target = "Close" if fields["target"] == "x" else fields["target"]
+    return click(find(page, tag="button", text=target))
+
+
 def click_tab(fields, page, history):
     return click(find(page, tag="a", text=f"Tab #{fields['target']}"))
 
@@ -159,7 +165,7 @@ def simple_arithmetic(fields, page, history):
 
 SOLVERS: dict[str, Solver] = {
     "click-test": click_test, "click-test-2": click_by_target, "click-button": click_by_target,
-    "unicode-test": click_by_target, "click-dialog-2": click_by_target,
+    "unicode-test": click_by_target, "click-dialog-2": click_dialog_2,
     "click-button-sequence": click_button_sequence, "enter-text": enter_text, "enter-text-2": enter_text_2,
     "enter-password": enter_password, "login-user": login_user, "focus-text": focus_text,
     "focus-text-2": focus_text_2, "click-checkboxes": click_checkboxes, "click-option": click_option,
