@@ -101,7 +101,7 @@ def collect_check(episodes: int, concurrency: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise SystemExit(f"collect failed: {done.stderr[-2000:]}")
     left = marked_processes(marker)
-    engines, left_killed = kill_collect_mid_run(argv("killed"), work, "chrom")
+    engines, left_killed = kill_collect_mid_run(argv("killed"), work, "chromium")
     summary = [line for line in done.stdout.splitlines() if "written" in line or "success" in line]
     return {"collect_episodes": episodes, "collect_concurrency": concurrency, "collect_s": round(collect_s, 1),
             "collect_summary": " / ".join(s.strip() for s in summary),

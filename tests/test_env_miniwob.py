@@ -126,8 +126,8 @@ def test_a_wrong_answer_and_a_timeout_are_minus_one(env, tasks):
     target = task_of(tasks, "click-button").instruction.split('"')[1]
     wrong = next(e for e in env.page.elements if e.tag == "button" and e.text != target)
     result = env.step(Action(tool="click", arguments={"ref": wrong.ref}))
-    assert result.done and result.reward == -1.0 and result.info == {"success": False, "raw_reward": -1.0,
-                                                                      "reason": None}
+    assert result.done and result.reward == -1.0 and result.info == {
+        "success": False, "raw_reward": -1.0, "reason": None, "note": "MiniWoB reward -1.00 (raw -1, failed)"}
     assert "episode is over" in env.step(Action(tool="click", arguments={"ref": wrong.ref})).observation
 
     env.time_limit_s = 0.3  # MiniWoB's own timer, shortened
@@ -140,6 +140,27 @@ def test_a_wrong_answer_and_a_timeout_are_minus_one(env, tasks):
         env.time_limit_s = None
     assert late.done and late.reward == -1.0 and late.info["reason"] == "timed out"
     assert "already ended before this action" in late.observation
+
+
+COVER = """
+const target = document.querySelector('[data-omrl-ref="' + arguments[0] + '"]'), r = target.getBoundingClientRect();
+let cover = document.getElementById('cover');
+if (!cover) { cover = document.createElement('div'); cover.id = 'cover'; document.body.appendChild(cover); }
+cover.setAttribute('style', 'position:fixed; z-index:9; background:red; left:' + r.left + 'px; top:' + r.top +
+                   'px; height:' + r.height + 'px; width:' + (r.width * arguments[1]) + 'px');
+"""
+
+
+def test_a_covered_element_is_clicked_where_it_shows(env, tasks):
+    task = task_of(tasks, "click-button")
+    env.reset(task)
+    target = next(e for e in env.page.elements if e.tag == "button" and e.text == task.instruction.split('"')[1])
+    env.engine.driver.execute_script(COVER, target.ref, 1.0)  # all of it hidden behind another element
+    covered = env.step(Action(tool="click", arguments={"ref": target.ref}))
+    assert covered.info.get("invalid_action") and "covered by another element" in covered.observation
+    env.engine.driver.execute_script(COVER, target.ref, 0.6)  # its centre hidden, its right part shows
+    clicked = env.step(Action(tool="click", arguments={"ref": target.ref}))
+    assert clicked.done and clicked.info["success"], clicked.observation
 
 
 def test_invalid_actions_are_observations(env, tasks):
@@ -274,5 +295,5 @@ def test_collect_leaves_no_browser_behind_when_it_ends_or_is_killed(tasks, tmp_p
     assert f"{len(tasks)} written" in done.stdout and "success 100.0%" in done.stdout, done.stdout
     assert marked_processes(marker) == []  # checked at once: close() waits for each browser's group
 
-    engines, left = kill_collect_mid_run(_collect_args(tasks_file, tmp_path / "killed", 3), tmp_path, "chrom")
+    engines, left = kill_collect_mid_run(_collect_args(tasks_file, tmp_path / "killed", 3), tmp_path, "chromium")
     assert engines and left == []

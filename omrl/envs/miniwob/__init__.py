@@ -63,6 +63,19 @@ KEYS = {"enter": "ENTER", "return": "RETURN", "tab": "TAB", "backspace": "BACKSP
 MODIFIERS = {"control": "CONTROL", "ctrl": "CONTROL", "shift": "SHIFT", "alt": "ALT", "meta": "META",
              "cmd": "META"}
 SCROLL_PX = 50  # MiniWoB's own scroll step
+# A point of the element that is not covered by another one, as an offset from its centre (None: none).
+VISIBLE_POINT_SCRIPT = r"""
+const el = arguments[0], r = el.getBoundingClientRect(), steps = 8;
+for (let i = 1; i < steps; i++) {
+  for (let j = 1; j < steps; j++) {
+    const x = r.left + r.width * i / steps, y = r.top + r.height * j / steps, hit = document.elementFromPoint(x, y);
+    if (hit && (hit === el || el.contains(hit))) {
+      return [Math.round(x - (r.left + r.width / 2)), Math.round(y - (r.top + r.height / 2))];
+    }
+  }
+}
+return null;
+"""
 READY_TRIES = 40  # x 50 ms: how long a task may take to say it is ready (WOB_TASK_READY)
 
 
@@ -247,12 +260,27 @@ class MiniWoBEnv(ToolEnv):
         outcome = "success" if success else (page.reason or "failed")
         return StepResult(observation=f"{head}\nThe task ended: reward {page.reward:.2f} ({outcome}).",
                           reward=page.reward, done=True,
-                          info={"success": success, "raw_reward": page.raw_reward, "reason": page.reason})
+                          info={"success": success, "raw_reward": page.raw_reward, "reason": page.reason,
+                                "note": f"MiniWoB reward {page.reward:.2f} (raw {page.raw_reward:g}, {outcome})"})
 
     # ---------------------------------------------------------------- tools
 
     def tool_click(self, ref: Any) -> StepResult:
-        return self._act(ref, f"clicked [{_ref_number(ref)}]", lambda element: element.click())
+        return self._act(ref, f"clicked [{_ref_number(ref)}]", self._click)
+
+    def _click(self, element: Any) -> None:
+        """A mouse click at the element's centre, or, when something covers the centre, at a point of it
+        that shows (as a person clicks the visible part of a half-covered button)."""
+        from selenium.common.exceptions import ElementClickInterceptedException
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        try:
+            element.click()
+        except ElementClickInterceptedException:
+            offset = self.engine.driver.execute_script(VISIBLE_POINT_SCRIPT, element)
+            if offset is None:
+                raise
+            ActionChains(self.engine.driver).move_to_element_with_offset(element, *offset).click().perform()
 
     def tool_type(self, ref: Any, text: Any) -> StepResult:
         text = "" if text is None else str(text)
