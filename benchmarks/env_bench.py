@@ -73,6 +73,9 @@ BENCHES: dict[str, Bench] = {
     # the wall time) is quick; other task types spend most of an episode's wall time making the gold path.
     "scienceworld": Bench(lambda n: generate_tasks("scienceworld", n, split="test", tasks=SCIENCEWORLD_SHORT),
                           max_turns=64, max_tasks=8),
+    # One Chromium per instance (start_s: its start); the utterances are read from the pages when the tasks
+    # are made, before the clock starts.
+    "miniwob": Bench(lambda n: generate_tasks("miniwob", n, split="test", tasks="scripted"), max_turns=12),
 }
 
 

@@ -35,7 +35,6 @@ running our own code). What the engine prints goes to its stderr, kept (the last
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
 import socket
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import OmrlError
+from omrl.plugins import load_target
 
 GUARD = str(Path(__file__).with_name("_guard.py"))
 _TAIL_BYTES = 8192
@@ -301,14 +301,6 @@ class EngineWorker:
 # ---------------------------------------------------------------- the worker side
 
 
-def _resolve(target: str) -> Any:
-    module_name, _, attribute = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def serve(fd: int) -> None:
     """The worker loop: build the engine object on "start", run its methods on "call", until EOF."""
     os.dup2(2, 1)  # what the engine prints lands in stderr (kept for error messages), never anywhere else
@@ -321,7 +313,7 @@ def serve(fd: int) -> None:
             break
         try:
             if message[0] == "start":
-                engine = _resolve(message[1])(**message[2])
+                engine = load_target(message[1])(**message[2])
                 result = None
             else:
                 _, method, args, kwargs = message
