@@ -77,6 +77,7 @@ def kill_collect_mid_run(argv: list[str], cwd: Path, engine_word: str, timeout: 
             time.sleep(0.2)
         assert engines, f"no {engine_word} process appeared: {command.stderr.read().decode()[-2000:] if command.poll() is not None else 'still starting'}"
         time.sleep(1.0)  # let it play a little
+        engines = [p for p in marked_processes(marker) if engine_word in command_line(p)] or engines  # at the kill
         os.kill(command.pid, signal.SIGKILL)
         command.wait()
         deadline = time.monotonic() + 10

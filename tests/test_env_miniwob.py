@@ -297,3 +297,25 @@ def test_collect_leaves_no_browser_behind_when_it_ends_or_is_killed(tasks, tmp_p
 
     engines, left = kill_collect_mid_run(_collect_args(tasks_file, tmp_path / "killed", 3), tmp_path, "chromium")
     assert engines and left == []
+
+
+def test_many_drivers_start_at_once():
+    """chromedriver's own --port=0 failed to bind when eight started together (env_bench at 8 in flight)."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omrl.envs.miniwob.browser import chromedriver_path, start_chromedriver
+
+    with ThreadPoolExecutor(8) as pool:
+        started = list(pool.map(lambda _: start_chromedriver(chromedriver_path(), 60), range(8)))
+    try:
+        ports = [port for _, port in started]
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy from the environment
+        assert len(set(ports)) == 8
+        for port in ports:
+            with direct.open(f"http://127.0.0.1:{port}/status", timeout=10) as reply:
+                assert json.load(reply)["value"]["ready"] is True
+    finally:
+        for process, _ in started:
+            process.close()
+    assert all(not process.alive() for process, _ in started)

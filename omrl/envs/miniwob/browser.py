@@ -20,8 +20,8 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -32,6 +32,7 @@ from omrl.envs.engine import GuardedProcess
 
 WINDOW = (500, 320)  # MiniWoB's own window size (its task area is the top-left 160x210 px)
 DEAD_PROXY = "127.0.0.1:9"  # the discard port: nothing answers there
+DRIVER_TRIES = 3
 CHROMIUM_FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
     "--no-default-browser-check", "--disable-extensions", "--disable-sync", "--disable-background-networking",
@@ -72,9 +73,9 @@ class Browser:
         started = time.monotonic()
         self.profile = tempfile.mkdtemp(prefix="omrl-chromium-")
         self.driver: Any = None
-        self.process = GuardedProcess([chromedriver, "--port=0"], stdout=subprocess.PIPE, name="chromedriver")
+        self.process: GuardedProcess | None = None
         try:
-            port = self._driver_port(start_timeout)
+            self.process, port = start_chromedriver(chromedriver, start_timeout)
             options = webdriver.ChromeOptions()
             options.binary_location = chromium
             for flag in (*CHROMIUM_FLAGS, f"--window-size={window[0]},{window[1]}", f"--user-data-dir={self.profile}"):
@@ -96,32 +97,12 @@ class Browser:
             raise
         self.start_s = time.monotonic() - started
 
-    def _driver_port(self, timeout: float) -> int:
-        """The port chromedriver reports on stdout; the rest of its stdout is drained by a thread."""
-        stream = self.process.process.stdout
-        found: dict[str, int] = {}
-        ready = threading.Event()
-
-        def read() -> None:
-            for line in iter(stream.readline, b""):
-                match = re.search(rb"started successfully on port (\d+)", line)
-                if match and not ready.is_set():
-                    found["port"] = int(match.group(1))
-                    ready.set()
-            ready.set()  # end of output: chromedriver is gone
-
-        threading.Thread(target=read, name="chromedriver-stdout", daemon=True).start()
-        if not ready.wait(timeout) or "port" not in found:
-            status = self.process.exit_status()
-            raise BrowserError(f"chromedriver did not start ({status}): {self.process.stderr_tail() or 'no output'}")
-        return found["port"]
-
     def engine_pids(self) -> list[int]:
         """chromedriver's process group: chromedriver, then Chromium and its helpers."""
-        return self.process.engine_pids()
+        return self.process.engine_pids() if self.process is not None else []
 
     def alive(self) -> bool:
-        return self.process.alive()
+        return self.process is not None and self.process.alive()
 
     def close(self) -> None:
         """Kill chromedriver's group (Chromium and its helpers) and remove the profile; idempotent.
@@ -129,5 +110,51 @@ class Browser:
         No WebDriver quit first: a hung browser would hold it up to the client timeout, and the profile
         is thrown away anyway."""
         self.driver = None
-        self.process.close()
+        if self.process is not None:
+            self.process.close()
         shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def start_chromedriver(chromedriver: str, timeout: float) -> tuple[GuardedProcess, int]:
+    """chromedriver under an engine guard, listening on 127.0.0.1: (its process, its port).
+
+    The port is one the kernel just gave out (chromedriver's own --port=0 races when several start at once:
+    it binds IPv4 and IPv6 separately); a driver that still fails to bind, exits or stays silent is killed
+    and started again on another port, DRIVER_TRIES times in all, within `timeout` seconds."""
+    problems = []
+    deadline = time.monotonic() + timeout
+    for _ in range(DRIVER_TRIES):
+        port = _free_port()
+        process = GuardedProcess([chromedriver, f"--port={port}"], stdout=subprocess.PIPE, name="chromedriver")
+        ready = _line_seen(process.process.stdout, b"started successfully on port")
+        while time.monotonic() < deadline and not ready.is_set() and process.alive():
+            if "bind() failed" in process.stderr_tail():
+                break
+            ready.wait(0.1)
+        if ready.is_set() and process.alive() and "bind() failed" not in process.stderr_tail():
+            return process, port
+        problems.append(f"port {port}: {process.exit_status()}, {process.stderr_tail(2) or 'no output'}")
+        process.close()
+        if time.monotonic() >= deadline:
+            break
+    raise BrowserError(f"chromedriver did not start: {'; '.join(problems)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _line_seen(stream: Any, needle: bytes) -> threading.Event:
+    """An event set when `needle` shows in a line of `stream` or the stream ends; a thread drains it meanwhile."""
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in iter(stream.readline, b""):
+            if needle in line:
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=read, name="chromedriver-stdout", daemon=True).start()
+    return seen
