@@ -33,6 +33,7 @@ from typing import Any
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.envs.miniwob.page import CLEAR_REFS_SCRIPT, PAGE_SCRIPT, PageState
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.errors import UsageError
 
 SPLITS = ("train", "test")
 MINIWOB_VERSION = "1.1.0"
@@ -100,8 +101,6 @@ def task_names() -> tuple[str, ...]:
 
 def task_url(name: str) -> str:
     """The file:// URL of one task page; an unknown name is a UsageError."""
-    from omrl.errors import UsageError
-
     root = html_dir()
     page = (root / f"{name}.html") if root is not None and re.fullmatch(r"[a-z0-9-]+", name or "") else None
     if page is None or not page.is_file():
@@ -111,7 +110,6 @@ def task_url(name: str) -> str:
 
 def _selected_tasks(tasks: str | list[str] | None) -> list[str]:
     from omrl.envs.miniwob.solver import SOLVERS
-    from omrl.errors import UsageError
 
     if tasks in (None, "", "all"):
         return list(task_names())
@@ -138,8 +136,6 @@ class MiniWoBEnv(ToolEnv):
         from omrl.envs.miniwob.browser import Browser
 
         if time_limit_s is not None and float(time_limit_s) <= 0:
-            from omrl.errors import UsageError
-
             raise UsageError(f"miniwob time_limit_s must be positive, got {time_limit_s}")
         self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
         self.screenshots = screenshots in (True, "true", "1", 1)
@@ -166,6 +162,8 @@ class MiniWoBEnv(ToolEnv):
         with its own seed; the utterances are read from the pages in one browser."""
         names = _selected_tasks(tasks)
         plan = [(names[i % len(names)], f"{split}:{seed}:{i // len(names)}") for i in range(n)]
+        if not plan:
+            return []
         from omrl.envs.miniwob.browser import Browser
 
         browser = Browser()
@@ -192,8 +190,6 @@ class MiniWoBEnv(ToolEnv):
         name = task.payload.get("task")
         seed = task.payload.get("seed")
         if not isinstance(name, str) or seed is None:
-            from omrl.errors import UsageError
-
             raise UsageError(f"miniwob task {task.id!r}: its payload needs the MiniWoB task name and seed")
         self.task, self.history = task, []
         driver = self.engine.driver
