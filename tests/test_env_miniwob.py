@@ -3,7 +3,7 @@
 What the agent sees matches the page (hidden elements are not offered, what is offered exists and can be
 used), MiniWoB's own rewards, the scripted expert, tasks by seed, no network, screenshots, a crashed
 browser stored as env_error and replaced, and no browser or driver process left after collect ends or is
-killed with SIGKILL. A few tasks and seeds only: the 50-seed figures are benchmarks/miniwob_bench.py.
+killed with SIGKILL. A few tasks and seeds only: the 50-seed figures are benchmarks/expert_success.py and collect_leftovers.py.
 """
 
 from __future__ import annotations
