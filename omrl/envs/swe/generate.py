@@ -44,6 +44,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
         baseline = {"id": "baseline", "passed": sorted(run.passed()), "seconds": run.seconds,
                     "timed_out": run.timed_out}
         _append(state, baseline)
+        tried["baseline"] = baseline
     report["baseline_passed"] = len(baseline["passed"])
     report["baseline_seconds"] = baseline["seconds"]
     if not baseline["passed"] or baseline["timed_out"]:
@@ -60,6 +61,8 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     per_modifier = report.setdefault("modifiers", {})
     kept: list[Task] = [task_from_record(spec, package, r, split, per_test_timeout_s)
                         for r in tried.values() if r.get("kept")]
+    report["resumed"] = sum("modifier" in r for r in tried.values())
+    test_seconds = [sum(r.get("seconds") or 0.0 for r in tried.values())]  # every test run's, baseline included
     for record in tried.values():
         if "modifier" in record:
             counts = per_modifier.setdefault(record["modifier"], {"kept": 0, "tried": 0})
@@ -72,6 +75,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
         record = validate(package, candidate, passed, per_test_timeout_s)
         with lock:
             _append(state, record)
+            test_seconds[0] += record["seconds"]
             counts = per_modifier.setdefault(candidate.modifier, {"kept": 0, "tried": 0})
             counts["tried"] += 1
             if record["kept"] and len(kept) < quota:
@@ -87,6 +91,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     report["kept"] = len(kept)
     report["tried"] = sum(c["tried"] for c in per_modifier.values())
     report["seconds"] = round(time.monotonic() - started, 1)
+    report["test_seconds"] = round(test_seconds[0], 1)
     return kept[:quota]
 
 
