@@ -39,19 +39,23 @@ FILES = {
 }
 
 
-@pytest.fixture(scope="module")
-def sdist(tmp_path_factory) -> str:
-    """omrl-tinycalc-0.1.tar.gz, deterministic (fixed times and order), so its cache entries are reused."""
+def build_sdist(folder, files: dict[str, str], version: str) -> str:
+    """omrl-tinycalc-VERSION.tar.gz, deterministic (fixed times and order), so its cache entries are reused."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
-        for name, text in sorted(FILES.items()):
-            info = tarfile.TarInfo(f"omrl-tinycalc-0.1/{name}")
+        for name, text in sorted(files.items()):
+            info = tarfile.TarInfo(f"omrl-tinycalc-{version}/{name}")
             info.size, info.mtime, info.mode = len(text.encode()), 0, 0o644
             tar.addfile(info, io.BytesIO(text.encode()))
-    path = tmp_path_factory.mktemp("sdist") / "omrl-tinycalc-0.1.tar.gz"
+    path = folder / f"omrl-tinycalc-{version}.tar.gz"
     with gzip.GzipFile(path, "wb", mtime=0) as out:
         out.write(data.getvalue())
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> str:
+    return build_sdist(tmp_path_factory.mktemp("sdist"), FILES, "0.1")
 
 
 class Made(list):
@@ -105,6 +109,26 @@ def test_a_candidate_the_tests_do_not_catch_is_dropped(sdist):
     passed = {f"tests/test_calc.py::test_{name}" for name in ("clamp_low", "clamp_high", "clamp_inside", "mean")}
     assert validate(package, harmless, passed, 10.0)["why"] == "no test failed"
     assert validate(package, looping, passed, 2.0)["why"] == "a test hit its time limit"  # the per-test limit
+
+
+def test_a_function_reverted_to_an_earlier_release_makes_a_task(sdist, tmp_path):
+    """0.0.9's clamp forgot its upper bound: the revert is tried first (seed 1: a run of its own) and kept."""
+    earlier = {**FILES, "PKG-INFO": FILES["PKG-INFO"].replace("0.1", "0.0.9"),
+               "src/tinycalc/__init__.py": FILES["src/tinycalc/__init__.py"].replace(
+                   "    if value > high:\n        return high\n", "")}
+    old = build_sdist(tmp_path, earlier, "0.0.9")
+    runner = CliRunner()
+    made = runner.invoke(cli, ["tasks", "generate", "swe", "--package", sdist, "--earlier", old, "--n", "1",
+                               "--seed", "1", "--option", "max_candidates=1", "--out", str(tmp_path / "t.jsonl")])
+    assert made.exit_code == 0, made.output
+    [task] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    payload = task["payload"] if isinstance(task["payload"], dict) else json.loads(task["payload"])
+    assert payload["modifier"] == bugs.EARLIER_RELEASE and payload["function"] == "clamp"
+    assert payload["FAIL_TO_PASS"] == ["tests/test_calc.py::test_clamp_high"] and len(payload["PASS_TO_PASS"]) == 3
+    other = build_sdist(tmp_path, {**earlier, "PKG-INFO": "Metadata-Version: 2.1\nName: other\nVersion: 1\n"}, "1")
+    refused = runner.invoke(cli, ["tasks", "generate", "swe", "--package", sdist, "--earlier", other, "--n", "1",
+                                  "--out", str(tmp_path / "u.jsonl")])
+    assert refused.exit_code != 0 and "no --package of that name" in refused.output, refused.output
 
 
 def test_the_fix_through_the_tools_resolves_and_an_empty_submission_does_not(tasks):

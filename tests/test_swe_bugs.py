@@ -121,3 +121,57 @@ def test_a_change_that_breaks_the_syntax_is_not_proposed():
     source = bugs._Source(text)
     assert source.replace(function.body[0].value, "x +", function) is None
     assert source.replace(function.body[0].value, "x + 1", function) == "def f(x):\n    return x + 1\n"
+
+
+NOW = {
+    "pkg/ops.py": (
+        "class Stack:\n    def push(self, item):\n        \"\"\"Add item on top.\"\"\"\n"
+        "        self.items.append(item)\n        return len(self.items)\n\n"
+        "    def peek(self):\n        return self.items[-1]\n\n\n"
+        "def describe(n):\n    \"\"\"Words for n.\"\"\"\n    text = '''many\nthings'''\n    return text if n > 1 else 'one'\n\n\n"
+        "def added_later(x):\n    return x\n\n\n"
+        "def one_liner(x): return x + 1\n"),
+    "pkg/same.py": "def f(x):\n    \"\"\"New words.\"\"\"\n    return x * 2  # a comment\n",
+    "pkg/new_file.py": "def g():\n    return 1\n",
+}
+EARLIER = {
+    "pkg/ops.py": (
+        "class Stack:\n    def push(self, item):\n        \"\"\"Add item.\"\"\"\n"
+        "        self.items.append(item)\n\n"
+        "    def peek(self):\n        return self.items[-1]\n\n\n"
+        "if True:\n    def describe(n):\n        text = '''many\nthings'''\n        return text\n\n\n"
+        "def one_liner(x): return x\n"),
+    "pkg/same.py": "def f(x):\n    \"\"\"Old words.\"\"\"\n    return x*2\n",
+}
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text, encoding="utf-8", newline="")
+    return root
+
+
+def test_a_function_reverts_to_the_earlier_release_body(tmp_path):
+    """Only functions whose statements changed (docstrings, comments and spacing aside) revert, each alone, matched
+    by qualified name (describe sat under an `if` earlier: its lines are re-indented, its string's left alone)."""
+    now, then = write_tree(tmp_path / "now", NOW), write_tree(tmp_path / "then", EARLIER)
+    found = bugs.reverted(now, then)
+    assert [(c.path, c.function, c.modifier) for c in found] == [("pkg/ops.py", "push", bugs.EARLIER_RELEASE),
+                                                                ("pkg/ops.py", "describe", bugs.EARLIER_RELEASE)]
+    push, describe = found
+    assert push.buggy == NOW["pkg/ops.py"].replace("        return len(self.items)\n", "")  # its docstring stays
+    assert describe.buggy == NOW["pkg/ops.py"].replace("    return text if n > 1 else 'one'\n", "    return text\n")
+    for candidate in found:
+        assert candidate.original == NOW["pkg/ops.py"] and candidate.bug_patch().startswith("diff --git a/pkg/ops.py")
+        edit = candidate.fix_edit()
+        assert candidate.buggy.count(edit["old"]) == 1
+        assert candidate.buggy.replace(edit["old"], edit["new"]) == candidate.original
+    assert bugs.reverted(now, now) == []
+
+
+def test_a_reverted_body_takes_the_current_indentation(tmp_path):
+    now = write_tree(tmp_path / "now", {"pkg/tabs.py": "def g(x):\n    y = x + 1\n    return y < 4\n"})
+    then = write_tree(tmp_path / "then", {"pkg/tabs.py": "def g(x):\n\ty = x + 2\n\treturn y < 4\n"})
+    [candidate] = bugs.reverted(now, then)
+    assert candidate.buggy == "def g(x):\n    y = x + 2\n    return y < 4\n"

@@ -71,18 +71,23 @@ def show(path: str, examples: int) -> None:
               help="Generator option (repeatable; JSON values), e.g. --option walls=true for grid.")
 @click.option("--package", "packages", multiple=True, metavar="NAME==VERSION",
               help="A package whose source the generator uses (repeatable; the swe generator's `packages`).")
+@click.option("--earlier", "earlier", multiple=True, metavar="NAME==VERSION",
+              help="An earlier release of a --package: swe also tries its functions' earlier bodies as bugs.")
 @user_errors
 def generate(kind: str, out: str, n: int, seed: int, split: str | None, options: tuple[str, ...],
-             packages: tuple[str, ...]) -> None:
+             packages: tuple[str, ...], earlier: tuple[str, ...]) -> None:
     """Generate tasks with environment ENV's own generator (math, shop, code, grid, swe, os, ...; see `omrl envs`).
 
     Example:  omrl tasks generate math --n 200 --seed 1 --out math.parquet
               omrl tasks generate swe --package more-itertools==10.2.0 --package toolz==0.12.1 --n 40 --out swe.jsonl
+              omrl tasks generate swe --package more-itertools==10.2.0 --earlier more-itertools==10.1.0 --out swe.jsonl
     """
     from omrl.cli.collect import env_options
     from omrl.tasks import generate_tasks, write_tasks
 
     extra = {"packages": list(packages)} if packages else {}
+    if earlier:
+        extra["earlier"] = list(earlier)
     generated = generate_tasks(kind, n=n, seed=seed, split=split, **env_options(options, "--option"), **extra)
     write_tasks(generated, out)
     console.print(f"wrote {len(generated)} {kind} tasks to {out}")

@@ -1,8 +1,9 @@
 """Candidate bugs for a package's source: omrl's own procedural modifiers (one small change to one function), and
-the validation that keeps a candidate only when its tests catch it.
+functions reverted to an earlier release's body; generate.py keeps a candidate only when the tests catch it.
 
 A modifier looks at one function's AST and proposes changes of one expression or statement; the change is made
 on the source text (only that expression's characters, or that statement's lines), so the fix is a small diff.
+A revert replaces the lines of a function's statements (its docstring aside) with the earlier release's.
 """
 
 from __future__ import annotations
@@ -175,10 +176,86 @@ def candidates(tree: Path, seed: int = 0, per_function: int = 2) -> list[Candida
     return found
 
 
+EARLIER_RELEASE = "earlier_release"
+
+
+def reverted(tree: Path, earlier: Path) -> list[Candidate]:
+    """A candidate per function whose statements (its docstring aside) differ in an earlier release's tree: those
+    lines as the earlier release had them, re-indented to the function's place (functions matched by file and
+    qualified name), in the order of the files and of the functions in them."""
+    found = []
+    for relative in source_files(tree):
+        if not (earlier / relative).is_file():
+            continue
+        now, then = ((root / relative).read_text(encoding="utf-8", errors="replace") for root in (tree, earlier))
+        try:
+            new_functions, old_functions = _functions_by_name(ast.parse(now)), _functions_by_name(ast.parse(then))
+        except SyntaxError:
+            continue
+        source, old_source = _Source(now), _Source(then)
+        for name, function in new_functions.items():
+            old = old_functions.get(name)
+            new_body, old_body = _body(function), _body(old) if old is not None else []
+            if not new_body or not old_body or _dump(new_body) == _dump(old_body):
+                continue
+            text = _reindented(old_source, old_body, source.indent(new_body[0]))
+            buggy = source.replace_lines(new_body[0].lineno, new_body[-1].end_lineno, text)
+            if buggy is not None and buggy != now:
+                found.append(Candidate(relative, function.name, EARLIER_RELEASE, buggy, now))
+    return found
+
+
+def _functions_by_name(module: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function by its qualified name (Class.method, outer.<locals>.inner); a name defined twice: the last."""
+    found = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[prefix + child.name] = child
+                visit(child, f"{prefix}{child.name}.<locals>.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(module, "")
+    return found
+
+
+def _body(function: ast.AST) -> list[ast.stmt]:
+    """The function's statements after its docstring, or [] when they do not start on lines of their own."""
+    body = list(function.body)
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value,
+                                                                                                 str):
+        body = body[1:]
+    if not body or body[0].lineno == function.lineno or (len(body) < len(function.body)
+                                                         and body[0].lineno == function.body[0].end_lineno):
+        return []
+    return body
+
+
+def _dump(statements: list[ast.stmt]) -> str:
+    return "\n".join(ast.dump(statement) for statement in statements)
+
+
+def _reindented(source: _Source, statements: list[ast.stmt], indent: str) -> str:
+    """Those statements' whole lines, the first one's indentation replaced by `indent` on each line that starts
+    with it (other lines, such as a string's continuation, kept as they are)."""
+    start, end = source.offsets[statements[0].lineno - 1], source.offsets[statements[-1].end_lineno]
+    text = source.data[start:end].decode("utf-8", errors="replace")
+    prefix = source.indent(statements[0])
+    if prefix == indent:
+        return text
+    return "".join(indent + line[len(prefix):] if line.startswith(prefix) else line
+                   for line in text.splitlines(keepends=True))
+
+
 class _Source:
     """One file's text, its UTF-8 bytes and line offsets, computed once for all the changes proposed in it."""
 
     def __init__(self, text: str) -> None:
+        self.text = text
         self.data = text.encode("utf-8")
         # where each line starts, in bytes (AST columns are UTF-8 bytes), lines ending as Python's tokenizer ends
         # them: not at a form feed or the other breaks str.splitlines knows
@@ -207,6 +284,24 @@ class _Source:
                 return changed.decode("utf-8", errors="replace")
         text = changed.decode("utf-8", errors="replace")
         return text if _parses(text) else None
+
+
+    def indent(self, statement: ast.stmt) -> str:
+        """The text before a statement on its line (its indentation)."""
+        start = self.offsets[statement.lineno - 1]
+        return self.data[start:start + statement.col_offset].decode("utf-8", errors="replace")
+
+    def replace_lines(self, start: int, end: int, text: str) -> str | None:
+        """The text with lines start..end (1-based, inclusive) replaced by `text`, which keeps the last replaced
+        line's ending; None if the result does not parse."""
+        if not 1 <= start <= end < len(self.offsets):
+            return None
+        old = self.data[self.offsets[start - 1]:self.offsets[end]]
+        ending = old[len(old.rstrip(b"\r\n")):]
+        new = text.rstrip("\r\n").encode("utf-8") + ending
+        changed = (self.data[:self.offsets[start - 1]] + new + self.data[self.offsets[end]:]).decode(
+            "utf-8", errors="replace")
+        return changed if _parses(changed) else None
 
 
 def _parses(text: str) -> bool:

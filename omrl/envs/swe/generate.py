@@ -1,12 +1,14 @@
 """Generate validated SWE tasks: per package, a baseline test run, then candidate bugs run in the sandbox (in
 parallel), kept only when >= 1 test that passed now fails and every other test that passed still passes
 (no run or test past its time limit). Resumable: each tried candidate is recorded under the cache folder.
+Candidates: functions reverted to an earlier release's body first (when one is given), then omrl's modifiers'.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,21 +21,36 @@ from omrl.envs.base import InvalidTask, Task
 
 def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", workers: int = 2,
              per_test_timeout_s: float = 10.0, max_candidates: int | None = None, report: dict | None = None,
-             progress=print) -> list[Task]:
-    """About n validated tasks spread over the packages of `specs`; `report` (if given) receives per package
-    and per modifier kept/tried counts and timings."""
+             earlier: list[str] | None = None, progress=print) -> list[Task]:
+    """About n validated tasks spread over the packages of `specs`; `earlier` names earlier releases (NAME==VERSION
+    or a local sdist) of some of them, matched by name, whose function bodies are reverted to as candidates;
+    `report` (if given) receives per package and per modifier kept/tried counts and timings."""
     report = report if report is not None else {}
     quota = math.ceil(n / len(specs))
+    fetched = [(spec, packages.fetch(spec, progress=progress)) for spec in specs]
+    releases = {_normal(p.name): p for p in (packages.fetch(s, progress=progress, env=False) for s in earlier or [])}
+    unmatched = [p.key for name, p in releases.items() if name not in {_normal(q.name) for _, q in fetched}]
+    if unmatched:
+        raise InvalidTask(f"earlier release {', '.join(unmatched)}: no --package of that name")
     tasks: list[Task] = []
-    for spec in specs:
-        package = packages.fetch(spec, progress=progress)
-        kept = _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates,
-                              report.setdefault(package.key, {}), progress)
-        tasks += kept
+    for spec, package in fetched:
+        tasks += _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates,
+                                report.setdefault(package.key, {}), progress, releases.get(_normal(package.name)))
     return tasks[:n] if len(tasks) > n else tasks
 
 
-def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates, report, progress):
+def candidates(package: packages.Package, seed: int = 0, earlier: packages.Package | None = None) -> list[bugs.Candidate]:
+    """The candidates tried, in order: reverts to the earlier release (if any), then the modifiers' (seeded)."""
+    reverts = bugs.reverted(package.source, earlier.source) if earlier is not None else []
+    return reverts + bugs.candidates(package.source, seed=seed)
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates, report, progress,
+                   earlier=None):
     started = time.monotonic()
     state = packages.cache_dir() / "runs" / f"{package.source.name}-s{seed}-t{per_test_timeout_s:g}.jsonl"
     state.parent.mkdir(parents=True, exist_ok=True)
@@ -52,10 +69,13 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
                           f"{', timed out' if baseline['timed_out'] else ''}); pick another package or version")
     passed = set(baseline["passed"])
     searched = time.monotonic()
-    candidates = bugs.candidates(package.source, seed=seed)
-    report["candidates"], report["candidates_seconds"] = len(candidates), round(time.monotonic() - searched, 2)
+    found = candidates(package, seed, earlier)
+    report["candidates"], report["candidates_seconds"] = len(found), round(time.monotonic() - searched, 2)
+    if earlier is not None:
+        report["earlier_release"] = earlier.key
+        report["earlier_release_candidates"] = sum(c.modifier == bugs.EARLIER_RELEASE for c in found)
     if max_candidates is not None:
-        candidates = candidates[:max_candidates]
+        found = found[:max_candidates]
     lock = threading.Lock()
     stop = threading.Event()
     per_modifier = report.setdefault("modifiers", {})
@@ -87,7 +107,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
 
     if len(kept) < quota:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            list(pool.map(attempt, candidates))
+            list(pool.map(attempt, found))
     report["kept"] = len(kept)
     report["tried"] = sum(c["tried"] for c in per_modifier.values())
     report["seconds"] = round(time.monotonic() - started, 1)

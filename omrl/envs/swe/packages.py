@@ -63,8 +63,9 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return name, version
 
 
-def fetch(spec: str, progress=print) -> Package:
-    """The package of NAME==VERSION (or a local sdist): downloaded once, unpacked once, its environment built once."""
+def fetch(spec: str, progress=print, env: bool = True) -> Package:
+    """The package of NAME==VERSION (or a local sdist): downloaded once, unpacked once, its environment built once
+    (env=False: not built, for a release whose source is only read, as an earlier release's is)."""
     name, version = parse_spec(spec)
     archive = Path(version) if not name else _download(name, version, progress)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
@@ -76,7 +77,7 @@ def fetch(spec: str, progress=print) -> Package:
     name = name or info.get("Name") or top.rsplit("-", 1)[0]
     version = info.get("Version") or top.rsplit("-", 1)[-1]
     package = Package(name, version, source, cache_dir() / "envs" / f"{top}-{digest[:12]}", digest)
-    if not (package.env / ".omrl-complete").exists():
+    if env and not (package.env / ".omrl-complete").exists():
         progress(f"{package.key}: installing its test environment (wheels only)")
         _build_env(package, info)
     return package
