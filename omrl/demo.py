@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-DEFAULT_RECIPE = "recipes/quickstart.yaml"
+DEFAULT_RECIPE = "shipped:quickstart"  # recipes/quickstart.yaml, found from an installed wheel too
 
 
 def run_demo(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...] = (), *,

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from omrl.errors import OmrlError
+from omrl.shipped import resolve_recipe
 
 
 class RecipeError(OmrlError, ValueError):
@@ -236,8 +237,9 @@ def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a recipe file (an empty file is an empty mapping)."""
-    path = Path(path)
+    """The mapping in a recipe file (an empty file is an empty mapping); `shipped:NAME` names a recipe
+    shipped with omrl (omrl.shipped)."""
+    path = Path(resolve_recipe(path))
     if not path.is_file():
         raise FileNotFoundError(f"recipe {path} does not exist")
     try:

@@ -1,9 +1,12 @@
-"""Where the data shipped with omrl lies: task sets (tasks/*.jsonl) and code-repair projects (code_tasks/).
+"""Where the data shipped with omrl lies: task sets (tasks/*.jsonl), code-repair projects (code_tasks/)
+and recipes (the top-level recipes/ folder).
 
-One copy: the files live in the top-level datasets/ folder, and omrl/data is a link to it that setuptools
-follows, so a wheel carries them as package data (pyproject.toml). The same path, omrl/data, serves a
-checkout and an installed package. Name a shipped task set without a path as `shipped:NAME`
-(e.g. `shipped:math_arith`); `omrl tasks generate` writes fresh ones.
+One copy: the files live in the top-level datasets/ and recipes/ folders, and omrl/data and
+omrl/shipped_recipes are links to them that setuptools follows, so a wheel carries them as package data
+(pyproject.toml). The same paths serve a checkout and an installed package. Name a shipped task set or
+recipe without a path as `shipped:NAME` (`shipped:math_arith` as tasks, `shipped:quickstart` or
+`shipped:judges/grid_goal` as a recipe); `omrl tasks generate` writes fresh task sets, `omrl recipes copy`
+a recipe to edit.
 
 This module imports nothing from omrl, so environments and task loading may both use it.
 """
@@ -24,21 +27,49 @@ def shipped_datasets_dir() -> Path:
     return here.parent / "datasets"  # a checkout made without symbolic links (omrl/data is then a file)
 
 
+def shipped_recipes_dir() -> Path:
+    """The shipped recipes folder, in a checkout or an installed package."""
+    here = Path(__file__).resolve().parent
+    recipes = here / "shipped_recipes"
+    if recipes.is_dir():
+        return recipes
+    return here.parent / "recipes"  # a checkout made without symbolic links
+
+
 def shipped_task_sets() -> list[str]:
     """Names of the shipped task sets, usable as `shipped:NAME`."""
-    return sorted(p.stem for p in (shipped_datasets_dir() / "tasks").glob("*.jsonl"))
+    return _names(shipped_datasets_dir() / "tasks", ".jsonl")
+
+
+def shipped_recipes() -> list[str]:
+    """Names of the shipped recipes, usable as `shipped:NAME` (`judges/grid_goal` for one in a subfolder)."""
+    return _names(shipped_recipes_dir(), ".yaml")
 
 
 def resolve_tasks(source: str | Path) -> str | Path:
     """`shipped:NAME` -> the path of that shipped task set; any other source unchanged.
 
     Raises FileNotFoundError naming the shipped sets when NAME is not one of them."""
+    return _resolve(source, "task set", shipped_datasets_dir() / "tasks", ".jsonl")
+
+
+def resolve_recipe(source: str | Path) -> str | Path:
+    """`shipped:NAME` -> the path of that shipped recipe; any other source unchanged.
+
+    Raises FileNotFoundError naming the shipped recipes when NAME is not one of them."""
+    return _resolve(source, "recipe", shipped_recipes_dir(), ".yaml")
+
+
+def _names(folder: Path, suffix: str) -> list[str]:
+    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob(f"*{suffix}"))
+
+
+def _resolve(source: str | Path, kind: str, folder: Path, suffix: str) -> str | Path:
     text = str(source)
     if not text.startswith(PREFIX):
         return source
-    name = text[len(PREFIX):].removesuffix(".jsonl")
-    path = shipped_datasets_dir() / "tasks" / f"{name}.jsonl"
-    if not name or "/" in name or not path.is_file():
-        raise FileNotFoundError(f"{text}: no such shipped task set; shipped: "
-                                + ", ".join(PREFIX + n for n in shipped_task_sets()))
-    return path
+    name = text[len(PREFIX):].removesuffix(suffix)
+    names = _names(folder, suffix)
+    if name not in names:  # a listed name only: no `..` or absolute path reaches outside the folder
+        raise FileNotFoundError(f"{text}: no such shipped {kind}; shipped: " + ", ".join(PREFIX + n for n in names))
+    return folder / f"{name}{suffix}"

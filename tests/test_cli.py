@@ -57,7 +57,7 @@ def _help_texts():
 
 
 def test_every_file_a_help_text_names_exists():
-    from omrl.shipped import resolve_tasks
+    from omrl.shipped import shipped_recipes, shipped_task_sets
 
     root = Path(__file__).resolve().parents[1]
     named = 0
@@ -66,9 +66,9 @@ def test_every_file_a_help_text_names_exists():
         for name in _SHIPPED_PATH.findall(text):
             named += 1
             assert (root / name).exists(), f"{where} names {name}, which does not exist"
-        for name in re.findall(r"shipped:(\w+)", text):
-            if name != "NAME":
-                resolve_tasks(f"shipped:{name}")  # raises FileNotFoundError for a set that is not shipped
+        for name in re.findall(r"shipped:([\w/]+)", text):
+            if name != "NAME":  # a shipped task set or recipe
+                assert name in shipped_task_sets() + shipped_recipes(), f"{where} names shipped:{name}"
     assert named >= 5  # the pattern finds the examples (recipes/..., datasets/...)
 
 

@@ -43,6 +43,7 @@ def installed(tmp_path_factory) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(PACKAGE, src / "omrl", symlinks=True, ignore=ignore)
     shutil.copytree(ROOT / "datasets", src / "datasets", ignore=ignore)
+    shutil.copytree(ROOT / "recipes", src / "recipes", ignore=ignore)
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(base / "dist"),
           str(src)], base, timeout=300)
     wheel = next((base / "dist").glob("omrl-*.whl"))
@@ -84,6 +85,14 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     assert tasks == ["13", "True"]
 
     assert "Usage: omrl demo" in _run([str(omrl), "demo", "--help"], work).stdout
+    # The demo's recipe and the data it names come with the wheel: it loads from an empty folder.
+    assert "quickstart" in _run([str(omrl), "recipes", "list"], work).stdout
+    _run([str(omrl), "recipes", "copy", "quickstart"], work)
+    assert (work / "quickstart.yaml").read_bytes() == (ROOT / "recipes" / "quickstart.yaml").read_bytes()
+    counts = _run([str(python), "-c", "from omrl.recipes import load_recipe; from omrl.tasks import load_tasks; "
+                   "from omrl.train.iterate import IterateRecipe; r = load_recipe('shipped:quickstart', IterateRecipe); "
+                   "print(len(load_tasks(r.train_tasks)), len(load_tasks(r.eval_tasks)))"], work).stdout.split()
+    assert counts == ["1000", "200"], counts
     assert list(work.iterdir()) and not (work / "datasets").exists()
 
 

@@ -126,3 +126,59 @@ def test_rollout_settings_are_a_section_of_every_training_recipe():
         assert config.rollout.max_turns == 4 and config.rollout.env_options == {"noise": 0}
         assert config.rollout.max_new_tokens == 8  # the rest as the file says
         assert {k for k, _, _ in describe(cls)} >= {f"rollout.{k}" for k in ("env", "max_turns", "seed")}
+
+
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.name)
+def test_training_recipe_names_its_data_so_it_runs_from_any_folder(path, tmp_path, monkeypatch):
+    """Task sets and rubrics are shipped names, not paths relative to a checkout (omrl demo from a wheel)."""
+    from omrl.annotate.rubric import load_rubric
+    from omrl.tasks import load_tasks
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    sources = [data[key] for key in ("tasks", "train_tasks", "eval_tasks") if data.get(key)]
+    rubrics = re.findall(r"rubric:\s*(\S+)", path.read_text())
+    for source in sources:
+        assert str(source).startswith("shipped:") and load_tasks(source), (path.name, source)
+    for rubric in rubrics:
+        assert rubric.startswith("shipped:") and load_rubric(rubric).criteria, (path.name, rubric)
+
+
+def test_shipped_recipes_resolve_by_name_only():
+    from omrl.shipped import resolve_recipe, shipped_recipes
+
+    names = shipped_recipes()
+    assert {"quickstart", "sft_tiny", "judges/grid_goal", "accelerate/ddp"} <= set(names)
+    assert Path(resolve_recipe("shipped:quickstart")).resolve() == RECIPES / "quickstart.yaml"
+    assert Path(resolve_recipe("shipped:judges/grid_goal.yaml")).resolve() == RECIPES / "judges" / "grid_goal.yaml"
+    assert resolve_recipe("my.yaml") == "my.yaml"
+    for bad in ("shipped:nope", "shipped:../pyproject", "shipped:/etc/passwd", "shipped:"):
+        with pytest.raises(FileNotFoundError, match="shipped:quickstart"):
+            resolve_recipe(bad)
+    from omrl.train.iterate import IterateRecipe
+
+    assert load_recipe("shipped:quickstart", IterateRecipe) == load_recipe(RECIPES / "quickstart.yaml", IterateRecipe)
+
+
+def test_recipes_cli_lists_and_copies(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["recipes", "list"], terminal_width=200)
+    assert listed.exit_code == 0, listed.output
+    assert "quickstart" in listed.output and "judges/grid_goal" in listed.output
+    assert "The learning demo" in listed.output  # quickstart's first comment line
+
+    copied = runner.invoke(cli, ["recipes", "copy", "quickstart"])
+    assert copied.exit_code == 0, copied.output
+    assert (tmp_path / "quickstart.yaml").read_bytes() == (RECIPES / "quickstart.yaml").read_bytes()
+    again = runner.invoke(cli, ["recipes", "copy", "quickstart"])
+    assert again.exit_code == 1 and "--force" in again.output
+    (tmp_path / "mine").mkdir()
+    into = runner.invoke(cli, ["recipes", "copy", "shipped:judges/grid_goal", "mine", "--force"])
+    assert into.exit_code == 0 and (tmp_path / "mine" / "grid_goal.yaml").is_file(), into.output
+    unknown = runner.invoke(cli, ["recipes", "copy", "quickstrat"])
+    assert unknown.exit_code == 1 and "shipped:quickstart" in unknown.output

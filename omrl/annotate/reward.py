@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 
 from omrl.errors import UsageError
+from omrl.recipes import read_yaml
 from omrl.store import Store
 
 ENV_REWARD = "env_reward"
@@ -127,10 +127,7 @@ def load_recipe(recipe: str | Path | dict[str, Any] | RewardRecipe) -> RewardRec
         return recipe
     if isinstance(recipe, dict):
         return recipe_from_dict(recipe)
-    path = Path(recipe)
-    if not path.is_file():
-        raise FileNotFoundError(f"reward recipe {path} not found")
-    return recipe_from_dict(yaml.safe_load(path.read_text()), str(path))
+    return recipe_from_dict(read_yaml(recipe), str(recipe))
 
 
 def _q(name: str) -> str:

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from omrl.errors import UsageError
+from omrl.recipes import read_yaml
 
 
 @dataclass
@@ -82,12 +81,5 @@ def rubric_from_dict(data: dict[str, Any], source: str = "<dict>") -> Rubric:
 
 
 def load_rubric(path: str | Path) -> Rubric:
-    """Read and validate a rubric YAML file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"rubric file {path} not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UsageError(f"rubric {path}: not valid YAML: {exc}") from None
-    return rubric_from_dict(data, str(path))
+    """Read and validate a rubric YAML file (or `shipped:NAME`, e.g. `shipped:judges/grid_goal`)."""
+    return rubric_from_dict(read_yaml(path), str(path))

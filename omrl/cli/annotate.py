@@ -12,7 +12,7 @@ from omrl.cli.common import console, query_limits, user_errors
 @click.option("--metric", "metrics", multiple=True,
               help="Metric name (env_reward, success, format_valid, exact_match, numeric_match, normalized_match, "
                    "num_turns, num_tokens, repetition, truncated, tool_error_rate), module:function or file.py:function.")
-@click.option("--judge", "rubric", type=click.Path(exists=True, dir_okay=False), help="Judge rubric YAML.")
+@click.option("--judge", "rubric", metavar="PATH", help="Judge rubric YAML (or shipped:NAME, e.g. shipped:judges/correctness).")
 @click.option("--judge-model", help="Model name sent to the judge endpoint.")
 @click.option("--base-url", help="OpenAI-compatible endpoint of the judge, e.g. http://localhost:8000/v1.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default="EMPTY", show_default=False,
@@ -33,8 +33,8 @@ from omrl.cli.common import console, query_limits, user_errors
               help="Group mode: score larger groups in chunks of at most this many trajectories.")
 @click.option("--price-prompt", type=float, help="USD per million prompt tokens (for cost_usd).")
 @click.option("--price-completion", type=float, help="USD per million completion tokens (for cost_usd).")
-@click.option("--reward-recipe", type=click.Path(exists=True, dir_okay=False),
-              help="Reward recipe YAML: writes the combined reward as an annotator (after metrics and judge).")
+@click.option("--reward-recipe", metavar="PATH",
+              help="Reward recipe YAML (or shipped:NAME): writes the combined reward as an annotator (after metrics and judge).")
 @click.option("--redo", is_flag=True,
               help="Annotate again what already has an ok annotation from the same annotator and rubric "
                    "(by default a re-run resumes and skips those).")

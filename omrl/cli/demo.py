@@ -1,4 +1,4 @@
-"""`omrl demo`: the learning demo, recipes/quickstart.yaml run fresh through `omrl train iterate`."""
+"""`omrl demo`: the learning demo, the shipped recipes/quickstart.yaml run fresh through `omrl train iterate`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from omrl.cli.common import user_errors
 
 
 @click.command()
-@click.option("--recipe", "-r", default="recipes/quickstart.yaml", show_default=True,
-              type=click.Path(dir_okay=False), help="Iterate recipe of the demo (YAML).")
+@click.option("--recipe", "-r", default="shipped:quickstart", show_default=True, metavar="PATH",
+              help="Iterate recipe of the demo (YAML), or a shipped one by name (omrl recipes list).")
 @click.option("--out-dir", default=None, help="Where the run goes (default: the recipe's output_dir).")
 @click.option("--verbose", is_flag=True, help="Show TRL's own logs, bars and warnings instead of the view.")
 @click.argument("overrides", nargs=-1)

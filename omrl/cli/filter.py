@@ -23,8 +23,8 @@ from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, query_limits,
 @click.option("--split", help="Split by task, e.g. val=0.05 (other splits go to OUT-<name>).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split assignment.")
 @click.option("--rejects", type=click.Path(dir_okay=False), help="Write dropped rows, with a reason, to this Parquet file.")
-@click.option("--reward-recipe", type=click.Path(exists=True, dir_okay=False),
-              help="Rank and threshold by this combined reward instead of the env reward.")
+@click.option("--reward-recipe", metavar="PATH",
+              help="Reward recipe YAML (or shipped:NAME): rank and threshold by this combined reward instead of the env reward.")
 @click.option("--rebuild", "rebuild_from", is_flag=True,
               help="STORE is a filtered store: re-run the filter recorded in its omrl.json into --out.")
 @user_errors

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("omrl.cli.train:train", "Train on stored experience: sft, grpo, ppo, rft, iterate."),
     "report": ("omrl.cli.report:report", "Plots and a Markdown/HTML summary of a store and a run."),
     "tasks": ("omrl.cli.tasks:tasks", "Import, show and generate task datasets."),
+    "recipes": ("omrl.cli.recipes:recipes", "List the recipes shipped with omrl; copy one to edit."),
     "demo": ("omrl.cli.demo:demo", "Run the learning demo: tiny model, grid env, SFT then GRPO, on the CPU."),
     "envs": ("omrl.cli.envs:envs", "List environments; serve one over the AgentGym HTTP protocol."),
     "plugins": ("omrl.cli.plugins:plugins", "List the environments, formats, metrics and policies plugins add."),

@@ -18,7 +18,8 @@ def _load(recipe: str | None, overrides: tuple[str, ...], cls: type):
 def _recipe_options(func):
     func = click.argument("overrides", nargs=-1)(func)
     func = click.option("--recipe", "-r", type=click.Path(dir_okay=False), default=None,
-                        help="YAML recipe; key=value arguments override its keys (dots for sections).")(func)
+                        help="YAML recipe, or shipped:NAME (omrl recipes list); key=value arguments override its keys "
+                             "(dots for sections).")(func)
     func = click.option("--print-config", is_flag=True, help="Print the resolved settings and exit.")(func)
     func = click.option("--verbose", is_flag=True,
                         help="TRL's own logs, bars and warnings instead of the training view.")(func)
