@@ -199,9 +199,12 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
         from omrl.train.grpo_credit import step_credit_trainer
 
         trainer_class = step_credit_trainer()  # a GRPOTrainer subclass
-    trainer = trainer_class(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
-                            train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
-    trainer.train()
+    try:
+        trainer = trainer_class(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
+                                train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
+        trainer.train()
+    finally:
+        rollout.close()
     out = Path(recipe.output_dir)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))

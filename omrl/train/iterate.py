@@ -67,6 +67,15 @@ class TinySettings:
     hidden: int = field(default=128, metadata={"help": "hidden size of the tiny model"})
     layers: int = field(default=2, metadata={"help": "transformer layers"})
     seed: int = field(default=0, metadata={"help": "seed of the random initial weights"})
+    vocab_size: int = field(default=1024, metadata={"help": "BPE vocabulary size of the tokenizer trained on the spot"})
+    corpus: str = field(default="default", metadata={
+        "help": "what the tokenizer is trained on: default (chat format and the shipped environments' words) or "
+                "demos (that plus the text of the expert demonstrations, collected first: the game's own words "
+                "become single tokens, so observations are short)"})
+
+    def __post_init__(self) -> None:
+        if self.corpus not in ("default", "demos"):
+            raise UsageError(f"tiny.corpus must be default or demos, got {self.corpus!r}")
 
 
 @dataclass
@@ -427,15 +436,33 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
         with shown("expert", f"scripted expert on {len(eval_tasks)} held-out tasks"):
             finish("expert", results=evaluate_expert(recipe, eval_tasks, store))
 
+    def collect_demos():
+        """The scripted expert's demonstrations (run 'demos'); resumes like collect: stored ones are kept."""
+        import asyncio
+        from dataclasses import replace
+
+        from omrl.policies.scripted import ScriptedPolicy
+        from omrl.rollout import collect
+
+        demo_settings = replace(recipe.rollout, max_new_tokens=None)
+        return asyncio.run(collect(None, _subset(train_tasks, recipe.demos.tasks), ScriptedPolicy(), store,
+                                   demo_settings, samples=recipe.demos.samples, round=0, run_id="demos",
+                                   progress=False, ray=recipe.ray))
+
     # Stage "base": the starting checkpoint (built offline when none is given) and its held-out score.
     if not state.done("base"):
         with shown("base", "starting checkpoint: build and evaluate"):
             model = recipe.model
             if model is None:
-                from omrl.models import build_tiny_model
+                from omrl.models import build_tiny_model, default_corpus
 
+                corpus = None
+                if recipe.tiny.corpus == "demos":
+                    collect_demos()
+                    corpus = default_corpus() + demo_texts(store)
                 model = str(build_tiny_model(out / "base", hidden=recipe.tiny.hidden, layers=recipe.tiny.layers,
-                                             seed=recipe.tiny.seed))
+                                             seed=recipe.tiny.seed, vocab_size=recipe.tiny.vocab_size,
+                                             corpus=corpus))
             results = evaluate_checkpoint(recipe, model, eval_tasks, store, "base", round=0,
                                           samples=recipe.eval.base_samples)
             finish("base", checkpoint=model, results=results)
@@ -443,24 +470,16 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     # Stage "sft": scripted-expert demonstrations, then SFT on them.
     where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
     if recipe.demos.enabled and not state.done("sft"):
-        import asyncio
-        from dataclasses import replace
-
-        from omrl.policies.scripted import ScriptedPolicy
-        from omrl.rollout import collect
         from omrl.train.sft import train_sft
 
         with shown("sft", f"expert demonstrations, then SFT ({recipe.sft.epochs} epochs)"):
-            demo_tasks = _subset(train_tasks, recipe.demos.tasks)
-            demo_settings = replace(recipe.rollout, max_new_tokens=None)
-            demos = asyncio.run(collect(None, demo_tasks, ScriptedPolicy(), store, demo_settings,
-                                        samples=recipe.demos.samples, round=0, run_id="demos", progress=False,
-                                        ray=recipe.ray))
+            collect_demos()
+            demos = demo_success(store)
             sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path),
                                        where=where, output_dir=str(out / "sft"))
             trained = train_sft(sft)
             results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
-            results["expert_success"] = _round(demos.success_rate)
+            results["expert_success"] = _round(demos)
             results["train_s"] = _train_seconds(trained)
             finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:],
                    train_s=results["train_s"], epochs=sft.epochs)
@@ -505,6 +524,20 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
             if view is not None:
                 view.print(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
     return results_so_far()
+
+
+def demo_texts(store) -> list[str]:
+    """Every message text of the stored expert demonstrations (run 'demos'): a tokenizer corpus."""
+    rows = store.sql("SELECT m.content FROM messages m WHERE m.run_id = 'demos' AND m.content IS NOT NULL")
+    return [text for text in rows.column("content").to_pylist() if text]
+
+
+def demo_success(store) -> float | None:
+    """The success rate of the stored expert demonstrations (all of them, also those of an earlier call)."""
+    from omrl.schema import SUCCESS_SQL
+
+    rows = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE run_id = 'demos'").to_pylist()
+    return rows[0]["success_rate"] if rows else None
 
 
 def _train_seconds(trained) -> float:

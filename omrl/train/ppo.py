@@ -84,6 +84,9 @@ class PPORecipe:
     minibatches: int = field(default=2, metadata={"help": "minibatches per pass (episodes split evenly)"})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (policy and critic)"})
     warmup_steps: int = field(default=0, metadata={"help": "linear warmup, in PPO steps"})
+    critic_warmup_steps: int = field(default=0, metadata={
+        "help": "first PPO steps that train only the critic (the policy is left unchanged), so the policy's "
+                "first updates see a fitted baseline instead of a zero-initialised one"})
     clip_range: float = field(default=0.2, metadata={"help": "ratio clipping of the surrogate"})
     clip_range_value: float = field(default=0.2, metadata={"help": "value clipping around the old values"})
     vf_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
@@ -111,6 +114,8 @@ class PPORecipe:
             raise UsageError(f"critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
         if self.ppo_epochs < 1 or self.minibatches < 1 or self.tasks_per_step < 1 or self.samples_per_task < 1:
             raise UsageError("ppo_epochs, minibatches, tasks_per_step and samples_per_task must be at least 1")
+        if self.critic_warmup_steps < 0:
+            raise UsageError(f"critic_warmup_steps must be 0 or more, got {self.critic_warmup_steps}")
 
 
 @dataclass
@@ -127,7 +132,7 @@ LOGGED = ("policy_loss", "value_loss", "explained_variance", "clip_fraction", "v
 
 # ---------------------------------------------------------------- rollouts
 
-def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], make_env: Any, step: int,
+def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], pool: Any, step: int,
           run_id: str, rng: random.Random, procs: Any) -> list[Any]:
     import asyncio
 
@@ -143,8 +148,8 @@ def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], make_
     options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
     policy = HFPolicy(model, tokenizer, name=f"{recipe.run_name}@round{recipe.round}", **options)
     metadata = {"ppo_step": step, "ppo_round": recipe.round, "ppo_process": procs.rank}
-    return asyncio.run(play_episodes(jobs, make_env, policy, settings, run_id=run_id, round=recipe.round,
-                                     source="collected:ppo", metadata=metadata))
+    return asyncio.run(play_episodes(jobs, pool.make, policy, settings, run_id=run_id, round=recipe.round,
+                                     source="collected:ppo", metadata=metadata, pool=pool))
 
 
 # ---------------------------------------------------------------- the run
@@ -152,6 +157,7 @@ def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], make_
 def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     """Run PPO as the recipe says (one process, or each process of `accelerate launch`/`torchrun` its share);
     return the checkpoint folder and the per-step log (the same on every process)."""
+    import asyncio
     import copy
 
     import torch
@@ -159,7 +165,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.rollout import env_factory
+    from omrl.rollout import EnvPool, env_factory
     from omrl.tasks import load_tasks
     from omrl.train.rollout_func import free_run_prefix
 
@@ -206,40 +212,13 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         prefix = procs.from_main(prefix)
         if store is None:
             store = Store.create(recipe.store, exist_ok=True)
-    make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
-    rng = random.Random(f"ppo-{recipe.seed}")
-    generator = torch.Generator().manual_seed(recipe.seed)
-    log: list[dict[str, Any]] = []
-    stored = 0
-    statuses: dict[str, int] = {}
-    for step in range(recipe.max_steps):
-        started = time.monotonic()
-        episodes = _play(recipe, policy, tokenizer, tasks, make_env, step, f"{prefix}/step-{step:05d}", rng, procs)
-        played = time.monotonic() - started
-        if store is not None and episodes:
-            store.append([e.row for e in episodes])  # this process's own episodes (the store's lock orders appends)
-            stored += len(episodes)
-        for episode in episodes:
-            statuses[episode.status] = statuses.get(episode.status, 0) + 1
-        batch, failed = ppo_update.episodes_to_batch(episodes, pad_id)
-        trainable = int(procs.sum(torch.tensor(0 if batch is None else batch.mask.shape[0])))
-        if trainable == 0:
-            first = episodes[0].row if episodes else {"status": "none", "error": "no episodes"}
-            raise RuntimeError(f"PPO step {step}: all {len(episodes)} rollouts failed; first error "
-                               f"({first['status']}): {first['error']}")
-        stats = ppo_update.update(recipe, model, reference, optimizer, batch if batch is not None else ppo_update.empty_batch(pad_id),
-                        generator, procs)
-        counts = procs.sum(torch.tensor([len(episodes), failed]))
-        stats = {"step": step, **stats, "episodes": int(counts[0]), "failed": int(counts[1]),
-                 "learning_rate": optimizer.param_groups[0]["lr"], "rollout_s": round(float(procs.max(
-                     torch.tensor(played))), 3), "step_s": round(time.monotonic() - started, 3)}
-        scheduler.step()
-        log.append(stats)
-        if procs.main and not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0
-                                                or step == recipe.max_steps - 1):
-            print(f"ppo step {step}: " + ", ".join(f"{k} {_fmt(stats.get(k))}" for k in LOGGED
-                                                   if k != "kl_ref" or recipe.beta > 0), flush=True)
-
+    # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step.
+    pool = EnvPool(env_factory(recipe.rollout.env, recipe.rollout.env_options))
+    try:
+        log, stored, statuses = _steps(recipe, model, reference, optimizer, scheduler, policy, tokenizer, tasks, pool,
+                                       store, prefix, pad_id, procs)
+    finally:
+        asyncio.run(pool.close())
     digests = procs.gather(ppo_update.digest(accelerator.unwrap_model(model)))
     shares = procs.gather({"stored": stored, "statuses": statuses})
     stored = sum(s["stored"] for s in shares)
@@ -264,6 +243,50 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
             "processes": {"count": procs.count, "parameter_sha256": digests}}, indent=1, default=str))
     accelerator.wait_for_everyone()  # no process returns before the checkpoint is on disk
     return PPOResult(checkpoint=out, log=log, stored=stored, main=procs.main)
+
+
+def _steps(recipe: PPORecipe, model: Any, reference: Any, optimizer: Any, scheduler: Any, policy: Any, tokenizer: Any,
+           tasks: list[Any], pool: Any, store: Any, prefix: str, pad_id: int, procs: Any
+           ) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
+    """The PPO steps: play, store, update; returns the per-step log, rows stored and episode statuses."""
+    import torch
+
+    rng = random.Random(f"ppo-{recipe.seed}")
+    generator = torch.Generator().manual_seed(recipe.seed)
+    log: list[dict[str, Any]] = []
+    stored = 0
+    statuses: dict[str, int] = {}
+    for step in range(recipe.max_steps):
+        started = time.monotonic()
+        episodes = _play(recipe, policy, tokenizer, tasks, pool, step, f"{prefix}/step-{step:05d}", rng, procs)
+        played = time.monotonic() - started
+        if store is not None and episodes:
+            store.append([e.row for e in episodes])  # this process's own episodes (the store's lock orders appends)
+            stored += len(episodes)
+        for episode in episodes:
+            statuses[episode.status] = statuses.get(episode.status, 0) + 1
+        batch, failed = ppo_update.episodes_to_batch(episodes, pad_id)
+        trainable = int(procs.sum(torch.tensor(0 if batch is None else batch.mask.shape[0])))
+        if trainable == 0:
+            first = episodes[0].row if episodes else {"status": "none", "error": "no episodes"}
+            raise RuntimeError(f"PPO step {step}: all {len(episodes)} rollouts failed; first error "
+                               f"({first['status']}): {first['error']}")
+        stats = ppo_update.update(recipe, model, reference, optimizer,
+                                  batch if batch is not None else ppo_update.empty_batch(pad_id), generator, procs,
+                                  train_policy=step >= recipe.critic_warmup_steps)
+        counts = procs.sum(torch.tensor([len(episodes), failed]))
+        stats = {"step": step, **stats, "policy_trained": step >= recipe.critic_warmup_steps,
+                 "episodes": int(counts[0]), "failed": int(counts[1]),
+                 "learning_rate": optimizer.param_groups[0]["lr"], "rollout_s": round(float(procs.max(
+                     torch.tensor(played))), 3), "step_s": round(time.monotonic() - started, 3)}
+        scheduler.step()
+        log.append(stats)
+        if procs.main and not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0
+                                                or step == recipe.max_steps - 1):
+            print(f"ppo step {step}: " + ", ".join(f"{k} {_fmt(stats.get(k))}" for k in LOGGED
+                                                   if k != "kl_ref" or recipe.beta > 0), flush=True)
+
+    return log, stored, statuses
 
 
 def _fmt(value: Any) -> str:

@@ -232,8 +232,10 @@ def empty_batch(pad_id: int) -> Batch:
 
 
 def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch, generator: Any,
-            procs: Processes) -> dict[str, float]:
-    """`ppo_epochs` passes of clipped PPO over this process's episodes; statistics over all processes'."""
+            procs: Processes, train_policy: bool = True) -> dict[str, float]:
+    """`ppo_epochs` passes of clipped PPO over this process's episodes; statistics over all processes'.
+    With train_policy False (critic warm-up) only the critic's parameters move: the policy's gradients,
+    from the value loss through a shared trunk included, are dropped before each optimizer step."""
     import torch
 
     from omrl.train.gae import explained_variance, gae, masked_whiten
@@ -277,11 +279,16 @@ def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch
                 logp, old_logp[rows], advantages[rows], m, values, old_values[rows], returns[rows], vm,
                 recipe.clip_range, recipe.clip_range_value, counts=(tokens, value_tokens))
             mean_entropy = (entropy * m).sum() / tokens
-            loss = policy_loss + recipe.vf_coef * value_loss - recipe.entropy_coef * mean_entropy
+            loss = recipe.vf_coef * value_loss
+            if train_policy:
+                loss = loss + policy_loss - recipe.entropy_coef * mean_entropy
             optimizer.zero_grad(set_to_none=True)
             # DDP averages gradients over processes; each loss is this process's share of the batch mean.
             procs.accelerator.backward(loss * procs.count)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not train_policy:
+                for p in net.policy.parameters():
+                    p.grad = None  # AdamW skips a parameter without a gradient: the policy stays as it is
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)))
             optimizer.step()
             stats["entropy"] = float(mean_entropy.detach())

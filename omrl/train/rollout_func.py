@@ -26,15 +26,18 @@ from omrl.schema import is_failed
 
 class AgentRollout:
     """Callable passed to GRPOTrainer as rollout_func: plays the step's episodes with omrl.rollout's
-    play_episodes (environments made in threads, closed, seeded per episode), then stores the rows."""
+    play_episodes (environments made in threads, seeded per episode; reusable engines kept in one EnvPool
+    across steps until `close`), then stores the rows."""
 
     def __init__(self, recipe: Any, tasks: list[Task], tokenizer: Any) -> None:
         self.recipe = recipe
         self.tasks = {t.id: t for t in tasks}
         self.tokenizer = tokenizer
-        from omrl.rollout import env_factory
+        from omrl.rollout import EnvPool, env_factory
 
         self.make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
+        # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step.
+        self.pool = EnvPool(self.make_env)
         self.store = None
         self.run_prefix = f"{recipe.run_name}/round-{recipe.round}"
         if recipe.store:
@@ -65,6 +68,10 @@ class AgentRollout:
                 "rollout_s": [round(x, 3) for x in self.seconds],
                 **({"annotations": self.annotations, "scoring_tail_s": [round(x, 3) for x in self.scoring_tail]}
                    if self.online is not None else {})}
+
+    def close(self) -> None:
+        """Close the engines kept between steps (call once training is over)."""
+        asyncio.run(self.pool.close())
 
     def reward_steps(self) -> list[dict[str, Any]]:
         """Per rollout step: scored, dropped and failed rollouts and missing components ([] without a recipe)."""
@@ -146,7 +153,8 @@ class AgentRollout:
             episodes = await play_episodes(jobs, self.make_env, policy, settings, run_id=self._run_id(step),
                                            round=self.recipe.round, source="collected:grpo",
                                            metadata={"grpo_step": step, "grpo_round": self.recipe.round},
-                                           on_episode=scoring.on_episode if scoring is not None else None)
+                                           on_episode=scoring.on_episode if scoring is not None else None,
+                                           pool=self.pool)
         except BaseException:
             if scoring is not None:
                 await scoring.cancel()
