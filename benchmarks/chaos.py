@@ -9,6 +9,8 @@ secrets_stored = 0 (issue 21: keys planted in the environment, flags and URL, fo
 console output after a run against an endpoint that echoes them); viewer_escapes = 0 and viewer_blocked_s_max <= 2
 (issue 21: the longest another page waited while a hostile WHERE ran; viewer_unblocked_s_max is the same pages
 without it, measured in the same run).
+Issue 21 too: kills_in_write_phase (kills after the command's first write of part data) >= 50% of kills;
+hidden_losses (damaged or deleted store files that `omrl store check` did not name, omrl.testing.damage) = 0.
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from omrl.sandbox import memory_cap
 from omrl.testing.chaos import SCENARIOS, run_scenario
+from omrl.testing.damage import run_damage_cases
 from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes, run_viewer_escapes
 from omrl.testing.fuzz import run_fuzz_corpus, summarize
 from omrl.testing.leaks import run_secret_leaks
@@ -48,6 +51,10 @@ def main() -> None:
             per_command[name] = result.to_dict()
             if args.verbose:
                 print(json.dumps(per_command[name]), file=sys.stderr)
+        (work / "damage").mkdir()
+        damage = run_damage_cases(work / "damage", flips=12, seed=args.seed)
+        if args.verbose:
+            print(json.dumps(damage.to_dict()), file=sys.stderr)
         outcomes = run_fuzz_corpus(work / "fuzz-corpus", work / "fuzz-work")
         fuzz = summarize(outcomes)
         query = run_query_escapes(work / "query")
@@ -59,13 +66,19 @@ def main() -> None:
                 print(json.dumps(report.to_dict()), file=sys.stderr)
 
     results = list(per_command.values())
+    kills = sum(r["kills"] for r in results)
+    in_write_phase = sum(r["kills_in_write_phase"] for r in results)
     print(json.dumps({
-        "kills": sum(r["kills"] for r in results),
+        "kills": kills,
+        "kills_in_write_phase": in_write_phase,
+        "kills_in_write_phase_share": round(in_write_phase / kills, 3) if kills else None,
         "lost": sum(r["lost"] for r in results),
         "duplicated": sum(r["duplicated"] for r in results),
         "partial": sum(r["partial"] for r in results),
         "kills_per_command": {r["scenario"]: r["kills"] for r in results},
         "command_errors": sum(len(r["errors"]) for r in results),
+        "damage_cases": damage.cases,
+        "hidden_losses": damage.hidden_losses,
         "fuzz_cases": len(outcomes),
         "fuzz_unlocated_errors": fuzz["unlocated"] + fuzz["traceback"],
         "fuzz_not_ok": fuzz["not ok"],

@@ -192,12 +192,18 @@ def _parts_dataset(store: Store, files: list, schema: pa.Schema, isolated: bool 
     """Parquet files of the store as one pyarrow dataset, opened through the store's storage (local disk or
     S3: omrl.storage), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
     decode in the query's own threads (_OwnThreadScans)."""
-    dataset = ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format="parquet",
+    dataset = ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format=_PARQUET,
                          filesystem=store.storage.filesystem)
     if not isolated:
         return dataset
     return _OwnThreadScans(list(dataset.get_fragments()), schema=dataset.schema, format=dataset.format,
                            filesystem=dataset.filesystem)
+
+
+# Page checksums verified (omrl writes them: store_layout.write_parquet), so a flipped bit in a page fails
+# the query (naming the file: _user_error) instead of changing an answer.
+_PARQUET = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
 
 
 def _register_table(con: duckdb.DuckDBPyConnection, store: Store, table: str, isolated: bool = False) -> str:
@@ -454,7 +460,7 @@ _VANISHED_MESSAGES = ("No such file or directory", "The specified key does not e
 _MEMORY_HINT = "raise the cap with --query-memory or OMRL_QUERY_MEMORY"
 
 
-def _user_error(exc: duckdb.Error) -> QueryError:
+def _user_error(exc: duckdb.Error, store: Store) -> QueryError:
     message = _one_line(exc)
     if isinstance(exc, duckdb.PermissionException):
         return QueryError("refused: queries read only the store's views (no files, network or extensions) "
@@ -462,7 +468,19 @@ def _user_error(exc: duckdb.Error) -> QueryError:
     if isinstance(exc, duckdb.OutOfMemoryException) or message.startswith("Out of Memory Error"):
         first = str(exc).strip().splitlines()[0]  # the rest is DuckDB's advice on settings that are locked
         return QueryError(f"the query needs more memory than its cap: {first}; {_MEMORY_HINT}")
+    if _READ_FAILED in message:  # a part's bytes did not decode: say which file (DuckDB cannot)
+        from omrl.store_check import damaged_files
+
+        damaged = damaged_files(store)
+        if damaged:
+            named = "; ".join(f"{p.path}: {p.error}" for p in damaged[:3])
+            return QueryError(f"the store has damaged files: {named} (DuckDB said: {message}); "
+                              f"`omrl store check {store.path}` lists every problem")
     return QueryError(message)
+
+
+# How DuckDB reports a failure of the Arrow streams the views read (a page that does not decode).
+_READ_FAILED = "reading the stream registered as '_omrl_"
 
 
 def check_timeout(limit: float) -> float:
@@ -555,7 +573,7 @@ def _with_connection(store: Store, con: duckdb.DuckDBPyConnection | None,
         try:
             return work(con)
         except duckdb.Error as exc:
-            raise _user_error(exc) from None
+            raise _user_error(exc, store) from None
     for attempt in range(VANISHED_RETRIES + 1):
         own = None
         try:
@@ -565,7 +583,7 @@ def _with_connection(store: Store, con: duckdb.DuckDBPyConnection | None,
             if _vanished(exc) and attempt < VANISHED_RETRIES:
                 continue
             if isinstance(exc, duckdb.Error):
-                raise _user_error(exc) from None
+                raise _user_error(exc, store) from None
             raise
         finally:
             if own is not None:  # a connection made here is not the caller's to reuse

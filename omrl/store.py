@@ -1,17 +1,22 @@
 """Store: a folder of Parquet parts that is also a Hugging Face dataset.
 
     STORE/README.md                       dataset card (configs: trajectories, annotations)
-    STORE/omrl.json                       manifest: schema version, lineage of derived stores
+    STORE/omrl.json                       manifest: schema version, lineage, the listing of every part
     STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
     STORE/data/trajectories/.side/        flat side data of each part (omrl.store_layout), not in the card
 
-Every commit is whole and goes through one store-wide write lock: an append of any size is one part
-(temporary file, fsync, rename), its ids are checked against the store's under the lock (ids are unique
-per store, whoever writes), and the dataset card is rewritten to list exactly the live parts. A
-compaction renames its merged part in before it removes the parts it replaces; a crash in between is
-finished by the next writer. Derived stores are built in a hidden staging folder and renamed into
-place whole (`Store.staged`). A part that cannot be read is reported by name and skipped, so one bad
-file never takes a store down. Once small parts accumulate, an append compacts them (CompactPolicy).
+The store knows its parts: omrl.json lists each one with its rows, size and SHA-256, and those of its
+side files (omrl.store_manifest). Every commit is whole and goes through one store-wide write lock: an
+append of any size is one part (temporary file, fsync, rename; its side files first), its ids are checked
+against the store's under the lock (ids are unique per store, whoever writes), and then the manifest that
+lists it is written: that write is the commit. The dataset card is rewritten from the listing right after.
+A compaction writes its merged part, commits a listing with it in place of the parts it replaces, and
+only then removes them. What a killed writer leaves (a part never listed, a compaction's inputs) is
+removed by the next writer. A listed part that is missing, cut short or unreadable makes reads fail with
+its name (`omrl store check` lists every problem, `--repair` fixes what can be fixed and drops lost parts
+only with `--accept-loss`), so a lost file never silently means fewer rows. Stores written before the
+listing existed are read as before (their folders listed) and get the listing at their first commit.
+Once small parts accumulate, an append compacts them (CompactPolicy).
 
 A store may also live under an S3-compatible prefix (`s3://bucket/prefix`): every file operation goes
 through `self.storage` (omrl.storage, which explains the commit protocol there: whole-object PUTs,
@@ -33,9 +38,9 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,11 +60,31 @@ from omrl.store_layout import (
     side_tables,
     write_parquet,
 )
+from omrl.store_manifest import (
+    MANIFEST,
+    TABLES,
+    FileRecord,
+    HashingFile,
+    PartRecord,
+    StoreError,
+    file_record,
+    listing,
+    manifest_bytes,
+    new_manifest,
+    parse_manifest,
+    with_listing,
+)
 
-TABLES = ("trajectories", "annotations")
-MANIFEST = "omrl.json"
-# Parquet key listing the parts a compacted part replaces: readers skip those if a crash left them behind.
+# Parquet key listing the parts a compacted part replaces: readers of a store without a listing (and older
+# omrl versions) skip those if a crash left them behind.
 REPLACES_KEY = b"omrl.replaces"
+# Parquet key of every part written for a listing, holding the store's id (omrl.json's store_id): such a
+# part belongs to the store only once omrl.json lists it, so an unlisted one with this store's id is what a
+# killed writer left (removed), not an older omrl's part or a file copied in from elsewhere (adopted).
+LISTED_KEY = b"omrl.listed_in"
+if TYPE_CHECKING:  # a type only: store_check imports this module
+    from omrl.store_check import RepairReport
+
 T = TypeVar("T")
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
 RELIST_ATTEMPTS = 5
@@ -67,10 +92,6 @@ RELIST_ATTEMPTS = 5
 _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
 _SIDE_TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.\w+\.parquet\.tmp$")
 _STAGING_PID = re.compile(r"\.(?:staging|creating|replaced)-(\d+)-[0-9a-f]+$")
-
-
-class StoreError(OmrlError, RuntimeError):
-    """A store that does not exist or cannot be used; the message says which and why."""
 
 
 class CorruptPartWarning(UserWarning):
@@ -87,27 +108,47 @@ class SearchIndexWarning(UserWarning):
 
 @dataclass(frozen=True)
 class PartProblem:
+    """A file of the store that is lost, damaged or out of place, and what `omrl store check --repair` does."""
+
     path: Path
     error: str
 
 
 @dataclass(frozen=True)
 class _Footer:
-    """What a part's footer says: why it cannot be read (None when it can), rows, parts it replaces."""
+    """What a part's footer says: why it cannot be used (None when it can), rows, parts it replaces, and
+    the store whose listing it was written for (LISTED_KEY)."""
 
     error: str | None
     num_rows: int = 0
     replaces: frozenset[str] = frozenset()
+    store_id: str | None = None
+
+
+@dataclass
+class _Scan:
+    """A table's folder held against the manifest's listing of it."""
+
+    records: list[PartRecord] | None  # the listing; None for a store from before the listing existed
+    live: list[Path] = field(default_factory=list)  # listed (or, without a listing, found) and usable, in order
+    missing: list[PartRecord] = field(default_factory=list)  # listed, not there
+    damaged: list[PartProblem] = field(default_factory=list)  # there, but of the wrong size or unreadable
+    leftovers: list[Path] = field(default_factory=list)  # unlisted, omrl's own: a killed commit, replaced parts
+    strays: list[Path] = field(default_factory=list)  # unlisted, not omrl's: an older omrl's part, a file copied in
+
+    @property
+    def listed(self) -> bool:
+        return self.records is not None
+
+
+_CARD_TAGS = "tags:\n- omrl\n- agent-trajectories\n- reinforcement-learning"
 
 
 def dataset_card(name: str, description: str = "") -> str:
     """The README.md that makes a store loadable with `datasets.load_dataset(path)` (no parts yet)."""
     return f"""---
 {_card_configs({table: [] for table in TABLES})}
-tags:
-- omrl
-- agent-trajectories
-- reinforcement-learning
+{_CARD_TAGS}
 ---
 
 # {name}
@@ -149,23 +190,60 @@ def _card_configs(parts: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
+_FRONT_MATTER = re.compile(r"^---\n(.*?)\n---\n", re.S)
+
+
 def _replace_card_configs(card: str, configs: str) -> str:
-    """The card with its YAML `configs:` block replaced (the rest of the front matter and the text kept)."""
-    match = re.match(r"^---\n(.*?)\n---\n", card, re.S)
+    """The card with its YAML `configs:` block replaced (the rest of the front matter and the text kept);
+    front matter that is not valid YAML is replaced whole, the text below it kept."""
+    match = _FRONT_MATTER.match(card)
     if match is None:  # no front matter (a hand-edited card): give it one
         return f"---\n{configs}\n---\n\n{card}"
     front = match.group(1)
+    try:
+        _front_matter(card)
+    except ValueError:  # a broken front matter: a fresh one, as a new store's card has
+        front = _CARD_TAGS
     kept = re.sub(r"^configs:\n(?:[ -].*\n?)*", "", front + "\n", flags=re.M).strip("\n")
     return f"---\n{configs}" + (f"\n{kept}" if kept else "") + "\n---\n" + card[match.end():]
 
 
-def _card_lists_parts(card: str, table: str) -> list[str] | None:
-    """The part names a card lists for `table` (None when it lists a glob or nothing readable)."""
-    match = re.search(rf"- config_name: {table}\n(?:  .*\n)*?  - split: train\n    path:(.*)\n((?:    - .*\n?)*)",
-                      card)
-    if match is None or match.group(1).strip():
-        return None
-    return re.findall(rf"    - data/{table}/(part-[^\s*]+\.parquet)", match.group(2))
+def _front_matter(card: str) -> dict[str, Any]:
+    """The card's YAML front matter ({} when it has none); ValueError when it does not parse."""
+    import yaml
+
+    match = _FRONT_MATTER.match(card)
+    if match is None:
+        return {}
+    try:
+        front = yaml.safe_load(match.group(1))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"its front matter is not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(front, dict):
+        raise ValueError("its front matter is not a YAML mapping")
+    return front
+
+
+def card_parts(card: str) -> dict[str, list[str] | None]:
+    """The part names the card's `configs:` give `load_dataset` for each table (None: a glob, or no
+    config for the table); ValueError when the card's front matter or configs are malformed."""
+    configs = _front_matter(card).get("configs") or []
+    if not isinstance(configs, list):
+        raise ValueError("its `configs:` is not a list")
+    out: dict[str, list[str] | None] = {table: None for table in TABLES}
+    for config in configs:
+        table = config.get("config_name") if isinstance(config, dict) else None
+        if table not in TABLES:
+            continue
+        files = config.get("data_files")
+        paths = files[0].get("path") if isinstance(files, list) and files and isinstance(files[0], dict) else None
+        if isinstance(paths, str):
+            paths = None if "*" in paths else [paths]
+        if paths is not None and not (isinstance(paths, list) and all(isinstance(x, str) for x in paths)):
+            raise ValueError(f"the data_files of its {table} config are not a list of paths")
+        prefix = f"data/{table}/"
+        out[table] = None if paths is None else [x.removeprefix(prefix) for x in paths]
+    return out
 
 
 @dataclass(frozen=True)
@@ -184,8 +262,11 @@ class Store:
         self.path: Path | S3Path
         self.storage: Storage
         self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.storage)
-        if not self.storage.exists(self.path / MANIFEST):
-            raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`")
+        try:
+            self.manifest  # noqa: B018 - read once here, so a broken or too new manifest is refused at once
+        except FileNotFoundError:
+            raise StoreError(f"{self.path} is not an omrl store (no {MANIFEST}); create one with `omrl store init`"
+                             ) from None
         self._footers: dict[tuple[str, int, int], _Footer] = {}
         self._sides: dict[tuple[str, int, int, str, int], bool] = {}  # (side file stat, part, rows) -> it matches
         # table -> (the part keys whose ids are in the set, the set): the id check's index
@@ -302,20 +383,15 @@ class Store:
         if storage.local:  # S3 has no folders: a table's prefix exists once it holds a part
             for table in TABLES:
                 (root / "data" / table).mkdir(parents=True, exist_ok=True)
-        manifest = {
-            "format": "omrl-store",
-            "schema_version": SCHEMA_VERSION,
-            "created_at": utcnow().isoformat(),
-            "lineage": [lineage] if lineage else [],
-        }
+        manifest = manifest_bytes(new_manifest(utcnow().isoformat(), [lineage] if lineage else []))
         storage.write_bytes(root / "README.md", dataset_card(name, description).encode())
-        manifest_bytes = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
         # Written new: in a fresh local staging folder, and on S3 only if absent (racing creators: one wins)
-        storage.write_new(root / MANIFEST, lambda f: f.write(manifest_bytes))
+        storage.write_new(root / MANIFEST, lambda f: f.write(manifest))
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads(self.storage.read_bytes(self.path / MANIFEST))
+        """omrl.json, read now and checked (StoreError naming what is wrong; FileNotFoundError when absent)."""
+        return parse_manifest(self.storage.read_bytes(self.path / MANIFEST), str(self.path / MANIFEST))
 
     @contextlib.contextmanager
     def _lock(self, name: str, wait: bool = True) -> Iterator[bool]:
@@ -325,15 +401,21 @@ class Store:
             yield held
 
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
-        """Merge keys into omrl.json atomically; `lineage` entries are appended, not replaced."""
-        with self._lock("manifest"):
+        """Merge keys into omrl.json atomically; `lineage` entries are appended, not replaced.
+
+        Under the write lock, like every commit: the manifest holds the parts listing, so a change made
+        beside a commit would write back the listing it read and drop the committed part.
+        """
+        if "parts" in changes:
+            raise UsageError("the parts listing is written by the store's commits only")
+        with self._lock("write"):
             manifest = self.manifest
             for key, value in changes.items():
                 if key == "lineage":
                     manifest.setdefault("lineage", []).append(value)
                 else:
                     manifest[key] = value
-            self.storage.write_bytes(self.path / MANIFEST, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+            self.storage.write_bytes(self.path / MANIFEST, manifest_bytes(manifest))
             return manifest
 
     # ------------------------------------------------------------ writing
@@ -359,9 +441,12 @@ class Store:
         if data.num_rows == 0:
             return Appended(None, 0)
         with self._lock("write"):
-            live, leftovers = self._scan(table, warn=False)
-            self._finish_cleanup(table, leftovers, temporary=False)  # temporary files: compact and repair
-            existing = self._ids_locked(table, live)
+            manifest = self._upgraded(self.manifest)
+            scan = self._scan(table, manifest, unlisted=True)
+            # A lost part's ids are unknown: appending could store them twice (repair first).
+            self._refuse_damage(table, scan, "nothing appended")
+            self._finish_cleanup(table, scan, temporary=False)  # temporary files: compact and repair
+            existing = self._ids_locked(table, scan.live)
             present = pa.array([i in existing for i in data.column("id").to_pylist()], pa.bool_())
             skipped = pc.sum(present).as_py() or 0
             if skipped and not skip_existing:
@@ -372,10 +457,9 @@ class Store:
                 data = data.filter(pc.invert(present))
             if data.num_rows == 0:
                 return Appended(None, 0, skipped)
-            part = self._write_part(data, table, metadata)
-            self._rewrite_card({table: [p.name for p in live] + [part.name]})
-            if self.manifest.get("schema_version", 1) < SCHEMA_VERSION:  # a v1 store now holds v2 parts
-                self.update_manifest(schema_version=SCHEMA_VERSION)
+            record = self._write_part(data, table, metadata, store_id=manifest["store_id"])
+            self._commit(manifest, {table: [*scan.records, record]}, wrote_part=True)
+            part = self.table_dir(table) / record.name
         # No search index here: building it cost more than the append itself. Compaction (automatic or
         # `omrl store compact`) and `omrl store check --repair` build it; searches scan unindexed parts.
         self._auto_compact(table, policy)
@@ -419,73 +503,123 @@ class Store:
             return self.path / "cache" / name
         return Path.home() / ".cache" / "omrl" / "s3" / self.path.key / name
 
-    def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None) -> Path:
-        """Write a part whole through the storage (local: temporary, fsync, rename; S3: one PUT); callers
-        hold the write lock."""
+    def _write_part(self, data: pa.Table, table: str, metadata: dict[bytes, bytes] | None = None, *,
+                    store_id: str | None = None) -> PartRecord:
+        """Write a part whole through the storage (local: temporary, fsync, rename; S3: one PUT), its side
+        files first, and return its listing record; callers hold the write lock and commit it with the
+        manifest whose `store_id` they pass (None: the one omrl.json has)."""
+        store_id = store_id or self.manifest.get("store_id") or ""
         directory = self.table_dir(table)
         # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
         name = f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
         final = directory / name
-        if metadata:
-            data = data.replace_schema_metadata({**(data.schema.metadata or {}), **metadata})
+        data = data.replace_schema_metadata({**(data.schema.metadata or {}), **(metadata or {}),
+                                             LISTED_KEY: store_id.encode()})
+        sides = {}
         if table == "trajectories":
             # Side files go in first: a crash before the part's rename leaves only an orphan (removed by
             # the next writer), never a part without its side data that a reader would then unnest.
             for kind, side in side_tables(data, name).items():
-                self.storage.write_new(side_path(final, kind), lambda f, t=side: write_parquet(t, f, 1 << 20))
+                sides[kind] = self._write_file(side_path(final, kind), side, 1 << 20)
         # Row groups sized by bytes (store_layout.ROW_GROUP_BYTES), for appends and compactions alike.
-        self.storage.write_new(final, lambda f: write_parquet(data, f))
-        return final
+        return PartRecord(name, data.num_rows, self._write_file(final, data), sides)
+
+    def _write_file(self, path: Path, data: pa.Table, row_group_rows: int | None = None) -> FileRecord:
+        """Write one Parquet file new and whole (store_layout.write_parquet); its size and hash as written."""
+        written: list[FileRecord] = []
+
+        def write(sink) -> None:
+            hashing = HashingFile(sink)
+            write_parquet(data, hashing, row_group_rows)
+            written.append(hashing.record())
+
+        self.storage.write_new(path, write)
+        return written[-1]
+
+    def _commit(self, manifest: dict[str, Any], parts: dict[str, list[PartRecord]], wrote_part: bool = False) -> None:
+        """Write the manifest listing `parts` (tables left out keep their listing): the commit; then the card.
+        Callers hold the write lock and pass the manifest they read under it."""
+        updated = with_listing(manifest, parts)
+        if wrote_part and updated.get("schema_version", 1) < SCHEMA_VERSION:  # a v1 store now holds v2 parts
+            updated["schema_version"] = SCHEMA_VERSION
+        self.storage.write_bytes(self.path / MANIFEST, manifest_bytes(updated))
+        self._rewrite_card(self._live_names(updated))
+
+    def _upgraded(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The manifest with a parts listing: as it is, or for a store written before the listing existed,
+        one made from its folders (the readable parts a reader sees, hashed now); written by the next commit."""
+        if listing(manifest) is not None:
+            return manifest
+        parts = {}
+        for table in TABLES:
+            parts[table] = [self._record_of(path) for path in self._scan(table, manifest).live]
+        return with_listing(manifest, parts)
+
+    def _record_of(self, part: Path) -> PartRecord:
+        """The listing record of a part already in the folder (and of its side files that match it)."""
+        record = file_record(self.storage.read_bytes(part))
+        rows = self._footer(part).num_rows
+        sides = {}
+        if part.parent.name == "trajectories":
+            for kind in SIDE_KINDS:
+                side = side_path(part, kind)
+                try:
+                    st = self.storage.stat(side)
+                except FileNotFoundError:
+                    continue
+                if self._side_matches(side, part.name, rows, st.st_size):
+                    sides[kind] = file_record(self.storage.read_bytes(side))
+        return PartRecord(part.name, rows, record, sides)
 
     def _sync_card(self) -> None:
-        """Rewrite the card if a writer was killed between renaming its part in and rewriting the card."""
-        card = self._read_card() or ""
-        for table in TABLES:
-            listed = set(_card_lists_parts(card, table) or [])  # a glob (old stores) lists nothing by name
-            if listed != {p.name for p in self.parts(table, warn=False)}:
-                with self._lock("write"):
-                    self._rewrite_card()
-                return
+        """Rewrite the card if a writer was killed between committing its part and rewriting the card."""
+        names = self._live_names(self.manifest)
+        try:
+            listed = card_parts(self._read_card() or "")
+        except ValueError:
+            listed = {}
+        if any(listed.get(t) != (names[t] or None) for t in TABLES):
+            with self._lock("write"):
+                self._rewrite_card(self._live_names(self.manifest))
 
-    def _rewrite_card(self, known: dict[str, list[str]] | None = None) -> None:
-        """List the live parts of every table in README.md (callers hold the write lock).
+    def _live_names(self, manifest: dict[str, Any]) -> dict[str, list[str]]:
+        """Each table's part names as the manifest lists them (a store without a listing: its live parts)."""
+        listed = listing(manifest)
+        if listed is not None:
+            return {table: [r.name for r in records] for table, records in listed.items()}
+        return {table: [p.name for p in self._scan(table, manifest).live] for table in TABLES}
 
-        `known`: the live part names of the tables a caller has just listed; the other tables keep the
-        names the card lists (every commit rewrites the card under the same lock, so they are current).
+    def _rewrite_card(self, names: dict[str, list[str]] | None = None) -> None:
+        """List each table's parts (`names`, else the manifest's listing) in README.md; callers hold the write lock.
+
+        Exact names, not a glob: a glob would also match the parts a killed writer left behind, and
+        `load_dataset` would then return their rows twice.
         """
         card = self._read_card()
         if card is None:
             card = dataset_card(self.path.name)
-        names = {}
-        for table in TABLES:
-            listed = _card_lists_parts(card, table) if known is not None else None
-            if known is not None and table in known:
-                names[table] = known[table]
-            elif listed is not None:
-                names[table] = listed
-            else:
-                names[table] = [p.name for p in self.parts(table, warn=False)]
+        names = self._live_names(self.manifest) if names is None else names
         updated = _replace_card_configs(card, _card_configs(names))
         if updated != card:
             self.storage.write_bytes(self.path / "README.md", updated.encode())
 
     def _read_card(self) -> str | None:
-        """The dataset card's text (None when there is none)."""
+        """The dataset card's text (None when there is none; undecodable bytes replaced)."""
         try:
-            return self.storage.read_bytes(self.path / "README.md").decode("utf-8")
+            return self.storage.read_bytes(self.path / "README.md").decode("utf-8", errors="replace")
         except FileNotFoundError:
             return None
 
-    def _finish_cleanup(self, table: str, leftovers: list[Path] | None = None, temporary: bool = True) -> int:
-        """Remove what crashed writers left: parts a compaction replaced (`leftovers`, listed here when
-        None) and, with `temporary`, stale temporary files. Callers hold the write lock; returns the count."""
+    def _finish_cleanup(self, table: str, scan: _Scan, temporary: bool = True) -> int:
+        """Remove what killed writers left (`scan.leftovers`: parts never committed, parts a compaction
+        replaced, with their side files) and, with `temporary`, stale temporary files. Callers hold the
+        write lock and pass a scan made under it (with `unlisted`); returns the number of files removed."""
         removed = 0
-        leftovers = self._scan(table, warn=False)[1] if leftovers is None else leftovers
-        if leftovers:
-            # A compaction killed after renaming its part in may not have rewritten the card yet: list the
-            # live parts first, so the card never names a part that is gone (load_dataset would fail).
+        if scan.leftovers:
+            # A compaction killed after its commit may not have rewritten the card yet: list the live parts
+            # first, so the card never names a part that is gone (load_dataset would fail).
             self._rewrite_card()
-        for path in leftovers:
+        for path in scan.leftovers:
             self._remove_part(path)
             removed += 1
         if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.storage)
@@ -493,16 +627,18 @@ class Store:
                 if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
                     removed += 1
-        return removed + self._remove_orphan_side_files(table, temporary)
+        listed = {r.name for r in scan.records or []}
+        return removed + self._remove_orphan_side_files(table, temporary, listed)
 
-    def _remove_orphan_side_files(self, table: str, temporary: bool) -> int:
-        """Side files whose part is gone (a writer killed between them; callers hold the write lock, so
-        no writer is between its side files and its part now) and, with `temporary`, stale side temporaries."""
+    def _remove_orphan_side_files(self, table: str, temporary: bool, listed: set[str]) -> int:
+        """Side files whose part is neither there nor listed (a writer killed between them; callers hold the
+        write lock, so no writer is between its side files and its part now) and, with `temporary`, stale
+        side temporaries. A missing listed part keeps its side file: the loss is for the user to decide."""
         folder = self.table_dir(table) / SIDE_DIR
         names = self.storage.list_names(folder)
         if not names:
             return 0
-        parts = set(self.storage.list_names(self.table_dir(table)))
+        parts = set(self.storage.list_names(self.table_dir(table))) | listed
         removed = 0
         for name in names:
             side = folder / name
@@ -543,6 +679,7 @@ class Store:
     # ------------------------------------------------------------ reading
 
     def _all_parts(self, table: str) -> list[Path]:
+        """Every part file in the table's folder, listed or not."""
         directory = self.table_dir(table)
         names = [n for n in self.storage.list_names(directory) if n.startswith("part-") and n.endswith(".parquet")]
         return [directory / name for name in names]
@@ -553,22 +690,29 @@ class Store:
         return self.storage.part_stat(path)
 
     def _read_parquet(self, path: Path, columns: list[str] | None = None) -> pa.Table:
-        """A part (or side file) read through the store's storage; FileNotFoundError when it is gone."""
-        return pq.read_table(self.storage.arrow_source(path, whole=True), columns=columns)
+        """A part (or side file) read through the store's storage, its page checksums verified;
+        FileNotFoundError when it is gone."""
+        return pq.read_table(self.storage.arrow_source(path, whole=True), columns=columns,
+                             page_checksum_verification=True)
 
-    def _footer(self, path: Path) -> _Footer:
+    def _footer(self, path: Path, st: Stat | None = None) -> _Footer:
         """The part's footer, read once per name, size and mtime (every listing of parts needs it).
 
         Raises FileNotFoundError for a part a compaction has just removed: callers list the parts again.
         """
-        st = self._stat(path)
+        st = self._stat(path) if st is None else st
         key = (str(path), st.st_size, st.st_mtime_ns)
         footer = self._footers.get(key)
         if footer is None:
             try:
                 meta = pq.read_metadata(self.storage.arrow_source(path, size=st.st_size))
-                replaces = (meta.metadata or {}).get(REPLACES_KEY)
-                footer = _Footer(None, meta.num_rows, frozenset(json.loads(replaces)) if replaces else frozenset())
+                keys = meta.metadata or {}
+                replaces = keys.get(REPLACES_KEY)
+                store_id = keys.get(LISTED_KEY)
+                footer = _Footer(None, meta.num_rows, frozenset(json.loads(replaces)) if replaces else frozenset(),
+                                 store_id.decode(errors="replace") if store_id else None)
+                if "id" not in meta.schema.to_arrow_schema().names:  # not a store part: its rows have no identity
+                    footer = _Footer("it has no id column (not a part omrl wrote)")
             except FileNotFoundError:
                 raise
             except Exception as exc:  # any unreadable footer: truncated, garbage, wrong format
@@ -576,19 +720,79 @@ class Store:
             self._footers[key] = footer
         return footer
 
-    def _scan(self, table: str, warn: bool = True) -> tuple[list[Path], list[Path]]:
-        """(live, leftover) readable parts; leftovers are inputs of a compaction that crashed before removing them."""
-        footers = self._retry_on_vanished(lambda: [(p, self._footer(p)) for p in self._all_parts(table)])
-        readable: list[Path] = []
-        replaced: set[str] = set()
-        for path, footer in footers:
-            if footer.error is not None:
-                if warn:
-                    warnings.warn(f"skipping unreadable part {path}: {footer.error}", CorruptPartWarning, stacklevel=3)
+    def _scan(self, table: str, manifest: dict[str, Any], unlisted: bool = False) -> _Scan:
+        """The table's folder against `manifest`'s listing; with `unlisted`, files it does not list are
+        sorted into leftovers (omrl's own, to remove) and strays (to report). Without a listing (an old
+        store): every readable part not replaced by another is live, as before the listing existed."""
+        directory = self.table_dir(table)
+        stats = {name: st for name, st in self.storage.list_stats(directory).items()
+                 if name.startswith("part-") and name.endswith(".parquet")}
+        listed = listing(manifest)
+        scan = _Scan(None if listed is None else listed[table])
+        if scan.records is None:
+            # As before the listing: a part is there once renamed in (a killed first commit's part too:
+            # the upgrade then lists it), unless a compaction replaced it.
+            readable, replaced = [], set()
+            for name in sorted(stats):
+                path = directory / name
+                footer = self._footer(path, stats[name])
+                if footer.error is not None:
+                    scan.damaged.append(PartProblem(path, footer.error))
+                else:
+                    readable.append(path)
+                    replaced |= footer.replaces
+            scan.live = [p for p in readable if p.name not in replaced]
+            scan.leftovers += [p for p in readable if p.name in replaced]
+            return scan
+        for record in scan.records:
+            path = directory / record.name
+            st = stats.get(record.name)
+            if st is None:
+                scan.missing.append(record)
                 continue
-            readable.append(path)
-            replaced.update(footer.replaces)
-        return ([p for p in readable if p.name not in replaced], [p for p in readable if p.name in replaced])
+            footer = self._footer(path, st)
+            if st.st_size != record.file.bytes:
+                scan.damaged.append(PartProblem(path, f"it is {st.st_size} bytes, {MANIFEST} lists "
+                                                      f"{record.file.bytes} (cut short or replaced)"))
+            elif footer.error is not None:
+                scan.damaged.append(PartProblem(path, footer.error))
+            else:
+                scan.live.append(path)
+        if unlisted:
+            names = {r.name for r in scan.records}
+            replaced = set().union(*(self._footer(p, stats[p.name]).replaces for p in scan.live))
+            for name in sorted(set(stats) - names):
+                path = directory / name
+                footer = self._footer(path, stats[name])
+                ours = footer.error is None and (footer.store_id == manifest["store_id"] or name in replaced)
+                (scan.leftovers if ours else scan.strays).append(path)
+        return scan
+
+    def _current_scan(self, table: str, unlisted: bool = False) -> _Scan:
+        """`_scan` against the newest manifest, consistent while another process compacts the table (its
+        commit lists the merged part before it removes the parts it replaces)."""
+        def attempt() -> _Scan:
+            for wait in range(RELIST_ATTEMPTS):
+                manifest = self.manifest
+                scan = self._scan(table, manifest, unlisted)
+                if not scan.missing or self.manifest == manifest:  # the listing stood still: really missing
+                    return scan
+                time.sleep(0.01 * (wait + 1))
+            return scan
+
+        return self._retry_on_vanished(attempt)
+
+    def _refuse_damage(self, table: str, scan: _Scan, outcome: str) -> None:
+        """Raise StoreError naming the listed parts of `scan` that are missing or damaged, if any."""
+        problems = [PartProblem(self.table_dir(table) / r.name, f"missing ({MANIFEST} lists it with {r.rows} rows)")
+                    for r in scan.missing] + (scan.damaged if scan.listed else [])
+        if not problems:
+            return
+        shown = "; ".join(f"{p.path}: {p.error}" for p in problems[:3])
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise StoreError(f"{shown}{more}. {outcome}: the store has lost or damaged parts. Restore the file(s), "
+                         f"or drop them with `omrl store check {self.path} --repair --accept-loss` (their rows "
+                         "are then gone)")
 
     @staticmethod
     def _retry_on_vanished(work: Callable[[], T]) -> T:
@@ -606,29 +810,30 @@ class Store:
         return self._retry_on_vanished(lambda: [read(p) for p in self.parts(table)])
 
     def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
-        """Readable parts of a table. Unreadable ones are skipped with a warning; replaced ones silently."""
-        return self._scan(table, warn)[0]
+        """The live parts of a table, in order. StoreError when a listed part is missing or damaged (the
+        message names it). A store without a listing skips unreadable parts, with a warning unless `warn`
+        is false."""
+        scan = self._current_scan(table)
+        if not scan.listed:
+            if warn:
+                for problem in scan.damaged:
+                    warnings.warn(f"skipping unreadable part {problem.path}: {problem.error}", CorruptPartWarning,
+                                  stacklevel=3)
+            return scan.live
+        self._refuse_damage(table, scan, "nothing read")
+        return scan.live
+
+    @property
+    def listed(self) -> bool:
+        """Whether omrl.json lists the store's parts (False for a store written before the listing existed)."""
+        return listing(self.manifest) is not None
 
     def check(self) -> list[PartProblem]:
-        """Every part file that cannot be read or whose rows do not fit the schema, and ids held twice."""
-        problems = []
-        for table in TABLES:
-            for path in self._all_parts(table):
-                try:
-                    problem = self._footer(path).error
-                except FileNotFoundError:
-                    continue  # removed by a compaction since the listing: nothing left to check
-                if problem is None:
-                    try:
-                        names = self._read_parquet(path).column_names  # the footer can be fine while a page is truncated
-                        if "id" not in names:
-                            problem = "missing required column(s): id"
-                    except Exception as exc:
-                        problem = f"{type(exc).__name__}: {exc}"
-                if problem is not None:
-                    problems.append(PartProblem(path, problem))
-            problems += self._duplicate_problems(table)
-        return problems
+        """Every problem of the store's files (omrl.store_check): lost, damaged or unlisted parts and side
+        files, a broken card, ids held twice."""
+        from omrl.store_check import check_store
+
+        return check_store(self)
 
     def _duplicate_problems(self, table: str) -> list[PartProblem]:
         """Ids held by more than one row (stores written before ids were checked at commit)."""
@@ -646,24 +851,25 @@ class Store:
         return [PartProblem(self.table_dir(table), f"{len(repeated)} {table} ids appear more than once "
                             f"({extra} extra rows, e.g. {sample}); `omrl store compact` keeps one copy of each")]
 
-    def repair(self) -> int:
-        """Finish interrupted cleanups (replaced parts, stale temporary files) and rewrite the card.
+    def repair(self, accept_loss: bool = False) -> RepairReport:
+        """Fix what can be fixed (omrl.store_check.repair_store) and return what was done; a lost part is
+        dropped from the listing only with `accept_loss`."""
+        from omrl.store_check import repair_store
 
-        Returns the number of files removed. Unreadable parts are left for the user to look at.
-        """
-        with self._lock("write"):
-            removed = sum(self._finish_cleanup(table) for table in TABLES)
-            self._rewrite_card()
-        return removed
+        return repair_store(self, accept_loss)
 
     def read(self, table: str = "trajectories", columns: list[str] | None = None) -> pa.Table:
-        """All rows of a table as Arrow, in the current schema (older parts are conformed)."""
+        """All rows of a table as Arrow, in the current schema (older parts are conformed). StoreError naming
+        a part that cannot be read (a store without a listing skips it with a warning, as it always did)."""
         def load(path: Path) -> pa.Table | None:
             try:
                 return conform(self._read_parquet(path), table)
             except FileNotFoundError:
                 raise  # compacted away: _each_part lists the parts again
             except Exception as exc:
+                if self.listed:
+                    raise StoreError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); the part is damaged, "
+                                     f"see `omrl store check {self.path}`") from None
                 warnings.warn(f"skipping unreadable part {path}: {exc}", CorruptPartWarning, stacklevel=2)
                 return None
 
@@ -709,8 +915,10 @@ class Store:
             if not locked:
                 return None
             with self._lock("write"):
-                self._finish_cleanup(table)
-            parts = self.parts(table)
+                scan = self._scan(table, self.manifest, unlisted=True)
+                self._refuse_damage(table, scan, "nothing compacted")
+                self._finish_cleanup(table, scan)
+            parts = scan.live
             # Appends refuse repeated ids, so only old stores hold them; the full check is for `omrl store compact`.
             duplicated = policy is None and bool(self._duplicate_problems(table))
             if policy is not None:
@@ -723,12 +931,22 @@ class Store:
             data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])
             if duplicated:
                 data = _first_of_each_id(data)
-            replaces = json.dumps(sorted(p.name for p in parts)).encode()
+            names = {p.name for p in parts}
             with self._lock("write"):
-                new = self._write_part(data, table, {REPLACES_KEY: replaces})
-                self._rewrite_card()
+                manifest = self._upgraded(self.manifest)
+                records = listing(manifest)[table]
+                if not names <= {r.name for r in records}:  # the compaction lock keeps repair out: a bug
+                    raise StoreError(f"{self.table_dir(table)}: parts changed during the compaction; nothing "
+                                     "compacted, run it again")
+                at = next(i for i, r in enumerate(records) if r.name in names)
+                merged = self._write_part(data, table, {REPLACES_KEY: json.dumps(sorted(names)).encode()},
+                                          store_id=manifest["store_id"])
+                kept = [r for r in records if r.name not in names]
+                kept.insert(at, merged)  # where the first merged part was: rows keep their order
+                self._commit(manifest, {table: kept}, wrote_part=True)
                 for p in parts:
                     self._remove_part(p)
+            new = self.table_dir(table) / merged.name
             if table == "trajectories":
                 self._index(new, data)
             return new
@@ -779,9 +997,10 @@ class Store:
 
     def side_files(self, kind: str = "tool_calls") -> tuple[list[Path], list[Path]]:
         """(side files, parts without one) of the live trajectories parts: readers use the side files and
-        unnest only the parts lacking one (v1 parts, a side file lost or damaged)."""
-        def listing() -> tuple[list[Path], list[Path]]:
+        unnest only the parts lacking one (v1 parts, a side file lost or damaged: `store check` names those)."""
+        def listing_now() -> tuple[list[Path], list[Path]]:
             sides, lacking = [], []
+            records = {r.name: r for r in (listing(self.manifest) or {}).get("trajectories", [])}
             # S3: one listing of the side folder instead of a HEAD per side file
             listed = None if self.storage.local else self.storage.list_stats(self.table_dir("trajectories") / SIDE_DIR)
             for part in self.parts("trajectories"):
@@ -792,13 +1011,19 @@ class Store:
                 except (FileNotFoundError, KeyError):
                     lacking.append(part)
                     continue
+                want = records[part.name].sides.get(kind) if part.name in records else None
+                if want is not None and want.bytes != st.st_size:
+                    warnings.warn(f"ignoring damaged side file {side}: {st.st_size} bytes, {MANIFEST} lists "
+                                  f"{want.bytes}", stacklevel=3)
+                    lacking.append(part)
+                    continue
                 key = (str(side), st.st_size, st.st_mtime_ns, part.name, rows)
                 if key not in self._sides:
                     self._sides[key] = self._side_matches(side, part.name, rows, st.st_size)
                 (sides if self._sides[key] else lacking).append(side if self._sides[key] else part)
             return sides, lacking
 
-        return self._retry_on_vanished(listing)
+        return self._retry_on_vanished(listing_now)
 
     def sql(self, query: str) -> pa.Table:
         """Run read-only SQL over the store's views; returns Arrow."""

@@ -1,6 +1,8 @@
-"""SIGKILL loops over the seven commands that write stores: nothing lost, nothing doubled, nothing half-made.
+"""SIGKILL loops over the seven commands that write stores: nothing lost, nothing doubled, nothing half-made;
+and damaged store files: each one named by `omrl store check`.
 
-CI-sized: two kills per command at random moments (benchmarks/chaos.py runs the larger version).
+CI-sized: two kills per command at random moments of its write phase, a few bit flips (benchmarks/chaos.py
+runs the larger version).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from omrl.testing.chaos import (
     iterate_scenario,
     run_scenario,
 )
+from omrl.testing.damage import run_damage_cases
 
 SMALL = {
     "collect": lambda: collect_scenario(tasks=300, samples=2),
@@ -32,6 +35,7 @@ SMALL = {
 def test_killed_commands_lose_and_double_nothing(name, tmp_path):
     result = run_scenario(SMALL[name](), tmp_path, kills=2, seed=7)
     assert result.kills >= 1, result.to_dict()  # at least one kill landed while the command was working
+    assert result.kills_in_write_phase == result.kills, result.to_dict()  # none before its first write
     assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
     assert result.errors == [], result.errors
     assert result.expected > 0
@@ -43,3 +47,8 @@ def test_a_killed_iterate_run_resumes_without_losing_or_doubling(tmp_path):
     assert result.kills == 1, result.to_dict()
     assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
     assert result.errors == [], result.errors
+
+
+def test_every_damaged_store_file_is_named_by_check(tmp_path):
+    report = run_damage_cases(tmp_path, flips=2, seed=11)
+    assert report.cases >= 14 and report.hidden_losses == 0, report.details

@@ -25,6 +25,7 @@ from omrl.cli.main import cli
 from omrl.query import QueryError, connect, run_query, select_ids, select_where
 from omrl.schema import Annotation
 from omrl.store import Store
+from omrl.store_manifest import listing
 from omrl.testing.escapes import (
     ENV_SECRET,
     SECRET,
@@ -347,7 +348,10 @@ def test_newer_and_older_parts_share_one_view(store):
     from omrl.schema import to_table
 
     table = to_table([row]).append_column("novel", pa.array(["x"], pa.string()))
-    store._write_part(table, "trajectories")
+    with store._lock("write"):  # committed as a newer writer would: the part, then the listing naming it
+        manifest = store.manifest
+        record = store._write_part(table, "trajectories")
+        store._commit(manifest, {"trajectories": [*listing(manifest)["trajectories"], record]})
     rows = store.sql("SELECT id, novel FROM trajectories WHERE novel IS NOT NULL OR id = 'traj-0' ORDER BY id")
     assert rows.to_pylist() == [{"id": "traj-0", "novel": None}, {"id": "traj-9", "novel": "x"}]
 

@@ -432,3 +432,34 @@ def test_appends_compact_small_parts_by_themselves_on_s3(url):
     assert len(store.parts()) == 1 and store.count() == 6  # the third append merged the three small parts
     assert sum(n.startswith("data/trajectories/part-") for n in objects(url)) == 1
     assert store.check() == []
+
+
+# ------------------------------------------------------------------------------ losses, named and repaired
+
+
+def test_a_deleted_part_or_side_file_on_s3_is_named_by_check_and_repaired(url):
+    from omrl.store_layout import CompactPolicy, side_path
+
+    store = Store.create(url)
+    store.set_compact_policy(CompactPolicy(small_parts=0))
+    store.append(rows(4))
+    store.append(rows(4, start=4))
+    first, second = store.parts()
+    fs = store.storage.s3
+    fs.rm_file(store.storage.arrow_path(side_path(first)))
+    problems = store.check()
+    assert [p.path for p in problems] == [side_path(first)] and "missing side file" in problems[0].error
+    assert store.repair().sides_rebuilt == [str(side_path(first))]
+    assert store.check() == [] and store.side_files() == ([side_path(first), side_path(second)], [])
+
+    fs.rm_file(store.storage.arrow_path(second))
+    result = CliRunner().invoke(cli, ["store", "check", url])
+    assert result.exit_code == 1 and second.name in result.output and "missing" in result.output
+    with pytest.raises(StoreError, match=second.name):
+        store.sql("SELECT count(*) FROM trajectories")
+    assert store.repair().kept == [f"{second} (4 rows, missing)"]  # kept listed without accept_loss
+    with pytest.raises(StoreError, match=second.name):
+        store.count()
+    report = store.repair(accept_loss=True)
+    assert report.dropped == [f"{second} (4 rows, missing)"]
+    assert store.count() == 4 and store.check() == []

@@ -263,6 +263,8 @@ def test_check_reports_ids_stored_twice_and_compact_keeps_one_copy(tmp_path):
     store.append(rows(3))
     old_writer_part = store.path / "data" / "trajectories" / "part-20990101T000000000000-1-0ld00000.parquet"
     pq.write_table(store.read().slice(0, 2), old_writer_part)  # written by a version without the id check
+    assert "not listed" in store.check()[0].error  # its rows are invisible until a repair adds the part
+    assert store.repair().adopted == [str(old_writer_part)]
     problems = store.check()
     assert len(problems) == 1 and "2 trajectories ids appear more than once" in problems[0].error
     result = CliRunner().invoke(cli, ["store", "check", str(store.path)])

@@ -131,7 +131,7 @@ def test_a_damaged_or_foreign_side_file_is_ignored_and_the_part_unnested(tmp_pat
     first, second = store.parts()
     side_path(first).write_bytes(b"not parquet at all")  # a damaged side file
     fresh = Store(store.path)
-    with pytest.warns(UserWarning, match="unreadable side file"):
+    with pytest.warns(UserWarning, match="side file"):
         sides, lacking = fresh.side_files()
     assert lacking == [first] and sides == [side_path(second)]
     assert fresh.sql(TOOL_CALLS).equals(expected)

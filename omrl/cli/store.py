@@ -58,8 +58,11 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_exi
 @store.command("check")
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--repair", is_flag=True,
-              help="First finish what crashed writers left: remove replaced parts and stale temporary files, "
-                   "rewrite the dataset card.")
+              help="First fix what can be fixed: remove what killed writers left, rebuild damaged side files, add "
+                   "parts missing from the listing, rewrite the dataset card. Lost parts stay listed.")
+@click.option("--accept-loss", is_flag=True,
+              help="With --repair: drop parts that are missing or damaged from the store (damaged files are moved "
+                   "to the table's .quarantine/ folder); their rows are gone. Each one is named.")
 @click.option("--tokens", "model", metavar="MODEL",
               help="Also re-tokenise the stored messages with this model's chat template (a local checkpoint or "
                    "Hub id) and report every turn whose stored completion ids it does not reproduce.")
@@ -67,31 +70,39 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_exi
 @click.option("--show", default=20, show_default=True, help="With --tokens: drifts printed (all are counted).")
 @user_errors
 @query_limits
-def check(path: str, repair: bool, model: str | None, where: str | None, show: int) -> None:
-    """List part files that cannot be read and ids stored twice (and, with --tokens, token drifts); exit 1 on any.
+def check(path: str, repair: bool, accept_loss: bool, model: str | None, where: str | None, show: int) -> None:
+    """List lost, damaged or unlisted parts and side files, a broken card, ids stored twice (and, with --tokens,
+    token drifts); exit 1 on any.
 
     Example:  omrl store check my-store --repair
               omrl store check my-store --tokens Qwen/Qwen2.5-0.5B-Instruct
     """
     if where and not model:
         raise click.UsageError("--where only applies with --tokens")
+    if accept_loss and not repair:
+        raise click.UsageError("--accept-loss only applies with --repair")
     target = open_store(path)
     from omrl.search import build_missing, missing_indexes
 
     if repair:
-        removed = target.repair()
-        console.print(f"repaired: {removed} leftover file(s) removed, dataset card rewritten", highlight=False)
-        with console.status("building missing search indexes"):
-            built = build_missing(target)  # none on S3: its stores are not indexed
-        if built:
-            console.print(f"search: {built} missing index(es) built", highlight=False)
+        for line in target.repair(accept_loss=accept_loss).lines():
+            console.print(line, highlight=False)
     problems = target.check()
     if not problems:
-        console.print("all parts readable, every id stored once")
-    unindexed = missing_indexes(target)
-    if unindexed:  # information, not a problem: searches scan these parts, with the same results
-        console.print(f"search: {len(unindexed)} part(s) without an index are scanned (--repair builds them)",
-                      highlight=False)
+        console.print("all parts listed, whole and readable, every id stored once")
+        if repair:
+            with console.status("building missing search indexes"):
+                built = build_missing(target)  # none on S3: its stores are not indexed
+            if built:
+                console.print(f"search: {built} missing index(es) built", highlight=False)
+        unindexed = missing_indexes(target)
+        if unindexed:  # information, not a problem: searches scan these parts, with the same results
+            console.print(f"search: {len(unindexed)} part(s) without an index are scanned (--repair builds them)",
+                          highlight=False)
+    if not target.listed:
+        console.print("note: omrl.json does not list the parts (a store from before omrl listed them), so a deleted "
+                      "part cannot be told from one never written; the next append, compaction or `--repair` "
+                      "writes the listing", highlight=False)
     for problem in problems:
         console.print(f"[red]problem[/red] {problem.path}: {problem.error}", highlight=False)
     drifted = False

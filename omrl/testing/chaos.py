@@ -7,7 +7,11 @@ finally run to completion. Counted:
 - `lost`: expected keys (trajectory ids, or (trajectory, annotator) pairs) missing at the end;
 - `duplicated`: rows beyond the first for any key, the most seen after any kill or at the end;
 - `partial`: observations of a derived store (filter output) present but incomplete, or of a dataset
-  card listing other rows than the store's readers see.
+  card listing other rows than the store's readers see;
+- `kills_in_write_phase`: kills that landed after the command had written its first byte of part data
+  (a part, a part's temporary or side file, anywhere under the work folder), seen by comparing those
+  files before the start and after the kill. Kills are drawn from that phase: the command is watched until
+  its first write, then killed a random share of the calibrated write phase later.
 
 Used by tests/test_chaos.py (small) and benchmarks/chaos.py (large). Commands run as `python -m omrl`.
 """
@@ -21,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -64,12 +69,14 @@ class ChaosResult:
     duplicated: int = 0
     partial: int = 0
     expected: int = 0
+    kills_in_write_phase: int = 0
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "kills": self.kills, "finished_before_kill": self.finished_before_kill,
                 "lost": self.lost, "duplicated": self.duplicated, "partial": self.partial,
-                "expected": self.expected, "errors": self.errors}
+                "expected": self.expected, "kills_in_write_phase": self.kills_in_write_phase,
+                "errors": self.errors}
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -91,27 +98,22 @@ def _extra_rows(keys: list[Any]) -> int:
 def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0, max_rounds: int | None = None) -> ChaosResult:
     """Calibrate, then kill the command `kills` times, each at a random moment of the work it has left.
 
-    A kill lands after the command's start-up (timed by a second run with nothing left to do) and before
-    the time the remaining work should take. When the work is done before all kills are spent (a
-    resumed run finishes quickly), a new round starts from fresh inputs; every round ends with an
-    uninterrupted run, after which nothing may be lost, doubled or half-made.
+    A kill lands in the command's write phase: after its first byte of part data, before the time the
+    calibration run took to write. When the work is done before all kills are spent (a resumed run
+    finishes quickly), a new round starts from fresh inputs; every round ends with an uninterrupted
+    run, after which nothing may be lost, doubled or half-made.
     """
     rng = random.Random(seed)
     result = ChaosResult(scenario.name)
     calibration = workdir / f"{scenario.name}-calibration"
     calibration.mkdir(parents=True)
     scenario.prepare(calibration)
-    started = time.monotonic()
-    done = _run(scenario.argv(calibration), calibration)
-    duration = time.monotonic() - started
+    write_start, duration, done = _timed_run(scenario.argv(calibration), calibration)
     if done.returncode != 0:
         raise RuntimeError(f"{scenario.name}: the uninterrupted run failed:\n{done.stdout}\n{done.stderr}")
-    started = time.monotonic()
-    _run(scenario.argv(calibration), calibration)  # nothing left to do (or refused): start-up alone
-    startup = min(time.monotonic() - started, duration * 0.9)
     expected = set(scenario.observe(calibration).keys)
     result.expected = len(expected)
-    typical_s = startup + max(duration - startup, 0.05)
+    write_s = max(duration - (duration if write_start is None else write_start), 0.05)
 
     for round_index in range(max_rounds or 3 * max(kills, 1)):
         if result.kills >= kills:
@@ -119,7 +121,7 @@ def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0, m
         work = workdir / f"{scenario.name}-killed-{round_index}"
         work.mkdir(parents=True)
         scenario.prepare(work)
-        _kill_round(scenario, work, expected, kills - result.kills, rng, typical_s, result)
+        _kill_round(scenario, work, expected, kills - result.kills, rng, write_s, result)
         if not scenario.finished(work):
             final = _run(scenario.argv(work), work)
             if final.returncode != 0:
@@ -133,22 +135,63 @@ def run_scenario(scenario: Scenario, workdir: Path, kills: int, seed: int = 0, m
     return result
 
 
+def _part_files(work: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under `work` whose path names a part (parts, their temporaries, side
+    files and search indexes, in stores and staging folders alike): what a command's write phase changes."""
+    out = {}
+    for folder, _, names in os.walk(work):
+        for name in names:
+            path = os.path.join(folder, name)
+            if "part-" not in path[len(str(work)):]:
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            out[path] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _timed_run(argv: list[str], cwd: Path) -> tuple[float | None, float, subprocess.CompletedProcess]:
+    """Run a command to its end, watching its part files: (seconds to its first write, or None when it
+    wrote none; seconds in all; the finished process)."""
+    before = _part_files(cwd)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:  # files: a full pipe would block it
+        started = time.monotonic()
+        process = subprocess.Popen([sys.executable, "-m", "omrl", *argv], cwd=cwd, stdout=out, stderr=err, env=_env())
+        first_write = None
+        while process.poll() is None:
+            if first_write is None and _part_files(cwd) != before:
+                first_write = time.monotonic() - started
+            if time.monotonic() - started > COMMAND_TIMEOUT_S:
+                process.kill()
+            time.sleep(0.005)
+        duration = time.monotonic() - started
+        out.seek(0)
+        err.seek(0)
+        return first_write, duration, subprocess.CompletedProcess(
+            argv, process.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
 def _kill_round(scenario: Scenario, work: Path, expected: set[Any], kills: int, rng: random.Random,
-                typical_s: float, result: ChaosResult) -> None:
+                write_s: float, result: ChaosResult) -> None:
     """Start and kill the command in `work` until `kills` are spent or its work is done."""
     for _ in range(kills):
         if scenario.finished(work) or (not scenario.progress_hidden and _share(scenario, work, expected) == 1.0):
             return  # the work is done: a later kill would only hit start-up
+        before = _part_files(work)
         process = subprocess.Popen([sys.executable, "-m", "omrl", *scenario.argv(work)], cwd=work,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(),
                                    start_new_session=True)
-        killed = _wait_for_kill_moment(process, scenario, work, expected, rng, typical_s)
+        killed = _wait_for_kill_moment(process, scenario, work, expected, rng, write_s, before)
         if killed:
             os.killpg(process.pid, signal.SIGKILL)
             result.kills += 1
         else:
             result.finished_before_kill += 1
         _, stderr = process.communicate()
+        if killed and _part_files(work) != before:
+            result.kills_in_write_phase += 1
         if process.returncode not in (0, -signal.SIGKILL):
             result.errors.append(f"exit {process.returncode}: {stderr.decode(errors='replace')[-500:]}")
         seen = scenario.observe(work)
@@ -184,17 +227,20 @@ class _RowCounter:
 
 
 def _wait_for_kill_moment(process: subprocess.Popen, scenario: Scenario, work: Path, expected: set[Any],
-                          rng: random.Random, typical_s: float) -> bool:
-    """Wait for a random moment of the run; False when the command finished first.
+                          rng: random.Random, write_s: float, before: dict[str, tuple[int, int]]) -> bool:
+    """Wait for a random moment of the run's write phase; False when the command finished first.
 
     Where the output shows progress, the moment is a random share of the work left (so kills also land
     in later stages of a resumed run however fast or slow the machine is today); elsewhere it is a random
-    time within the calibrated duration.
+    time within the calibrated write phase, counted from the command's first write of part data (its
+    start-up and reading of inputs are no place to test a commit).
     """
     if scenario.progress_hidden:
-        deadline = time.monotonic() + rng.uniform(0.2, 0.9) * typical_s
+        while process.poll() is None and _part_files(work) == before:
+            time.sleep(0.005)
+        deadline = time.monotonic() + rng.uniform(0.0, 0.95) * write_s
         while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.005)
     else:
         subpath, table = scenario.output
         rows = _RowCounter(work / subpath, table)
