@@ -40,6 +40,9 @@ def test_tool_calls_view(store):
 
 
 def test_tool_calls_view_reads_the_side_file_not_the_conversations(store):
+    import hashlib
+    import json
+
     import pyarrow.parquet as pq
 
     from omrl.store import Store
@@ -53,6 +56,10 @@ def test_tool_calls_view_reads_the_side_file_not_the_conversations(store):
     changed = table.set_column(table.schema.get_field_index("name"), "name",
                                [[f"side-{n}" for n in names]]).replace_schema_metadata(table.schema.metadata)
     pq.write_table(changed, side)
+    manifest = json.loads((store.path / "omrl.json").read_text())  # and listed, as if written so
+    manifest["parts"]["trajectories"][0]["sides"]["tool_calls"] = {
+        "bytes": side.stat().st_size, "sha256": hashlib.sha256(side.read_bytes()).hexdigest()}
+    (store.path / "omrl.json").write_text(json.dumps(manifest))
     rows = Store(store.path).sql("SELECT DISTINCT name FROM tool_calls ORDER BY name").to_pylist()
     assert rows == [{"name": "side-answer"}, {"name": "side-calculator"}]
 
