@@ -902,7 +902,7 @@ class Store:
     # ------------------------------------------------------------ maintenance
 
     def compact(self, table: str = "trajectories", min_parts: int = 2, policy: CompactPolicy | None = None,
-                wait: bool = True) -> Path | None:
+                wait: bool = True, index: bool = True) -> Path | None:
         """Merge all readable parts into one, keeping the first copy of any repeated id; crash-safe.
 
         The merged part names the parts it replaces and is renamed in before they are removed, so a
@@ -910,6 +910,7 @@ class Store:
         With `policy` (automatic compaction) only its small parts are merged, once there are enough of
         them; without `wait`, a compaction another process is running already makes this one return None.
         The merged part gets its search index; without `policy`, parts left as they are get theirs too.
+        With `index` false no index is built (searches scan the part until omrl.search.build_missing).
         """
         with self._lock(f"compact-{table}", wait=wait) as locked:
             if not locked:
@@ -924,7 +925,7 @@ class Store:
             if policy is not None:
                 parts = policy.small(parts)
             if len(parts) < min_parts and not duplicated:
-                if policy is None and table == "trajectories":
+                if policy is None and table == "trajectories" and index:
                     self._index_missing()  # nothing to merge: `omrl store compact` still makes search fast
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
@@ -947,7 +948,7 @@ class Store:
                 for p in parts:
                     self._remove_part(p)
             new = self.table_dir(table) / merged.name
-            if table == "trajectories":
+            if table == "trajectories" and index:
                 self._index(new, data)
             return new
 

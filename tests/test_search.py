@@ -463,3 +463,22 @@ def test_store_check_names_unindexed_parts_and_repair_builds_them(corpus):
     assert repaired.exit_code == 0, repaired.output
     assert "1 missing index(es) built" in repaired.output and "without an index" not in repaired.output
     assert S.missing_indexes(corpus) == [] and _keys(S.search(corpus, "alpha")) == before
+
+
+def test_compaction_without_the_index_leaves_it_for_later_with_the_same_hits(corpus):
+    before = {q: _keys(S.search(corpus, q)) for q in ("alpha", '"beta gamma"', "東京")}
+    merged = corpus.compact(index=False)
+    assert S.missing_indexes(corpus) == corpus.parts() == [merged]  # not built: searches scan it
+    assert {q: _keys(S.search(corpus, q)) for q in before} == before
+    assert S.build_missing(corpus) == 1  # built afterwards, on its own
+    assert S.missing_indexes(corpus) == []
+    assert {q: _keys(S.search(corpus, q)) for q in before} == before
+
+
+def test_store_compact_no_index_flag(corpus):
+    result = CliRunner().invoke(cli, ["store", "compact", str(corpus.path), "--table", "trajectories", "--no-index"])
+    assert result.exit_code == 0, result.output
+    assert len(corpus.parts()) == 1 and S.missing_indexes(corpus) == corpus.parts()
+    result = CliRunner().invoke(cli, ["store", "compact", str(corpus.path), "--table", "trajectories"])
+    assert result.exit_code == 0, result.output
+    assert S.missing_indexes(corpus) == []  # a plain compact indexes what it left unindexed

@@ -130,16 +130,18 @@ def _drifts(n: int) -> str:
 @store.command("compact")
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--table", type=click.Choice(TABLES), multiple=True, help="Only these tables (default: all).")
+@click.option("--no-index", is_flag=True,
+              help="Do not build the search index now (searches scan the part; `store check --repair` builds it).")
 @user_errors
-def compact(path: str, table: tuple[str, ...]) -> None:
-    """Merge many small part files into one per table (readers see the same rows).
+def compact(path: str, table: tuple[str, ...], no_index: bool) -> None:
+    """Merge many small part files into one per table (readers see the same rows) and index it for search.
 
-    Example:  omrl store compact my-store
+    Example:  omrl store compact my-store --no-index && omrl store check my-store --repair
     """
     target = open_store(path)
     for name in table or TABLES:
         before = len(target.parts(name))
-        new = target.compact(name)
+        new = target.compact(name, index=not no_index)
         console.print(f"{name}: {before} parts -> {1 if new else before}")
 
 
