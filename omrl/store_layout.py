@@ -30,6 +30,11 @@ import pyarrow.parquet as pq
 from omrl.errors import UsageError
 
 ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
+# Per column, measured on a compacted 5,000-row store_bench part (15.9 MB; write CPU 1.7 s): message content
+# is 90% of it (14.3 MB; 48 MB after dictionary dedup), so only its encoding matters. zstd 6: -3.5%, 1.7x the
+# CPU; zstd 9: -5%, 2.7x; 16 MB row groups: -5% at the same CPU, but a viewer page decodes its whole group
+# (2.6x slower, see ROW_GROUP_BYTES); 16 MB and zstd 9: -14%, 2.7x. The small columns are best as they are:
+# delta-packed integers and byte-stream-split floats instead of dictionaries made the part 0.8% larger.
 # Dictionary pages up to this size: one row group's distinct message texts always fit (a giant row included).
 DICTIONARY_PAGE_BYTES = 256 * 1024 * 1024
 # Row groups of about this many uncompressed bytes, counted per row (message text exactly, the other
