@@ -29,6 +29,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -524,41 +525,75 @@ def _next_batch(reader: pa.RecordBatchReader, fired: threading.Event, sent: bool
         raise duckdb.Error(str(exc)) from None
 
 
+class _QueryClock:
+    """Interrupts a connection once its query has run `limit` seconds, not counting the time a streamed
+    result's batches spend in the caller's sink (writing a big result out is not the query running)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, limit: float):
+        self.con, self.limit, self.fired = con, limit, threading.Event()
+        self._paused_s, self._paused_at = 0.0, None
+        self._lock = threading.Lock()  # the watch thread reads the two pause fields together
+        self._started = time.monotonic()
+        self._done = threading.Event()
+        self._watch = threading.Thread(target=self._run, name="omrl-query-clock", daemon=True)
+        self._watch.start()
+
+    def ran_s(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            paused = self._paused_s + (now - self._paused_at if self._paused_at is not None else 0.0)
+        return now - self._started - paused
+
+    def _run(self) -> None:
+        while not self._done.wait(max(0.01, self.limit - self.ran_s())):
+            if self.ran_s() >= self.limit:
+                self.fired.set()
+                self.con.interrupt()
+                return
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            self._paused_at = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused_s += time.monotonic() - self._paused_at
+                self._paused_at = None
+
+    def stop(self) -> None:
+        self._done.set()
+
+
 def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None,
              sink: Callable[[pa.RecordBatch], None] | None = None) -> pa.Table | None:
-    """Run `query`, stopped by `con.interrupt()` from a timer thread once it runs past `timeout` seconds
-    (None: DEFAULT_TIMEOUT_S). Its result streams in batches to `sink` (the first one empty when there are
-    no rows), or without a sink is returned whole, refused past the connection's memory cap."""
+    """Run `query`, stopped by `con.interrupt()` once it has run `timeout` seconds (None: DEFAULT_TIMEOUT_S;
+    _QueryClock). Its result streams in batches to `sink` (the first one empty when there are no rows), or
+    without a sink is returned whole, refused past the connection's memory cap."""
     limit = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
     gathered = None
     if sink is None:
         gathered = sink = _Gathered((_LIMITS_OF.get(con) or query_limits()).memory_mb)
-    fired = threading.Event()
-
-    def stop() -> None:
-        fired.set()
-        con.interrupt()
-
-    timer = threading.Timer(limit, stop)
-    timer.daemon = True
-    timer.start()
+    clock = _QueryClock(con, limit)
     reader = None
     try:
         reader = con.sql(query).to_arrow_reader(RESULT_BATCH_ROWS)
         sent = False
-        while (batch := _next_batch(reader, fired, sent)) is not None:
-            sink(batch)
+        while (batch := _next_batch(reader, clock.fired, sent)) is not None:
+            with clock.paused():
+                sink(batch)
             sent = True
         if not sent and gathered is None:
             schema = reader.schema
             sink(pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema))
     except duckdb.InterruptException:
-        if fired.is_set():
+        if clock.fired.is_set():
             raise QueryError(f"query ran past {limit:g} s and was stopped (raise the limit with --timeout)"
                              ) from None
         raise
     finally:
-        timer.cancel()
+        clock.stop()
         if reader is not None:
             reader.close()
     return None if gathered is None else pa.Table.from_batches(gathered.batches, schema=reader.schema)

@@ -36,7 +36,7 @@ def _json_default(value):
 @click.option("--max-rows", type=click.IntRange(min=0), default=50, show_default=True,
               help="Rows shown in table format (the rest are counted, not kept).")
 @click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
-              help="Stop the query once it runs this many seconds.")
+              help="Stop the query once it runs this many seconds (time spent writing its rows out, e.g. into a pipe, does not count).")
 @user_errors
 @query_limits
 def query(store: str, sql: str | None, search_text: str | None, fmt: str, out: str | None, max_rows: int,
