@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -43,24 +44,34 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.monotonic()
+    seconds: dict[str, float] = {}  # each part's time: on a busy machine the escape suites take most of it
+
+    def timed(part: str, run, *run_args, **options):
+        began = time.monotonic()
+        result = run(*run_args, **options)
+        seconds[part] = round(time.monotonic() - began, 1)
+        if args.verbose:
+            print(f"{part}: {seconds[part]} s", file=sys.stderr)
+        return result
+
     with tempfile.TemporaryDirectory(prefix="omrl-chaos-") as tmp:
         work = Path(tmp)
         per_command = {}
         for i, name in enumerate(sorted(set(SCENARIOS) - set(args.skip))):
-            result = run_scenario(SCENARIOS[name](), work / name, args.kills, seed=args.seed + i)
+            result = timed(name, run_scenario, SCENARIOS[name](), work / name, args.kills, seed=args.seed + i)
             per_command[name] = result.to_dict()
             if args.verbose:
                 print(json.dumps(per_command[name]), file=sys.stderr)
         (work / "damage").mkdir()
-        damage = run_damage_cases(work / "damage", flips=12, seed=args.seed)
+        damage = timed("damage", run_damage_cases, work / "damage", flips=12, seed=args.seed)
         if args.verbose:
             print(json.dumps(damage.to_dict()), file=sys.stderr)
-        outcomes = run_fuzz_corpus(work / "fuzz-corpus", work / "fuzz-work")
+        outcomes = timed("fuzz", run_fuzz_corpus, work / "fuzz-corpus", work / "fuzz-work")
         fuzz = summarize(outcomes)
-        query = run_query_escapes(work / "query")
-        sandbox = run_sandbox_escapes(work / "sandbox")
-        leaks = run_secret_leaks(work / "secrets")  # planted keys against an echoing endpoint
-        viewer = run_viewer_escapes(work / "viewer")  # other sites, a hostile WHERE, a 20 MB message
+        query = timed("query", run_query_escapes, work / "query")
+        sandbox = timed("sandbox", run_sandbox_escapes, work / "sandbox")
+        leaks = timed("secrets", run_secret_leaks, work / "secrets")  # planted keys against an echoing endpoint
+        viewer = timed("viewer", run_viewer_escapes, work / "viewer")  # other sites, a hostile WHERE, a 20 MB message
         if args.verbose:
             for report in (query, sandbox, leaks, viewer):
                 print(json.dumps(report.to_dict()), file=sys.stderr)
@@ -96,6 +107,8 @@ def main() -> None:
         "viewer_blocked_s_max": viewer.figures.get("blocked_s_max"),
         "viewer_unblocked_s_max": viewer.figures.get("unblocked_s_max"),
         "seconds": round(time.monotonic() - started, 1),
+        "seconds_per_part": seconds,
+        "load_1min": round(os.getloadavg()[0], 1),
     }))
 
 
