@@ -131,6 +131,19 @@ def test_a_function_reverted_to_an_earlier_release_makes_a_task(sdist, tmp_path)
     assert refused.exit_code != 0 and "no --package of that name" in refused.output, refused.output
 
 
+def test_swe_smith_modifiers_make_a_task(sdist):
+    """SWE-smith 0.0.9 installed in its own folder (once; pip, wheels only), its modifiers run by the worker: with
+    seed 3 it removes one of clamp's conditions, and the validated task names SWE-smith's modifier."""
+    report: dict = {}
+    [task] = generate_tasks("swe", n=1, seed=3, packages=[sdist], modifiers="swesmith", max_candidates=1,
+                            report=report)
+    assert task.payload["modifier"] == "func_pm_remove_cond" and task.payload["function"] == "clamp"
+    assert report["omrl-tinycalc-0.1"]["modifiers"] == {"func_pm_remove_cond": {"kept": 1, "tried": 1}}
+    assert len(task.payload["FAIL_TO_PASS"]) == 1 and len(task.payload["PASS_TO_PASS"]) == 3
+    with pytest.raises(InvalidTask, match="one of omrl, swesmith"):
+        generate_tasks("swe", n=1, packages=[sdist], modifiers="other")
+
+
 def test_the_fix_through_the_tools_resolves_and_an_empty_submission_does_not(tasks):
     """One task (collect below plays the expert on every task): its fix applied with the env's tools, then nothing."""
     env = make_env("swe")

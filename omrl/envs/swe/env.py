@@ -72,16 +72,17 @@ class SweEnv(ToolEnv):
     @classmethod
     def generate_tasks(cls, n: int | None = 20, seed: int = 0, split: str = "test", packages: list[str] | None = None,
                        workers: int = 2, per_test_timeout_s: float = 10.0, max_candidates: int | None = None,
-                       report: dict | None = None, earlier: list[str] | None = None) -> list[Task]:
+                       report: dict | None = None, earlier: list[str] | None = None,
+                       modifiers: str = "omrl") -> list[Task]:
         """Validated bug-fix tasks from the sdists of `packages` (NAME==VERSION or local .tar.gz), `earlier` their
-        earlier releases to revert functions to; see generate.py."""
+        earlier releases to revert functions to, `modifiers` omrl's or SWE-smith's; see generate.py."""
         from omrl.envs.swe.generate import generate
 
         if not packages:
             raise InvalidTask("swe tasks are made from package sources: give --package NAME==VERSION (repeatable)")
         return generate(list(packages), n=n or 20, seed=seed, split=split, workers=int(workers),
                         per_test_timeout_s=float(per_test_timeout_s), max_candidates=max_candidates, report=report,
-                        earlier=list(earlier or []))
+                        earlier=list(earlier or []), modifiers=str(modifiers))
 
     @classmethod
     def score_prediction(cls, task: Task, patch: str) -> dict[str, Any]:

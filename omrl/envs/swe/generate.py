@@ -21,10 +21,13 @@ from omrl.envs.base import InvalidTask, Task
 
 def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", workers: int = 2,
              per_test_timeout_s: float = 10.0, max_candidates: int | None = None, report: dict | None = None,
-             earlier: list[str] | None = None, progress=print) -> list[Task]:
+             earlier: list[str] | None = None, modifiers: str = "omrl", progress=print) -> list[Task]:
     """About n validated tasks spread over the packages of `specs`; `earlier` names earlier releases (NAME==VERSION
     or a local sdist) of some of them, matched by name, whose function bodies are reverted to as candidates;
-    `report` (if given) receives per package and per modifier kept/tried counts and timings."""
+    `modifiers`: whose procedural modifiers make the other candidates (omrl or swesmith); `report` (if given)
+    receives per package and per modifier kept/tried counts and timings."""
+    if modifiers not in MODIFIER_SOURCES:
+        raise InvalidTask(f"modifiers={modifiers!r}: one of {', '.join(MODIFIER_SOURCES)}")
     report = report if report is not None else {}
     quota = math.ceil(n / len(specs))
     fetched = [(spec, packages.fetch(spec, progress=progress)) for spec in specs]
@@ -35,13 +38,23 @@ def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", worke
     tasks: list[Task] = []
     for spec, package in fetched:
         tasks += _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates,
-                                report.setdefault(package.key, {}), progress, releases.get(_normal(package.name)))
+                                report.setdefault(package.key, {}), progress, releases.get(_normal(package.name)),
+                                modifiers)
     return tasks[:n] if len(tasks) > n else tasks
 
 
-def candidates(package: packages.Package, seed: int = 0, earlier: packages.Package | None = None) -> list[bugs.Candidate]:
-    """The candidates tried, in order: reverts to the earlier release (if any), then the modifiers' (seeded)."""
+MODIFIER_SOURCES = ("omrl", "swesmith")
+
+
+def candidates(package: packages.Package, seed: int = 0, earlier: packages.Package | None = None,
+               modifiers: str = "omrl", progress=print) -> list[bugs.Candidate]:
+    """The candidates tried, in order: reverts to the earlier release (if any), then the modifiers' (seeded):
+    omrl's own (bugs.py) or SWE-smith's (swesmith.py, installed on first use)."""
     reverts = bugs.reverted(package.source, earlier.source) if earlier is not None else []
+    if modifiers == "swesmith":
+        import omrl.envs.swe.swesmith as swesmith  # only here: it may install SWE-smith
+
+        return reverts + swesmith.candidates(package.source, swesmith.tool_folder(progress), seed=seed)
     return reverts + bugs.candidates(package.source, seed=seed)
 
 
@@ -50,7 +63,7 @@ def _normal(name: str) -> str:
 
 
 def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates, report, progress,
-                   earlier=None):
+                   earlier=None, modifiers="omrl"):
     started = time.monotonic()
     state = packages.cache_dir() / "runs" / f"{package.source.name}-s{seed}-t{per_test_timeout_s:g}.jsonl"
     state.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +82,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
                           f"{', timed out' if baseline['timed_out'] else ''}); pick another package or version")
     passed = set(baseline["passed"])
     searched = time.monotonic()
-    found = candidates(package, seed, earlier)
+    found = candidates(package, seed, earlier, modifiers, progress)
     report["candidates"], report["candidates_seconds"] = len(found), round(time.monotonic() - searched, 2)
     if earlier is not None:
         report["earlier_release"] = earlier.key

@@ -152,28 +152,39 @@ def test_requirements(source: Path, info: dict) -> list[str]:
 
 
 def _build_env(package: Package, info: dict) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=".env-", dir=package.env.parent if package.env.parent.exists()
-                                    else _mkdir(package.env.parent)))
+    wanted = test_requirements(package.source, info)
+    own = re.sub(r"[-_.]+", "-", package.name).lower()
+    wanted = [w for w in wanted if re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ;]", w)[0]).lower() != own]
+    try:  # an optional test dependency without a wheel: the tools alone
+        install_folder(package.env, wanted, fallback=list(TEST_TOOLS))
+    except UsageError as exc:
+        raise UsageError(f"{package.key}: cannot install pytest into its test environment: {exc}") from None
+
+
+def install_folder(folder: Path, requirements: list[str], fallback: list[str] | None = None) -> Path:
+    """`pip install --target` of wheels only into `folder`, once: built aside, marked complete, then moved in
+    place, so a crash leaves no half folder; `fallback` is installed instead when `requirements` cannot be."""
+    if (folder / ".omrl-complete").exists():
+        return folder
+    staging = Path(tempfile.mkdtemp(prefix=".env-", dir=_mkdir(folder.parent)))
     try:
-        wanted = test_requirements(package.source, info)
-        own = re.sub(r"[-_.]+", "-", package.name).lower()
-        wanted = [w for w in wanted if re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ;]", w)[0]).lower() != own]
-        result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--only-binary", ":all:",
-                                 "--target", str(staging), *wanted], capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:  # an optional test dependency without a wheel: the tools alone
+        for attempt in [requirements] + ([fallback] if fallback else []):
             result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--only-binary", ":all:",
-                                     "--target", str(staging), *TEST_TOOLS], capture_output=True, text=True,
+                                     "--target", str(staging), *attempt], capture_output=True, text=True,
                                     timeout=900)
-        if result.returncode != 0:
-            raise UsageError(f"{package.key}: cannot install pytest into its test environment: "
-                             f"{result.stderr.strip().splitlines()[-1:]}")
-        (staging / ".omrl-complete").write_text(" ".join(wanted) + "\n")
+            if result.returncode == 0:
+                break
+        else:
+            raise UsageError(f"pip install {' '.join(attempt)} failed: "
+                             f"{' / '.join(result.stderr.strip().splitlines()[-2:])}")
+        (staging / ".omrl-complete").write_text(" ".join(attempt) + "\n")
         staging.chmod(0o755)  # mkdtemp's 0700 would keep the sandbox's user out
-        if package.env.exists():
-            shutil.rmtree(package.env)
-        os.replace(staging, package.env)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 def _mkdir(path: Path) -> Path:
