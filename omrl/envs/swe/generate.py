@@ -92,15 +92,16 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     lock = threading.Lock()
     stop = threading.Event()
     per_modifier = report.setdefault("modifiers", {})
-    kept: list[Task] = [task_from_record(spec, package, r, split, per_test_timeout_s)
-                        for r in tried.values() if r.get("kept")]
-    report["resumed"] = sum("modifier" in r for r in tried.values())
-    test_seconds = [sum(r.get("seconds") or 0.0 for r in tried.values())]  # every test run's, baseline included
-    for record in tried.values():
-        if "modifier" in record:
-            counts = per_modifier.setdefault(record["modifier"], {"kept": 0, "tried": 0})
-            counts["tried"] += 1
-            counts["kept"] += bool(record.get("kept"))
+    ids = {c.id for c in found}
+    # the records of these candidates only: a run with other options (modifiers, --earlier) resumes its own
+    resumed = [r for r in tried.values() if r["id"] in ids]
+    kept: list[Task] = [task_from_record(spec, package, r, split, per_test_timeout_s) for r in resumed if r.get("kept")]
+    report["resumed"] = len(resumed)
+    test_seconds = [baseline["seconds"] + sum(r.get("seconds") or 0.0 for r in resumed)]  # every test run's
+    for record in resumed:
+        counts = per_modifier.setdefault(record["modifier"], {"kept": 0, "tried": 0})
+        counts["tried"] += 1
+        counts["kept"] += bool(record.get("kept"))
 
     def attempt(candidate: bugs.Candidate) -> None:
         if stop.is_set() or candidate.id in tried:
