@@ -24,10 +24,13 @@ The limit (`Throttle.limit`) starts at the stated slots, else at START, and move
   one-slot server serves requests in turn, so with three in flight the last waits two others' time, while
   a batching server keeps to its envelope. The limit is then multiplied by QUEUED / that ratio: on one
   slot about two requests stay in flight, the next one queued while one is served, so the server never
-  idles and none waits more than one other's time. A reply slower than
-  waiting behind every other request of ours explains (a busy machine, other clients) is no signal;
-- a reply within GROW_BELOW times its service time (or any good reply where the server says what it
-  has), when the whole limit was in use, raises it by its square root (fast while far
+  idles and none waits more than one other's time. A reply more than BUSY times slower than its own work
+  and that of the requests in flight before it (each sized by its own units, so a short reply behind a
+  long one is a signal) explains is no signal (a busy machine, other clients);
+- a reply within GROW_BELOW times its service time that had work left ahead of it and did not wait for
+  it (or a reply alone in flight, or any good reply where the server says what it has), when the whole
+  limit was in use, raises it by
+  its square root (fast while far
   below the ceiling), never above `ceiling` (the caller's max_connections) nor the stated slots.
 Requests waiting for a slot here are not on the wire: their time does not count towards the timeout.
 """
@@ -49,6 +52,7 @@ COOL_S = 1.0  # at most one halving per this long: a burst of timeouts is one si
 QUEUED = 2.0  # a reply that took more than this many times its service time (plus the slack) waited too long
 GROW_BELOW = 1.2  # ... and one that took at most this many times shows room for more (between: hold)
 QUEUE_SLACK_S = 0.05  # latency noise (HTTP, scheduling) allowed before a reply counts as queued
+BUSY = 2.0  # a reply this many times slower than its own and the earlier requests' work explains is no signal
 POLL_S = 2.0  # vLLM's /metrics at most this often
 WINDOW = 64  # replies the service envelope is drawn over
 _WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
@@ -162,11 +166,12 @@ def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float
 class Ticket:
     """One request's slot; `overlapped`: another request was in flight at some moment of its life."""
 
-    def __init__(self, throttle: Throttle, peers: int):
+    def __init__(self, throttle: Throttle, ahead: list[Ticket]):
         self.throttle = throttle
         self.started = time.monotonic()
-        self.overlapped = False
-        self.peers = peers  # the most other requests in flight at any moment of its life
+        self.overlapped = bool(ahead)
+        self.ahead = ahead  # the requests in flight when it started: on one slot it waits for them all
+        self.units: float | None = None  # its work, once it came back ok
 
     def done(self, outcome: str, units: float | None = None) -> None:
         """Report how the request went: "ok" (with its units of work), "timeout", "http_<status>", ..."""
@@ -214,16 +219,15 @@ class Throttle:
             self._changed = asyncio.Condition()
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.in_flight) < self.allowed)
-            ticket = Ticket(self, len(self.in_flight))
+            ticket = Ticket(self, list(self.in_flight))
+            for other in self.in_flight:
+                other.overlapped = True
             self.in_flight.add(ticket)
             self.peak = max(self.peak, len(self.in_flight))
-            if len(self.in_flight) > 1:
-                for other in self.in_flight:
-                    other.overlapped = True
-                    other.peers = max(other.peers, len(self.in_flight) - 1)
         try:
             yield ticket
         finally:
+            ticket.ahead = []  # the tickets it waited for are not kept alive by it (nor theirs by them)
             async with self._changed:
                 self.in_flight.discard(ticket)
                 self._changed.notify_all()
@@ -247,18 +251,27 @@ class Throttle:
         if outcome != "ok":
             return
         if units and units > 0:
+            ticket.units = units
             service = service_time(self.samples, units) if self.samples else latency
+            ahead_s = sum(service_time(self.samples, t.units) if t.units and self.samples else service
+                          for t in ticket.ahead)  # the work it may have waited for, sized by each one's own
             self.samples.append((units, latency))
             ratio = max(0.0, latency - QUEUE_SLACK_S) / service if service > 0 else 0.0
             if self.info.kind is None and ticket.overlapped:
-                if ratio > ticket.peers + 1:
-                    return  # slower than waiting behind all of ours explains (a busy machine): no signal
+                if ratio > BUSY * (service + ahead_s) / service:
+                    return  # far slower than waiting behind all of ours explains (a busy machine): no signal
                 if ratio > QUEUED:
                     self.limit = max(1.0, self.limit * QUEUED / ratio)  # it waited behind others: fewer at once
                     self.queued += 1
                     return
                 if ratio > GROW_BELOW:
                     return  # neither clearly queued nor clearly not: the limit stays
+                # Room shows only where one slot would have made it wait: work was left ahead of it (a
+                # request at the head of the line, or behind one almost done, shows nothing), and it did
+                # not wait for that (a long reply that waited for short ones shows no room either).
+                left = ahead_s - (ticket.started - min(t.started for t in ticket.ahead)) if ticket.ahead else 0.0
+                if left <= (GROW_BELOW - 1) * service or latency - QUEUE_SLACK_S - service > left / 2:
+                    return
         if len(self.in_flight) >= self.allowed:  # the whole limit was in use: it may grow
             self.limit = min(float(self._cap()), self.limit + math.sqrt(self.limit))
         self._maybe_poll(now)
