@@ -12,8 +12,12 @@ without it, measured in the same run).
 Issue 21 too: kills_in_write_phase (kills after the command's first write of part data) >= 50% of kills;
 hidden_losses (damaged or deleted store files that `omrl store check` did not name, omrl.testing.damage) = 0.
 
-    python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on 2 cores
+    python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on an idle 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
+
+A busy machine stretches it far (at a load of 30: annotate's loop with 3 kills 8 min, the query suite
+13 min): `seconds_per_part` says where the time went, and `--skip` takes the suites too (damage, fuzz,
+query, sandbox, secrets, viewer), so a run can be split, e.g. the kill loops in one, the suites in another.
 """
 
 from __future__ import annotations
@@ -33,18 +37,21 @@ from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox
 from omrl.testing.fuzz import run_fuzz_corpus, summarize
 from omrl.testing.leaks import run_secret_leaks
 
+SUITES = ("damage", "fuzz", "query", "sandbox", "secrets", "viewer")  # the parts after the kill loops
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=8, help="SIGKILLs per command")
-    parser.add_argument("--skip", action="append", default=[], choices=sorted(SCENARIOS),
-                        help="leave a command out (repeatable)")
+    parser.add_argument("--skip", action="append", default=[], choices=sorted(SCENARIOS) + list(SUITES),
+                        help="leave a command's kill loop or a suite out (repeatable); its figures are left out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="print each part's result to stderr")
     args = parser.parse_args()
 
     started = time.monotonic()
     seconds: dict[str, float] = {}  # each part's time: on a busy machine the escape suites take most of it
+    out: dict = {}
 
     def timed(part: str, run, *run_args, **options):
         began = time.monotonic()
@@ -52,64 +59,62 @@ def main() -> None:
         seconds[part] = round(time.monotonic() - began, 1)
         if args.verbose:
             print(f"{part}: {seconds[part]} s", file=sys.stderr)
+            print(json.dumps(result.to_dict() if hasattr(result, "to_dict") else summarize(result)), file=sys.stderr)
         return result
+
+    def wanted(part: str) -> bool:
+        return part not in args.skip
 
     with tempfile.TemporaryDirectory(prefix="omrl-chaos-") as tmp:
         work = Path(tmp)
-        per_command = {}
-        for i, name in enumerate(sorted(set(SCENARIOS) - set(args.skip))):
-            result = timed(name, run_scenario, SCENARIOS[name](), work / name, args.kills, seed=args.seed + i)
-            per_command[name] = result.to_dict()
-            if args.verbose:
-                print(json.dumps(per_command[name]), file=sys.stderr)
-        (work / "damage").mkdir()
-        damage = timed("damage", run_damage_cases, work / "damage", flips=12, seed=args.seed)
-        if args.verbose:
-            print(json.dumps(damage.to_dict()), file=sys.stderr)
-        outcomes = timed("fuzz", run_fuzz_corpus, work / "fuzz-corpus", work / "fuzz-work")
-        fuzz = summarize(outcomes)
-        query = timed("query", run_query_escapes, work / "query")
-        sandbox = timed("sandbox", run_sandbox_escapes, work / "sandbox")
-        leaks = timed("secrets", run_secret_leaks, work / "secrets")  # planted keys against an echoing endpoint
-        viewer = timed("viewer", run_viewer_escapes, work / "viewer")  # other sites, a hostile WHERE, a 20 MB message
-        if args.verbose:
-            for report in (query, sandbox, leaks, viewer):
-                print(json.dumps(report.to_dict()), file=sys.stderr)
+        results = [timed(name, run_scenario, SCENARIOS[name](), work / name, args.kills, seed=args.seed + i).to_dict()
+                   for i, name in enumerate(sorted(set(SCENARIOS) - set(args.skip)))]
+        if results:
+            kills = sum(r["kills"] for r in results)
+            in_write_phase = sum(r["kills_in_write_phase"] for r in results)
+            out.update({
+                "kills": kills,
+                "kills_in_write_phase": in_write_phase,
+                "kills_in_write_phase_share": round(in_write_phase / kills, 3) if kills else None,
+                "lost": sum(r["lost"] for r in results),
+                "duplicated": sum(r["duplicated"] for r in results),
+                "partial": sum(r["partial"] for r in results),
+                "kills_per_command": {r["scenario"]: r["kills"] for r in results},
+                "command_errors": sum(len(r["errors"]) for r in results),
+            })
+        if wanted("damage"):
+            (work / "damage").mkdir()
+            damage = timed("damage", run_damage_cases, work / "damage", flips=12, seed=args.seed)
+            out.update({"damage_cases": damage.cases, "hidden_losses": damage.hidden_losses})
+        if wanted("fuzz"):
+            outcomes = timed("fuzz", run_fuzz_corpus, work / "fuzz-corpus", work / "fuzz-work")
+            fuzz = summarize(outcomes)
+            out.update({"fuzz_cases": len(outcomes), "fuzz_unlocated_errors": fuzz["unlocated"] + fuzz["traceback"],
+                        "fuzz_not_ok": fuzz["not ok"]})
+        if wanted("query"):
+            query = timed("query", run_query_escapes, work / "query")
+            out.update({"query_cases": query.cases, "query_escapes": query.escapes})
+        if wanted("sandbox"):
+            sandbox = timed("sandbox", run_sandbox_escapes, work / "sandbox")
+            out.update({
+                "sandbox_cases": sandbox.cases,
+                "sandbox_escapes": sandbox.escapes,
+                "sandbox_memory_escapes": sum(a.name in sandbox.escaped for a in MEMORY_ATTEMPTS),
+                "sandbox_memory_cap": memory_cap().kind,
+                "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
+            })
+        if wanted("secrets"):
+            leaks = timed("secrets", run_secret_leaks, work / "secrets")  # planted keys against an echoing endpoint
+            out.update({"secrets_stored": leaks.found, "secret_commands": leaks.commands})
+        if wanted("viewer"):
+            viewer = timed("viewer", run_viewer_escapes, work / "viewer")  # other sites, a hostile WHERE, a big message
+            out.update({"viewer_cases": viewer.cases, "viewer_escapes": viewer.escapes,
+                        "viewer_blocked_s_max": viewer.figures.get("blocked_s_max"),
+                        "viewer_unblocked_s_max": viewer.figures.get("unblocked_s_max")})
 
-    results = list(per_command.values())
-    kills = sum(r["kills"] for r in results)
-    in_write_phase = sum(r["kills_in_write_phase"] for r in results)
-    print(json.dumps({
-        "kills": kills,
-        "kills_in_write_phase": in_write_phase,
-        "kills_in_write_phase_share": round(in_write_phase / kills, 3) if kills else None,
-        "lost": sum(r["lost"] for r in results),
-        "duplicated": sum(r["duplicated"] for r in results),
-        "partial": sum(r["partial"] for r in results),
-        "kills_per_command": {r["scenario"]: r["kills"] for r in results},
-        "command_errors": sum(len(r["errors"]) for r in results),
-        "damage_cases": damage.cases,
-        "hidden_losses": damage.hidden_losses,
-        "fuzz_cases": len(outcomes),
-        "fuzz_unlocated_errors": fuzz["unlocated"] + fuzz["traceback"],
-        "fuzz_not_ok": fuzz["not ok"],
-        "query_cases": query.cases,
-        "query_escapes": query.escapes,
-        "sandbox_cases": sandbox.cases,
-        "sandbox_escapes": sandbox.escapes,
-        "sandbox_memory_escapes": sum(a.name in sandbox.escaped for a in MEMORY_ATTEMPTS),
-        "sandbox_memory_cap": memory_cap().kind,
-        "sandbox_unavailable": sandbox.details[0] if sandbox.cases == 0 and sandbox.details else None,
-        "secrets_stored": leaks.found,
-        "secret_commands": leaks.commands,
-        "viewer_cases": viewer.cases,
-        "viewer_escapes": viewer.escapes,
-        "viewer_blocked_s_max": viewer.figures.get("blocked_s_max"),
-        "viewer_unblocked_s_max": viewer.figures.get("unblocked_s_max"),
-        "seconds": round(time.monotonic() - started, 1),
-        "seconds_per_part": seconds,
-        "load_1min": round(os.getloadavg()[0], 1),
-    }))
+    out.update({"seconds": round(time.monotonic() - started, 1), "seconds_per_part": seconds,
+                "load_1min": round(os.getloadavg()[0], 1)})
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
