@@ -303,7 +303,8 @@ def main() -> None:
                         help="use the trajectories of this store (e.g. imported real files) instead of the synthetic corpus")
     parser.add_argument("--word", default=SEARCH_WORD, help="the word the word-search query looks for")
     parser.add_argument("--workdir", default=None, help="where to write (default: a temporary folder, removed after)")
-    parser.add_argument("--batch", type=int, default=5000, help="rows per store append")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="rows per store append (default: n/20, at most 5,000: 20 appends for compact to merge)")
     parser.add_argument("--no-zstd", action="store_true", help="skip the zstd -19 --long bound (slow on big corpora; "
                         "zstd -3 is always measured)")
     args = parser.parse_args()
@@ -326,14 +327,16 @@ def main() -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     jsonl_write_s = time.perf_counter() - start
 
+    batch = args.batch or min(5000, max(1, -(-len(rows) // 20)))
     start = time.perf_counter()
     store = Store.create(store_path)
-    for i in range(0, len(rows), args.batch):
-        store.append(to_table(rows[i:i + args.batch]))
+    for i in range(0, len(rows), batch):
+        store.append(to_table(rows[i:i + batch]))
     append_s = time.perf_counter() - start
     start = time.perf_counter()
     store.compact(index=False)  # the merge alone; the search index is built after it, timed apart
     compact_s = time.perf_counter() - start
+    assert len(store.parts()) == 1, store.parts()  # merged whole (or one append): compact_s timed what there was
     start = time.perf_counter()
     indexed = build_missing(store)
     index_s = time.perf_counter() - start
@@ -382,6 +385,7 @@ def main() -> None:
 
     print(json.dumps({
         "n": n,
+        "appends": -(-n // batch),
         "jsonl_bytes": jsonl_bytes,
         "store_bytes": store_bytes,
         "part_bytes": part_bytes,
