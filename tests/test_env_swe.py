@@ -240,3 +240,58 @@ def test_sft_runs_on_expert_swe_trajectories(collected, tmp_path):
                                  max_length=2048,  # the tiny model's whole context: SWE turns are long
                                  quiet=True))
     assert len(result.losses) == 1 and result.losses[0] > 0 and result.checkpoint.is_dir()
+
+
+def test_a_model_writes_the_problem_statement_from_the_failing_tests(sdist, tmp_path):
+    """`--option statement_model=... statement_base_url=...`: the model (a real HTTP server speaking OpenAI's protocol)
+    is asked with the failing tests and their errors, never the patch, and its reply becomes the statement."""
+    from omrl.testing.openai_server import FakeOpenAIServer
+
+    issue = "clamp() gives the wrong answer for values outside its range; see the failing test."
+    with FakeOpenAIServer(default={"content": issue}) as server:
+        made = CliRunner().invoke(cli, [
+            "tasks", "generate", "swe", "--package", sdist, "--n", "1", "--seed", "5", "--out", str(tmp_path / "t.jsonl"),
+            "--option", "max_candidates=4", "--option", "workers=1", "--option", "statement_model=writer",
+            "--option", f"statement_base_url={server.base_url}"])
+        assert made.exit_code == 0, made.output
+        requests = list(server.requests)
+    [task] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    payload = task["payload"] if isinstance(task["payload"], dict) else json.loads(task["payload"])
+    assert payload["problem_statement"] == issue and task["instruction"] == issue
+    assert payload["problem_statement_source"] == "model:writer" and "problem_statement_error" not in payload
+    assert len(requests) == 1 and requests[0]["model"] == "writer"
+    prompt = requests[0]["messages"][-1]["content"]
+    assert all(test in prompt for test in payload["FAIL_TO_PASS"])
+    fix_lines = [line[1:].strip() for line in payload["patch"].splitlines()
+                 if line.startswith("+") and not line.startswith("+++") and line[1:].strip()]
+    assert fix_lines and not any(line in prompt for line in fix_lines)  # the fix never reaches the model
+    refused = CliRunner().invoke(cli, ["tasks", "generate", "swe", "--package", sdist, "--n", "1", "--out",
+                                       str(tmp_path / "u.jsonl"), "--option", "statement_model=writer"])
+    assert refused.exit_code != 0 and "statement_base_url" in refused.output
+
+
+def test_a_statement_that_leaks_the_fix_or_a_failed_call_falls_back_to_the_template():
+    from omrl.envs.swe import statement
+    from omrl.testing.openai_server import FakeOpenAIServer
+
+    patch = ("diff --git a/src/m.py b/src/m.py\n--- a/src/m.py\n+++ b/src/m.py\n@@ -1,3 +1,4 @@\n def f(x):\n"
+             "+    if x > high:\n+        return high\n     return x\n")
+    output = "E       assert 11 == 10\nFAILED tests/test_m.py::test_high - assert 11 == 10\n"
+    failing = ["tests/test_m.py::test_high"]
+    template = bugs.problem_statement("m", failing, output)
+    with FakeOpenAIServer() as server:
+        model = statement.StatementModel("writer", server.base_url, max_retries=0)
+        server.enqueue({"content": "f(11) returns 11. Fix:   if x >  high:  return high"}, {"content": "  "},
+                       {"status": 401}, {"content": "f(11) should give 10 but gives 11."})
+        leaked, why = statement.write("m", failing, output, patch, model)
+        assert leaked == template and why["problem_statement_source"] == "template"
+        assert "quotes the fix's changed line 'if x > high:'" in why["problem_statement_error"]
+        empty, why = statement.write("m", failing, output, patch, model)
+        assert empty == template and "empty" in why["problem_statement_error"]
+        failed, why = statement.write("m", failing, output, patch, model)
+        assert failed == template and "LLMStatusError: HTTP 401" in why["problem_statement_error"]  # recorded
+        good, why = statement.write("m", failing, output, patch, model)
+        assert good == "f(11) should give 10 but gives 11." and why == {"problem_statement_source": "model:writer"}
+        assert all("if x > high" not in json.dumps(r["messages"]) for r in server.requests)
+        assert "assert 11 == 10" in server.requests[0]["messages"][-1]["content"]
+    assert statement.write("m", failing, output, patch, None) == (template, {"problem_statement_source": "template"})

@@ -313,7 +313,7 @@ def _parses(text: str) -> bool:
 
 
 def problem_statement(package: str, failing: list[str], output: str) -> str:
-    """A task text written from the failing tests (the template; a judge model may rewrite it)."""
+    """The template task text, written from the failing tests (statement.py may have a model write it instead)."""
     shown = "\n".join(f"- {test}" for test in failing[:10]) + (f"\n- ... and {len(failing) - 10} more"
                                                                if len(failing) > 10 else "")
     excerpts = [line.strip() for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))][:5]

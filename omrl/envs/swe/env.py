@@ -73,16 +73,26 @@ class SweEnv(ToolEnv):
     def generate_tasks(cls, n: int | None = 20, seed: int = 0, split: str = "test", packages: list[str] | None = None,
                        workers: int = 2, per_test_timeout_s: float = 10.0, max_candidates: int | None = None,
                        report: dict | None = None, earlier: list[str] | None = None,
-                       modifiers: str = "omrl") -> list[Task]:
+                       modifiers: str = "omrl", statement_model: str | None = None,
+                       statement_base_url: str | None = None, statement_api_key_env: str = "OPENAI_API_KEY",
+                       statement_timeout_s: float = 60.0) -> list[Task]:
         """Validated bug-fix tasks from the sdists of `packages` (NAME==VERSION or local .tar.gz), `earlier` their
-        earlier releases to revert functions to, `modifiers` omrl's or SWE-smith's; see generate.py."""
+        earlier releases to revert functions to, `modifiers` omrl's or SWE-smith's; see generate.py. With
+        `statement_model` and `statement_base_url` (an OpenAI-compatible endpoint, key from `statement_api_key_env`)
+        a model writes each problem_statement from the failing tests (statement.py), else the template does."""
         from omrl.envs.swe.generate import generate
+        from omrl.envs.swe.statement import StatementModel
 
         if not packages:
             raise InvalidTask("swe tasks are made from package sources: give --package NAME==VERSION (repeatable)")
+        if bool(statement_model) != bool(statement_base_url):
+            raise InvalidTask("a model writes problem statements only with both --option statement_model=MODEL and "
+                              "--option statement_base_url=URL")
+        writer = StatementModel(str(statement_model), str(statement_base_url), str(statement_api_key_env),
+                                float(statement_timeout_s)) if statement_model else None
         return generate(list(packages), n=n or 20, seed=seed, split=split, workers=int(workers),
                         per_test_timeout_s=float(per_test_timeout_s), max_candidates=max_candidates, report=report,
-                        earlier=list(earlier or []), modifiers=str(modifiers))
+                        earlier=list(earlier or []), modifiers=str(modifiers), statement_model=writer)
 
     @classmethod
     def score_prediction(cls, task: Task, patch: str) -> dict[str, Any]:

@@ -16,16 +16,19 @@ from pathlib import Path
 
 import omrl.envs.swe.bugs as bugs
 import omrl.envs.swe.packages as packages
+import omrl.envs.swe.statement as statement
 from omrl.envs.base import InvalidTask, Task
 
 
 def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", workers: int = 2,
              per_test_timeout_s: float = 10.0, max_candidates: int | None = None, report: dict | None = None,
-             earlier: list[str] | None = None, modifiers: str = "omrl", progress=print) -> list[Task]:
+             earlier: list[str] | None = None, modifiers: str = "omrl", progress=print,
+             statement_model: statement.StatementModel | None = None) -> list[Task]:
     """About n validated tasks spread over the packages of `specs`; `earlier` names earlier releases (NAME==VERSION
     or a local sdist) of some of them, matched by name, whose function bodies are reverted to as candidates;
     `modifiers`: whose procedural modifiers make the other candidates (omrl or swesmith); `report` (if given)
-    receives per package and per modifier kept/tried counts and timings."""
+    receives per package and per modifier kept/tried counts and timings; `statement_model` (if given) writes each
+    new task's problem_statement (statement.py), else the template does."""
     if modifiers not in MODIFIER_SOURCES:
         raise InvalidTask(f"modifiers={modifiers!r}: one of {', '.join(MODIFIER_SOURCES)}")
     report = report if report is not None else {}
@@ -39,7 +42,7 @@ def generate(specs: list[str], n: int, seed: int = 0, split: str = "test", worke
     for spec, package in fetched:
         tasks += _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates,
                                 report.setdefault(package.key, {}), progress, releases.get(_normal(package.name)),
-                                modifiers)
+                                modifiers, statement_model)
     return tasks[:n] if len(tasks) > n else tasks
 
 
@@ -63,7 +66,7 @@ def _normal(name: str) -> str:
 
 
 def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_s, max_candidates, report, progress,
-                   earlier=None, modifiers="omrl"):
+                   earlier=None, modifiers="omrl", statement_model=None):
     started = time.monotonic()
     state = packages.cache_dir() / "runs" / f"{package.source.name}-s{seed}-t{per_test_timeout_s:g}.jsonl"
     state.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     def attempt(candidate: bugs.Candidate) -> None:
         if stop.is_set() or candidate.id in tried:
             return
-        record = validate(package, candidate, passed, per_test_timeout_s)
+        record = validate(package, candidate, passed, per_test_timeout_s, statement_model)
         with lock:
             _append(state, record)
             test_seconds[0] += record["seconds"]
@@ -126,12 +129,18 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     report["tried"] = sum(c["tried"] for c in per_modifier.values())
     report["seconds"] = round(time.monotonic() - started, 1)
     report["test_seconds"] = round(test_seconds[0], 1)
+    sources = [t.payload["problem_statement_source"] for t in kept[:quota]]
+    report["problem_statements"] = {source: sources.count(source) for source in sorted(set(sources))}
+    errors = [t.payload["problem_statement_error"] for t in kept[:quota] if t.payload.get("problem_statement_error")]
+    if errors:
+        report["problem_statement_errors"] = errors
     return kept[:quota]
 
 
 def validate(package: packages.Package, candidate: bugs.Candidate, passed: set[str],
-             per_test_timeout_s: float) -> dict:
-    """Run the whole suite with the candidate's bug (in the sandbox); the record says whether it is kept."""
+             per_test_timeout_s: float, statement_model: statement.StatementModel | None = None) -> dict:
+    """Run the whole suite with the candidate's bug (in the sandbox); the record says whether it is kept (and, if so,
+    carries its problem_statement, from `statement_model` or the template)."""
     run = packages.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=600,
                              patches=[candidate.bug_patch()])
     now = run.passed()
@@ -147,8 +156,9 @@ def validate(package: packages.Package, candidate: bugs.Candidate, passed: set[s
               "function": candidate.function, "kept": kept, "why": why, "seconds": run.seconds}
     if kept:
         record.update({"FAIL_TO_PASS": failing, "PASS_TO_PASS": still, "bug_patch": candidate.bug_patch(),
-                       "patch": candidate.fix_patch(), "fix_edit": candidate.fix_edit(),
-                       "problem_statement": bugs.problem_statement(package.name, failing, run.output)})
+                       "patch": candidate.fix_patch(), "fix_edit": candidate.fix_edit()})
+        text, provenance = statement.write(package.name, failing, run.output, record["patch"], statement_model)
+        record.update({"problem_statement": text, **provenance})
     return record
 
 
@@ -161,8 +171,11 @@ def task_from_record(spec: str, package: packages.Package, record: dict, split: 
                "sdist": spec, "sdist_sha256": package.sdist_sha256,
                "patch": record["patch"], "test_patch": "", "FAIL_TO_PASS": record["FAIL_TO_PASS"],
                "PASS_TO_PASS": record["PASS_TO_PASS"], "problem_statement": record["problem_statement"],
+               "problem_statement_source": record.get("problem_statement_source", "template"),
                "bug_patch": record["bug_patch"], "fix_edit": record["fix_edit"], "modifier": record["modifier"],
                "path": record["path"], "function": record["function"], "per_test_timeout_s": per_test_timeout_s}
+    if record.get("problem_statement_error"):
+        payload["problem_statement_error"] = record["problem_statement_error"]
     return Task(id=instance_id, instruction=record["problem_statement"], answer=record["patch"], env="swe",
                 split=split, payload=payload)
 
