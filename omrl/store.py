@@ -216,7 +216,9 @@ def _front_matter(card: str) -> dict[str, Any]:
     if match is None:
         return {}
     try:
-        front = yaml.safe_load(match.group(1))
+        # libyaml's loader where it is built in: the card is read at every commit, pure-Python YAML cost
+        # more than the part's write on small appends; the same safe constructors either way.
+        front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise ValueError(f"its front matter is not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(front, dict):
