@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import tarfile
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -248,18 +249,19 @@ def test_a_model_writes_the_problem_statement_from_the_failing_tests(sdist, tmp_
     from omrl.testing.openai_server import FakeOpenAIServer
 
     issue = "clamp() gives the wrong answer for values outside its range; see the failing test."
+    writer = f"writer-{time.time_ns()}"  # a model new to the cache: a rerun (resumed) has it rewrite the statement
     with FakeOpenAIServer(default={"content": issue}) as server:
         made = CliRunner().invoke(cli, [
             "tasks", "generate", "swe", "--package", sdist, "--n", "1", "--seed", "5", "--out", str(tmp_path / "t.jsonl"),
-            "--option", "max_candidates=4", "--option", "workers=1", "--option", "statement_model=writer",
+            "--option", "max_candidates=4", "--option", "workers=1", "--option", f"statement_model={writer}",
             "--option", f"statement_base_url={server.base_url}"])
         assert made.exit_code == 0, made.output
         requests = list(server.requests)
     [task] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     payload = task["payload"] if isinstance(task["payload"], dict) else json.loads(task["payload"])
     assert payload["problem_statement"] == issue and task["instruction"] == issue
-    assert payload["problem_statement_source"] == "model:writer" and "problem_statement_error" not in payload
-    assert len(requests) == 1 and requests[0]["model"] == "writer"
+    assert payload["problem_statement_source"] == f"model:{writer}" and "problem_statement_error" not in payload
+    assert len(requests) == 1 and requests[0]["model"] == writer
     prompt = requests[0]["messages"][-1]["content"]
     assert all(test in prompt for test in payload["FAIL_TO_PASS"])
     fix_lines = [line[1:].strip() for line in payload["patch"].splitlines()

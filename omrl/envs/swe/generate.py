@@ -98,6 +98,14 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     ids = {c.id for c in found}
     # the records of these candidates only: a run with other options (modifiers, --earlier) resumes its own
     resumed = [r for r in tried.values() if r["id"] in ids]
+    for record in resumed:  # kept before, its statement by no model or another: the configured one writes it now
+        if record.get("kept") and statement_model is not None \
+                and record.get("problem_statement_source") != f"model:{statement_model.model}":
+            record.pop("problem_statement_error", None)
+            text, provenance = statement.write(package.name, record["FAIL_TO_PASS"], record.get("errors", ""),
+                                               record["patch"], statement_model)
+            record.update({"problem_statement": text, **provenance})
+            _append(state, record)
     kept: list[Task] = [task_from_record(spec, package, r, split, per_test_timeout_s) for r in resumed if r.get("kept")]
     report["resumed"] = len(resumed)
     test_seconds = [baseline["seconds"] + sum(r.get("seconds") or 0.0 for r in resumed)]  # every test run's
@@ -158,7 +166,9 @@ def validate(package: packages.Package, candidate: bugs.Candidate, passed: set[s
         record.update({"FAIL_TO_PASS": failing, "PASS_TO_PASS": still, "bug_patch": candidate.bug_patch(),
                        "patch": candidate.fix_patch(), "fix_edit": candidate.fix_edit()})
         text, provenance = statement.write(package.name, failing, run.output, record["patch"], statement_model)
-        record.update({"problem_statement": text, **provenance})
+        # pytest's error lines, kept so that a rerun with another statement model can write from them
+        record.update({"problem_statement": text, **provenance,
+                       "errors": "\n".join(statement.error_lines(run.output))})
     return record
 
 
