@@ -12,6 +12,7 @@ import io
 import json
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,6 +25,7 @@ from omrl.envs.swe import bugs
 from omrl.envs.toolenv import play_episode
 from omrl.store import Store
 
+REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 AVAILABLE, WHY = sandbox.sandbox_status()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")
 
@@ -297,3 +299,110 @@ def test_a_statement_that_leaks_the_fix_or_a_failed_call_falls_back_to_the_templ
         assert all("if x > high" not in json.dumps(r["messages"]) for r in server.requests)
         assert "assert 11 == 10" in server.requests[0]["messages"][-1]["content"]
     assert statement.write("m", failing, output, patch, None) == (template, {"problem_statement_source": "template"})
+
+
+REPO = {"src/tinyrepo/__init__.py": "def clamp(value, low, high):\n    if value < low:\n        return low\n    return value\n",
+        "tests/test_calc.py": "from tinyrepo import clamp\n\n\ndef test_clamp_low():\n    assert clamp(-1, 0, 9) == 0\n"}
+FIX = ("diff --git a/src/tinyrepo/__init__.py b/src/tinyrepo/__init__.py\n--- a/src/tinyrepo/__init__.py\n"
+       "+++ b/src/tinyrepo/__init__.py\n@@ -1,4 +1,6 @@\n def clamp(value, low, high):\n     if value < low:\n"
+       "         return low\n+    if value > high:\n+        return high\n     return value\n")
+TEST_PATCH = ("diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n"
+              "@@ -3,3 +3,7 @@ from tinyrepo import clamp\n \n def test_clamp_low():\n     assert clamp(-1, 0, 9) == 0\n"
+              "+\n+\n+def test_clamp_high():\n+    assert clamp(10, 0, 9) == 9\n")
+
+
+def crafted_instance(folder) -> tuple[dict, str]:
+    """A SWE-bench row of a tiny repository (committed with fixed dates, so its commit is the same each run) and the
+    folder holding its checkout, named by instance_id as `--source` expects."""
+    import os
+    import subprocess
+
+    checkout = folder / "checkouts" / "tiny__tinyrepo-1"
+    for name, text in REPO.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text(text)
+    dates = {"GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z"}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *args], cwd=checkout, check=True, env={**os.environ, **dates})
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout.strip()
+    row = {"repo": "tiny/tinyrepo", "instance_id": "tiny__tinyrepo-1", "base_commit": commit, "patch": FIX,
+           "test_patch": TEST_PATCH, "problem_statement": "clamp() ignores its upper bound.", "version": "0.1",
+           "FAIL_TO_PASS": json.dumps(["tests/test_calc.py::test_clamp_high"]),
+           "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_clamp_low"])}
+    return row, str(folder / "checkouts")
+
+
+def test_an_imported_swe_bench_instance_runs_from_its_source_tree(tmp_path):
+    """`omrl tasks import --source DIR`: the checkout runs in --env swe; the agent sees the tree without the
+    test_patch, which is applied at scoring (SWE-bench's order); the fix through bash resolves it, nothing does not."""
+    from omrl.tasks import load_tasks
+
+    row, source = crafted_instance(tmp_path)
+    (tmp_path / "rows.json").write_text(json.dumps([row]))
+    made = CliRunner().invoke(cli, ["tasks", "import", str(tmp_path / "rows.json"), "--source", source, "--out",
+                                    str(tmp_path / "t.jsonl")])
+    assert made.exit_code == 0, made.output
+    [task] = load_tasks(tmp_path / "t.jsonl")
+    assert task.env == "swe" and task.payload["source"].endswith("tiny__tinyrepo-1")
+    assert task.payload["FAIL_TO_PASS"] == ["tests/test_calc.py::test_clamp_high"]
+    env = make_env("swe")
+    try:
+        env.reset(task)
+        seen = env.step(Action(tool="bash", arguments={"command": "cat tests/test_calc.py; ls -a"}))
+        assert "test_clamp_low" in seen.observation and "test_clamp_high" not in seen.observation
+        assert ".omrl-bug.patch" not in seen.observation
+        total, last, steps = play_episode(env, task)
+        assert total == 1.0 and last.info["resolved"] and steps == 2  # bash (git apply), submit
+        assert last.info["fail_to_pass"] == "1/1" and last.info["pass_to_pass"] == "1/1"
+        env.reset(task)
+        empty = env.step(Action(tool="submit"))
+        assert empty.reward == 0.0 and empty.info["fail_to_pass"] == "0/1" and empty.info["pass_to_pass"] == "1/1"
+    finally:
+        env.close()
+
+
+def test_an_swe_bench_instance_without_its_source_tree_is_refused(tmp_path):
+    row, source = crafted_instance(tmp_path)
+    (tmp_path / "rows.json").write_text(json.dumps([row]))
+    runner = CliRunner()
+    plain = runner.invoke(cli, ["tasks", "import", str(tmp_path / "rows.json"), "--env", "swe", "--out",
+                                str(tmp_path / "t.jsonl")])
+    assert plain.exit_code == 0, plain.output
+    from omrl.tasks import load_tasks
+
+    [task] = load_tasks(tmp_path / "t.jsonl")
+    env = make_env("swe")
+    with pytest.raises(InvalidTask, match=r"^SWE-bench instance tiny__tinyrepo-1: no source tree; import it with "
+                                          r"`omrl tasks import --format swebench --source DIR`") as refused:
+        env.reset(task)
+    assert "\n" not in str(refused.value)
+    (tmp_path / "empty").mkdir()
+    missing = runner.invoke(cli, ["tasks", "import", str(tmp_path / "rows.json"), "--source", str(tmp_path / "empty"),
+                                  "--out", str(tmp_path / "u.jsonl")])
+    assert missing.exit_code != 0 and "tiny__tinyrepo-1: no checkout" in missing.output, missing.output
+    moved = task.__class__(id=task.id, instruction="x", env="swe",
+                           payload={**task.payload, "source": str(tmp_path / "checkouts" / task.id),
+                                    "base_commit": "0" * 40})
+    with pytest.raises(InvalidTask, match="checked out at .*, not at the instance's base_commit 000000000000"):
+        env.reset(moved)
+    env.close()
+
+
+@pytest.mark.skipif(not (REAL_DATA / "swe-bench-lite_5tasks.json").exists(), reason="shared real data absent")
+def test_real_swe_bench_lite_rows_are_refused_by_name_without_their_checkouts(tmp_path):
+    from omrl.tasks import load_tasks
+
+    made = CliRunner().invoke(cli, ["tasks", "import", str(REAL_DATA / "swe-bench-lite_5tasks.json"), "--env", "swe",
+                                    "--out", str(tmp_path / "lite.jsonl")])
+    assert made.exit_code == 0, made.output
+    tasks = load_tasks(tmp_path / "lite.jsonl")
+    env = make_env("swe")
+    for task in tasks:
+        with pytest.raises(InvalidTask, match=f"^SWE-bench instance {task.id}: no source tree.*--source DIR"):
+            env.reset(task)
+    django = next(t for t in tasks if t.id == "django__django-16255")
+    named = django.__class__(id=django.id, instruction="x", env="swe", payload={**django.payload, "source": "/x"})
+    with pytest.raises(InvalidTask, match="its tests are not pytest node ids"):
+        env.reset(named)
+    env.close()

@@ -28,16 +28,20 @@ def tasks() -> None:
               default=None, help="Source format; auto detects GSM8K, AgentBench DBBench and SWE-bench files.")
 @click.option("--mapping", type=click.Path(exists=True, dir_okay=False),
               help="YAML file with keys id, instruction, answer, env, split, format (flags override it).")
+@click.option("--source", type=click.Path(exists=True, file_okay=False),
+              help="SWE-bench rows: folder with one checkout per instance_id at its base_commit (runs in --env swe).")
 @user_errors
 def import_(src: str, out: str, id_: str | None, instruction: str | None, answer: str | None, env: str | None,
-            split: str | None, fmt: str | None, mapping: str | None) -> None:
+            split: str | None, fmt: str | None, mapping: str | None, source: str | None) -> None:
     """Import SRC (JSONL, JSON, CSV, Parquet, a saved `datasets` folder or a Hub name) into a tasks file.
 
     Example:  omrl tasks import agentbench_dbbench_dev.jsonl --out sql.parquet
+              omrl tasks import swe-bench-lite.json --source checkouts/ --out lite.jsonl   (then --env swe)
     """
     from omrl.tasks import Mapping, import_tasks
 
-    flags = {"id": id_, "instruction": instruction, "answer": answer, "env": env, "split": split, "format": fmt}
+    flags = {"id": id_, "instruction": instruction, "answer": answer, "env": env, "split": split, "format": fmt,
+             "source": source}
     base = Mapping.from_yaml(mapping, **flags) if mapping else Mapping()
     with console.status(f"importing {src}"):
         table = import_tasks(src, out, mapping=base, **({} if mapping else flags))

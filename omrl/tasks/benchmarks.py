@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from omrl.readers import json_kind
@@ -90,7 +91,13 @@ def _swebench_row(row, index, columns, mapping, prefix):
                 payload[key] = json.loads(payload[key])
             except json.JSONDecodeError:
                 raise TaskError(f"row {index + 1}: {key} is not a JSON list") from None
-    env, split = env_split(row, mapping, "swebench")
+    env, split = env_split(row, mapping, "swe" if mapping.source else "swebench")
+    if mapping.source:  # the instance's checkout at base_commit: the swe env runs it in the sandbox
+        checkout = Path(mapping.source) / str(row["instance_id"])
+        if not checkout.is_dir():
+            raise TaskError(f"row {index + 1}: SWE-bench instance {row['instance_id']}: no checkout {checkout} "
+                            f"(--source DIR holds one per instance, at its base_commit)")
+        payload["source"] = str(checkout.resolve())
     return task_row(row["instance_id"], row["problem_statement"], row.get("patch"), env, split, payload)
 
 

@@ -44,6 +44,7 @@ class Mapping:
     split: str | None = None
     format: str = "auto"
     id_prefix: str | None = None
+    source: str | None = None  # SWE-bench rows: a folder holding one checkout per instance_id
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -54,7 +55,7 @@ class Mapping:
         data = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(data, dict):
             raise TaskError(f"{path}: a mapping file must be a YAML mapping of key: value")
-        known = {"id", "instruction", "answer", "env", "split", "format", "id_prefix"}
+        known = {"id", "instruction", "answer", "env", "split", "format", "id_prefix", "source"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise TaskError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(known)}")

@@ -24,6 +24,7 @@ import omrl.envs.swe.packages as packages
 from omrl import sandbox
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.errors import UsageError
 
 MAX_OBSERVATION_CHARS = 6_000
 WINDOW = 100
@@ -113,21 +114,18 @@ class SweEnv(ToolEnv):
         self.close()
         super().__init__()
         payload = task.payload
-        for key in ("sdist", "bug_patch", "FAIL_TO_PASS", "PASS_TO_PASS"):
-            if key not in payload:
-                raise InvalidTask(f"swe task {task.id!r} has no payload.{key} (make tasks with "
-                                  "`omrl tasks generate swe --package NAME==VERSION`)")
         self.task = task
-        self.package = packages.fetch(payload["sdist"], progress=lambda _: None)
+        self.package = task_package(task.id, payload)
         with tempfile.TemporaryDirectory(prefix="omrl-swe-") as work:
             tree = Path(work) / "tree"
             shutil.copytree(self.package.source, tree, symlinks=True)
-            (tree / ".omrl-bug.patch").write_text(payload["bug_patch"], encoding="utf-8")
+            (tree / ".omrl-bug.patch").write_text(payload.get("bug_patch") or "", encoding="utf-8")
             self.shell = sandbox.SandboxShell(project=tree, limits=self.limits, env=_test_env(), view=sandbox.SandboxView(
                 binds=((str(self.package.env), packages.ENV_INSIDE),), writable=(TESTBED,), project_dir=TESTBED))
-            setup = self.shell.run(
-                "git apply .omrl-bug.patch && rm .omrl-bug.patch && git init -q && git add -A && "
-                "git -c user.name=omrl -c user.email=omrl@localhost commit -qm base && echo ready", timeout_s=120)
+            setup = self.shell.run(  # a SWE-bench checkout is buggy as it is: no bug patch
+                "{ ! test -s .omrl-bug.patch || git apply .omrl-bug.patch; } && rm .omrl-bug.patch && git init -q && "
+                "git add -A && git -c user.name=omrl -c user.email=omrl@localhost commit -qm base && echo ready",
+                timeout_s=120)
         if setup.returncode != 0 or "ready" not in setup.output:
             raise InvalidTask(f"swe task {task.id!r}: its bug does not apply to {self.package.key}: "
                               f"{setup.output.strip()[-300:]}")
@@ -135,7 +133,7 @@ class SweEnv(ToolEnv):
                       Action(tool="str_replace", arguments={"path": payload["fix_edit"]["path"],
                                                             "old_str": payload["fix_edit"]["old"],
                                                             "new_str": payload["fix_edit"]["new"]})] \
-            if payload.get("fix_edit") else []
+            if payload.get("fix_edit") else _apply_with_bash(payload.get("patch") or "")
         return Reset(observation=payload.get("problem_statement") or task.instruction, tools=list(TOOLS),
                      system_prompt=SYSTEM_PROMPT)
 
@@ -212,9 +210,10 @@ class SweEnv(ToolEnv):
 def evaluate_patch(payload: dict[str, Any], patch: str) -> dict[str, Any]:
     """SWE-bench's resolved for `patch` on the task's buggy tree: applied in a fresh sandbox, every
     FAIL_TO_PASS and PASS_TO_PASS test must pass."""
-    package = packages.fetch(payload["sdist"], progress=lambda _: None)
+    package = task_package(str(payload.get("instance_id", "?")), payload)
     fail, keep = list(payload["FAIL_TO_PASS"]), list(payload["PASS_TO_PASS"])
-    patches = [payload["bug_patch"]] + ([patch] if patch.strip() else [])
+    # SWE-bench's order: the model's patch, then the instance's test_patch (the tests the fix must pass)
+    patches = [p for p in (payload.get("bug_patch"), patch, payload.get("test_patch")) if p and p.strip()]
     run = packages.run_tests(package, package.source, tests=sorted({t.split("::")[0] for t in fail + keep}),
                              per_test_timeout_s=float(payload.get("per_test_timeout_s", 10.0)), patches=patches)
     passed = run.passed()
@@ -223,6 +222,41 @@ def evaluate_patch(payload: dict[str, Any], patch: str) -> dict[str, Any]:
     return {"resolved": bool(fail) and fixed == len(fail) and kept == len(keep),
             "fail_to_pass": f"{fixed}/{len(fail)}", "pass_to_pass": f"{kept}/{len(keep)}",
             "patch_applied": "OMRL: the patch does not apply" not in run.output, "test_seconds": run.seconds}
+
+
+def task_package(task_id: str, payload: dict[str, Any]) -> packages.Package:
+    """The package a task's tree comes from: its sdist (omrl's generated tasks) or, for an imported SWE-bench
+    instance, its checkout at base_commit (`payload.source`, set by `omrl tasks import --source DIR`)."""
+    swebench = "base_commit" in payload and "test_patch" in payload and "sdist" not in payload
+    needed = ("FAIL_TO_PASS", "PASS_TO_PASS") if swebench else ("sdist", "bug_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+    for key in needed:
+        if key not in payload:
+            raise InvalidTask(f"swe task {task_id!r} has no payload.{key} (make tasks with "
+                              "`omrl tasks generate swe --package NAME==VERSION`)")
+    if not swebench:
+        return packages.fetch(payload["sdist"], progress=lambda _: None)
+    if not payload.get("source"):
+        raise InvalidTask(f"SWE-bench instance {task_id}: no source tree; import it with `omrl tasks import "
+                          f"--format swebench --source DIR` (DIR/{task_id}: {payload.get('repo')} checked out at "
+                          f"{str(payload['base_commit'])[:12]})")
+    named_otherwise = [t for t in list(payload["FAIL_TO_PASS"]) + list(payload["PASS_TO_PASS"]) if "::" not in str(t)]
+    if named_otherwise:
+        raise InvalidTask(f"SWE-bench instance {task_id}: its tests are not pytest node ids (e.g. "
+                          f"{str(named_otherwise[0])[:60]!r}); omrl runs them with pytest only")
+    try:
+        return packages.from_checkout(payload["source"], str(payload.get("repo") or task_id),
+                                      str(payload.get("version") or ""), str(payload["base_commit"]),
+                                      progress=lambda _: None)
+    except UsageError as exc:
+        raise InvalidTask(f"SWE-bench instance {task_id}: {exc}") from None
+
+
+def _apply_with_bash(patch: str) -> list[Action]:
+    """The expert's way with a diff (an imported instance's fix): `git apply` through the env's bash tool."""
+    if not patch.strip():
+        return []
+    encoded = base64.b64encode(patch.encode("utf-8")).decode()
+    return [Action(tool="bash", arguments={"command": f"echo {encoded} | base64 -d | git apply --whitespace=nowarn"})]
 
 
 def _test_env() -> dict[str, str]:

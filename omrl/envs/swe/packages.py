@@ -83,6 +83,52 @@ def fetch(spec: str, progress=print, env: bool = True) -> Package:
     return package
 
 
+def from_checkout(folder: str | Path, name: str, version: str, commit: str, progress=print) -> Package:
+    """A repository checked out at `commit` (a SWE-bench instance's base_commit) as a package: its files copied
+    once into the cache (without .git), its test environment built once from the requirements files it ships
+    (pytest tools alone when it ships none). A .git whose HEAD is another commit is refused."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UsageError(f"source {folder}: no such folder (a checkout of {name} at {commit[:12]})")
+    head = checkout_head(folder)
+    if head is not None and head != commit:
+        raise UsageError(f"source {folder}: checked out at {head[:12]}, not at the instance's base_commit {commit[:12]}")
+    key = f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{commit[:12]}"
+    source = cache_dir() / "src" / key
+    if not source.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=".src-", dir=_mkdir(source.parent)))
+        try:
+            shutil.copytree(folder, staging / "tree", symlinks=True, ignore=shutil.ignore_patterns(".git"))
+            os.replace(staging / "tree", source)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    wanted = test_requirements(source, {})
+    env = cache_dir() / "envs" / f"reqs-{hashlib.sha256(' '.join(sorted(wanted)).encode()).hexdigest()[:12]}"
+    if not (env / ".omrl-complete").exists():
+        progress(f"{name}@{commit[:12]}: installing its test environment (wheels only)")
+        install_folder(env, wanted, fallback=list(TEST_TOOLS))
+    return Package(name, version, source, env)
+
+
+def checkout_head(folder: Path) -> str | None:
+    """The commit a checkout's .git/HEAD names (read from its files: running git on a foreign .git could run
+    its hooks or config's commands), or None without a .git folder."""
+    git = folder / ".git"
+    if not (git / "HEAD").is_file():
+        return None
+    head = (git / "HEAD").read_text(encoding="utf-8", errors="replace").strip()
+    if not head.startswith("ref: "):
+        return head
+    ref = head[5:].strip()
+    if (git / ref).is_file():
+        return (git / ref).read_text(encoding="utf-8", errors="replace").strip()
+    packed = git / "packed-refs"
+    for line in packed.read_text(encoding="utf-8", errors="replace").splitlines() if packed.is_file() else []:
+        if line.endswith(" " + ref):
+            return line.split(" ", 1)[0]
+    return None
+
+
 def _download(name: str, version: str, progress) -> Path:
     folder = cache_dir() / "sdists"
     folder.mkdir(parents=True, exist_ok=True)
