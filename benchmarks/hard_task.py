@@ -7,9 +7,10 @@
 
 1. `omrl train iterate` on recipes/hard_grid.yaml: the expert's held-out success, the tiny base model,
    SFT on the expert's demos, one GRPO round (stages expert, base, sft, grpo-1).
-2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds: GRPO with step credit
-   (omrl/train/grpo_credit.py; GiGPO weight and gamma from --weight/--gamma), and PPO (recipes/ppo_grid.yaml's
-   settings, turn-level GAE) with max_steps x tasks_per_step x samples_per_task rollouts, as GRPO.
+2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds (omrl.train.compare.train_method):
+   GRPO with step credit (omrl/train/grpo_credit.py; GiGPO weight and gamma from --weight/--gamma), and PPO
+   (the recipe's `ppo` section, turn-level GAE) with max_steps x tasks_per_step x samples_per_task rollouts, as
+   GRPO.
 3. Each is evaluated on the held-out walled tasks, sampled (eval.samples per task, temperature 1) and greedy.
 
 GRPO with step credit is train_grpo with the recipe's `step_credit` section (rollout_func hands TRL the
@@ -26,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,16 +48,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny budgets: checks the path, not the numbers")
     parser.add_argument("--weight", type=float, default=1.0, help="step-credit weight (GiGPO's omega)")
     parser.add_argument("--gamma", type=float, default=0.95, help="step-credit discount per turn")
-    parser.add_argument("--ppo-lr", type=float, default=None, help="PPO learning rate (default: ppo_grid.yaml's)")
+    parser.add_argument("--ppo-lr", type=float, default=None, help="PPO learning rate (default: the recipe's ppo section)")
     args = parser.parse_args(argv)
 
     from omrl.recipes import load_recipe
+    from omrl.rollout import shared_engines
     from omrl.store import Store
     from omrl.tasks import load_tasks
-    from omrl.train.grpo import train_grpo
-    from omrl.train.iterate import IterateRecipe, IterateState, evaluate_checkpoint, grpo_recipe, run_iterate
-    from omrl.train.ppo import PPORecipe, train_ppo
-    from omrl.train.step_credit import StepCreditSettings
+    from omrl.train.compare import train_method
+    from omrl.train.iterate import IterateRecipe, IterateState, evaluate_checkpoint, run_iterate
 
     started = time.monotonic()
     out = Path(args.out)
@@ -71,30 +70,19 @@ def main(argv: list[str] | None = None) -> dict:
     eval_tasks = eval_tasks[: recipe.eval.tasks] if recipe.eval.tasks > 0 else eval_tasks
     rollouts = recipe.grpo.max_steps * recipe.grpo.tasks_per_step * recipe.grpo.samples_per_task
 
-    if not state.done("grpo-credit"):
-        credit = grpo_recipe(recipe, {"model": sft, "tasks": recipe.train_tasks, "output_dir": str(out / "grpo-credit"),
-                                      "store": str(store.path), "round": 1, "run_name": "grpo-credit"}, round=1)
-        credit.step_credit = StepCreditSettings(weight=args.weight, gamma=args.gamma)
-        t0 = time.monotonic()
-        checkpoint = str(train_grpo(credit))
-        results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, "grpo-credit", round=1)
-        results["train_s"] = round(time.monotonic() - t0, 1)
-        state.finish("grpo-credit", checkpoint=checkpoint, results=results)
-    if not state.done("ppo"):
-        overrides = [f"model={sft}", f"tasks={recipe.train_tasks}", f"output_dir={out / 'ppo'}",
-                     f"store={store.path}", "round=1", "run_name=ppo", f"max_steps={recipe.grpo.max_steps}",
-                     f"tasks_per_step={recipe.grpo.tasks_per_step}", f"samples_per_task={recipe.grpo.samples_per_task}",
-                     f"warmup_steps={recipe.grpo.warmup_steps}", f"seed={recipe.seed + 1}", "quiet=true"]
-        if args.ppo_lr is not None:
-            overrides.append(f"learning_rate={args.ppo_lr}")
-        ppo = load_recipe(ROOT / "recipes" / "ppo_grid.yaml", PPORecipe, overrides)
-        # the GRPO runs' rollout section and round-1 seed (grpo_recipe's)
-        ppo.rollout = replace(recipe.rollout, seed=None if recipe.rollout.seed is None else recipe.rollout.seed + 1)
-        t0 = time.monotonic()
-        checkpoint = str(train_ppo(ppo).checkpoint)
-        results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, "ppo", round=1)
-        results["train_s"] = round(time.monotonic() - t0, 1)
-        state.finish("ppo", checkpoint=checkpoint, results=results)
+    with shared_engines():
+        if not state.done("grpo-credit"):
+            run = train_method(recipe, "grpo_step_credit", {"step_credit": {"weight": args.weight, "gamma": args.gamma}},
+                               sft, store.path, out / "grpo-credit", "grpo-credit")
+            results = evaluate_checkpoint(recipe, run["checkpoint"], eval_tasks, store, "grpo-credit", round=1)
+            results["train_s"] = run["train_s"]
+            state.finish("grpo-credit", checkpoint=run["checkpoint"], results=results)
+        if not state.done("ppo"):
+            run = train_method(recipe, "ppo_turn", {} if args.ppo_lr is None else {"learning_rate": args.ppo_lr},
+                               sft, store.path, out / "ppo", "ppo")
+            results = evaluate_checkpoint(recipe, run["checkpoint"], eval_tasks, store, "ppo", round=1)
+            results["train_s"] = run["train_s"]
+            state.finish("ppo", checkpoint=run["checkpoint"], results=results)
 
     methods = {"expert": _row(stages["expert"]), "sft": _row(stages["sft"]), "grpo": _row(stages["grpo-1"]),
                "grpo_step_credit": _row(state.done("grpo-credit")["results"]), "ppo": _row(state.done("ppo")["results"])}

@@ -3,7 +3,8 @@
     paths = write_report("runs/quickstart/store", "runs/quickstart/report", results="runs/quickstart/results.json")
 
 Per round (collected and GRPO data; eval runs are shown separately by stage when results.json is given):
-success and mean reward, reward distributions, turns and tokens per trajectory.
+success and mean reward, reward distributions, turns and tokens per trajectory. With a learning benchmark's
+benchmark.json (`benchmark=`): its table of methods and their training success per step, per seed.
 """
 
 from __future__ import annotations
@@ -482,11 +483,92 @@ def _agreement_md(rows: list[dict[str, Any]], steps: list[dict[str, Any]]) -> li
     return md
 
 
+# ------------------------------------------------------------------ a learning benchmark's methods
+
+BENCHMARK_COLUMNS = ("method", "sampled", "greedy", "greedy per seed", "training rollouts", "wall s per seed",
+                     "settings")
+
+
+def read_benchmark(path: str | Path) -> dict[str, Any]:
+    """A learning benchmark's result (benchmarks/textworld_learning.py's benchmark.json: `methods`, each with
+    sampled and greedy success and their intervals, and optionally `curves`)."""
+    path = Path(path)
+    try:
+        line = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a benchmark result ({exc})") from None
+    if not isinstance(line, dict) or not isinstance(line.get("methods"), dict):
+        raise UsageError(f"{path}: not a benchmark result (no `methods` object)")
+    return line
+
+
+def _percent(value: Any, ci: Any = None) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{100 * value:.1f}%" + (f" ±{100 * ci:.1f}" if isinstance(ci, (int, float)) and ci else "")
+
+
+def benchmark_rows(line: dict[str, Any]) -> list[dict[str, str]]:
+    """One table row per method of a benchmark result (the columns of BENCHMARK_COLUMNS)."""
+    rows = []
+    for method, m in line["methods"].items():
+        seeds = [_percent(s.get("greedy")) for s in m.get("per_seed") or []]
+        settings = m.get("hyperparameters")
+        rows.append({"method": method, "sampled": _percent(m.get("sampled"), m.get("sampled_ci95")),
+                     "greedy": _percent(m.get("greedy"), m.get("greedy_ci95")),
+                     "greedy per seed": " / ".join(seeds) if any(s != "-" for s in seeds) else "-",
+                     "training rollouts": str(m.get("training_rollouts", "-")),
+                     "wall s per seed": " / ".join(f"{w:.0f}" for w in m.get("wall_s") or []) or "-",
+                     "settings": json.dumps(settings, sort_keys=True) if settings else "-"})
+    return rows
+
+
+def plot_benchmark(curves: dict[str, list[list[list[float]]]], path: Path, seeds: list[Any] | None = None) -> Path:
+    """Training success per step: a colour per method, a line style per seed (`seeds`: their names, in order)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    styles = ("-", "--", ":", "-.")
+    for i, (method, runs) in enumerate(curves.items()):
+        colour = f"C{i}"
+        for i_seed, points in enumerate(runs):
+            seed = seeds[i_seed] if seeds and i_seed < len(seeds) else i_seed
+            if points:
+                ax.plot(*zip(*points, strict=True), color=colour, linestyle=styles[i_seed % len(styles)], marker=".",
+                        label=f"{method} (seed {seed})")
+    ax.set(title="training success per step (the step's rollouts)", xlabel="step", ylabel="success",
+           ylim=(-0.05, 1.05))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="x-small", ncol=2)
+    return _save(fig, path)
+
+
+def _benchmark_md(line: dict[str, Any], plotted: bool) -> list[str]:
+    md = [f"## Benchmark: {line.get('benchmark', 'methods')}", "",
+          f"Held-out success (± 95% interval over {line.get('test_games', '?')} test games), mean over seeds "
+          f"{line.get('seeds', '?')}; sampled: {line.get('eval', {}).get('samples', '?')} episodes per game at "
+          "temperature 1, greedy: one.", "",
+          _table_md(benchmark_rows(line), list(BENCHMARK_COLUMNS)), ""]
+    headline = [(k, line.get(k)) for k in ("best_rl_method", "best_rl_greedy_gain_points", "best_rl_greedy_gain_ci95",
+                                           "best_ppo", "ppo_vs_sft_greedy_points", "ppo_vs_sft_greedy_ci95")]
+    md += [", ".join(f"{k}: {v}" for k, v in headline if v is not None), ""]
+    credit = line.get("step_credit_vs_grpo_points")
+    if credit:
+        md += ["Step credit minus GRPO (points, paired per game): "
+               + ", ".join(f"{mode} {v.get('points')} ±{v.get('ci95')}" for mode, v in credit.items()), ""]
+    diagnostics = line.get("step_credit_diagnostics")
+    if diagnostics:
+        md += ["Step credit diagnostics: " + ", ".join(f"{k} {v}" for k, v in diagnostics.items()), ""]
+    if plotted:
+        md += ["![training success per step, per method and seed](benchmark.png)", ""]
+    return md
+
+
 def write_report(store, out: str | Path, results: str | Path | None = None,
-                 runs: list[str | Path] | tuple = ()) -> dict[str, Path]:
+                 runs: list[str | Path] | tuple = (), benchmark: str | Path | None = None) -> dict[str, Path]:
     """Write PNG plots, report.md and report.html into `out`; returns their paths by name.
 
-    `runs`: folders searched for trainer logs (omrl_grpo.json, omrl_ppo.json) to plot per step."""
+    `runs`: folders searched for trainer logs (omrl_grpo.json, omrl_ppo.json) to plot per step.
+    `benchmark`: a learning benchmark's benchmark.json: its table of methods and its per-step curves."""
     from omrl.store import Store
 
     store = store if isinstance(store, Store) else Store(store)
@@ -502,7 +584,14 @@ def write_report(store, out: str | Path, results: str | Path | None = None,
         stage_rows = json.loads(Path(results).read_text())
         paths["stages"] = plot_stages(stage_rows, out / "stages.png")
 
-    md = [f"# omrl report: {store.path.name}", "", "## Rounds", "",
+    line = read_benchmark(benchmark) if benchmark else None
+    md = [f"# omrl report: {store.path.name}", ""]
+    if line is not None:
+        curves = line.get("curves") or {}
+        if any(points for series in curves.values() for points in series):
+            paths["benchmark"] = plot_benchmark(curves, out / "benchmark.png", line.get("seeds"))
+        md += _benchmark_md(line, "benchmark" in paths)
+    md += ["## Rounds", "",
           _table_md(stats, ["round", "trajectories", "success_rate", "failed", "unknown_success", "mean_reward",
                            "mean_turns", "mean_tokens"]),
           "", "![success and reward per round](rounds.png)", "",

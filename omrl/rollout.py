@@ -19,8 +19,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import inspect
+import json
 import math
 import re
 import threading
@@ -282,6 +285,8 @@ async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | 
     if (settings.max_turns is not None and settings.max_turns < 1) or settings.concurrency < 1:
         raise UsageError("max_turns and concurrency must be at least 1")
     make = make_env if make_env is not None else env_factory(settings.env, settings.env_options)
+    if pool is None and make_env is None:
+        pool, _ = env_pool(settings.env, settings.env_options)  # the shared one inside shared_engines()
     own_pool = pool is None
     envs = EnvPool(make) if own_pool else pool
     jobs = list(jobs)
@@ -378,6 +383,44 @@ class EnvPool:
         return len(self.idle)
 
 
+_SHARED_POOLS: contextvars.ContextVar[dict[str, EnvPool] | None] = contextvars.ContextVar("omrl_shared_pools",
+                                                                                        default=None)
+
+
+@contextlib.contextmanager
+def shared_engines() -> Iterator[dict[str, EnvPool]]:
+    """Inside this block every collect, eval and trainer of this process that plays environment NAME with the
+    same options draws from one EnvPool: reusable engines (JVMs, game interpreters) start once for the block,
+    not once per call. The pools are closed when the block ends (calls must not overlap in time).
+
+        with shared_engines():
+            run_iterate(recipe); train_grpo(...); evaluate_checkpoint(...)
+    """
+    if _SHARED_POOLS.get() is not None:  # nested: the outer block owns the pools
+        yield _SHARED_POOLS.get()
+        return
+    pools: dict[str, EnvPool] = {}
+    token = _SHARED_POOLS.set(pools)
+    try:
+        yield pools
+    finally:
+        _SHARED_POOLS.reset(token)
+        for pool in pools.values():
+            asyncio.run(pool.close())
+
+
+def env_pool(env: str, env_options: dict[str, Any] | None = None) -> tuple[EnvPool | None, bool]:
+    """(pool, owned) for environment `env` with `env_options`: inside shared_engines() the block's pool for
+    them (owned False: the block closes it), else (None, True): the caller makes and closes its own."""
+    pools = _SHARED_POOLS.get()
+    if pools is None or not isinstance(env, str):
+        return None, True
+    key = json.dumps([env, env_options or {}], sort_keys=True, default=str)
+    if key not in pools:
+        pools[key] = EnvPool(env_factory(env, env_options))
+    return pools[key], False
+
+
 async def _open(make: EnvFactory) -> Any:
     """A new environment, made in a worker thread; a failing constructor gives a _BrokenEnv.
 
@@ -457,13 +500,15 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     if not jobs:
         return result
 
-    # A bad env spec or option should stop the run here, not become one env_error row per episode.
-    probe = await asyncio.to_thread(make)
-    pool = EnvPool(make)
-    if ray is None and getattr(probe, "reusable", False) is True:
-        pool.idle.append(probe)  # a slow engine already started: the first episode plays in it
-    else:
-        await asyncio.to_thread(probe.close)
+    shared = env_pool(settings.env, settings.env_options)[0] if ray is None and not callable(env_spec) else None
+    pool = shared if shared is not None else EnvPool(make)
+    if not pool.idle:
+        # A bad env spec or option should stop the run here, not become one env_error row per episode.
+        probe = await asyncio.to_thread(make)
+        if ray is None and getattr(probe, "reusable", False) is True:
+            pool.idle.append(probe)  # a slow engine already started: the first episode plays in it
+        else:
+            await asyncio.to_thread(probe.close)
     if ray is not None:
         from omrl.distributed.ray_collect import play_on_ray
 
@@ -488,8 +533,10 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
             await play_episodes(jobs, make, policy, settings, run_id=run_id, round=round, source=source,
                                 on_episode=finished, keep=False, pool=pool)
         finally:
-            # Also on failure, cancellation or Ctrl-C: write what finished, close the pooled engines.
-            await asyncio.shield(pool.close())
+            # Also on failure, cancellation or Ctrl-C: write what finished, close the pooled engines (a shared
+            # pool's stay for the next call; shared_engines closes them).
+            if pool is not shared:
+                await asyncio.shield(pool.close())
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
             await asyncio.shield(writer.flush())

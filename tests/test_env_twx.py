@@ -109,6 +109,38 @@ def test_an_engine_killed_mid_episode_is_env_error_and_the_episode_is_stored(tas
     assert by_status["ok"]["success"] is True  # the next episode got a new engine
 
 
+def test_brief_observations_and_state_keys(pool):
+    coin = generate_tasks("twx", 1, seed=0, split="train", game="coin",
+                          params="numLocations=4,includeDoors=0,numDistractorItems=0", step_limit=12)[0]
+    full = asyncio.run(pool.acquire())
+    brief = make_env("twx", observation="brief", action_format="text")
+    try:
+        shown = {"full": full.reset(coin).observation, "brief": brief.reset(coin).observation}
+        assert shown["brief"].startswith(coin.instruction) and "You are in the kitchen." in shown["brief"]
+        assert "In one part of the room" in shown["full"] and "In one part of the room" not in shown["brief"]
+        commands = shown["brief"].split("Admissible commands: ")[1]
+        assert commands == shown["full"].split("Admissible commands: ")[1]  # the same valid actions
+        there = next(c for c in commands.split(", ") if c.startswith("move "))
+        back = {"north": "south", "south": "north", "east": "west", "west": "east"}[there.split()[1]]
+        states = {"full": [], "brief": []}
+        for command in (there, f"move {back}", there):
+            step_full = full.step(Action(tool="act", arguments={"command": command}))
+            step_brief = brief.step(Action(text=command))
+            assert step_brief.observation.startswith("You are in the ")
+            assert step_brief.observation.split("\n")[0].count(". ") == 0  # one sentence, then the commands
+            assert len(step_brief.observation) < len(step_full.observation)
+            states["full"].append(step_full.info["state"])
+            states["brief"].append(step_brief.info["state"])
+        assert states["full"] == states["brief"]  # the state is the game's, whatever is shown
+        first, home, again = states["brief"]
+        assert first == again != home and len(first) == 16
+    finally:
+        brief.close()
+        asyncio.run(pool.release(full, coin, reuse=True))
+    with pytest.raises(UsageError, match="observation must be one of full, brief"):
+        TwxEnv(observation="short")
+
+
 def test_splits_are_the_package_folds_disjoint_and_generation_is_deterministic(tasks, pool):
     seeds = {split: draw_seeds(1000, 0, split, "coin") for split in TwxEnv.splits}
     for split, drawn in seeds.items():

@@ -343,3 +343,60 @@ def test_an_environment_declares_its_own_turn_budget_and_max_turns_overrides_it(
     assert play(RolloutSettings(max_turns=10)).status == "truncated"
     assert asyncio.run(play_episodes([(tasks[0], 0)], CountEnv, policy, RolloutSettings(), run_id="r"))[0].status \
         == "truncated"  # no declared budget: 16
+
+
+class ReusableLetterEnv(CountingLetterEnv):
+    """The one-turn letter env as a slow engine: reusable between episodes."""
+
+    reusable = True
+
+
+def _letter_setup(tmp_path, n_tasks: int = 2):
+    from omrl.models import cached_tiny_model
+    from omrl.tasks import write_tasks
+
+    ledger = Ledger(tmp_path / "log")
+    tasks = [Task(id=f"t{i}", instruction="say", env="letter") for i in range(n_tasks)]
+    path = write_tasks(tasks, tmp_path / "tasks.jsonl")
+    rollout = RolloutSettings(env="test_episode_runner:ReusableLetterEnv", env_options={"log": str(ledger.path)},
+                              max_turns=1, max_new_tokens=4, seed=5)
+    return ledger, cached_tiny_model(hidden=32), tasks, path, rollout
+
+
+def test_grpo_and_ppo_keep_their_reusable_engines_across_steps_and_close_them(tmp_path):
+    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.ppo import PPORecipe, train_ppo
+
+    ledger, model, _, tasks_file, rollout = _letter_setup(tmp_path)
+    common = {"model": str(model), "tasks": str(tasks_file), "rollout": rollout, "max_steps": 3, "tasks_per_step": 2,
+              "samples_per_task": 4, "warmup_steps": 0, "quiet": True}
+    train_grpo(GRPORecipe(output_dir=str(tmp_path / "grpo"), **common))
+    # 8 episodes in flight per step, 3 steps: one engine per slot, not one per step (24)
+    assert ledger.count("made") == ledger.count("closed") == 8
+    train_ppo(PPORecipe(output_dir=str(tmp_path / "ppo"), **common))
+    assert ledger.count("made") == ledger.count("closed") == 16
+
+
+def test_inside_shared_engines_collect_eval_and_training_draw_from_one_pool(tmp_path):
+    from omrl.rollout import evaluate, shared_engines
+    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.ppo import PPORecipe, train_ppo
+
+    ledger, model, tasks, tasks_file, rollout = _letter_setup(tmp_path)
+    store = Store.create(tmp_path / "store")
+    common = {"model": str(model), "tasks": str(tasks_file), "rollout": rollout, "max_steps": 2, "tasks_per_step": 2,
+              "samples_per_task": 4, "warmup_steps": 0, "quiet": True}
+    policy = make_policy(f"hf:{model}")
+    with shared_engines() as pools:
+        asyncio.run(collect(None, tasks, policy, store, rollout, samples=2, progress=False, concurrency=4))
+        train_grpo(GRPORecipe(output_dir=str(tmp_path / "grpo"), **common))
+        train_ppo(PPORecipe(output_dir=str(tmp_path / "ppo"), **common))
+        result = asyncio.run(evaluate(None, tasks, policy, store, samples=3, settings=rollout, progress=False))
+        assert result.collect.played == 6
+        assert ledger.count("closed") == 0 and len(pools) == 1  # every engine kept for the next call
+    # the largest call had 8 in flight: 8 engines served the collect, both trainers and the eval
+    assert ledger.count("made") == ledger.count("closed") == 8
+    # outside the block a call owns its engines again
+    asyncio.run(collect(None, tasks, policy, store, rollout, samples=1, progress=False, run_id="after",
+                        concurrency=1))
+    assert ledger.count("made") == ledger.count("closed") == 8 + 1

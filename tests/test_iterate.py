@@ -220,3 +220,27 @@ def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
         load_recipe({**base, "algorithm": "ppo", "reward": "recipes/reward.yaml"}, IterateRecipe)
     with pytest.raises(RecipeError, match="algorithm must be one of"):
         load_recipe({**base, "algorithm": "dpo"}, IterateRecipe)
+
+
+def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp_path):
+    from omrl.errors import UsageError
+    from omrl.models import default_corpus, train_tokenizer
+    from omrl.schema import Message, Trajectory
+    from omrl.train.iterate import TinySettings, demo_success, demo_texts
+
+    store = Store.create(tmp_path / "s")
+    game = "You are in the scullery. Admissible commands: move widdershins, take doubloon"
+    store.append([Trajectory(id=f"d{i}", run_id="demos", task_id=f"t{i}", success=i == 0, reward=float(i == 0),
+                             messages=[Message("user", game), Message("assistant", "move widdershins")]).to_row()
+                  for i in range(2)]
+                 + [Trajectory(id="other", run_id="eval-x", task_id="t0", success=True,
+                               messages=[Message("user", "zebracorn")]).to_row()])
+    texts = demo_texts(store)
+    assert sorted(texts) == sorted([game, "move widdershins"] * 2)  # only the demos' messages
+    assert demo_success(store) == 0.5
+    plain = train_tokenizer(default_corpus(), vocab_size=1024)
+    taught = train_tokenizer(default_corpus() + texts * 20, vocab_size=1024)
+    for word in (" scullery", " widdershins", " doubloon"):
+        assert len(taught.encode(word, add_special_tokens=False)) == 1 < len(plain.encode(word, add_special_tokens=False))
+    with pytest.raises(UsageError, match="tiny.corpus must be default or demos"):
+        TinySettings(corpus="wiki")

@@ -107,6 +107,30 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     assert again.stored == 6 and len(Store(tmp_path / "store").ids()) == 18
 
 
+def test_critic_warmup_steps_train_only_the_critic(tmp_path):
+    from safetensors.torch import load_file
+
+    model = sturdy_mover(tmp_path / "mover")
+    tasks = write_tasks([grid_task((x, 3), (x - 1, 3)) for x in range(2, 6)], tmp_path / "tasks.jsonl")
+    common = {"model": str(model), "tasks": str(tasks), "rollout": RolloutSettings(env="grid", max_turns=1,
+                                                                                   max_new_tokens=4),
+              "tasks_per_step": 2, "samples_per_task": 4, "ppo_epochs": 2, "minibatches": 2, "learning_rate": 1e-3,
+              "level": "token", "quiet": True}
+    warm = train_ppo(PPORecipe(output_dir=str(tmp_path / "warm"), max_steps=2, critic_warmup_steps=2, **common))
+    before, after = load_file(model / "model.safetensors"), load_file(warm.checkpoint / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the policy did not move, not even its trunk
+    assert load_file(warm.checkpoint / "critic" / "value_head.safetensors")["weight"].abs().sum() > 0
+    assert [e["policy_trained"] for e in warm.log] == [False, False]
+    assert all(e["updates"] == 4 for e in warm.log)  # the critic took every minibatch step
+    # past the warm-up the policy trains
+    longer = train_ppo(PPORecipe(output_dir=str(tmp_path / "longer"), max_steps=3, critic_warmup_steps=2, **common))
+    moved = load_file(longer.checkpoint / "model.safetensors")
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+    assert [e["policy_trained"] for e in longer.log] == [False, False, True]
+    with pytest.raises(ValueError, match="critic_warmup_steps"):
+        PPORecipe(output_dir="x", critic_warmup_steps=-1, **common)
+
+
 def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     from types import SimpleNamespace
 

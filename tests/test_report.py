@@ -388,3 +388,39 @@ def test_no_step_agreement_without_tagged_rollouts(tmp_path):
 
     assert step_agreement(store) == []
     assert "Per training step" not in _report(store.path, tmp_path / "rep")
+
+
+def test_report_renders_a_benchmark_table_and_its_curves(tmp_path):
+    from omrl.cli.main import cli
+    from omrl.report import benchmark_rows, read_benchmark
+
+    line = {"benchmark": "demo", "seeds": [0, 1], "test_games": 10, "eval": {"samples": 2},
+            "methods": {"sft": {"sampled": 0.25, "sampled_ci95": 0.05, "greedy": 0.3, "greedy_ci95": 0.1,
+                                "per_seed": [{"greedy": 0.2}, {"greedy": 0.4}], "training_rollouts": 0,
+                                "wall_s": [10.0, 12.0], "hyperparameters": {"learning_rate": 0.001}},
+                        "grpo": {"sampled": 0.5, "sampled_ci95": 0.06, "greedy": 0.6, "greedy_ci95": 0.08,
+                                 "per_seed": [{"greedy": 0.5}, {"greedy": 0.7}], "training_rollouts": 64,
+                                 "wall_s": [30.0, 31.0], "hyperparameters": {"learning_rate": 0.0003}}},
+            "best_rl_method": "grpo", "best_rl_greedy_gain_points": 30.0, "best_rl_greedy_gain_ci95": 9.0,
+            "curves": {"grpo": [[[0, 0.1], [1, 0.3]], [[0, 0.2], [1, 0.4]]]}}
+    path = tmp_path / "benchmark.json"
+    path.write_text(json.dumps(line))
+    rows = benchmark_rows(read_benchmark(path))
+    assert rows[1] == {"method": "grpo", "sampled": "50.0% ±6.0", "greedy": "60.0% ±8.0",
+                       "greedy per seed": "50.0% / 70.0%", "training rollouts": "64", "wall s per seed": "30 / 31",
+                       "settings": '{"learning_rate": 0.0003}'}
+    store = Store.create(tmp_path / "s")
+    store.append([Trajectory(id="a", task_id="t", messages=[Message("user", "go")], reward=1.0).to_row()])
+    result = CliRunner().invoke(cli, ["report", str(store.path), "--out", str(tmp_path / "o"),
+                                      "--benchmark", str(path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "| grpo | 50.0% ±6.0 | 60.0% ±8.0 | 50.0% / 70.0% | 64 | 30 / 31 |" in md
+    assert "best_rl_greedy_gain_points: 30.0" in md and "![training success per step" in md
+    data = (tmp_path / "o" / "benchmark.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert (tmp_path / "o" / "report.html").read_text().count("data:image/png;base64,") == 3
+    (tmp_path / "bad.json").write_text('{"methods": 3}')
+    result = CliRunner().invoke(cli, ["report", str(store.path), "--out", str(tmp_path / "o"),
+                                      "--benchmark", str(tmp_path / "bad.json")])
+    assert result.exit_code != 0 and "no `methods` object" in result.output and "Traceback" not in result.output

@@ -138,6 +138,30 @@ def test_credit_of_real_grid_rollouts_is_stored_in_turn_info_and_visible_in_sql(
     assert all(len(sizes) == 1 for sizes in by_key.values())
     with pytest.raises(ValueError, match="rows"):
         store_in_turns(rows[:1], credit)
+    # the diagnostics over the stored turns agree with the credit computed in Python
+    from omrl.train.step_credit import credit_diagnostics
+
+    turns = [(credit.step_group_sizes[i][k], credit.step_advantages[i][k], credit.episode_advantages[i],
+              credit.step_groups[i][k]) for i in range(len(rows)) for k in range(len(rows[i]["turns"]))]
+    # "index = 0" below counts the first turns a second time
+    turns += [(credit.step_group_sizes[i][0], credit.step_advantages[i][0], credit.episode_advantages[i],
+               credit.step_groups[i][0]) for i in range(len(rows))]
+    diag = credit_diagnostics([(store, "TRUE"), (store, "index = 0")])
+    n = len(turns)
+    in_group = sum(size > 1 for size, *_ in turns)
+    assert diag["turns"] == n
+    assert diag["share_in_step_group"] == round(in_group / n, 4)
+    assert diag["share_nonzero_step_advantage"] == round(sum(abs(a) > 1e-9 for _, a, _, _ in turns) / n, 4)
+    assert diag["share_step_advantage_where_episode_advantage_0"] == round(
+        sum(abs(a) > 1e-9 and abs(e) <= 1e-9 for _, a, e, _ in turns) / n, 4)
+    assert sum(diag["turns_by_group_size"].values()) == n
+    assert diag["max_step_group_size"] == max(size for size, *_ in turns)
+    # distinct step groups are counted per store query, so the first turns' groups count twice
+    once = {g for size, _, _, g in turns[: n - len(rows)] if size > 1}
+    again = {g for size, _, _, g in turns[n - len(rows):] if size > 1}
+    assert diag["step_groups"] == len(once) + len(again)
+    assert diag["mean_step_group_size"] == round(in_group / diag["step_groups"], 2)
+    assert credit_diagnostics([(store, "FALSE")])["share_in_step_group"] is None
 
 
 # ---------------------------------------------------------------- the GRPO trainer piece (omrl/train/grpo_credit.py)

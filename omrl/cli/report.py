@@ -16,16 +16,21 @@ from omrl.cli.common import EXISTING_STORE, console, user_errors
               help="A training output folder searched recursively for omrl_grpo.json / omrl_ppo.json "
                    "(per-step reward, success, loss, entropy; PPO: value loss, explained variance, clip "
                    "fraction, approx KL). Repeatable; an iterate run's out folder finds every round.")
+@click.option("--benchmark", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A learning benchmark's benchmark.json (benchmarks/textworld_learning.py): its table of methods "
+                   "and its training success per step, per method and seed.")
 @user_errors
-def report(store: str, out_dir: str, results: str | None, runs: tuple[str, ...]) -> None:
+def report(store: str, out_dir: str, results: str | None, runs: tuple[str, ...], benchmark: str | None) -> None:
     """Write per-round and per-step curves, judge-vs-environment agreement, report.md and report.html.
 
     \b
     Example:  omrl report runs/quickstart/store --out runs/quickstart/report \\
                 --results runs/quickstart/results.json --runs runs/quickstart
+              omrl report runs/textworld_learning/seed-0/store --out report \\
+                --benchmark runs/textworld_learning/benchmark.json
     """
     from omrl.report import write_report
 
-    paths = write_report(store, out_dir, results=results, runs=list(runs))
+    paths = write_report(store, out_dir, results=results, runs=list(runs), benchmark=benchmark)
     for name, path in paths.items():
         console.print(f"{name}: {path}")

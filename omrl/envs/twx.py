@@ -13,12 +13,16 @@ benchmark's defaults). Splits are TextWorldExpress's own seed folds: train (seed
 a replay needs: game, params, seed, fold, step_limit and the package version.
 
 Observation: the task description, the game's text, then its valid actions ("Admissible commands: ...",
-sorted; `show_actions=false` leaves them out). Action: one command through `act(command)`, or plain text
+sorted; `show_actions=false` leaves them out). `observation=brief` keeps only the first sentence of the
+game's text ("You are in the kitchen.", "You take the coin."): the rest of a room's description names its
+furniture, which the valid actions already list, and costs a small model most of its context. Action: one command through `act(command)`, or plain text
 (`action_format=text`). A command the game does not know is answered by the game ("Unknown action")
 and marked info.invalid_action. Reward: the change of TextWorldExpress's normalised score, so an
 episode's reward is its final score (1.0 when won); success is the game's `tasksuccess`. The game ends
 on success, on failure or after `step_limit` moves. Each turn's info holds the scorer's score,
-score_raw, success, failure and moves. `--policy scripted` plays the game's gold path; `--policy
+score_raw, success, failure, moves and `state`, a key of the game's state after the step (a digest of its
+room description and inventory: equal keys, the same situation; GRPO's step credit groups turns by it).
+`--policy scripted` plays the game's gold path; `--policy
 random` a random valid action each turn.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import random
+import re
 import shutil
 from typing import Any
 
@@ -36,6 +41,8 @@ from omrl.errors import UsageError
 
 GAMES = ("cookingworld", "coin", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 FOLD_SEEDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range(20000, 21000)}
+OBSERVATIONS = ("full", "brief")  # the game's whole text, or its first sentence (see the module doc)
+_FIRST_SENTENCE = re.compile(r"[^\n]*?[.!?](?=\s|$)|[^\n]+")
 DEFAULT_STEP_LIMIT = 150  # TextWorldExpress says 100, but a default CookingWorld gold path can be longer
 
 
@@ -97,9 +104,10 @@ class TwxEngine:
 
     def step(self, command: str) -> dict[str, Any]:
         observation, reward, done, infos = self.env.step(command)
+        state = hashlib.sha256(f"{infos['look']}\n{infos['inventory']}".encode()).hexdigest()[:16]
         return {"observation": observation, "reward": reward, "done": done, "actions": list(infos["validActions"]),
                 "score": infos["score"], "score_raw": infos["scoreRaw"], "success": infos["tasksuccess"],
-                "failure": infos["taskfailure"], "moves": infos["numMoves"]}
+                "failure": infos["taskfailure"], "moves": infos["numMoves"], "state": state}
 
     def describe(self, game: str, params: str, fold: str, seeds: list[int]) -> list[str]:
         """The task description of each seed's game (checks the params on the way)."""
@@ -174,10 +182,14 @@ class TwxEnv(textgame.CommandGame):
                               "step_limit": int(step_limit), "textworld_express": version})
                 for game_seed, description in zip(seeds, descriptions, strict=True)]
 
-    def __init__(self, action_format: str = "tool", show_actions: bool = True, call_timeout: float = 120.0) -> None:
+    def __init__(self, action_format: str = "tool", show_actions: bool = True, observation: str = "full",
+                 call_timeout: float = 120.0) -> None:
         super().__init__()
         self.action_format = textgame.check_action_format(action_format)
         self.show_actions = bool(show_actions)
+        if observation not in OBSERVATIONS:
+            raise UsageError(f"twx observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
+        self.observation = observation
         self.fallback = "look around"
         self.engine = _engine()
         self.engine.call_timeout = float(call_timeout)
@@ -200,7 +212,7 @@ class TwxEnv(textgame.CommandGame):
         self.game_args, self.sent, self.gold = args, [], None
         self.commands = sorted(first["actions"])
         self.done = False
-        text = f"{first['task']}\n\n{first['observation']}"
+        text = f"{first['task']}\n\n{self._text(first['observation'])}"
         return Reset(observation=textgame.with_commands(text, self.commands if self.show_actions else None),
                      tools=textgame.tools_for(self.action_format),
                      system_prompt=textgame.system_prompt(self.action_format))
@@ -211,12 +223,19 @@ class TwxEnv(textgame.CommandGame):
         self.done = bool(result["done"])
         info: dict[str, Any] = {"score": result["score"], "score_raw": result["score_raw"],
                                 "failure": bool(result["failure"]), "moves": int(result["moves"]),
-                                "note": f"score {result['score']:g}"}  # shown per turn by omrl show and the viewer
+                                "state": result["state"], "note": f"score {result['score']:g}"}  # shown per turn by omrl show and the viewer
         if self.done:
             info["success"] = bool(result["success"])
-        observation = textgame.with_commands(result["observation"], None if self.done or not self.show_actions
-                                             else self.commands)
+        observation = textgame.with_commands(self._text(result["observation"]),
+                                             None if self.done or not self.show_actions else self.commands)
         return StepResult(observation, float(result["reward"]), self.done, info)
+
+    def _text(self, text: str) -> str:
+        """The game's text as this instance shows it (`observation`: full, or brief: its first sentence)."""
+        if self.observation == "full":
+            return text
+        match = _FIRST_SENTENCE.match(text.strip())
+        return match.group(0).strip() if match else text.strip()
 
     def expert_path(self) -> list[str]:
         """TextWorldExpress's gold path, asked for the first time the expert plays."""

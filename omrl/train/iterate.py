@@ -266,11 +266,11 @@ def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r:
                               run_id=f"round-{r}", progress=False, ray=recipe.ray)
 
 
-def evaluate_expert(recipe: IterateRecipe, tasks: list, store) -> dict[str, Any]:
+def evaluate_expert(recipe: IterateRecipe, tasks: list, store, stage: str = "expert") -> dict[str, Any]:
     """The scripted expert's own held-out success (in the rollout's environment, its noise included)."""
     from omrl.policies.scripted import ScriptedPolicy
 
-    row = _evaluate(recipe, ScriptedPolicy(), tasks, store, "expert", 0, None, greedy=False)
+    row = _evaluate(recipe, ScriptedPolicy(), tasks, store, stage, 0, None, greedy=False)
     noise = recipe.rollout.env_options.get("noise")
     row["greedy_success"] = None
     row["note"] = "scripted expert" + (f", {noise:.0%} random moves" if isinstance(noise, (int, float)) else "")
@@ -293,7 +293,7 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
         modes.append(("greedy_", 0.0, 1))
     for prefix, temperature, n in modes:
         _seed_torch(recipe.seed)
-        run_id = f"eval-{stage}-{prefix or 'sampled_'}t{temperature:g}"
+        run_id = eval_run_id(stage, "greedy" if prefix else "sampled", temperature)
         result = asyncio.run(evaluate(None, tasks, policy, store, samples=n, round=round, run_id=run_id,
                                       settings=replace(base, temperature=temperature), progress=False,
                                       ray=recipe.ray))
@@ -306,6 +306,16 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
     return out
 
 
+def eval_run_id(stage: str, mode: str, temperature: float) -> str:
+    """The run id of a stage's held-out evaluation in `mode` (sampled or greedy) at `temperature`."""
+    return f"eval-{stage}-{mode}_t{temperature:g}"
+
+
+def eval_run_ids(recipe: IterateRecipe, stage: str) -> dict[str, str]:
+    """{"sampled": run id, "greedy": run id} of the stage's evaluation as the recipe plays it."""
+    return {"sampled": eval_run_id(stage, "sampled", recipe.eval.temperature), "greedy": eval_run_id(stage, "greedy", 0.0)}
+
+
 def _seed_torch(seed: int) -> None:
     import torch
 
@@ -316,16 +326,21 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def task_success(store, run_id: str, round_: int) -> dict[str, float]:
+    """Each task's success rate in one run (omrl.schema's definition), for the tasks with a known outcome."""
+    from omrl.query import quote_literal
+    from omrl.schema import SUCCESS_SQL
+
+    rates = store.sql(f"SELECT task_id, {SUCCESS_SQL} FROM trajectories WHERE run_id = {quote_literal(run_id)} "
+                      f"AND round = {int(round_)} GROUP BY task_id ORDER BY task_id").to_pylist()
+    return {r["task_id"]: r["success_rate"] for r in rates if r["success_rate"] is not None}
+
+
 def success_ci95(store, run_id: str, round_: int) -> float:
     """Half-width of a 95% interval on success, counting tasks (not episodes) as the independent units."""
     import math
 
-    from omrl.query import quote_literal
-    from omrl.schema import SUCCESS_SQL
-
-    rates = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE run_id = {quote_literal(run_id)} "
-                      f"AND round = {int(round_)} GROUP BY task_id").to_pylist()
-    means = [r["success_rate"] for r in rates if r["success_rate"] is not None]  # tasks with a known outcome
+    means = list(task_success(store, run_id, round_).values())
     if len(means) < 2:
         return 0.0
     mean = sum(means) / len(means)
@@ -382,6 +397,15 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
     `on_stage(stage, record)` is called after each stage is recorded as finished (tests use it to kill a run).
     `view` (omrl.train.console.TrainingView) shows the stages and the trainers' steps as they go.
     """
+    from omrl.rollout import shared_engines
+
+    with shared_engines():  # reusable engines (JVMs, game interpreters) start once for the run, not per stage
+        return _run_stages(recipe, on_stage=on_stage, console=console, view=view)
+
+
+def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[str, dict[str, Any]], None] | None,
+                console, view) -> list[dict[str, Any]]:
+    """run_iterate's stages (see there)."""
     import contextlib
     import sys
     import time
@@ -468,7 +492,7 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
             finish("base", checkpoint=model, results=results)
 
     # Stage "sft": scripted-expert demonstrations, then SFT on them.
-    where = "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
+    where = demo_where(recipe)
     if recipe.demos.enabled and not state.done("sft"):
         from omrl.train.sft import train_sft
 
@@ -524,6 +548,11 @@ def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
             if view is not None:
                 view.print(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
     return results_so_far()
+
+
+def demo_where(recipe: IterateRecipe) -> str:
+    """The SQL condition selecting what the demo SFT (and the more-SFT baseline) trains on."""
+    return "run_id = 'demos'" + (" AND success" if recipe.demos.only_success else "")
 
 
 def demo_texts(store) -> list[str]:

@@ -165,7 +165,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.rollout import EnvPool, env_factory
+    from omrl.rollout import EnvPool, env_factory, env_pool
     from omrl.tasks import load_tasks
     from omrl.train.rollout_func import free_run_prefix
 
@@ -212,13 +212,16 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         prefix = procs.from_main(prefix)
         if store is None:
             store = Store.create(recipe.store, exist_ok=True)
-    # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step.
-    pool = EnvPool(env_factory(recipe.rollout.env, recipe.rollout.env_options))
+    # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step
+    # (inside omrl.rollout.shared_engines(), the block's pool, kept for the calls after this run too).
+    pool, owned = env_pool(recipe.rollout.env, recipe.rollout.env_options)
+    pool = pool or EnvPool(env_factory(recipe.rollout.env, recipe.rollout.env_options))
     try:
         log, stored, statuses = _steps(recipe, model, reference, optimizer, scheduler, policy, tokenizer, tasks, pool,
                                        store, prefix, pad_id, procs)
     finally:
-        asyncio.run(pool.close())
+        if owned:
+            asyncio.run(pool.close())
     digests = procs.gather(ppo_update.digest(accelerator.unwrap_model(model)))
     shares = procs.gather({"stored": stored, "statuses": statuses})
     stored = sum(s["stored"] for s in shares)

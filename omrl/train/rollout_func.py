@@ -33,11 +33,14 @@ class AgentRollout:
         self.recipe = recipe
         self.tasks = {t.id: t for t in tasks}
         self.tokenizer = tokenizer
-        from omrl.rollout import EnvPool, env_factory
+        from omrl.rollout import EnvPool, env_factory, env_pool
 
         self.make_env = env_factory(recipe.rollout.env, recipe.rollout.env_options)
-        # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step.
-        self.pool = EnvPool(self.make_env)
+        # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step
+        # (inside omrl.rollout.shared_engines(), the block's pool, kept for the calls after this run too).
+        self.pool, self.owns_pool = env_pool(recipe.rollout.env, recipe.rollout.env_options)
+        if self.pool is None:
+            self.pool = EnvPool(self.make_env)
         self.store = None
         self.run_prefix = f"{recipe.run_name}/round-{recipe.round}"
         if recipe.store:
@@ -65,13 +68,15 @@ class AgentRollout:
 
     def summary(self) -> dict[str, Any]:
         return {"calls": self.calls, "episodes": self.episodes, "stored": self.stored, "statuses": self.statuses,
+                "run_prefix": self.run_prefix,
                 "rollout_s": [round(x, 3) for x in self.seconds],
                 **({"annotations": self.annotations, "scoring_tail_s": [round(x, 3) for x in self.scoring_tail]}
                    if self.online is not None else {})}
 
     def close(self) -> None:
-        """Close the engines kept between steps (call once training is over)."""
-        asyncio.run(self.pool.close())
+        """Close the engines kept between steps (call once training is over; a shared pool stays open)."""
+        if self.owns_pool:
+            asyncio.run(self.pool.close())
 
     def reward_steps(self) -> list[dict[str, Any]]:
         """Per rollout step: scored, dropped and failed rollouts and missing components ([] without a recipe)."""

@@ -211,3 +211,55 @@ def step_token_advantages(env_masks: Sequence[Sequence[int]], credit: StepCredit
             continue
         out.append(token_advantages(mask, [credit.weight * v for v in values]))
     return out
+
+
+# What step credit did, from the stored turns (info.credit): per turn its step group's size, its step and
+# episode advantages. {where} is a condition on the turns view, e.g. a training run's run ids.
+CREDIT_COUNTS_SQL = """
+WITH credit AS (
+    SELECT json_extract_string(info, '$.credit.group') AS step_group,
+           CAST(json_extract(info, '$.credit.size') AS INTEGER) AS size,
+           abs(CAST(json_extract(info, '$.credit.step_advantage') AS DOUBLE)) > 1e-9 AS step_nonzero,
+           abs(CAST(json_extract(info, '$.credit.episode_advantage') AS DOUBLE)) > 1e-9 AS episode_nonzero
+    FROM turns WHERE ({where}) AND json_valid(info) AND json_extract(info, '$.credit') IS NOT NULL
+)
+SELECT count(*) AS turns,
+       count(*) FILTER (WHERE size > 1) AS turns_in_step_group,
+       count(*) FILTER (WHERE step_nonzero) AS turns_nonzero_step,
+       count(*) FILTER (WHERE step_nonzero AND NOT episode_nonzero) AS turns_step_only,
+       count(DISTINCT step_group) FILTER (WHERE size > 1) AS step_groups,
+       count(*) FILTER (WHERE size = 1) AS size_1,
+       count(*) FILTER (WHERE size BETWEEN 2 AND 3) AS size_2_3,
+       count(*) FILTER (WHERE size BETWEEN 4 AND 7) AS size_4_7,
+       count(*) FILTER (WHERE size BETWEEN 8 AND 15) AS size_8_15,
+       count(*) FILTER (WHERE size >= 16) AS size_16_up,
+       max(size) AS max_size
+FROM credit
+"""
+
+
+def credit_diagnostics(sources: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+    """What step credit did over the stored turns of `sources` ((store, condition on its turns view) pairs):
+    the share of turns in a step group of 2 or more, the share with a nonzero step advantage (and of those
+    whose episode advantage is 0: credit GRPO alone would not give), the mean size of the step groups, and
+    the turns by the size of their step group."""
+    totals: dict[str, int] = {}
+    for store, where in sources:
+        row = store.sql(CREDIT_COUNTS_SQL.format(where=where)).to_pylist()[0]
+        for key, value in row.items():
+            value = int(value or 0)
+            totals[key] = max(totals.get(key, 0), value) if key == "max_size" else totals.get(key, 0) + value
+    turns = totals.get("turns", 0)
+
+    def share(key: str) -> float | None:
+        return round(totals[key] / turns, 4) if turns else None
+
+    groups = totals.get("step_groups", 0)
+    return {"turns": turns, "share_in_step_group": share("turns_in_step_group"),
+            "share_nonzero_step_advantage": share("turns_nonzero_step"),
+            "share_step_advantage_where_episode_advantage_0": share("turns_step_only"),
+            "step_groups": groups,
+            "mean_step_group_size": round(totals["turns_in_step_group"] / groups, 2) if groups else None,
+            "max_step_group_size": totals.get("max_size"),
+            "turns_by_group_size": {k.removeprefix("size_").replace("_", "-"): totals.get(k, 0)
+                                    for k in ("size_1", "size_2_3", "size_4_7", "size_8_15", "size_16_up")}}

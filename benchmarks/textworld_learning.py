@@ -1,0 +1,297 @@
+"""Learning on a TextWorld-family game: SFT, more SFT, GRPO, GRPO with step credit and PPO (token- and turn-level
+GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two seeds, held-out test games.
+
+    nice -n 10 python benchmarks/textworld_learning.py             # the full run (hours on 2 busy cores; resumes)
+    python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
+    python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
+
+1. Per seed s: `omrl train iterate` on recipes/textworld_coin.yaml with rounds 0 and seed, tiny.seed and
+   rollout.seed s: the expert (seed 0), the tiny base model (its tokenizer trained on the demos) and SFT on
+   the gold paths, in OUT/seed-s, whose store receives every run of that seed.
+2. Tuning, seed 0, on the dev games: every RL method starts from seed 0's SFT checkpoint and plays the same
+   rollouts (grpo.max_steps x tasks_per_step x samples_per_task; PPO takes GRPO's numbers). The grid, small
+   and stated in the output: the learning rates of --lr-grid for all four; then for PPO, one at a time from the
+   best so far, each change of --ppo-grid (kept when it scores better); then for step credit the weights of
+   --credit-weights (weight 0 is GRPO at the same rate: the ablation). A run's dev score is the mean of its
+   sampled and greedy success; the best wins (the first in grid order on a tie).
+3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run), evaluated once on
+   the test games, sampled (eval.samples per game at temperature 1) and greedy; SFT; more SFT (the SFT run
+   continued for as many epochs as the RL methods' mean training time buys); the expert.
+4. Figures per method: the mean over seeds and a 95% interval over test games (each game's success averaged
+   over seeds and samples); differences between methods are paired per game. best_rl_greedy_gain_points: the
+   RL method with the best dev score minus SFT (greedy, test); ppo_vs_sft_greedy_points: the better PPO level
+   (dev score) minus SFT. Step credit's diagnostics come from the stored turns (omrl.train.step_credit
+   credit_diagnostics: the SQL is there).
+
+Prints ONE JSON line. OUT/benchmark.json holds it and, beside it, the per-step training success of every
+final run (`curves`, left out of the printed line); OUT/report is `omrl report` with the benchmark's table and
+plot. Every trained or evaluated run is recorded in OUT/benchmark_state.json as it finishes: a killed run
+started again skips what is done (a run cut off midway is trained again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
+TEST_TASKS = ROOT / "datasets" / "tasks" / "twx_coin_test.jsonl"
+LR_GRID = "1e-4,3e-4,1e-3"
+PPO_GRID = "ppo_epochs=1,whiten_advantages=false,critic_warmup_steps=4"
+CREDIT_WEIGHTS = "0.5,2"
+QUICK = ["demos.tasks=12", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",
+         "grpo.samples_per_task=2", "grpo.warmup_steps=0", "ppo.minibatches=1", "eval.tasks=3", "eval.samples=1",
+         "tiny.hidden=32", "tiny.vocab_size=600", "rollout.max_turns=4", "rollout.concurrency=4",
+         "eval.concurrency=4"]
+QUICK_ARGS = ["--lr-grid", "5e-4", "--ppo-grid", "ppo_epochs=1", "--credit-weights", "2", "--test-tasks", "3"]
+
+
+def _parse_grid(text: str) -> list[tuple[str, Any]]:
+    """"a=1,b=false" -> [("a", 1), ("b", False)] (values as YAML scalars)."""
+    from omrl.recipes import parse_overrides
+
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, value = next(iter(parse_overrides([item]).items()))
+        pairs.append((key, value))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of recipes/textworld_coin.yaml")
+    parser.add_argument("--out", default="runs/textworld_learning", help="run folder (resumes)")
+    parser.add_argument("--quick", action="store_true", help="tiny budgets and grids: checks the path, not the numbers")
+    parser.add_argument("--seeds", default="0,1", help="seeds (each: its own base model, SFT and RL runs)")
+    parser.add_argument("--lr-grid", default=LR_GRID, help="learning rates tried for every RL method")
+    parser.add_argument("--ppo-grid", default=PPO_GRID, help="PPO changes tried one at a time after the rate")
+    parser.add_argument("--credit-weights", default=CREDIT_WEIGHTS, help="step-credit weights tried after the rate")
+    parser.add_argument("--prepare-seed", type=int, default=None,
+                        help="only make this seed's expert, base and SFT (a second process beside the main call)")
+    parser.add_argument("--helper", action="store_true",
+                        help="share the work of a main call on the same --out and arguments, started beside it: "
+                             "runs are claimed one process at a time, this one takes methods and seeds in the "
+                             "opposite order; it writes no results")
+    parser.add_argument("--so-far", action="store_true",
+                        help="train nothing: print what the runs recorded in --out so far (a run cut short)")
+    parser.add_argument("--test-tasks", type=int, default=0, help="test games (0: all of twx_coin_test.jsonl)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args((QUICK_ARGS if "--quick" in argv else []) + argv)
+
+    from omrl.rollout import shared_engines
+    from omrl.tasks import load_tasks
+    from omrl.train.compare import Comparison, LoadMeter
+
+    started = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit("--seeds: distinct integers, e.g. 0,1")
+    grids = {"learning_rate": [float(x) for x in args.lr_grid.split(",") if x.strip()],
+             "ppo": _parse_grid(args.ppo_grid),
+             "step_credit.weight": [float(x) for x in args.credit_weights.split(",") if x.strip()]}
+    test = load_tasks(TEST_TASKS)[: args.test_tasks or None]
+    bench = Comparison(out, RECIPE, (QUICK if args.quick else []) + list(args.overrides), seeds, test)
+    if args.prepare_seed is not None:
+        if args.prepare_seed not in seeds:
+            raise SystemExit("--prepare-seed: one of --seeds")
+        with shared_engines():
+            record = bench.prepare(args.prepare_seed)
+        print(json.dumps({"prepared_seed": args.prepare_seed, "sft": record["results"]}))
+        return record
+    if args.so_far:
+        line, curves = so_far(bench)
+        (out / "benchmark_so_far.json").write_text(json.dumps({**line, "curves": curves}, indent=1))
+        _report(bench.stores[seeds[0]], out, bench.recipes[seeds[0]], out / "benchmark_so_far.json")
+        print(json.dumps(line))
+        return line
+    with shared_engines(), LoadMeter(every=30.0) as load:  # one pool of game engines for every run of this call
+        runs = play(bench, grids, helper=args.helper)
+    if args.helper:
+        print(json.dumps({"helper": "done", "minutes_this_call": round((time.monotonic() - started) / 60, 1)}))
+        return {}
+    line = summary(bench, runs, grids, quick=args.quick)
+    line.update(minutes_this_call=round((time.monotonic() - started) / 60, 1), load_this_call=load.mean)
+    (out / "benchmark.json").write_text(json.dumps({**line, "curves": runs["curves"]}, indent=1))
+    _report(bench.stores[seeds[0]], out, bench.recipes[seeds[0]])
+    print(json.dumps(line))
+    return line
+
+
+def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
+    """Every run of the benchmark (those recorded already are skipped): the first seed's SFT, tuning on its dev
+    games, then per seed its SFT, the chosen settings, SFT continued, the test evaluations; diagnostics and curves.
+    `helper`: take the methods and seeds in the opposite order (a second process sharing the work)."""
+    from omrl.query import quote_literal
+    from omrl.train.compare import RL_METHODS, training_curve, tune
+    from omrl.train.step_credit import credit_diagnostics
+
+    seeds, first = bench.seeds, bench.seeds[0]
+    methods = list(reversed(RL_METHODS)) if helper else list(RL_METHODS)
+    sft = {first: bench.prepare(first)}  # the other seeds' after tuning (--prepare-seed may make them meanwhile)
+    chosen, tuning = {}, {}
+    for method in methods:
+        chosen[method], tuning[method] = tune(bench, first, method, grids["learning_rate"], grids["ppo"],
+                                              grids["step_credit.weight"])
+    tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
+    trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
+    tests["expert"][first] = bench.evaluate(first, "test", "expert", None)
+    for seed in reversed(seeds) if helper else seeds:
+        sft[seed] = sft.get(seed) or bench.prepare(seed)
+        tests["sft"][seed] = bench.evaluate(seed, "test", "sft", sft[seed]["checkpoint"])
+        for method in methods:
+            trained[method][seed] = bench.train(seed, method, chosen[method])
+            tests[method][seed] = bench.evaluate(seed, "test", method, trained[method][seed]["checkpoint"])
+        # more SFT: the RL methods' mean training time on this seed, in this seed's SFT epochs
+        rl_seconds = sum(trained[m][seed]["train_s"] for m in RL_METHODS) / len(RL_METHODS)
+        epoch_s = max(sft[seed]["train_s"] / max(sft[seed]["epochs"], 1), 1e-6)
+        trained["sft_more"][seed] = bench.more_sft(seed, max(1, round(rl_seconds / epoch_s)), rl_seconds)
+        tests["sft_more"][seed] = bench.evaluate(seed, "test", "sft_more", trained["sft_more"][seed]["checkpoint"])
+    tests = {m: [by_seed[s] for s in seeds if s in by_seed] for m, by_seed in tests.items()}  # in seed order
+    trained = {m: [by_seed[s] for s in seeds] for m, by_seed in trained.items()}
+    credit_runs = zip(seeds, trained["grpo_step_credit"], strict=True)
+    diagnostics = credit_diagnostics([(bench.stores[s], f"starts_with(run_id, {quote_literal(r['run_prefix'] + '/')})")
+                                      for s, r in credit_runs])
+    curves = {m: [training_curve(bench.stores[s], r["run_prefix"]) for s, r in zip(seeds, trained[m], strict=True)]
+              for m in RL_METHODS}
+    return {"sft": sft, "chosen": chosen, "tuning": {m: tuning[m] for m in RL_METHODS}, "tests": tests,
+            "trained": trained, "diagnostics": diagnostics, "curves": curves}
+
+
+def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
+    """The JSON line of a comparison cut short (complete: false): per method the test records made so far (over
+    the seeds that have one), each seed's SFT on the dev games, every dev-tuning point, and the greedy gains over
+    SFT on the seeds where both were tested; and the per-step training success of every recorded RL run."""
+    from omrl.store import Store
+    from omrl.train.compare import RL_METHODS, dev_score, paired_points, summarise, training_curve
+    from omrl.train.iterate import IterateState
+
+    for seed, recipe in bench.recipes.items():
+        bench.stores[seed] = Store(Path(recipe.output_dir) / "store")
+
+    records = {r["stage"]: r for r in bench._fresh().data["stages"]}
+    tested = {name: {s: records[f"seed{s}/test/{name}"] for s in bench.seeds if f"seed{s}/test/{name}" in records}
+              for name in ("expert", "sft", "sft_more", *RL_METHODS)}
+    methods = {name: {**summarise(list(by_seed.values())), "seeds": list(by_seed)}
+               for name, by_seed in tested.items() if by_seed}
+    sft_dev = {}
+    for seed, recipe in bench.recipes.items():
+        path = Path(recipe.output_dir) / "state.json"
+        done = IterateState(path).done("sft") if path.exists() else None
+        if done is not None:
+            sft_dev[seed] = {k: done["results"].get(k) for k in ("success", "greedy_success", "tasks")} | {
+                "train_s": done.get("train_s"), "epochs": done.get("epochs")}
+    first = bench.seeds[0]
+    dev = [{"run": key.split("/", 2)[2], "dev_sampled": r["results"].get("success"),
+            "dev_greedy": r["results"].get("greedy_success"), "dev_score": round(dev_score(r), 4)}
+           for key, r in records.items() if key.startswith(f"seed{first}/dev/")]
+    trains = {key.split("/", 2)[2] + f" (seed {key[4:key.index('/')]})": {"train_s": r.get("train_s"),
+                                                                          "rollouts": r.get("rollouts")}
+              for key, r in records.items() if "/train/" in key}
+    gains = {}
+    for name in (*RL_METHODS, "sft_more"):
+        common = [s for s in tested[name] if s in tested["sft"]]
+        if common:
+            gains[name] = {"seeds": common, **paired_points([tested[name][s] for s in common],
+                                                            [tested["sft"][s] for s in common], "greedy")}
+    curves: dict[str, list] = {}
+    for key, r in records.items():
+        if "/train/" in key and r.get("run_prefix"):
+            seed = int(key[4:key.index("/")])
+            curves.setdefault(key.split("/", 2)[2], []).append(training_curve(bench.stores[seed], r["run_prefix"]))
+    loads = [r["load"] for r in records.values() if r.get("load") is not None]
+    return {"benchmark": "textworld_learning", "complete": False, "seeds": bench.seeds,
+            "test_games": len(bench.test), "dev_games": len(bench.dev), "rollouts_per_rl_method": bench.rollouts,
+            "sft_dev": sft_dev, "dev_tuning": dev, "training": trains, "methods": methods,
+            "greedy_gain_over_sft_points": gains,
+            "wall_minutes_recorded": round(sum(r.get("seconds", 0.0) for r in records.values()) / 60, 1),
+            "load_mean": round(sum(loads) / len(loads), 1) if loads else None, "cores": os.cpu_count()}, curves
+
+
+def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) -> dict[str, Any]:
+    """The benchmark's JSON line (without the curves) from its runs."""
+    from omrl.train.compare import RL_METHODS, paired_points, summarise, tuned_settings
+
+    seeds, first = bench.seeds, bench.seeds[0]
+    recipe = bench.recipes[first]
+    sft, chosen, tuning, tests, trained = (runs[k] for k in ("sft", "chosen", "tuning", "tests", "trained"))
+    methods: dict[str, Any] = {}
+    for method, records in tests.items():
+        row = summarise(records)
+        if method == "expert":
+            row.update(greedy=None, greedy_ci95=None, training_rollouts=0, wall_s=None, hyperparameters=None)
+        elif method == "sft":
+            row.update(training_rollouts=0, demos=len(bench.demo_tasks), wall_s=[sft[s]["train_s"] for s in seeds],
+                       hyperparameters={"learning_rate": recipe.sft.learning_rate, "epochs": recipe.sft.epochs})
+        elif method == "sft_more":
+            more = trained[method]
+            spent = ", ".join(f"{r['rl_train_s']:.0f}" for r in more)
+            row.update(training_rollouts=0, wall_s=[r["train_s"] for r in more],
+                       hyperparameters={"epochs": [r["epochs"] for r in more]},
+                       note=f"SFT continued for the RL methods' mean training time ({spent} s per seed) in SFT epochs")
+        else:
+            row.update(training_rollouts=trained[method][0]["rollouts"], wall_s=[r["train_s"] for r in trained[method]],
+                       hyperparameters=tuned_settings(recipe, method, chosen[method]), grid=tuning[method])
+        methods[method] = row
+
+    def dev_best(method: str) -> float:
+        return max(p["dev_score"] for p in tuning[method])
+
+    def gain(method: str, baseline: str = "sft", mode: str = "greedy") -> dict[str, float | None]:
+        return paired_points(tests[method], tests[baseline], mode)
+
+    best_rl = max(RL_METHODS, key=dev_best)  # chosen on the dev games, like every setting
+    best_ppo = max(("ppo_token", "ppo_turn"), key=dev_best)
+    best_gain, ppo_gain = gain(best_rl), gain(best_ppo)
+    rate = chosen["grpo_step_credit"]["learning_rate"]
+    ablation = [{"weight": p["settings"].get("step_credit", {}).get("weight", 1.0) if method != "grpo" else 0.0,
+                 "learning_rate": rate, **{k: p[k] for k in ("dev_sampled", "dev_greedy", "dev_score")}}
+                for method in ("grpo", "grpo_step_credit") for p in tuning[method]
+                if p["settings"]["learning_rate"] == rate]
+    records = bench.state.data["stages"]
+    loads = [r["load"] for r in records if r.get("load") is not None]
+    iterate_s = sum(stage.get("seconds", 0.0) for s in seeds
+                    for stage in json.loads((Path(bench.recipes[s].output_dir) / "state.json").read_text())["stages"])
+    return {
+        "benchmark": "textworld_learning", "quick": quick, "env": "twx", "game": "coin",
+        "params": {**recipe.rollout.env_options, "game_params": bench.dev[0].payload.get("params"),
+                   "step_limit": bench.dev[0].payload.get("step_limit")},
+        "seeds": seeds, "test_games": len(bench.test), "dev_games": len(bench.dev),
+        "eval": {"samples": recipe.eval.samples, "temperature": recipe.eval.temperature, "greedy": 1},
+        "model": {"hidden": recipe.tiny.hidden, "layers": recipe.tiny.layers, "vocab_size": recipe.tiny.vocab_size},
+        "rollouts_per_rl_method": bench.rollouts,
+        "grid": {"learning_rate": grids["learning_rate"], "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
+                 "step_credit.weight": [1.0, *grids["step_credit.weight"]],
+                 "selection": "dev games, seed 0: mean of sampled and greedy success"},
+        "methods": methods,
+        "best_rl_method": best_rl,
+        "best_rl_greedy_gain_points": best_gain["points"], "best_rl_greedy_gain_ci95": best_gain["ci95"],
+        "best_ppo": best_ppo,
+        "ppo_vs_sft_greedy_points": ppo_gain["points"], "ppo_vs_sft_greedy_ci95": ppo_gain["ci95"],
+        "step_credit_vs_grpo_points": {mode: gain("grpo_step_credit", "grpo", mode) for mode in ("sampled", "greedy")},
+        "step_credit_diagnostics": runs["diagnostics"],
+        "step_credit_weight_ablation": ablation,
+        "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),
+        "load_mean": round(sum(loads) / len(loads), 1) if loads else None, "cores": os.cpu_count(),
+    }
+
+
+def _report(store, out: Path, recipe, benchmark: Path | None = None) -> None:
+    """omrl report of seed 0's store with the benchmark's table and per-step plot."""
+    from omrl.report import write_report
+
+    write_report(store, out / "report", results=Path(recipe.output_dir) / "results.json",
+                 benchmark=benchmark or out / "benchmark.json")
+
+
+if __name__ == "__main__":
+    main()

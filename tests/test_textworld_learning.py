@@ -1,0 +1,96 @@
+"""The TextWorld learning benchmark's quick variant (benchmarks/textworld_learning.py --quick) as a smoke test:
+every stage on tiny budgets (two seeds, a grid point or two per method, real TextWorldExpress games, real
+trainers), its JSON line, its report, and a second call that resumes everything instead of training again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from omrl.envs.twx import TwxEnv
+
+ROOT = Path(__file__).resolve().parents[1]
+RL = ("grpo", "grpo_step_credit", "ppo_token", "ppo_turn")
+
+pytestmark = pytest.mark.skipif(TwxEnv.unavailable() is not None, reason=str(TwxEnv.unavailable()))
+pytest.importorskip("trl")
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("textworld_learning", ROOT / "benchmarks" / "textworld_learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
+    bench = _benchmark()
+    out = tmp_path / "run"
+    line = bench.main(["--quick", "--out", str(out)])
+    assert line["quick"] is True and line["seeds"] == [0, 1]
+    assert set(line["methods"]) == {"expert", "sft", "sft_more", *RL}
+    assert line["rollouts_per_rl_method"] == 2 * 2 * 2  # max_steps x tasks_per_step x samples_per_task
+    for name, row in line["methods"].items():
+        for mode in ("sampled", "greedy"):
+            if name == "expert" and mode == "greedy":
+                assert row["greedy"] is None
+                continue
+            assert 0.0 <= row[mode] <= 1.0 and row[f"{mode}_ci95"] >= 0.0, (name, mode)
+    for name in (*RL, "sft", "sft_more"):
+        row = line["methods"][name]
+        assert len(row["per_seed"]) == 2 and len(row["wall_s"]) == 2 and all(w > 0 for w in row["wall_s"])
+    # every RL method: the same rollouts, its grid with dev scores, its choice one of the grid's points
+    sizes = {"grpo": 1, "grpo_step_credit": 2, "ppo_token": 2, "ppo_turn": 2}  # quick: 1 rate, +1 PPO change or weight
+    for name in RL:
+        row = line["methods"][name]
+        assert row["training_rollouts"] == line["rollouts_per_rl_method"]
+        assert len(row["grid"]) == sizes[name]
+        # the chosen settings: the best dev point's, over the method's own and the recipe's (e.g. PPO's level)
+        best = max(row["grid"], key=lambda p: p["dev_score"])
+        assert best["settings"].items() <= row["hyperparameters"].items()
+        assert row["hyperparameters"]["learning_rate"] == best["settings"]["learning_rate"]
+        if name.startswith("ppo_"):
+            assert row["hyperparameters"]["level"] == name.removeprefix("ppo_")
+        for point in row["grid"]:
+            assert point["dev_score"] == pytest.approx((point["dev_sampled"] + point["dev_greedy"]) / 2, abs=1e-4)
+    assert line["methods"]["sft_more"]["hyperparameters"]["epochs"][0] >= 1
+    assert line["methods"]["sft"]["training_rollouts"] == 0 and line["methods"]["sft"]["demos"] == 12
+    # the headline figures: differences of the table's greedy means (every game has an outcome on both seeds)
+    best = line["best_rl_method"]
+    assert best in RL and line["best_ppo"] in ("ppo_token", "ppo_turn")
+    sft = line["methods"]["sft"]["greedy"]
+    assert line["best_rl_greedy_gain_points"] == pytest.approx(100 * (line["methods"][best]["greedy"] - sft), abs=0.11)
+    ppo = line["methods"][line["best_ppo"]]["greedy"]
+    assert line["ppo_vs_sft_greedy_points"] == pytest.approx(100 * (ppo - sft), abs=0.11)
+    credit = line["step_credit_vs_grpo_points"]["greedy"]["points"]
+    assert credit == pytest.approx(100 * (line["methods"]["grpo_step_credit"]["greedy"]
+                                          - line["methods"]["grpo"]["greedy"]), abs=0.11)
+    # step credit's diagnostics come from the stored turns of both seeds' runs
+    diagnostics = line["step_credit_diagnostics"]
+    assert diagnostics["turns"] > 0 and sum(diagnostics["turns_by_group_size"].values()) == diagnostics["turns"]
+    for key in ("share_in_step_group", "share_nonzero_step_advantage", "share_step_advantage_where_episode_advantage_0"):
+        assert 0.0 <= diagnostics[key] <= 1.0
+    # every game starts in the same room: the first turns of a group always share a step group
+    assert diagnostics["share_in_step_group"] > 0
+    assert {a["weight"] for a in line["step_credit_weight_ablation"]} == {0.0, 1.0, 2.0}
+    # the file: the line plus per-step training success of every final RL run, both seeds
+    saved = json.loads((out / "benchmark.json").read_text())
+    assert {k: v for k, v in saved.items() if k != "curves"} == line
+    for name in RL:
+        assert len(saved["curves"][name]) == 2
+        assert all([step for step, _ in curve] == [0, 1] or [step for step, _ in curve] == [1, 2]
+                   for curve in saved["curves"][name])
+    report = (out / "report" / "report.md").read_text()
+    assert "## Benchmark: textworld_learning" in report and "benchmark.png" in report
+    assert all(f"| {name} |" in report for name in line["methods"])
+    assert (out / "report" / "benchmark.png").stat().st_size > 0
+    # a second call finds every run recorded: nothing is trained or evaluated again
+    stages = json.loads((out / "benchmark_state.json").read_text())["stages"]
+    again = bench.main(["--quick", "--out", str(out)])
+    assert json.loads((out / "benchmark_state.json").read_text())["stages"] == stages
+    timing = ("minutes_this_call", "load_this_call", "wall_minutes_total", "load_mean")
+    assert {k: v for k, v in again.items() if k not in timing} == {k: v for k, v in line.items() if k not in timing}
+
