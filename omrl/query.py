@@ -87,6 +87,7 @@ MEMORY_ENV = "OMRL_QUERY_MEMORY"
 THREADS_ENV = "OMRL_QUERY_THREADS"
 DEFAULT_MEMORY_SHARE = 0.25  # of the machine's (or its cgroup's) memory; DuckDB alone would take 80%
 MIN_MEMORY_MB = 64
+REINTERRUPT_S = 0.2  # a stopped query is interrupted again this often until it has ended
 RESULT_BATCH_ROWS = 10_000  # rows a result is streamed in: the memory cap is checked after each batch
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(%|[kmgt]i?b?|b)?\s*", re.IGNORECASE)
 _MB_PER_UNIT = {"b": 1 / 2**20, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
@@ -548,8 +549,13 @@ class _QueryClock:
         while not self._done.wait(max(0.01, self.limit - self.ran_s())):
             if self.ran_s() >= self.limit:
                 self.fired.set()
-                self.con.interrupt()
-                return
+                break
+        # DuckDB drops an interrupt that lands while no query runs (between making the relation and
+        # running it, or while a batch is in the sink): it is repeated until the query has ended.
+        while not self._done.is_set():
+            self.con.interrupt()
+            self._done.wait(REINTERRUPT_S)
+
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -563,7 +569,9 @@ class _QueryClock:
                 self._paused_at = None
 
     def stop(self) -> None:
+        """Stop watching; once it returns no interrupt reaches the connection's next query."""
         self._done.set()
+        self._watch.join()
 
 
 def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None,

@@ -610,6 +610,38 @@ def test_the_time_a_streamed_result_spends_being_written_is_not_the_querys(store
         query_module.stream_query(store, SLOW_SQL, slow_sink, timeout=0.5)
 
 
+def test_an_interrupt_that_lands_before_the_query_runs_is_repeated(store):
+    """DuckDB drops an interrupt sent while no query runs: a limit that passed between making the relation
+    and running it let an 8-way self-join run on (the escape suite's slow --where, once in ~500 cases)."""
+    import duckdb
+
+    con = connect(store)
+    relation = con.sql(SLOW_SQL)
+    clock = query_module._QueryClock(con, 0.01)
+    assert clock.fired.wait(10)
+    time.sleep(0.5)  # its interrupt has reached the connection while nothing ran
+    box = []
+
+    def run():
+        try:
+            relation.to_arrow_reader(1000).read_next_batch()  # as _execute runs a query
+            box.append("finished")
+        except (duckdb.InterruptException, OSError):  # Arrow's reader raises DuckDB's error as OSError
+            box.append("interrupted")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    clock.stop()
+    stopped = list(box)
+    if not stopped:  # clean up before failing
+        con.interrupt()
+        thread.join(10)
+    assert stopped == ["interrupted"]
+    assert con.sql("SELECT 1").fetchall() == [(1,)]  # after stop() no interrupt reaches the next query
+    con.close()
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "csv", "parquet"])
 def test_every_duckdb_type_prints_or_fails_in_one_line(store, tmp_path, fmt):
     """test_all_types(): dates past year 9999, infinite timestamps, intervals, unions, blobs, nested lists."""
