@@ -61,12 +61,16 @@ from omrl.store_layout import (
     write_parquet,
 )
 from omrl.store_manifest import (
+    CARD_FRONT_MATTER,
     MANIFEST,
     TABLES,
     FileRecord,
     HashingFile,
+    PartProblem,
     PartRecord,
     StoreError,
+    card_front_matter,
+    card_parts,
     file_record,
     listing,
     manifest_bytes,
@@ -104,14 +108,6 @@ class AutoCompactWarning(UserWarning):
 
 class SearchIndexWarning(UserWarning):
     """A part whose text-search index could not be built (the part stands; searches scan it)."""
-
-
-@dataclass(frozen=True)
-class PartProblem:
-    """A file of the store that is lost, damaged or out of place, and what `omrl store check --repair` does."""
-
-    path: Path
-    error: str
 
 
 @dataclass(frozen=True)
@@ -190,62 +186,21 @@ def _card_configs(parts: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
-_FRONT_MATTER = re.compile(r"^---\n(.*?)\n---\n", re.S)
 
 
 def _replace_card_configs(card: str, configs: str) -> str:
     """The card with its YAML `configs:` block replaced (the rest of the front matter and the text kept);
     front matter that is not valid YAML is replaced whole, the text below it kept."""
-    match = _FRONT_MATTER.match(card)
+    match = CARD_FRONT_MATTER.match(card)
     if match is None:  # no front matter (a hand-edited card): give it one
         return f"---\n{configs}\n---\n\n{card}"
     front = match.group(1)
     try:
-        _front_matter(card)
+        card_front_matter(card)
     except ValueError:  # a broken front matter: a fresh one, as a new store's card has
         front = _CARD_TAGS
     kept = re.sub(r"^configs:\n(?:[ -].*\n?)*", "", front + "\n", flags=re.M).strip("\n")
     return f"---\n{configs}" + (f"\n{kept}" if kept else "") + "\n---\n" + card[match.end():]
-
-
-def _front_matter(card: str) -> dict[str, Any]:
-    """The card's YAML front matter ({} when it has none); ValueError when it does not parse."""
-    import yaml
-
-    match = _FRONT_MATTER.match(card)
-    if match is None:
-        return {}
-    try:
-        # libyaml's loader where it is built in: the card is read at every commit, pure-Python YAML cost
-        # more than the part's write on small appends; the same safe constructors either way.
-        front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"its front matter is not valid YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(front, dict):
-        raise ValueError("its front matter is not a YAML mapping")
-    return front
-
-
-def card_parts(card: str) -> dict[str, list[str] | None]:
-    """The part names the card's `configs:` give `load_dataset` for each table (None: a glob, or no
-    config for the table); ValueError when the card's front matter or configs are malformed."""
-    configs = _front_matter(card).get("configs") or []
-    if not isinstance(configs, list):
-        raise ValueError("its `configs:` is not a list")
-    out: dict[str, list[str] | None] = {table: None for table in TABLES}
-    for config in configs:
-        table = config.get("config_name") if isinstance(config, dict) else None
-        if table not in TABLES:
-            continue
-        files = config.get("data_files")
-        paths = files[0].get("path") if isinstance(files, list) and files and isinstance(files[0], dict) else None
-        if isinstance(paths, str):
-            paths = None if "*" in paths else [paths]
-        if paths is not None and not (isinstance(paths, list) and all(isinstance(x, str) for x in paths)):
-            raise ValueError(f"the data_files of its {table} config are not a list of paths")
-        prefix = f"data/{table}/"
-        out[table] = None if paths is None else [x.removeprefix(prefix) for x in paths]
-    return out
 
 
 @dataclass(frozen=True)

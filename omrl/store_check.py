@@ -24,13 +24,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from omrl.schema import conform
-from omrl.store import MANIFEST, TABLES, PartProblem, Store, card_parts
 from omrl.store_layout import SIDE_KINDS, side_matches, side_path, side_tables
-from omrl.store_manifest import PartRecord, StoreError, listing
+from omrl.store_manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, card_parts, listing
+
+if TYPE_CHECKING:  # a type only: omrl.store imports this module for Store.check and Store.repair
+    from omrl.store import Store
 
 QUARANTINE_DIR = ".quarantine"  # hidden: never listed, never uploaded (hub.PUSH_IGNORE)
 _CHUNK = 8 << 20

@@ -24,6 +24,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from omrl.errors import OmrlError
@@ -209,3 +210,55 @@ def _count(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{where} must be a whole number >= 0, not {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class PartProblem:
+    """A file of the store that is lost, damaged or out of place, and what `omrl store check --repair` does."""
+
+    path: Path
+    error: str
+
+
+# A dataset card's YAML front matter (the configs `datasets.load_dataset` reads).
+CARD_FRONT_MATTER = re.compile(r"^---\n(.*?)\n---\n", re.S)
+
+
+def card_front_matter(card: str) -> dict[str, Any]:
+    """The card's YAML front matter ({} when it has none); ValueError when it does not parse."""
+    import yaml
+
+    match = CARD_FRONT_MATTER.match(card)
+    if match is None:
+        return {}
+    try:
+        # libyaml's loader where it is built in: the card is read at every commit, pure-Python YAML cost
+        # more than the part's write on small appends; the same safe constructors either way.
+        front = yaml.load(match.group(1), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"its front matter is not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(front, dict):
+        raise ValueError("its front matter is not a YAML mapping")
+    return front
+
+
+def card_parts(card: str) -> dict[str, list[str] | None]:
+    """The part names the card's `configs:` give `load_dataset` for each table (None: a glob, or no
+    config for the table); ValueError when the card's front matter or configs are malformed."""
+    configs = card_front_matter(card).get("configs") or []
+    if not isinstance(configs, list):
+        raise ValueError("its `configs:` is not a list")
+    out: dict[str, list[str] | None] = {table: None for table in TABLES}
+    for config in configs:
+        table = config.get("config_name") if isinstance(config, dict) else None
+        if table not in TABLES:
+            continue
+        files = config.get("data_files")
+        paths = files[0].get("path") if isinstance(files, list) and files and isinstance(files[0], dict) else None
+        if isinstance(paths, str):
+            paths = None if "*" in paths else [paths]
+        if paths is not None and not (isinstance(paths, list) and all(isinstance(x, str) for x in paths)):
+            raise ValueError(f"the data_files of its {table} config are not a list of paths")
+        prefix = f"data/{table}/"
+        out[table] = None if paths is None else [x.removeprefix(prefix) for x in paths]
+    return out
