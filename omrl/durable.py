@@ -24,7 +24,8 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a live process of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -42,7 +43,7 @@ def is_stale(path: Path, pattern: re.Pattern[str]) -> bool:
         age = time.time() - path.lstat().st_mtime
     except FileNotFoundError:
         return False
-    if match is not None and not _pid_alive(int(match.group(1))):
+    if match is not None and not pid_alive(int(match.group(1))):
         return True
     return age > STALE_SECONDS
 

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omrl.durable import pid_alive
 from omrl.errors import OmrlError, UsageError
 
 SANDBOX_UID = 65534          # "nobody": the sandbox's user inside, and outside too when omrl runs as root
@@ -358,19 +359,9 @@ def _sweep(*parents: str | None) -> None:
         with contextlib.suppress(OSError):
             for entry in os.scandir(parent):
                 match = re.fullmatch(r"omrl-(\d+)-\w+", entry.name)
-                if match and entry.is_dir() and not _alive(int(match.group(1))):
+                if match and entry.is_dir() and not pid_alive(int(match.group(1))):
                     with contextlib.suppress(OSError):
                         os.rmdir(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _RunGroup:

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from omrl.durable import pid_alive
+
 RL_METHODS = {  # method: (trainer, settings every run of it has)
     "grpo": ("grpo", {}),
     "grpo_step_credit": ("grpo", {"step_credit": {"weight": 1.0, "gamma": 0.95}}),
@@ -182,7 +184,7 @@ class Comparison:
                     holder = int(claim.read_text() or 0)
                 except (OSError, ValueError):
                     holder = 0
-                if holder and holder != os.getpid() and _alive(holder) and finished() is None:
+                if holder and holder != os.getpid() and pid_alive(holder) and finished() is None:
                     time.sleep(5)
                     continue
                 if finished() is not None:
@@ -260,16 +262,6 @@ class Comparison:
         checkpoint = str(train_sft(more).checkpoint)
         return {"checkpoint": checkpoint, "train_s": round(time.monotonic() - started, 1), "epochs": epochs,
                 "rl_train_s": round(rl_seconds, 1), "rollouts": 0}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------- tuning and figures

@@ -61,14 +61,7 @@ class ConnectionPool:
             except Exception:  # noqa: BLE001 - the same failure reaches the next page that lends one
                 return
             finally:
-                with self._changed:
-                    self._lent -= 1
-                    keep = con is not None and generation == self._generation and not self._closed
-                    if keep:
-                        self._idle.append((con, generation))
-                    self._changed.notify()
-                if con is not None and not keep:
-                    close(con)
+                self._returned(con, generation)
 
     @contextmanager
     def lend(self, timeout: float) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -93,14 +86,19 @@ class ConnectionPool:
                 con = connect(self.store, self.limits, isolated=True)
             yield con
         finally:
-            with self._changed:
-                self._lent -= 1
-                keep = con is not None and generation == self._generation and not self._closed
-                if keep:
-                    self._idle.append((con, generation))
-                self._changed.notify()
-            if con is not None and not keep:
-                close(con)
+            self._returned(con, generation)
+
+    def _returned(self, con: duckdb.DuckDBPyConnection | None, generation: int) -> None:
+        """A lent slot comes back: its connection stays idle while the pool is open and of the same
+        generation, else is closed; a waiting page is woken either way."""
+        with self._changed:
+            self._lent -= 1
+            keep = con is not None and generation == self._generation and not self._closed
+            if keep:
+                self._idle.append((con, generation))
+            self._changed.notify()
+        if con is not None and not keep:
+            close(con)
 
     def close(self) -> None:
         """Close the idle connections now and the lent ones as they come back."""
