@@ -1,4 +1,4 @@
-"""Text search: omrl.search's exact index against the full scan, on store_bench's corpus (Zipf words,
+"""Text search: omrl.store.search's exact index against the full scan, on store_bench's corpus (Zipf words,
 repeated system prompt, tool outputs shared in a group).
 
 For each n: the store is written in appends of --batch rows, each part's index built beside it (timed
@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_bench import SEARCH_WORD, make_corpus  # noqa: E402  (the one corpus generator of the benchmarks)
 
-from omrl import search as S  # noqa: E402
 from omrl.schema import to_table  # noqa: E402
 from omrl.store import Store  # noqa: E402
+from omrl.store import search as S  # noqa: E402
 
 
 def folder_bytes(folder: Path) -> int:

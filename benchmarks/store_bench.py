@@ -43,9 +43,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.schema import group_id, to_table, trajectory_id
-from omrl.search import INDEX_SUFFIX, build_missing, search_ids
 from omrl.store import Store
-from omrl.store_layout import SIDE_DIR
+from omrl.store.layout import SIDE_DIR
+from omrl.store.search import INDEX_SUFFIX, build_missing, search_ids
 
 ENVS = ("code", "math", "shop", "sql", "web")
 TOOLS = {
@@ -174,7 +174,7 @@ def jsonl_tool_counts(path: Path) -> Counter:
 
 
 def jsonl_word_search(path: Path, word: str) -> int:
-    """Trajectories with a message holding `word` as a whole word, any case (omrl.search's rule for one word)."""
+    """Trajectories with a message holding `word` as a whole word, any case (omrl.store.search's rule for one word)."""
     pattern = re.compile(rf"(?<!\w){re.escape(word.lower())}(?!\w)")
     return sum(any(pattern.search((m.get("content") or "").lower()) for m in row["messages"])
                for row in _jsonl_rows(path))
@@ -363,7 +363,7 @@ def main() -> None:
         "word_search": lambda: jsonl_word_search(jsonl_path, word),
     }
     store_side = {name: (lambda q=sql: con.sql(q).to_arrow_table()) for name, sql in STORE_QUERIES.items()}
-    # through the search index (omrl.search): distinct trajectories with a hit
+    # through the search index (omrl.store.search): distinct trajectories with a hit
     store_side["word_search"] = lambda: len(search_ids(store, word))  # the count needs ids, not snippets
     plain_duckdb = duckdb.connect()
     duck_side = {name: (lambda q=sql: plain_duckdb.sql(q).to_arrow_table())

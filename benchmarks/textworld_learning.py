@@ -131,7 +131,7 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     """Every run of the benchmark (those recorded already are skipped): the first seed's SFT, tuning on its dev
     games, then per seed its SFT, the chosen settings, SFT continued, the test evaluations; diagnostics and curves.
     `helper`: take the methods and seeds in the opposite order (a second process sharing the work)."""
-    from omrl.query import quote_literal
+    from omrl.store.query import quote_literal
     from omrl.train.compare import RL_METHODS, training_curve, tune
     from omrl.train.step_credit import credit_diagnostics
 

@@ -6,9 +6,9 @@ whole app: routing, DuckDB, templates) and prints one JSON line:
 {"n": ..., "list_page_ms": median, "trajectory_page_ms": median, ...}. Targets: list <= 200 ms,
 trajectory <= 100 ms.
 
-Baselines measured in the same run, on one confined DuckDB connection (omrl.query.connect) with no app
+Baselines measured in the same run, on one confined DuckDB connection (omrl.store.query.connect) with no app
 around it: the same list page as one ORDER BY ... LIMIT/OFFSET query (`list_vs_sql` = page / query) and the
-same trajectory as `SELECT * ... WHERE id = ?` (`trajectory_vs_sql`). With omrl.search present, the list
+same trajectory as `SELECT * ... WHERE id = ?` (`trajectory_vs_sql`). With omrl.store.search present, the list
 filtered by a text search (a rare phrase, the most common word, new phrases) against the search call
 alone (`search_page_vs_call`); the parts' search indexes are built first (`search_index_s`).
 
@@ -70,7 +70,7 @@ def _median_call_ms(work, args: list) -> float:
 
 def _sql_baselines(store: Store, list_pages: list[tuple[str, bool, int]], ids: list[str]) -> dict[str, float]:
     """The list and trajectory pages' data as plain queries on one confined connection (no app, no cache)."""
-    from omrl.query import close, connect, quote_literal, run_query
+    from omrl.store.query import close, connect, quote_literal, run_query
     from omrl.view.data import LIST_COLUMNS, PER_PAGE, SORTS
 
     con = connect(store)
@@ -91,10 +91,10 @@ def _sql_baselines(store: Store, list_pages: list[tuple[str, bool, int]], ids: l
 
 
 def _common_word(store: Store) -> str:
-    """The token in the most messages of a sample of rows (omrl.search's tokens)."""
+    """The token in the most messages of a sample of rows (omrl.store.search's tokens)."""
     from collections import Counter
 
-    from omrl.search import tokenize
+    from omrl.store.search import tokenize
 
     counts: Counter = Counter()
     for row in store.sql("SELECT messages FROM trajectories USING SAMPLE 200 ROWS (reservoir, 0)").to_pylist():
@@ -108,7 +108,7 @@ def _search_figures(store: Store, client, terms: list[str], repeat: int) -> dict
     search call alone."""
     from urllib.parse import urlencode
 
-    from omrl import search
+    from omrl.store import search
 
     start = time.perf_counter()
     built = search.build_missing(store)

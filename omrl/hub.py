@@ -64,7 +64,7 @@ def select_rows(store: Store, where: str | None = None) -> pa.Table:
     table = store.read("trajectories")
     if not where:
         return table
-    from omrl.query import select_ids  # one checked condition, never pasted into SQL
+    from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
 
     ids = pa.array(select_ids(store, where), pa.string())
     return table.filter(pc.is_in(table.column("id"), value_set=ids))

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from omrl.errors import OmrlError
 
-# The store's version. 2: repeated text dictionary-encoded, flat side data per part (omrl.store_layout); stores of
+# The store's version. 2: repeated text dictionary-encoded, flat side data per part (omrl.store.layout); stores of
 # version 1 are read as they are. Rows did not change: their JSON Schema keeps ROW_SCHEMA_VERSION.
 SCHEMA_VERSION = 2
 ROW_SCHEMA_VERSION = 1

@@ -35,12 +35,12 @@ def test_user_errors_derive_from_one_base_and_keep_their_builtin_base():
     from omrl.envs import EnvSpecError
     from omrl.formats.common import FormatError
     from omrl.policies.base import PolicyError
-    from omrl.query import QueryError
     from omrl.readers import ReadError
     from omrl.recipes import RecipeError
     from omrl.sandbox import SandboxUnavailable
     from omrl.schema import SchemaError
     from omrl.store import StoreError
+    from omrl.store.query import QueryError
     from omrl.tasks import TaskError
 
     for cls in (SchemaError, FormatError, QueryError, TaskError, RecipeError, EnvSpecError, SandboxUnavailable,

@@ -187,7 +187,7 @@ def test_row_filters_run_in_duckdb_and_read_only_kept_rows(store, tmp_path, monk
 @pytest.mark.parametrize("where", ["   ", "true; SELECT 1", "true) OR (true", "id IN (SELECT * FROM read_text('/etc/passwd'))",
                                    "true -- comment"])
 def test_where_still_goes_through_the_checker(store, tmp_path, where):
-    from omrl.query import QueryError
+    from omrl.store.query import QueryError
 
     with pytest.raises(QueryError):
         filter_store(store, tmp_path / "o", FilterOptions(where=where))

@@ -126,9 +126,9 @@ def test_every_step_reports_the_position_it_led_to_as_a_hashable_state():
 
 
 def test_states_are_stored_with_the_rollouts_and_visible_in_sql(tmp_path):
-    from omrl.query import run_query
     from omrl.rollout import RolloutSettings, collect
     from omrl.store import Store
+    from omrl.store.query import run_query
     from omrl.train.step_credit import turn_states
 
     store = Store.create(tmp_path / "store")

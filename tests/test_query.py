@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omrl.query import QueryError
 from omrl.schema import Annotation
+from omrl.store.query import QueryError
 
 
 def test_every_view_answers(store):
@@ -46,7 +46,7 @@ def test_tool_calls_view_reads_the_side_file_not_the_conversations(store):
     import pyarrow.parquet as pq
 
     from omrl.store import Store
-    from omrl.store_layout import side_path
+    from omrl.store.layout import side_path
 
     (part,) = store.parts()
     side = side_path(part)

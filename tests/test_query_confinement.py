@@ -19,13 +19,13 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_trajectory
 
-import omrl.query as query_module
+import omrl.store.query as query_module
 import omrl.testing.escapes as escapes
 from omrl.cli.main import cli
-from omrl.query import QueryError, connect, run_query, select_ids, select_where
 from omrl.schema import Annotation
 from omrl.store import Store
-from omrl.store_manifest import listing
+from omrl.store.manifest import listing
+from omrl.store.query import QueryError, connect, run_query, select_ids, select_where
 from omrl.testing.escapes import (
     ENV_SECRET,
     SECRET,

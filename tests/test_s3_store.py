@@ -1,4 +1,4 @@
-"""Stores on S3-compatible object storage, against moto's real S3 server on 127.0.0.1 (omrl.storage).
+"""Stores on S3-compatible object storage, against moto's real S3 server on 127.0.0.1 (omrl.store.storage).
 
 The same rows give the same reads and queries as a local store; compaction keeps every row once, even
 when it dies between its merged part and the deletes; ids stay unique under concurrent writers; a
@@ -27,12 +27,12 @@ from conftest import make_trajectory
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
-from omrl import storage as storage_module  # noqa: E402
 from omrl.cli.main import cli  # noqa: E402
 from omrl.errors import UsageError  # noqa: E402
-from omrl.query import QueryError  # noqa: E402
-from omrl.storage import S3Path, StorageError, s3_storage  # noqa: E402
 from omrl.store import REPLACES_KEY, Store, StoreError  # noqa: E402
+from omrl.store import storage as storage_module  # noqa: E402
+from omrl.store.query import QueryError  # noqa: E402
+from omrl.store.storage import S3Path, StorageError, s3_storage  # noqa: E402
 
 BUCKET = "omrl-test"
 TESTS = Path(__file__).resolve().parent
@@ -261,7 +261,7 @@ CRASHING_APPEND = textwrap.dedent("""
     import http.client, sys, time
     from urllib.parse import urlparse
     sys.path.insert(0, {tests!r})
-    import omrl.storage as storage
+    import omrl.store.storage as storage
     from conftest import make_trajectory
     from omrl.store import Store
 
@@ -423,7 +423,7 @@ def test_filter_and_export_read_an_s3_store_into_local_outputs(url, tmp_path):
 
 
 def test_appends_compact_small_parts_by_themselves_on_s3(url):
-    from omrl.store_layout import CompactPolicy
+    from omrl.store.layout import CompactPolicy
 
     store = Store.create(url)
     store.set_compact_policy(CompactPolicy(small_parts=3))
@@ -438,7 +438,7 @@ def test_appends_compact_small_parts_by_themselves_on_s3(url):
 
 
 def test_a_deleted_part_or_side_file_on_s3_is_named_by_check_and_repaired(url):
-    from omrl.store_layout import CompactPolicy, side_path
+    from omrl.store.layout import CompactPolicy, side_path
 
     store = Store.create(url)
     store.set_compact_policy(CompactPolicy(small_parts=0))

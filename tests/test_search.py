@@ -1,4 +1,4 @@
-"""omrl.search: the indexed search returns exactly what a brute-force scan returns (random words from the
+"""omrl.store.search: the indexed search returns exactly what a brute-force scan returns (random words from the
 corpus, absent words, phrases, unicode, tokens longer than the index keeps, words that exist only across
 two messages) without reading message text, parts without an index are scanned, the index files stay out
 of the store's data, and `omrl query --search` works on the one confined connection."""
@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_trajectory
 
-from omrl import search as S
 from omrl.cli.main import cli
 from omrl.errors import UsageError
-from omrl.query import QueryError
 from omrl.store import Store
+from omrl.store import search as S
+from omrl.store.query import QueryError
 
 # Words of several scripts and case rules (Turkish dotted I, German sharp s, Greek final sigma, CJK), words
 # joined by punctuation and underscore, digits, and tokens longer than the index keeps whole: two that share
@@ -82,7 +82,7 @@ _ROWS: dict = {}
 
 
 def _brute_force(store: Store, query: str) -> list[tuple[str, int]]:
-    """Written apart from omrl.search: every message of every row, tokenised here."""
+    """Written apart from omrl.store.search: every message of every row, tokenised here."""
     def tokens(text: str) -> list[str]:
         return re.findall(r"\w+", text.lower())
 
@@ -440,7 +440,7 @@ def test_search_view_keeps_the_connection_confined(corpus, sql, tmp_path):
     os.chdir(tmp_path)
     try:
         with S.hits_view(corpus, "alpha") as con:
-            from omrl.query import run_query
+            from omrl.store.query import run_query
 
             assert run_query(corpus, "SELECT count(*) AS n FROM search_hits", con=con).column("n")[0].as_py() > 0
             with pytest.raises(QueryError):

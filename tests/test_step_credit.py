@@ -105,9 +105,9 @@ def test_turn_values_spread_over_each_turns_trainable_tokens_only():
 def test_credit_of_real_grid_rollouts_is_stored_in_turn_info_and_visible_in_sql(tmp_path):
     from omrl.envs.grid import grid_wall_tasks
     from omrl.policies.scripted import ScriptedPolicy
-    from omrl.query import run_query
     from omrl.rollout import RolloutSettings, play_episodes
     from omrl.store import Store
+    from omrl.store.query import run_query
 
     tasks = grid_wall_tasks(2, seed=0, split="train")
     settings = RolloutSettings(env="grid", env_options={"noise": 0.5, "seed": 3}, max_turns=20, concurrency=8)

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 from omrl.cli.main import cli
-from omrl.query import QueryError, run_query
 from omrl.schema import to_table
 from omrl.store import Store, StoreError
-from omrl.store_layout import CompactPolicy, side_path
-from omrl.store_manifest import listing
+from omrl.store.layout import CompactPolicy, side_path
+from omrl.store.manifest import listing
+from omrl.store.query import QueryError, run_query
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store_v1"
 TOOL_CALLS = "SELECT * FROM tool_calls ORDER BY trajectory_id, message_position, call_index"
@@ -281,7 +281,7 @@ SETTER = textwrap.dedent(
     """
     import sys
     from omrl.store import Store
-    from omrl.store_layout import CompactPolicy
+    from omrl.store.layout import CompactPolicy
     store = Store(sys.argv[1])
     for i in range(40):  # every change rewrites omrl.json, which also holds the parts listing
         store.set_compact_policy(CompactPolicy(small_parts=0, small_part_bytes=1000 + i))

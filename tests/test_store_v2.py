@@ -17,7 +17,7 @@ from conftest import make_trajectory
 
 from omrl.schema import SCHEMA_VERSION, Message, ToolCall, Trajectory
 from omrl.store import AutoCompactWarning, SearchIndexWarning, Store, StoreError
-from omrl.store_layout import DICTIONARY_PAGE_BYTES, CompactPolicy, side_path
+from omrl.store.layout import DICTIONARY_PAGE_BYTES, CompactPolicy, side_path
 from omrl.testing.chaos import observe_trajectories
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v1"
@@ -226,7 +226,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from conftest import make_trajectory
-    import omrl.store as store_module
+    import omrl.store.store as store_module
     from omrl.store import Store
 
     moment = sys.argv[2]
@@ -275,7 +275,7 @@ def test_a_sigkill_during_automatic_compaction_loses_and_doubles_nothing(tmp_pat
 
 
 def test_appends_leave_indexing_to_compaction_and_search_equals_the_scan(tmp_path):
-    from omrl.search import index_path, missing_indexes, search
+    from omrl.store.search import index_path, missing_indexes, search
 
     store = Store.create(tmp_path / "s")
     store.set_compact_policy(OFF)
@@ -293,7 +293,7 @@ def test_appends_leave_indexing_to_compaction_and_search_equals_the_scan(tmp_pat
 
 
 def test_compacting_a_single_part_builds_its_missing_index(tmp_path):
-    from omrl.search import index_path, missing_indexes
+    from omrl.store.search import index_path, missing_indexes
 
     store = Store.create(tmp_path / "s")
     (part,) = [store.append(varied_rows(0)).part]
@@ -303,7 +303,7 @@ def test_compacting_a_single_part_builds_its_missing_index(tmp_path):
 
 
 def test_automatic_compaction_indexes_the_merged_part(tmp_path):
-    from omrl.search import index_path, missing_indexes
+    from omrl.store.search import index_path, missing_indexes
 
     store = Store.create(tmp_path / "s")
     store.set_compact_policy(CompactPolicy(small_parts=2))
@@ -315,12 +315,12 @@ def test_automatic_compaction_indexes_the_merged_part(tmp_path):
 
 
 def test_a_failed_index_build_keeps_the_compaction_and_search_scans(tmp_path, monkeypatch):
-    import omrl.search
+    import omrl.store.search
 
     def broken(part, table=None):
         raise RuntimeError("tantivy exploded")
 
-    monkeypatch.setattr(omrl.search, "build_index", broken)
+    monkeypatch.setattr(omrl.store.search, "build_index", broken)
     store = Store.create(tmp_path / "s")
     store.set_compact_policy(OFF)
     with warnings.catch_warnings():

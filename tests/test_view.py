@@ -268,9 +268,9 @@ def test_runs_page_without_steps_has_no_step_charts(tmp_path):
 
 
 def test_text_search_filters_the_list(client, store):
-    """The search box narrows the list to trajectories with a message matching omrl.search's query, with
+    """The search box narrows the list to trajectories with a message matching omrl.store.search's query, with
     the WHERE, sorted and paged like any list; a refused query is shown beside the box."""
-    search = pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    search = pytest.importorskip("omrl.store.search", reason="the store's text search (omrl/store/search.py) is absent")
 
     def hits(query):
         return set(search.search(store, query).column("trajectory_id").to_pylist())
@@ -384,7 +384,7 @@ def _exported_list(out: Path) -> list[str]:
 def test_export_with_search_is_the_live_list(client, store, tmp_path, where):
     """`--export --search TEXT [--where SQL]` writes exactly the list the viewer shows for the same search
     and WHERE, in its order; the row cap keeps the first rows of that list and says how many matched."""
-    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    pytest.importorskip("omrl.store.search", reason="the store's text search (omrl/store/search.py) is absent")
     live = _live_list(client, q="function", where=where)
     everything = _live_list(client)
     assert 0 < len(live) < len(everything)  # the search narrows (and the WHERE further)
@@ -401,7 +401,7 @@ def test_export_with_search_is_the_live_list(client, store, tmp_path, where):
 
 
 def test_export_search_errors_name_the_option(store, tmp_path):
-    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    pytest.importorskip("omrl.store.search", reason="the store's text search (omrl/store/search.py) is absent")
     with pytest.raises(OmrlError, match="--search: .*unclosed quote"):
         export_site(store, tmp_path / "a", search='"unclosed')
     with pytest.raises(OmrlError, match="--where: .*does not parse"):
@@ -599,7 +599,7 @@ def test_a_pages_queries_stop_at_the_viewers_time_limit(store):
 
 
 def test_a_where_past_the_viewers_memory_cap_is_refused(store):
-    from omrl.query import QueryLimits
+    from omrl.store.query import QueryLimits
 
     hog = "(SELECT length(string_agg(repeat('x', 100000), '')) FROM messages a, messages b) > 0"  # ~2 GB
     with TestClient(make_app(store, limits=QueryLimits(256, 2)), base_url="http://127.0.0.1") as c:

@@ -103,7 +103,7 @@ def test_list_filter_and_error(driver, server, tmp_path):
 
 
 def test_text_search_box(driver, server, tmp_path):
-    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    pytest.importorskip("omrl.store.search", reason="the store's text search (omrl/store/search.py) is absent")
     driver.get(server + "/")
     box = driver.find_element(By.ID, "search")
     box.send_keys("evil")
@@ -237,7 +237,7 @@ def _walk_list(driver, url: str) -> list[str]:
 def test_exported_search_is_the_live_list_from_disk(driver, server, store, tmp_path):
     """`--export --search --where` opened from disk lists exactly what the served viewer lists for the same
     search box and WHERE box, in the same order; each exported row opens its trajectory."""
-    pytest.importorskip("omrl.search", reason="the store's text search (omrl/search.py) is absent")
+    pytest.importorskip("omrl.store.search", reason="the store's text search (omrl/store/search.py) is absent")
     from urllib.parse import unquote
 
     driver.get(server + "/")

@@ -107,7 +107,7 @@ def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
     """Trajectory rows (as dicts), optionally those matching a SQL WHERE clause over `trajectories`."""
     data = store.read("trajectories")
     if where:
-        from omrl.query import select_ids  # one checked condition, never pasted into SQL
+        from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
 
         ids = pa.array(select_ids(store, where), pa.string())
         data = data.filter(pc.is_in(data.column("id"), value_set=ids))

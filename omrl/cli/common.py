@@ -147,7 +147,7 @@ def _cell(value: Any, max_width: int) -> str:
 
 class StorePath(click.Path):
     """A store argument: a local folder (checked like click.Path) or an `s3://bucket/prefix` URL, passed on
-    as given (the store checks that one exists when it opens it: omrl.storage)."""
+    as given (the store checks that one exists when it opens it: omrl.store.storage)."""
 
     name = "store"
 
@@ -175,12 +175,12 @@ LOCAL_OUTPUT = LocalOutput()
 
 
 class Seconds(click.ParamType):
-    """A time limit in seconds: finite, positive and at most omrl.query.MAX_TIMEOUT_S (inf and nan refused)."""
+    """A time limit in seconds: finite, positive and at most omrl.store.query.MAX_TIMEOUT_S (inf and nan refused)."""
 
     name = "seconds"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from omrl.query import QueryError, check_timeout  # DuckDB loads only when a command runs
+        from omrl.store.query import QueryError, check_timeout  # DuckDB loads only when a command runs
 
         try:
             return check_timeout(float(value))
@@ -189,7 +189,7 @@ class Seconds(click.ParamType):
 
 
 def _memory_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from omrl.query import QueryError, parse_memory
+    from omrl.store.query import QueryError, parse_memory
 
     try:
         return None if value is None else parse_memory(value)
@@ -198,7 +198,7 @@ def _memory_option(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _threads_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from omrl.query import QueryError, parse_threads
+    from omrl.store.query import QueryError, parse_threads
 
     try:
         return None if value is None else parse_threads(value)
@@ -208,12 +208,12 @@ def _threads_option(ctx: click.Context, param: click.Parameter, value: str | Non
 
 def query_limits(func: Callable[..., Any]) -> Callable[..., Any]:
     """--query-memory and --query-threads on a command that queries a store: the limits of every DuckDB
-    connection it makes while it runs (omrl.query.limits_in_force). Put it under @user_errors."""
+    connection it makes while it runs (omrl.store.query.limits_in_force). Put it under @user_errors."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, query_memory: int | None = None, query_threads: int | None = None,
                 **kwargs: Any) -> Any:
-        from omrl.query import limits_in_force
+        from omrl.store.query import limits_in_force
 
         with limits_in_force(query_memory, query_threads):
             return func(*args, **kwargs)

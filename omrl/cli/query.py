@@ -79,8 +79,8 @@ def query(store: str, sql: str | None, search_text: str | None, fmt: str, out: s
 def _run(store, sql: str | None, search_text: str | None, timeout: float,
          sink: Callable[[pa.RecordBatch], None]) -> None:
     # DuckDB and the index load only when a query runs, not for --help
-    from omrl.query import stream_query
-    from omrl.search import hits_view, search
+    from omrl.store.query import stream_query
+    from omrl.store.search import hits_view, search
 
     if search_text is None:
         return stream_query(store, sql, sink, timeout=timeout)

@@ -9,7 +9,7 @@ import click
 from omrl.cli.common import console, query_limits, user_errors
 from omrl.files import append_files
 from omrl.store import TABLES, Store, open_store
-from omrl.store_layout import CompactPolicy
+from omrl.store.layout import CompactPolicy
 
 
 @click.group()
@@ -82,7 +82,7 @@ def check(path: str, repair: bool, accept_loss: bool, model: str | None, where: 
     if accept_loss and not repair:
         raise click.UsageError("--accept-loss only applies with --repair")
     target = open_store(path)
-    from omrl.search import build_missing, missing_indexes
+    from omrl.store.search import build_missing, missing_indexes
 
     if repair:
         for line in target.repair(accept_loss=accept_loss).lines():

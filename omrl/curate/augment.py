@@ -323,7 +323,7 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
     store = source if isinstance(source, Store) else Store(source)
     data = store.read("trajectories")
     if where:
-        from omrl.query import select_ids  # one checked condition, never pasted into SQL
+        from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
 
         ids = pa.array(select_ids(store, where), pa.string())
         data = data.filter(pc.is_in(data.column("id"), value_set=ids))

@@ -12,7 +12,7 @@ treated as 0). Dedupe keeps the highest-reward copy (ties: smallest id). Splits 
 to sibling stores DST-<name>; DST holds train. Each output's omrl.json lineage records the source,
 every option (the recipe inlined), the counts and a hash of the kept ids; `rebuild` re-runs it.
 
-The row filters are SQL conditions run on one confined DuckDB connection (omrl.query): one aggregate
+The row filters are SQL conditions run on one confined DuckDB connection (omrl.store.query): one aggregate
 pass counts each row under the first filter it fails, a second reads only the rows that pass them all
 (and, when rejects are asked for, a third the dropped ones). Only the kept rows reach Python, and only
 the columns the group, value and content steps read.
@@ -87,7 +87,7 @@ class RowFilter:
     """One row filter, pushed into DuckDB: a SQL condition over `trajectories` that every kept row meets.
 
     The condition is code's SQL over whitelisted columns with typed values (a user's --where reaches SQL
-    only through omrl.query's checker); a row that fails it is dropped for `reason`.
+    only through omrl.store.query's checker); a row that fails it is dropped for `reason`.
     """
 
     reason = "?"
@@ -97,7 +97,7 @@ class RowFilter:
 
 
 class WhereFilter(RowFilter):
-    """The user's --where: one SQL condition, checked by omrl.query (never pasted into SQL unchecked)."""
+    """The user's --where: one SQL condition, checked by omrl.store.query (never pasted into SQL unchecked)."""
 
     reason = "where"
 
@@ -105,7 +105,7 @@ class WhereFilter(RowFilter):
         self.store, self.where = store, where
 
     def condition(self, con) -> str:
-        from omrl.query import where_select
+        from omrl.store.query import where_select
 
         # where_select parses `SELECT id FROM trajectories WHERE <where>` with DuckDB's own parser and
         # returns it only when it is exactly that one query (one condition, views only): safe to nest.
@@ -114,7 +114,7 @@ class WhereFilter(RowFilter):
     @property
     def ids(self) -> set[str]:
         """The ids the condition selects (through select_ids, the same checker)."""
-        from omrl.query import select_ids
+        from omrl.store.query import select_ids
 
         return set(select_ids(self.store, self.where))
 
@@ -128,7 +128,7 @@ class StatusFilter(RowFilter):
         self.status = status
 
     def condition(self, con) -> str:
-        from omrl.query import quote_literal
+        from omrl.store.query import quote_literal
 
         return f"coalesce(status = {quote_literal(self.status)}, false)"
 
@@ -328,7 +328,7 @@ def select_rows(store: Store, filters: list[RowFilter], rejects: bool = False) -
     """Run the row filters in DuckDB on one confined connection (one snapshot of the parts): one
     aggregate pass counts each row's first failed filter, a second reads only the kept rows; with
     `rejects`, a third reads the dropped rows with their reason."""
-    from omrl.query import VANISHED_RETRIES, QueryError, close, connect, quote_literal, run_query
+    from omrl.store.query import VANISHED_RETRIES, QueryError, close, connect, quote_literal, run_query
 
     for attempt in range(VANISHED_RETRIES + 1):
         con = connect(store)

@@ -29,8 +29,8 @@ from omrl.formats import format_module
 from omrl.formats.common import PREVIOUS_ID, FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
 from omrl.schema import SchemaError, group_id, normalize_trajectory
-from omrl.storage import storage_for
 from omrl.store import MANIFEST, Store
+from omrl.store.storage import storage_for
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from omrl.store import Store
-from omrl.store_layout import CompactPolicy, side_path
+from omrl.store.layout import CompactPolicy, side_path
 from omrl.synthetic import synthetic_trajectories
 from omrl.testing.chaos import _env as command_env
 

@@ -341,7 +341,7 @@ def where_paths(folder: Path) -> list[tuple[str, Callable[[Any, str], Any]]]:
     from omrl.curate.filters import FilterOptions, WhereFilter, filter_store
     from omrl.hub import export_store
     from omrl.hub import select_rows as hub_rows
-    from omrl.query import select_ids
+    from omrl.store.query import select_ids
     from omrl.train.bridge import load_rows
 
     counter = iter(range(10**9))
@@ -440,7 +440,7 @@ class QueryWorld:
               limit: float | None = None) -> None:
         """Run `call` (one attack through one entry point) and judge it; `con`: a caller's connection whose
         settings must stay; `limit`: the time limit the call runs under (a long query)."""
-        from omrl.query import TEMP_PREFIX
+        from omrl.store.query import TEMP_PREFIX
 
         hits_before = len(self.hits)
         if con is not None and id(con) not in self._settings:
@@ -504,7 +504,7 @@ class QueryWorld:
 
     def _call(self, call: Callable[[], Any], limit: float | None) -> tuple[str, str]:
         """('accepted' | 'refused' | 'error' | 'hung', the text it returned or its message)."""
-        from omrl.query import QueryError
+        from omrl.store.query import QueryError
 
         def run() -> tuple[str, str]:
             try:
@@ -597,8 +597,8 @@ def query_world(workdir: Path) -> Iterator[QueryWorld]:
 
 def run_query_escapes(workdir: Path) -> EscapeReport:
     """Every attack through every entry point of the SQL layer, counted; see the module docstring."""
-    import omrl.query as query_module
-    from omrl.query import close, connect, run_query
+    import omrl.store.query as query_module
+    from omrl.store.query import close, connect, run_query
 
     with query_world(workdir) as world:
         store, path, outside = world.store, world.store.path, world.outside
@@ -865,7 +865,7 @@ def run_viewer_escapes(workdir: Path, timeout_s: float = VIEWER_TIMEOUT_S, allow
     a `timeout_s` limit may hold up other pages `allowed_s` at most, the big message has `big_mb`); figures:
     blocked_s_max (the longest another page waited while the slow WHERE ran), unblocked_s_max (the longest
     the same pages took without it, the baseline) and big_message_page_kb."""
-    from omrl.query import QueryLimits
+    from omrl.store.query import QueryLimits
     from omrl.view.app import make_app
 
     report = EscapeReport("viewer")

@@ -62,8 +62,8 @@ class BridgeReport:
 def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
               report: BridgeReport | None = None) -> list[dict[str, Any]]:
     """Trajectory rows of `store` (a Store or path) matching the SQL `where`, ordered by id for determinism."""
-    from omrl.query import select_where
     from omrl.store import Store
+    from omrl.store.query import select_where
 
     store = store if isinstance(store, Store) else Store(store)
     rows = select_where(store, where or None, order_by="id").to_pylist()  # `where`: one checked condition

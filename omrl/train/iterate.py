@@ -328,8 +328,8 @@ def _round(x: float | None) -> float | None:
 
 def task_success(store, run_id: str, round_: int) -> dict[str, float]:
     """Each task's success rate in one run (omrl.schema's definition), for the tasks with a known outcome."""
-    from omrl.query import quote_literal
     from omrl.schema import SUCCESS_SQL
+    from omrl.store.query import quote_literal
 
     rates = store.sql(f"SELECT task_id, {SUCCESS_SQL} FROM trajectories WHERE run_id = {quote_literal(run_id)} "
                       f"AND round = {int(round_)} GROUP BY task_id ORDER BY task_id").to_pylist()
@@ -576,8 +576,8 @@ def _train_seconds(trained) -> float:
 
 def _update_success(store, round_: int, algorithm: str = "grpo") -> Callable[[], float | None]:
     """Success so far of the GRPO (or PPO) rollouts of `round` (the trainer stores each step's rows)."""
-    from omrl.query import quote_literal
     from omrl.schema import SUCCESS_SQL
+    from omrl.store.query import quote_literal
 
     def success() -> float | None:
         rows = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE round = {int(round_)} AND "
@@ -592,7 +592,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     """One round: [collect -> [annotate ->] filter ->] GRPO or PPO [-> SFT on the best] -> held-out eval."""
     import time
 
-    from omrl.query import quote_literal
+    from omrl.store.query import quote_literal
     from omrl.tasks import write_tasks
     from omrl.train.grpo import train_grpo
     from omrl.train.sft import train_sft
@@ -692,8 +692,8 @@ def informative_tasks(store, out: Path, *, where: str, drop_flat: bool, reward_r
     import shutil
 
     from omrl.curate.filters import FilterOptions, filter_store
-    from omrl.query import select_ids
     from omrl.store import Store
+    from omrl.store.query import select_ids
 
     if out.exists():
         shutil.rmtree(out)

@@ -98,9 +98,9 @@ def select_best(source, out: str | Path, *, where: str, threshold: float, keep_p
 
 def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     """Collect, select the best of each group, SFT on them; returns the checkpoint and the counts."""
-    from omrl.query import quote_literal
     from omrl.recipes import from_dict, to_dict
     from omrl.store import Store
+    from omrl.store.query import quote_literal
     from omrl.tasks import load_tasks
     from omrl.train.sft import train_sft
 

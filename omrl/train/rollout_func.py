@@ -221,7 +221,7 @@ def free_run_prefix(store: Any, prefix: str) -> str:
     """`prefix`, or `prefix/attempt-N` when an earlier run (killed and resumed, or re-run) already stored
     rollouts under it: the same step would otherwise get the same trajectory ids as different episodes.
     Shared by GRPO and PPO (runs named `<prefix>/step-NNNNN`)."""
-    from omrl.query import quote_literal
+    from omrl.store.query import quote_literal
 
     taken = {r["run_id"] for r in store.sql(
         f"SELECT DISTINCT run_id FROM trajectories WHERE starts_with(run_id, {quote_literal(prefix + '/')})"

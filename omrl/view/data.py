@@ -1,4 +1,4 @@
-"""What the viewer's pages read from a store: every query through omrl.query's confined connection.
+"""What the viewer's pages read from a store: every query through omrl.store.query's confined connection.
 
 The user's WHERE goes only through `select_where` (its checker); everything else here is code's SQL with
 values as quoted literals. Sort columns come from a whitelist and LIMIT/OFFSET are integers.
@@ -20,7 +20,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
-from omrl.query import (
+from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
+from omrl.schema import success_sql
+from omrl.store import Store
+from omrl.store.query import (
     QueryError,
     QueryLimits,
     check_timeout,
@@ -31,9 +34,6 @@ from omrl.query import (
     run_query,
     select_where,
 )
-from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
-from omrl.schema import success_sql
-from omrl.store import Store
 from omrl.train.advantages import group_advantages
 from omrl.view.pool import ConnectionPool
 from omrl.view.rows import Location, RowGroups, scan_keys
@@ -88,16 +88,16 @@ class ListPage:
     desc: bool
     where: str
     error: str | None = None
-    search: str = ""  # the text search the rows also match (omrl.search), "" for none
+    search: str = ""  # the text search the rows also match (omrl.store.search), "" for none
     error_in: str = "where"  # the box `error` is about: where or search
     matched: int | None = None  # an export's whole selection when its row cap left some out
 
 
 def search_available() -> bool:
-    """Whether this omrl has the store's text search (omrl.search): the list offers a search box then."""
+    """Whether this omrl has the store's text search (omrl.store.search): the list offers a search box then."""
     import importlib.util
 
-    return importlib.util.find_spec("omrl.search") is not None
+    return importlib.util.find_spec("omrl.store.search") is not None
 
 
 def _sort_indices(table: pa.Table, sort: str, desc: bool) -> pa.Array:
@@ -180,7 +180,7 @@ class StoreReader:
     built on a connection of their own (short, in-memory work once built); and SQL (a user's WHERE, the runs
     page, lists of big stores) on a few confined connections lent one per query (ConnectionPool), so one
     slow query holds up only itself. Each connection gets its share of the memory cap (`limits`: the
-    command's, omrl.query.query_limits), and a request's queries together stop at `timeout` seconds
+    command's, omrl.store.query.query_limits), and a request's queries together stop at `timeout` seconds
     (`request`)."""
 
     def __init__(self, store: Store, timeout: float = 20.0, limits: QueryLimits | None = None,
@@ -316,12 +316,12 @@ class StoreReader:
         return kept[1]
 
     def _search_ids(self, text: str) -> pa.Array:
-        """Ids of the trajectories with a message matching `text` (omrl.search), kept for the current parts
+        """Ids of the trajectories with a message matching `text` (omrl.store.search), kept for the current parts
         so paging through one search searches once. UsageError for a query it refuses.
 
         Called outside the connection's lock: the search reads the parts itself, and a slow one (a common
         word on a big store) must not hold up the other pages."""
-        from omrl.search import search_ids
+        from omrl.store.search import search_ids
 
         key = (tuple(self.store.parts("trajectories", warn=False)), text)
         hits = self._hits  # one read: another request may replace it meanwhile
@@ -423,7 +423,7 @@ class StoreReader:
     def list_page(self, where: str = "", sort: str | None = None, desc: bool = True, page: int = 1,
                   per_page: int = PER_PAGE, search: str = "") -> ListPage:
         """One page of the trajectory list, sorted by a whitelisted column and filtered by the user's
-        WHERE (through omrl.query's checker) and text `search` (omrl.search: a message matches it); a
+        WHERE (through omrl.store.query's checker) and text `search` (omrl.store.search: a message matches it); a
         refused or failing filter comes back as `error`. A page past the last shows the last."""
         sort = _sort(sort)
         where = (where or "").strip()

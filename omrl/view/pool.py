@@ -10,12 +10,12 @@ from contextlib import contextmanager
 
 import duckdb
 
-from omrl.query import QueryError, QueryLimits, close, connect
 from omrl.store import Store
+from omrl.store.query import QueryError, QueryLimits, close, connect
 
 
 class ConnectionPool:
-    """At most `size` connections from omrl.query.connect (each with `limits`), kept while the store's parts
+    """At most `size` connections from omrl.store.query.connect (each with `limits`), kept while the store's parts
     stay as they were (`renew` when they change). They are made when first needed, or with `keep_filled`
     ahead of need by a background thread (`fill`): making one takes a while (a second on a busy machine),
     which a page that finds the others busy would otherwise wait."""

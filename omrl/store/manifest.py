@@ -35,7 +35,7 @@ MANIFEST = "omrl.json"
 FORMAT = "omrl-store"
 PART_NAME = re.compile(r"part-[A-Za-z0-9_.-]+\.parquet")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-SIDE_KINDS = ("tool_calls",)  # the side files a trajectories part may have (omrl.store_layout builds them)
+SIDE_KINDS = ("tool_calls",)  # the side files a trajectories part may have (omrl.store.layout builds them)
 
 
 class StoreError(OmrlError, RuntimeError):

@@ -1,6 +1,6 @@
 """`omrl store check` and `--repair`: find every file of a store that is lost, damaged or out of place.
 
-What check looks at, against the listing in omrl.json (omrl.store_manifest):
+What check looks at, against the listing in omrl.json (omrl.store.manifest):
 
 - omrl.json itself (valid JSON, a known schema version: `Store()` refuses it otherwise) and the dataset
   card (present, valid YAML front matter, listing exactly the parts omrl.json lists);
@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from omrl.schema import conform
-from omrl.store_layout import SIDE_KINDS, side_matches, side_path, side_tables
-from omrl.store_manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, card_parts, listing
+from omrl.store.layout import SIDE_KINDS, side_matches, side_path, side_tables
+from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, card_parts, listing
 
 if TYPE_CHECKING:  # a type only: omrl.store imports this module for Store.check and Store.repair
-    from omrl.store import Store
+    from omrl.store.store import Store
 
 QUARANTINE_DIR = ".quarantine"  # hidden: never listed, never uploaded (hub.PUSH_IGNORE)
 _CHUNK = 8 << 20
@@ -76,7 +76,7 @@ def check_store(store: Store) -> list[PartProblem]:
 
 def damaged_files(store: Store) -> list[PartProblem]:
     """The live parts and side files whose bytes are not what was written (or, unhashed, do not decode):
-    what a failed read of the store ran into (omrl.query names them)."""
+    what a failed read of the store ran into (omrl.store.query names them)."""
     out = []
     manifest = store.manifest
     for table in TABLES:

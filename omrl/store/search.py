@@ -69,7 +69,7 @@ from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead
 from omrl.errors import UsageError
 
 if TYPE_CHECKING:  # a type only: the store imports this module to index its parts
-    from omrl.store import Store
+    from omrl.store.store import Store
 
 TOKEN = re.compile(r"\w+")
 INDEX_SUFFIX = ".search"
@@ -706,9 +706,9 @@ def search_ids(store: Store, query: str, *, use_index: bool = True) -> pa.Array:
 
 @contextlib.contextmanager
 def hits_view(store: Store, query: str, name: str = "search_hits", *, snippets: bool = True) -> Iterator:
-    """A confined connection (omrl.query.connect) with the hits of `query` as the view `name` (the columns
+    """A confined connection (omrl.store.query.connect) with the hits of `query` as the view `name` (the columns
     of `search`, snippet only with `snippets`); closed after."""
-    from omrl.query import close, connect
+    from omrl.store.query import close, connect
 
     hits = search(store, query, snippets=snippets)
     con = connect(store)

@@ -3,10 +3,10 @@
     STORE/README.md                       dataset card (configs: trajectories, annotations)
     STORE/omrl.json                       manifest: schema version, lineage, the listing of every part
     STORE/data/<table>/part-*.parquet     immutable parts, one per append (or per compaction)
-    STORE/data/trajectories/.side/        flat side data of each part (omrl.store_layout), not in the card
+    STORE/data/trajectories/.side/        flat side data of each part (omrl.store.layout), not in the card
 
 The store knows its parts: omrl.json lists each one with its rows, size and SHA-256, and those of its
-side files (omrl.store_manifest). Every commit is whole and goes through one store-wide write lock: an
+side files (omrl.store.manifest). Every commit is whole and goes through one store-wide write lock: an
 append of any size is one part (temporary file, fsync, rename; its side files first), its ids are checked
 against the store's under the lock (ids are unique per store, whoever writes), and then the manifest that
 lists it is written: that write is the commit. The dataset card is rewritten from the listing right after.
@@ -19,7 +19,7 @@ listing existed are read as before (their folders listed) and get the listing at
 Once small parts accumulate, an append compacts them (CompactPolicy).
 
 A store may also live under an S3-compatible prefix (`s3://bucket/prefix`): every file operation goes
-through `self.storage` (omrl.storage, which explains the commit protocol there: whole-object PUTs,
+through `self.storage` (omrl.store.storage, which explains the commit protocol there: whole-object PUTs,
 order of PUTs and deletes, a lease object for the lock). Create, append, read, SQL, check, repair and
 compaction work the same there. Not on S3: derived stores (`staged`: filter, augment, export write
 local folders) and text search (tantivy indexes need a local folder; none are built for S3 parts, and
@@ -49,8 +49,7 @@ import pyarrow.parquet as pq
 from omrl.durable import fsync_path, is_stale
 from omrl.errors import OmrlError, UsageError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, conform, to_table, utcnow
-from omrl.storage import LOCAL, S3Path, Stat, Storage, storage_for
-from omrl.store_layout import (
+from omrl.store.layout import (
     SIDE_DIR,
     SIDE_KINDS,
     CompactPolicy,
@@ -60,7 +59,7 @@ from omrl.store_layout import (
     side_tables,
     write_parquet,
 )
-from omrl.store_manifest import (
+from omrl.store.manifest import (
     CARD_FRONT_MATTER,
     MANIFEST,
     TABLES,
@@ -78,6 +77,7 @@ from omrl.store_manifest import (
     parse_manifest,
     with_listing,
 )
+from omrl.store.storage import LOCAL, S3Path, Stat, Storage, storage_for
 
 # Parquet key listing the parts a compacted part replaces: readers of a store without a listing (and older
 # omrl versions) skip those if a crash left them behind.
@@ -86,8 +86,8 @@ REPLACES_KEY = b"omrl.replaces"
 # part belongs to the store only once omrl.json lists it, so an unlisted one with this store's id is what a
 # killed writer left (removed), not an older omrl's part or a file copied in from elsewhere (adopted).
 LISTED_KEY = b"omrl.listed_in"
-if TYPE_CHECKING:  # a type only: store_check imports this module
-    from omrl.store_check import RepairReport
+if TYPE_CHECKING:  # a type only: omrl.store.check imports this module
+    from omrl.store.check import RepairReport
 
 T = TypeVar("T")
 # Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
@@ -218,7 +218,7 @@ class Store:
     def __init__(self, path: str | os.PathLike[str]):
         self.path: Path | S3Path
         self.storage: Storage
-        self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.storage)
+        self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.store.storage)
         try:
             self.manifest  # noqa: B018 - read once here, so a broken or too new manifest is refused at once
         except FileNotFoundError:
@@ -353,7 +353,7 @@ class Store:
     @contextlib.contextmanager
     def _lock(self, name: str, wait: bool = True) -> Iterator[bool]:
         """An exclusive advisory lock shared by all processes using this store; yields whether it is held
-        (always True when `wait`): flock on local disk, a lease object on S3 (omrl.storage)."""
+        (always True when `wait`): flock on local disk, a lease object on S3 (omrl.store.storage)."""
         with self.storage.lock(self.path, name, wait) as held:
             yield held
 
@@ -423,11 +423,11 @@ class Store:
         return Appended(part, data.num_rows, skipped)
 
     def _index(self, part: Path, data: pa.Table | None = None) -> None:
-        """Build a compacted trajectories part's search index (omrl.search) outside the write lock. The part
+        """Build a compacted trajectories part's search index (omrl.store.search) outside the write lock. The part
         is committed already: a failure is a warning, and searches scan the part instead."""
         if not self.storage.local:  # tantivy needs a local folder: S3 stores are not indexed (_refuse_remote_search)
             return
-        from omrl.search import build_index
+        from omrl.store.search import build_index
 
         try:
             build_index(part, data)
@@ -440,16 +440,16 @@ class Store:
     def _index_missing(self) -> None:
         """Build the search index of every live trajectories part that lacks one (warnings as `_index`); none on
         S3, where missing_indexes lists nothing."""
-        from omrl.search import missing_indexes
+        from omrl.store.search import missing_indexes
 
         for part in missing_indexes(self):
             self._index(part)
 
     def search(self, query: str, limit: int | None = None, *, snippets: bool = True) -> pa.Table:
-        """Messages matching a text query (words and "phrases"; rules in omrl.search), exactly what a
+        """Messages matching a text query (words and "phrases"; rules in omrl.store.search), exactly what a
         full scan finds: trajectory_id, position, role and (with `snippets`) snippet, ordered; at most
         `limit` rows. Without snippets no message text is read from an indexed part."""
-        from omrl.search import search
+        from omrl.store.search import search
 
         return search(self, query, limit, snippets=snippets)
 
@@ -478,7 +478,7 @@ class Store:
             # the next writer), never a part without its side data that a reader would then unnest.
             for kind, side in side_tables(data, name).items():
                 sides[kind] = self._write_file(side_path(final, kind), side, 1 << 20)
-        # Row groups sized by bytes (store_layout.ROW_GROUP_BYTES), for appends and compactions alike.
+        # Row groups sized by bytes (layout.ROW_GROUP_BYTES), for appends and compactions alike.
         return PartRecord(name, data.num_rows, self._write_file(final, data), sides)
 
     def _write_file(self, path: Path, data: pa.Table, row_group_rows: int | None = None) -> FileRecord:
@@ -579,7 +579,7 @@ class Store:
         for path in scan.leftovers:
             self._remove_part(path)
             removed += 1
-        if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.storage)
+        if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.store.storage)
             for tmp in self.table_dir(table).glob(".part-*.tmp"):
                 if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
@@ -614,7 +614,7 @@ class Store:
         for kind in SIDE_KINDS:
             self.storage.delete(side_path(part, kind))
         if part.parent.name == "trajectories" and self.storage.local:  # S3 stores have no index (_index)
-            from omrl.search import remove_index
+            from omrl.store.search import remove_index
 
             remove_index(part)
 
@@ -786,9 +786,9 @@ class Store:
         return listing(self.manifest) is not None
 
     def check(self) -> list[PartProblem]:
-        """Every problem of the store's files (omrl.store_check): lost, damaged or unlisted parts and side
+        """Every problem of the store's files (omrl.store.check): lost, damaged or unlisted parts and side
         files, a broken card, ids held twice."""
-        from omrl.store_check import check_store
+        from omrl.store.check import check_store
 
         return check_store(self)
 
@@ -809,9 +809,9 @@ class Store:
                             f"({extra} extra rows, e.g. {sample}); `omrl store compact` keeps one copy of each")]
 
     def repair(self, accept_loss: bool = False) -> RepairReport:
-        """Fix what can be fixed (omrl.store_check.repair_store) and return what was done; a lost part is
+        """Fix what can be fixed (omrl.store.check.repair_store) and return what was done; a lost part is
         dropped from the listing only with `accept_loss`."""
-        from omrl.store_check import repair_store
+        from omrl.store.check import repair_store
 
         return repair_store(self, accept_loss)
 
@@ -867,7 +867,7 @@ class Store:
         With `policy` (automatic compaction) only its small parts are merged, once there are enough of
         them; without `wait`, a compaction another process is running already makes this one return None.
         The merged part gets its search index; without `policy`, parts left as they are get theirs too.
-        With `index` false no index is built (searches scan the part until omrl.search.build_missing).
+        With `index` false no index is built (searches scan the part until omrl.store.search.build_missing).
         """
         with self._lock(f"compact-{table}", wait=wait) as locked:
             if not locked:
@@ -938,13 +938,13 @@ class Store:
             return None
 
     def _refuse_remote_search(self) -> None:
-        """Text search reads parts and indexes from local disk (omrl.search): refused on an S3 store."""
+        """Text search reads parts and indexes from local disk (omrl.store.search): refused on an S3 store."""
         if not self.storage.local:
             raise UsageError(f"{self.path}: text search is not supported on S3 stores yet (no index is built "
                              "there); use SQL, e.g. `WHERE content ILIKE '%word%'` on the messages view")
 
     def _side_matches(self, side: Path, part_name: str, rows: int, size: int) -> bool:
-        """Whether `side` is the readable side file of this part (store_layout.side_matches, through the storage)."""
+        """Whether `side` is the readable side file of this part (layout.side_matches, through the storage)."""
         if self.storage.local:
             return side_matches(side, part_name, rows)
         try:
@@ -985,13 +985,13 @@ class Store:
 
     def sql(self, query: str) -> pa.Table:
         """Run read-only SQL over the store's views; returns Arrow."""
-        from omrl.query import run_query
+        from omrl.store.query import run_query
 
         return run_query(self, query)
 
     def connect(self):
         """A DuckDB connection with the store's views (trajectories, messages, ...)."""
-        from omrl.query import connect
+        from omrl.store.query import connect
 
         return connect(self)
 

@@ -1,7 +1,7 @@
 """The SQL layer: DuckDB views over a store, and confined, read-only query execution.
 
 Views: trajectories, messages (one row per message), turns, tool_calls (read from each part's flat side
-file where it has one: omrl.store_layout), annotations,
+file where it has one: omrl.store.layout), annotations,
 latest_annotations (newest per trajectory and annotator), scores (latest ok scores pivoted, one
 column per annotator), groups (per group_id: n, mean and std of reward, success rate).
 
@@ -42,10 +42,10 @@ import pyarrow.parquet as pq
 
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMAS
-from omrl.store_layout import TOOL_CALLS_SCHEMA
+from omrl.store.layout import TOOL_CALLS_SCHEMA
 
-if TYPE_CHECKING:  # a type only: store.py imports this module (Store.sql, Store.connect)
-    from omrl.store import Store
+if TYPE_CHECKING:  # a type only: omrl.store.store imports this module (Store.sql, Store.connect)
+    from omrl.store.store import Store
 
 T = TypeVar("T")
 
@@ -192,7 +192,7 @@ class _OwnThreadScans(ds.FileSystemDataset):
 
 def _parts_dataset(store: Store, files: list, schema: pa.Schema, isolated: bool = False) -> ds.Dataset:
     """Parquet files of the store as one pyarrow dataset, opened through the store's storage (local disk or
-    S3: omrl.storage), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
+    S3: omrl.store.storage), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
     decode in the query's own threads (_OwnThreadScans)."""
     dataset = ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format=_PARQUET,
                          filesystem=store.storage.filesystem)
@@ -202,7 +202,7 @@ def _parts_dataset(store: Store, files: list, schema: pa.Schema, isolated: bool 
                            filesystem=dataset.filesystem)
 
 
-# Page checksums verified (omrl writes them: store_layout.write_parquet), so a flipped bit in a page fails
+# Page checksums verified (omrl writes them: layout.write_parquet), so a flipped bit in a page fails
 # the query (naming the file: _user_error) instead of changing an answer.
 _PARQUET = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
@@ -373,7 +373,7 @@ def _check_confined(con: duckdb.DuckDBPyConnection) -> None:
         "SELECT name, value FROM duckdb_settings() "
         "WHERE name IN ('enable_external_access', 'lock_configuration')").fetchall())
     if settings != {"enable_external_access": "false", "lock_configuration": "true"}:
-        raise QueryError("refused: this DuckDB connection is not confined; make it with omrl.query.connect")
+        raise QueryError("refused: this DuckDB connection is not confined; make it with omrl.store.query.connect")
     _CONFINED.add(con)  # locked as confined: it cannot be switched back
 
 
@@ -451,7 +451,7 @@ def _vanished(exc: BaseException) -> bool:
         isinstance(exc, duckdb.Error) and any(m in str(exc) for m in _VANISHED_MESSAGES))
 
 
-# How a removed part fails inside a scan: the OS's message (local parts), pyarrow's S3 client's (omrl.storage),
+# How a removed part fails inside a scan: the OS's message (local parts), pyarrow's S3 client's (omrl.store.storage),
 # and a GET cut off mid-body (moto's server does that when a compaction deletes the object being read; a
 # fresh listing reads the merged part instead, and a failure that persists still surfaces after the retries).
 _VANISHED_MESSAGES = ("No such file or directory", "The specified key does not exist", "Path does not exist",
@@ -471,7 +471,7 @@ def _user_error(exc: duckdb.Error, store: Store) -> QueryError:
         first = str(exc).strip().splitlines()[0]  # the rest is DuckDB's advice on settings that are locked
         return QueryError(f"the query needs more memory than its cap: {first}; {_MEMORY_HINT}")
     if _READ_FAILED in message:  # a part's bytes did not decode: say which file (DuckDB cannot)
-        from omrl.store_check import damaged_files
+        from omrl.store.check import damaged_files
 
         damaged = damaged_files(store)
         if damaged:
