@@ -649,12 +649,16 @@ def _converted(value: dict[str, Any], plan: list[tuple[str, Converter, tuple[typ
     return out
 
 
+_STRUCT_PLANS: dict[pa.DataType, list[tuple[str, Converter, tuple[type, ...]]]] = {}
+
+
 def _struct(dtype: pa.StructType, record: type, what: str, overrides: dict[str, Converter] | None = None,
             prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
             finish: Callable[[dict[str, Any], int], None] | None = None) -> Callable[[Any, str, int], Any]:
     """The normaliser of one struct type (a list item at `where`[`position`]): refuses a non-object,
     converts every field."""
     plan = _field_plan(dtype, record, overrides)
+    _STRUCT_PLANS[dtype] = plan  # omrl.schema_arrow converts the same fields column by column
 
     def normalize(value: Any, where: str, position: int = 0) -> dict[str, Any]:
         if value.__class__ is not dict and not isinstance(value, dict):
@@ -882,6 +886,12 @@ def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Tabl
     Rows a normaliser already returned (and nobody changed since) are not checked again: rows are
     normalised once on their way into the store.
     """
+    if table == "trajectories":
+        from omrl.schema_arrow import trajectories_table
+
+        fast = trajectories_table(rows)  # column by column, the same rules; None where rows need the normaliser
+        if fast is not None:
+            return fast
     normalize = NORMALIZERS[table]
     with _collector_paused():
         normalized = [normalize(r) for r in rows]
