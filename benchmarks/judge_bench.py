@@ -16,11 +16,11 @@ import multiprocessing
 import time
 
 from omrl.annotate.judge import JudgeConfig, run_judge
-from omrl.annotate.rubric import rubric_from_dict
+from omrl.annotate.rubric import load_rubric
 from omrl.schema import Message, ToolCall, Trajectory
 from omrl.testing.openai_server import FakeOpenAIServer
 
-RUBRIC = rubric_from_dict({"name": "bench", "criteria": ["correct"], "scale": {"min": 0, "max": 10}})
+RUBRIC = load_rubric({"name": "bench", "criteria": ["correct"], "scale": {"min": 0, "max": 10}})
 
 
 def rows(n: int, group_size: int = 8) -> list[dict]:

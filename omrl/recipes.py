@@ -2,16 +2,27 @@
 
     recipe = load_recipe("recipes/sft_tiny.yaml", SFTRecipe, ["learning_rate=1e-4", "lora.r=8"])
 
+The one config loader of omrl: training recipes, reward recipes, judge rubrics and specs, import and task
+mappings are all dataclasses loaded by `from_dict` / `load_recipe`, and every refusal is a RecipeError (a
+UsageError) naming the file and the key's dotted path (`recipes/x.yaml: grpo.max_steps must be int`).
+
 A config is a dataclass whose fields carry `metadata={"help": ...}`; nested dataclasses are sections
-(`lora.r`, `rollout.max_turns`). A section given in part keeps the field's own defaults for the rest.
-Values are converted to the field's type (a YAML `"1e-4"` string becomes a float); an unknown key is an
-error naming the key and the file. A config may map keys it moved to their new place in `LEGACY_KEYS`
-({"max_turns": "rollout.max_turns"}): recipes written before the move still load.
+(`lora.r`, `rollout.max_turns`). A section given in part keeps the enclosing field's defaults for the rest
+(GRPO's `rollout` defaults are not RolloutSettings' own). Values are converted to the field's type (a YAML
+`"1e-4"` string becomes a float); an unknown key is an error naming the key and the file. A list field given
+text takes it split at commas (`lora.target_modules=q_proj,v_proj`), or whole with `metadata={"comma": False}`;
+a list of dataclasses may be written as a mapping keyed by each item's first field, a plain value standing
+for its second (`components: {env_reward: 1.0, judge:q: {weight: 0.5}}`). A config's own checks
+(`__post_init__` raising ValueError) become RecipeErrors naming the file and the section.
+
+Why not pydantic (installed as openai's dependency): its TypeAdapter validates stdlib dataclasses, but a
+partial section would take the nested class's defaults instead of the enclosing field's (a behaviour change
+for every recipe with a `rollout:` section), unknown keys pass unless every class is configured, and its
+errors are multi-line; this loader is ~150 lines and says exactly what omrl means.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import types
 import typing
@@ -20,20 +31,21 @@ from typing import Any
 
 import yaml
 
-from omrl.errors import OmrlError
+from omrl.errors import UsageError
 from omrl.shipped import resolve_recipe
 
 
-class RecipeError(OmrlError, ValueError):
-    """A recipe that does not fit its config: the message names the file and the key."""
+class RecipeError(UsageError):
+    """A config file or mapping that does not fit its dataclass: the message names the file and the key."""
 
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
-    """`value` as type `kind` (a type hint), or a RecipeError naming `key`."""
+def _convert(value: Any, kind: Any, key: str, where: str, comma: bool = True) -> Any:
+    """`value` as type `kind` (a type hint), or a RecipeError naming `key`; `comma`: text for a list is
+    split at commas (else it is the list's one item)."""
     origin = typing.get_origin(kind)
     args = typing.get_args(kind)
     if kind is Any:
@@ -44,7 +56,7 @@ def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:
-                return _convert(value, option, key, where)
+                return _convert(value, option, key, where, comma)
             except RecipeError as exc:
                 errors.append(str(exc))
         raise RecipeError(errors[0] if errors else f"{where}: {key} cannot be null")
@@ -55,12 +67,19 @@ def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
             raise RecipeError(f"{where}: {key} must be a mapping of {kind.__name__} settings")
         return from_dict(kind, value, where=where, prefix=f"{key}.")
     if origin in (list, tuple):
+        inner = args[0] if args else Any
+        if isinstance(value, dict) and dataclasses.is_dataclass(inner) and origin is list:
+            return [_convert(item, inner, f"{key}.{name}", where) for name, item in _keyed_items(inner, value)]
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = [v.strip() for v in value.split(",") if v.strip()] if comma else [value]
         if not isinstance(value, (list, tuple)):
             raise RecipeError(f"{where}: {key} must be a list, not {value!r}")
-        inner = args[0] if args else Any
-        return [_convert(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[float, float]: that many items
+            if len(value) != len(args):
+                raise RecipeError(f"{where}: {key} must be a list of {len(args)} items, not {value!r}")
+            return tuple(_convert(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        items = [_convert(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
     if origin is dict or kind is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{where}: {key} must be a mapping, not {value!r}")
@@ -92,11 +111,21 @@ def _convert(value: Any, kind: Any, key: str, where: str) -> Any:
     return value
 
 
+def _keyed_items(cls: type, data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """`{name: settings}` as (name, a `cls` mapping) pairs: the key fills the first field, a plain value the
+    second (`{env_reward: 1.0}` -> {name: env_reward, weight: 1.0})."""
+    first, second = [f.name for f in dataclasses.fields(cls) if f.init][:2]
+    return [(str(name), {first: name, **(value if isinstance(value, dict) else {second: value})})
+            for name, value in data.items()]
+
+
 def from_dict(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix: str = "") -> Any:
-    """An instance of dataclass `cls` from a mapping; unknown keys and missing required keys are errors."""
+    """An instance of dataclass `cls` from a mapping; unknown keys and missing required keys are errors.
+
+    The one config loader: `where` is the file (or what stands for it), `prefix` the section's dotted path."""
     if not isinstance(data, dict):
-        raise RecipeError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    data = fold_legacy(cls, data, where=where, prefix=prefix)
+        raise RecipeError(f"{where}: {prefix.rstrip('.') + ' ' if prefix else ''}expected a mapping of settings, "
+                          f"got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -111,52 +140,13 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix:
             if (dataclasses.is_dataclass(hints[name]) and isinstance(value, dict)
                     and f.default_factory is not dataclasses.MISSING):
                 value = merge(dataclasses.asdict(f.default_factory()), value)  # the field's defaults for the rest
-            values[name] = _convert(value, hints[name], prefix + name, where)
+            values[name] = _convert(value, hints[name], prefix + name, where, f.metadata.get("comma", True))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise RecipeError(f"{where}: missing required key {prefix}{name} ({help_of(f)})")
     try:
         return cls(**values)
-    except (TypeError, ValueError) as exc:
-        raise RecipeError(f"{where}: {exc}") from None
-
-
-def fold_legacy(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix: str = "") -> dict[str, Any]:
-    """`data` with the keys `cls.LEGACY_KEYS` moved ("old.path": "new.path") put at their new place.
-
-    An old key and its new place both set to different values is a RecipeError naming both.
-    """
-    moves: dict[str, str] = getattr(cls, "LEGACY_KEYS", {})
-    if not moves or not any(_has(data, old) for old in moves):
-        return data
-    data = copy.deepcopy(data)
-    for old, new in moves.items():
-        if not _has(data, old):
-            continue
-        *parents, leaf = old.split(".")
-        node = data
-        for part in parents:
-            node = node[part]
-        value = node.pop(leaf)
-        *parents, leaf = new.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise RecipeError(f"{where}: {prefix}{part} must be a mapping of settings")
-        if leaf in node and node[leaf] != value:
-            raise RecipeError(f"{where}: {prefix}{old} moved to {prefix}{new}, and the two disagree "
-                              f"({value!r} and {node[leaf]!r}); set only {prefix}{new}")
-        node[leaf] = value
-    return data
-
-
-def _has(data: dict[str, Any], path: str) -> bool:
-    node: Any = data
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    except (TypeError, ValueError) as exc:  # the config's own checks (__post_init__)
+        raise RecipeError(f"{where}: {prefix.rstrip('.') + ': ' if prefix else ''}{exc}") from None
 
 
 def section(cls: type, name: str, set_by_run: tuple[str, ...], doc: str) -> type:
@@ -243,20 +233,28 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"recipe {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:  # one line: the file, the line and what is wrong there
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise RecipeError(f"{path}{line}: not valid YAML" + (f" ({problem})" if problem else "")) from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not valid UTF-8") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of settings")
     return data
 
 
-def load_recipe(source: str | Path | dict[str, Any] | None, cls: type, overrides: list[str] | tuple = ()) -> Any:
-    """The config `cls` from a YAML file (or mapping) plus `key=value` overrides."""
+def load_recipe(source: Any, cls: type, overrides: list[str] | tuple = (), *, where: str = "recipe") -> Any:
+    """The config `cls` from a YAML file (a path or `shipped:NAME`), a mapping (named `where` in errors) or
+    None (the defaults), plus `key=value` overrides; a `cls` instance is returned as it is."""
+    if isinstance(source, cls) and not overrides:
+        return source
     if source is None:
-        data, where = {}, "recipe"
+        data = {}
     elif isinstance(source, dict):
-        data, where = source, "recipe"
+        data = source
     else:
         data, where = read_yaml(source), str(source)
     return from_dict(cls, merge(data, parse_overrides(list(overrides))), where=where)

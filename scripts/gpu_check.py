@@ -57,7 +57,7 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
     """Train GRPO generating with `backend`; its step time, tokens/s and held-out success (or why it could not)."""
 
     from omrl.policies.hf import HFPolicy
-    from omrl.rollout import evaluate
+    from omrl.rollout import RolloutSettings, evaluate
     from omrl.train.grpo import GRPORecipe, train_grpo
 
     out = Path(args.out)
@@ -70,8 +70,9 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
     try:
         checkpoint = train_grpo(GRPORecipe(
             model=str(sft_checkpoint), tasks=str(tasks_file), output_dir=str(out / run_name), store=str(store.path),
-            run_name=run_name, max_steps=args.grpo_steps, learning_rate=2e-4, warmup_steps=5, max_new_tokens=4,
-            max_turns=14, use_cpu=args.device == "cpu", quiet=True, **options))
+            run_name=run_name, max_steps=args.grpo_steps, learning_rate=2e-4, warmup_steps=5,
+            rollout=RolloutSettings(env="grid", max_turns=14, max_new_tokens=4, concurrency=64),
+            use_cpu=args.device == "cpu", quiet=True, **options))
     except (ValueError, ImportError) as exc:  # use_vllm refused on a CPU, or vllm not installed
         return {"error": f"{type(exc).__name__}: {exc}"}
     seconds = time.perf_counter() - start

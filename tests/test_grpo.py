@@ -80,22 +80,26 @@ def test_a_step_whose_rollouts_all_fail_stops_with_the_error(tmp_path):
     tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="broken") for i in range(2)],
                         tmp_path / "tasks.jsonl")
     recipe = GRPORecipe(model=str(model), tasks=str(tasks), output_dir=str(tmp_path / "out"),
-                        env="test_grpo:BrokenEnv", store=str(tmp_path / "store"), max_steps=1, tasks_per_step=2,
-                        samples_per_task=2, warmup_steps=0, max_turns=1, max_new_tokens=4, quiet=True)
+                        rollout=RolloutSettings(env="test_grpo:BrokenEnv", max_turns=1, max_new_tokens=4),
+                        store=str(tmp_path / "store"), max_steps=1, tasks_per_step=2,
+                        samples_per_task=2, warmup_steps=0, quiet=True)
     with pytest.raises(RuntimeError, match="all 4 rollouts failed.*env server went away"):
         train_grpo(recipe)
     statuses = Store(tmp_path / "store").sql("SELECT DISTINCT status FROM trajectories").to_pylist()
     assert statuses == [{"status": "env_error"}]  # the failed rollouts are stored, as errors
 
 
-def test_flat_rollout_keywords_and_keys_still_fill_the_rollout_section():
-    # omrl/demo.py and recipes written before the rollout section pass these flat.
-    flat = GRPORecipe(model="m", tasks="t", output_dir="o", env="math", max_turns=3, temperature=0.5)
-    assert (flat.rollout.env, flat.rollout.max_turns, flat.rollout.temperature) == ("math", 3, 0.5)
-    assert flat.rollout.max_new_tokens == 16  # the rest keeps GRPO's defaults
-    loaded = GRPORecipe.from_dict({"model": "m", "tasks": "t", "output_dir": "o", "env": "math", "max_turns": 3,
-                                   "temperature": 0.5})
-    assert loaded.rollout == flat.rollout
+def test_a_partial_rollout_section_keeps_grpo_defaults_and_flat_keys_are_refused():
+    from omrl.recipes import RecipeError, from_dict
+
+    loaded = from_dict(GRPORecipe, {"model": "m", "tasks": "t", "output_dir": "o",
+                                    "rollout": {"env": "math", "max_turns": 3, "temperature": 0.5}})
+    assert (loaded.rollout.env, loaded.rollout.max_turns, loaded.rollout.temperature) == ("math", 3, 0.5)
+    assert loaded.rollout.max_new_tokens == 16 and loaded.rollout.concurrency == 64  # GRPO's, not RolloutSettings'
+    with pytest.raises(RecipeError, match="unknown key max_turns"):  # the rollout knobs live in `rollout` only
+        from_dict(GRPORecipe, {"model": "m", "tasks": "t", "output_dir": "o", "max_turns": 3})
+    with pytest.raises(TypeError):
+        GRPORecipe(model="m", tasks="t", output_dir="o", max_turns=3)
 
 
 def test_use_vllm_is_refused_on_a_cpu_and_passed_to_trl_on_a_gpu(monkeypatch):

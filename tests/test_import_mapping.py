@@ -122,15 +122,18 @@ def test_available_tools_and_sharegpt_model_in_built_in_formats(tmp_path):
 
 
 @pytest.mark.parametrize("mapping, message", [
-    ({"messages": "traj", "rewrd": "reward"}, r"m\.yaml: unknown keys \['rewrd'\]"),
-    ({"reward": "reward"}, r"m\.yaml: 'messages' .* is required"),
-    ({"messages": 5}, r"m\.yaml: 'messages' must be a dotted path \(text\), got an integer"),
-    ({"messages": "traj", "id": [1]}, r"m\.yaml: 'id' must be a dotted path or a list of them"),
-    ({"messages": "traj", "style": "xml"}, r"m\.yaml: 'style' must be one of auto, openai, sharegpt"),
+    ({"messages": "traj", "rewrd": "reward"}, r"m\.yaml: unknown key rewrd; known keys: .*reward"),
+    ({"reward": "reward"}, r"m\.yaml: missing required key messages"),
+    ({"messages": {"a": 1}}, r"m\.yaml: messages must be "),
+    ({"messages": "traj", "id": [""]}, r"m\.yaml: id must be a dotted path or a list of them"),
+    ({"messages": "traj", "style": "xml"}, r"m\.yaml: style must be one of auto, openai, sharegpt"),
+    (["traj"], r"m\.yaml: the top level must be a mapping"),
 ])
 def test_bad_mapping_files_are_refused_naming_the_file(tmp_path, mapping, message):
+    from omrl.recipes import RecipeError
+
     (tmp_path / "m.yaml").write_text(json.dumps(mapping))
-    with pytest.raises(FormatError, match=message):
+    with pytest.raises(RecipeError, match=message):
         load_mapping(tmp_path / "m.yaml")
 
 

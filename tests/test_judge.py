@@ -9,13 +9,13 @@ import pytest
 
 from omrl.annotate.judge import JudgeConfig, parse_json_reply
 from omrl.annotate.render import render_trajectory
-from omrl.annotate.rubric import load_rubric, rubric_from_dict
+from omrl.annotate.rubric import load_rubric
 from omrl.annotate.runner import annotate
 from omrl.schema import Message, ToolCall, Trajectory
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
 
-RUBRIC = rubric_from_dict({"name": "q", "criteria": ["correct answer"], "scale": {"min": 0, "max": 10},
+RUBRIC = load_rubric({"name": "q", "criteria": ["correct answer"], "scale": {"min": 0, "max": 10},
                            "examples": [{"trajectory": "TASK: 1+1\nOUTCOME: final answer: 2", "score": 10}]})
 
 
@@ -200,7 +200,7 @@ def test_reply_parsing_and_rubric_files():
         rubric = load_rubric(path)
         assert rubric.criteria and rubric.scale_min < rubric.scale_max
     with pytest.raises(ValueError, match="outside the scale"):
-        rubric_from_dict({"name": "x", "criteria": ["c"], "scale": {"min": 0, "max": 1},
+        load_rubric({"name": "x", "criteria": ["c"], "scale": {"min": 0, "max": 1},
                           "examples": [{"trajectory": "t", "score": 5}]})
     with pytest.raises(ValueError, match="max_invalid must be at least 0"):
         JudgeConfig(rubric=RUBRIC, model="m", base_url="http://x/v1", max_invalid=-1)

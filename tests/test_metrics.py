@@ -8,7 +8,7 @@ import pytest
 
 from omrl.annotate import metrics as M
 from omrl.annotate.inputs import final_answer, metric_inputs
-from omrl.annotate.reward import combined_reward, components_sql, load_recipe
+from omrl.annotate.reward import combined_reward, components_sql, load_reward_recipe
 from omrl.annotate.runner import annotate
 from omrl.schema import Message, ToolCall, Trajectory, Turn
 from omrl.store import Store
@@ -141,13 +141,13 @@ def test_combined_reward_missing_components_are_null_and_counted(tmp_path):
     store.append([traj("a", "42", reward=1.0), traj("b", "7", reward=0.0), traj("c", "42", gold=None, reward=0.5)])
     annotate(store, ["exact_match"])
     store.append([{"trajectory_id": "a", "annotator": "judge:q", "score": 8.0}], table="annotations")
-    recipe = load_recipe({"components": {"env_reward": 1.0, "exact_match": 0.5,
+    recipe = load_reward_recipe({"components": {"env_reward": 1.0, "exact_match": 0.5,
                                          "judge:q": {"weight": 1.0, "scale": [0, 10]}}})
     got = {r["trajectory_id"]: r for r in combined_reward(store, recipe).to_pylist()}
     assert got["a"]["reward"] == pytest.approx(1.0 + 0.5 + 0.8)
     assert got["b"]["reward"] is None and got["b"]["missing"] == "judge:q"
     assert got["c"]["reward"] is None and got["c"]["missing"] == "exact_match,judge:q"
-    renorm = load_recipe({"components": {"env_reward": 1.0, "exact_match": 1.0}, "missing": "renormalize"})
+    renorm = load_reward_recipe({"components": {"env_reward": 1.0, "exact_match": 1.0}, "missing": "renormalize"})
     got = {r["trajectory_id"]: r["reward"] for r in combined_reward(store, renorm).to_pylist()}
     assert got == {"a": 2.0, "b": 0.0, "c": pytest.approx(1.0)}  # c: 0.5 scaled by 2/1
     # The recipe written as an annotator shows in `scores`, and its SQL runs through omrl query.
@@ -160,9 +160,9 @@ def test_combined_reward_missing_components_are_null_and_counted(tmp_path):
 
 def test_bad_recipe_is_refused():
     with pytest.raises(ValueError, match="missing"):
-        load_recipe({"components": {"env_reward": 1}, "missing": "zero"})
-    with pytest.raises(ValueError, match="weight must be a number"):
-        load_recipe({"components": {"env_reward": "heavy"}})
+        load_reward_recipe({"components": {"env_reward": 1}, "missing": "zero"})
+    with pytest.raises(ValueError, match="components.env_reward.weight must be float"):
+        load_reward_recipe({"components": {"env_reward": "heavy"}})
 
 
 def test_shipped_reward_recipes_load():
@@ -171,7 +171,7 @@ def test_shipped_reward_recipes_load():
     paths = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("reward*.yaml"))
     assert paths
     for path in paths:
-        recipe = load_recipe(path)
+        recipe = load_reward_recipe(path)
         assert recipe.components and all(c.weight for c in recipe.components)
 
 

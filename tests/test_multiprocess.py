@@ -59,7 +59,7 @@ def test_two_process_ppo_matches_one_process(tmp_path):
 
     from omrl.schema import trajectory_id
     from omrl.store import Store
-    from omrl.train.ppo import LOGGED, PPORecipe, train_ppo
+    from omrl.train.ppo import LOGGED, train_ppo
     from tests.train_helpers import random_mover_model
 
     model = random_mover_model(tmp_path / "mover")
@@ -97,8 +97,7 @@ def test_two_process_ppo_matches_one_process(tmp_path):
         assert {json.loads(x["metadata"])["ppo_process"] for x in rows if x["task_id"] == r["task_id"]} == \
             {json.loads(r["metadata"])["ppo_process"]}
 
-    one = train_ppo(PPORecipe.from_dict({**settings, "output_dir": str(tmp_path / "one"),
-                                         "store": str(tmp_path / "one-store")}))
+    one = train_ppo({**settings, "output_dir": str(tmp_path / "one"), "store": str(tmp_path / "one-store")})
     single = {r["id"]: r["reward"] for r in Store(tmp_path / "one-store").read().to_pylist()}
     assert single == {r["id"]: r["reward"] for r in rows}  # the same 16 episodes
     two, ref = record["log"][0], one.log[0]

@@ -10,7 +10,16 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.tasks import TASK_SCHEMA, Mapping, TaskError, extract_gsm8k_answer, import_tasks, load_tasks
+from omrl.recipes import RecipeError
+from omrl.tasks import (
+    TASK_SCHEMA,
+    TaskError,
+    TaskMapping,
+    extract_gsm8k_answer,
+    import_tasks,
+    load_task_mapping,
+    load_tasks,
+)
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 needs_real = pytest.mark.skipif(not REAL.exists(), reason="shared real data absent")
@@ -80,8 +89,8 @@ def test_yaml_mapping_file(tmp_path):
     tasks = load_tasks(tmp_path / "o.parquet")
     assert [t.id for t in tasks] == ["k0", "k1"] and {t.split for t in tasks} == {"eval"}
     mapping.write_text("identifier: key\n")
-    with pytest.raises(TaskError, match="unknown key"):
-        Mapping.from_yaml(mapping)
+    with pytest.raises(RecipeError, match="map.yaml: unknown key identifier"):
+        load_task_mapping(mapping)
 
 
 @pytest.mark.parametrize("kind", ["json", "csv", "parquet", "saved"])
@@ -162,9 +171,9 @@ def test_shipped_task_sets_are_named_without_a_path(tmp_path):
 
 
 def test_benchmark_converters_live_in_their_own_module():
-    from omrl.tasks import benchmarks, detect_format
+    from omrl.tasks import benchmarks, detect_benchmark
 
-    assert detect_format is benchmarks.detect_format and set(benchmarks.CONVERTERS) == {"gsm8k", "dbbench", "swebench"}
+    assert detect_benchmark is benchmarks.detect_benchmark and set(benchmarks.CONVERTERS) == {"gsm8k", "dbbench", "swebench"}
     assert benchmarks.extract_gsm8k_answer("so\n#### 1,000") == "1000"
 
 
@@ -182,10 +191,10 @@ def test_parquet_task_files_are_validated_like_jsonl(tmp_path):
 
 def test_import_flags_do_not_change_the_callers_mapping(tmp_path):
     src = write_jsonl(tmp_path / "src.jsonl", ROWS)
-    mapping = Mapping(env="math")
+    mapping = TaskMapping(env="math")
     table = import_tasks(src, mapping=mapping, instruction="question", answer="solution")
     assert table.column("answer").to_pylist() == ["4", "9"]
-    assert mapping == Mapping(env="math")
+    assert mapping == TaskMapping(env="math")
 
 
 def test_dotted_paths_reach_nested_fields_and_query_id_is_guessed(tmp_path):

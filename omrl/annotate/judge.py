@@ -525,13 +525,9 @@ async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str
     return rows_out, judge.stats
 
 
-_SPEC_KEYS = {"rubric", "model", "base_url", "api_key_env", "mode", "concurrency", "max_retries", "max_invalid",
-              "timeout_s", "temperature", "max_chars", "keep_last", "price_prompt", "price_completion",
-              "max_tokens", "max_prompt_tokens", "chars_per_token", "group_max"}
-
-
-def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig:
-    """A JudgeConfig from a reward recipe's `judges` entry; errors name the recipe and the key.
+def judge_config(spec: Any, source: str = "<dict>", index: int = 0) -> JudgeConfig:
+    """A JudgeConfig from entry `index` of a reward recipe's `judges` list, by omrl.recipes.from_dict (errors
+    name the recipe and the key, `judges[0].max_tokens`).
 
     `rubric` is a rubric YAML path or an inline rubric mapping; `base_url` or `model` of the form "$VAR" is
     read from that environment variable (a server started per run); the API key only ever comes from the variable
@@ -539,29 +535,27 @@ def judge_from_dict(spec: dict[str, Any], source: str = "<dict>") -> JudgeConfig
     """
     import os
 
-    from omrl.annotate.rubric import load_rubric, rubric_from_dict
+    from omrl.annotate.rubric import load_rubric
+    from omrl.recipes import RecipeError, from_dict
 
-    where = f"reward recipe {source}: judge"
-    unknown = set(spec) - _SPEC_KEYS
-    if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_SPEC_KEYS))})")
-    for key in ("rubric", "model", "base_url"):
-        if not spec.get(key):
-            raise UsageError(f"{where}: '{key}' is required")
-    rubric = spec["rubric"]
-    rubric = rubric_from_dict(rubric, f"{source} (inline)") if isinstance(rubric, dict) else load_rubric(rubric)
-    def expand(key: str) -> str:
-        value = str(spec[key])
-        if value.startswith("$"):
+    where, key = f"reward recipe {source}", f"judges[{index}]"
+    if not isinstance(spec, dict):
+        raise RecipeError(f"{where}: {key} must be a mapping of judge settings")
+    if "api_key" in spec:
+        raise RecipeError(f"{where}: {key}.api_key: the key is never written in a recipe (it is stored with "
+                          "the scores); name its environment variable with api_key_env")
+    # An empty rubric, model or base_url is as good as none: the loader names it as missing.
+    values = {k: v for k, v in spec.items() if k != "api_key_env" and (v or k not in ("rubric", "model", "base_url"))}
+    rubric = spec.get("rubric")
+    if isinstance(rubric, dict):
+        values["rubric"] = load_rubric(rubric, where=f"{where} (inline rubric of {key})")
+    elif rubric:
+        values["rubric"] = load_rubric(rubric)
+    for name in ("model", "base_url"):
+        value = spec.get(name)
+        if isinstance(value, str) and value.startswith("$"):
             if not os.environ.get(value[1:]):
-                raise UsageError(f"{where}: {key} {value} names an environment variable that is not set")
-            return os.environ[value[1:]]
-        return value
-
-    base_url, model = expand("base_url"), expand("model")
-    options = {k: v for k, v in spec.items() if k not in ("rubric", "model", "base_url", "api_key_env")}
-    api_key = os.environ.get(str(spec.get("api_key_env") or "OPENAI_API_KEY"), "EMPTY")
-    try:
-        return JudgeConfig(rubric=rubric, model=model, base_url=base_url, api_key=api_key, **options)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{where} {rubric.name!r}: {exc}") from None
+                raise RecipeError(f"{where}: {key}.{name} {value} names an environment variable that is not set")
+            values[name] = os.environ[value[1:]]
+    values["api_key"] = os.environ.get(str(spec.get("api_key_env") or "OPENAI_API_KEY"), "EMPTY")
+    return from_dict(JudgeConfig, values, where=where, prefix=f"{key}.")

@@ -12,7 +12,7 @@ Recipe YAML (see recipes/reward.yaml):
                                        # components that are built-in metric names)
     judges:                            # optional: how judge components are computed online (GRPO, RFT, iterate)
       - {rubric: recipes/judges/quality.yaml, model: M, base_url: http://127.0.0.1:8000/v1, mode: pointwise,
-         max_tokens: 256, max_prompt_tokens: 8192}   # keys: omrl.annotate.judge.judge_from_dict
+         max_tokens: 256, max_prompt_tokens: 8192}   # keys: omrl.annotate.judge.judge_config
     cache: runs/judge-cache            # optional: the judge reply cache folder (default STORE/cache/judge)
 
 reward = sum(weight * value). Missing components are explicit, never 0:
@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from omrl.errors import UsageError
-from omrl.recipes import read_yaml
+from omrl.recipes import load_recipe
 from omrl.store import Store
 
 ENV_REWARD = "env_reward"
@@ -40,20 +40,42 @@ MISSING_POLICIES = ("null", "renormalize")
 
 @dataclass
 class Component:
-    name: str
-    weight: float
-    scale: tuple[float, float] | None = None  # (min, max) mapped to (0, 1)
+    """One term of the combined reward: weight x the component's value (rescaled to 0..1 by `scale`)."""
+
+    name: str = field(metadata={"help": "env_reward (the trajectories.reward column) or an annotator name"})
+    weight: float = field(default=1.0, metadata={"help": "the term's weight"})
+    scale: tuple[float, float] | None = field(default=None, metadata={"help": "[min, max] mapped to 0..1"})
+
+    def __post_init__(self) -> None:
+        if self.scale is not None and not self.scale[0] < self.scale[1]:
+            raise UsageError(f"components.{self.name}.scale must be [min, max] with min below max")
 
 
 @dataclass
 class RewardRecipe:
-    name: str = "reward"
-    components: list[Component] = field(default_factory=list)
-    missing: str = "null"
-    source: str = ""
-    metrics: list[str] = field(default_factory=list)  # metric specs (omrl.annotate.metrics.load_metric)
-    judges: list[dict[str, Any]] = field(default_factory=list)  # judge specs (omrl.annotate.judge.judge_from_dict)
-    cache: str | None = None  # judge reply cache folder shared across stores (default: STORE/cache/judge)
+    """A reward recipe (see the module docstring); loaded by `load_reward_recipe`, errors naming file and key."""
+
+    components: list[Component] = field(metadata={
+        "help": "name -> weight, or {weight, scale}: the terms of the sum"})
+    name: str = field(default="reward", metadata={"help": "the annotator the combined reward is written as"})
+    missing: str | None = field(default="null", metadata={"help": "null (or YAML null) or renormalize"})
+    metrics: list[str] = field(default_factory=list, metadata={
+        "comma": False, "help": "metric specs (omrl.annotate.metrics.load_metric) computing metric components"})
+    judges: list[dict[str, Any]] = field(default_factory=list, metadata={
+        "help": "judge specs (omrl.annotate.judge.judge_config) computing judge components"})
+    cache: str | None = field(default=None, metadata={
+        "help": "judge reply cache folder shared across stores (default: STORE/cache/judge)"})
+    source: str = field(default="", init=False)  # the file it was read from ("<dict>": a mapping)
+
+    def __post_init__(self) -> None:
+        self.missing = "null" if self.missing is None else self.missing
+        if self.missing not in MISSING_POLICIES:
+            raise UsageError(f"'missing' must be null or renormalize, got {self.missing!r}")
+        if not self.components:
+            raise UsageError("'components' must map names to weights")
+        for c in self.components:
+            if c.name == self.name:
+                raise UsageError(f"component {c.name!r} is the recipe's own output")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "missing": self.missing,
@@ -70,64 +92,13 @@ def _shown(judge: dict[str, Any]) -> dict[str, Any]:
     return {**judge, "base_url": display_url(judge["base_url"])} if isinstance(judge.get("base_url"), str) else judge
 
 
-def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> RewardRecipe:
-    """Validate a reward recipe mapping; errors name the file and the key."""
-    if not isinstance(data, dict):
-        raise UsageError(f"reward recipe {source}: expected a mapping")
-    unknown = set(data) - {"name", "components", "missing", "metrics", "judges", "cache"}
-    if unknown:
-        raise UsageError(f"reward recipe {source}: unknown key(s) {', '.join(sorted(unknown))}")
-    name = str(data.get("name") or "reward")
-    missing = "null" if data.get("missing") is None else str(data["missing"])
-    if missing not in MISSING_POLICIES:
-        raise UsageError(f"reward recipe {source}: 'missing' must be null or renormalize, got {missing!r}")
-    raw = data.get("components")
-    if not isinstance(raw, dict) or not raw:
-        raise UsageError(f"reward recipe {source}: 'components' must map names to weights")
-    components = []
-    for cname, spec in raw.items():
-        if cname == name:
-            raise UsageError(f"reward recipe {source}: component {cname!r} is the recipe's own output")
-        scale = None
-        if isinstance(spec, dict):
-            extra = set(spec) - {"weight", "scale"}
-            if extra:
-                raise UsageError(f"reward recipe {source}: components.{cname}: unknown key(s) {sorted(extra)}")
-            weight = spec.get("weight", 1.0)
-            if spec.get("scale") is not None:
-                s = spec["scale"]
-                if not (isinstance(s, list) and len(s) == 2 and float(s[0]) < float(s[1])):
-                    raise UsageError(f"reward recipe {source}: components.{cname}.scale must be [min, max]")
-                scale = (float(s[0]), float(s[1]))
-        else:
-            weight = spec
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise UsageError(f"reward recipe {source}: components.{cname} weight must be a number")
-        components.append(Component(str(cname), float(weight), scale))
-    metrics = data.get("metrics") or []
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-        raise UsageError(f"reward recipe {source}: 'metrics' must be a list of metric names")
-    judges = data.get("judges") or []
-    if isinstance(judges, dict):
-        judges = [judges]
-    if not isinstance(judges, list) or not all(isinstance(j, dict) for j in judges):
-        raise UsageError(f"reward recipe {source}: 'judges' must be a list of judge mappings")
-    cache = data.get("cache")
-    if cache is not None and not isinstance(cache, str):
-        raise UsageError(f"reward recipe {source}: 'cache' must be a folder path")
-    return RewardRecipe(name=name, components=components, missing=missing, source=source, metrics=list(metrics),
-                        judges=[dict(j) for j in judges], cache=cache)
-
-
-def load_recipe(recipe: str | Path | dict[str, Any] | RewardRecipe) -> RewardRecipe:
-    """A recipe from a YAML path, a mapping, or as is."""
+def load_reward_recipe(recipe: str | Path | dict[str, Any] | RewardRecipe) -> RewardRecipe:
+    """A reward recipe from a YAML path (or `shipped:NAME`), a mapping, or as is (omrl.recipes.load_recipe)."""
     if isinstance(recipe, RewardRecipe):
         return recipe
-    if isinstance(recipe, dict):
-        return recipe_from_dict(recipe)
-    return recipe_from_dict(read_yaml(recipe), str(recipe))
+    loaded = load_recipe(recipe, RewardRecipe, where="reward recipe <dict>")
+    loaded.source = "<dict>" if isinstance(recipe, dict) else str(recipe)
+    return loaded
 
 
 def _q(name: str) -> str:
@@ -188,7 +159,7 @@ def combined_reward(store: Store | str | Path, recipe: str | Path | dict[str, An
     components, comma-separated ("" when none). Uses the latest ok annotation per annotator.
     """
     store = store if isinstance(store, Store) else Store(store)
-    recipe = load_recipe(recipe)
+    recipe = load_reward_recipe(recipe)
     con = store.connect()
     table = con.sql(components_sql(recipe, score_columns(con))).to_arrow_table()
     ids, rewards, missing = table.column("trajectory_id").to_pylist(), [], []

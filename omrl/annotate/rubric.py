@@ -7,32 +7,58 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.recipes import read_yaml
+from omrl.recipes import load_recipe
 
 
 @dataclass
 class Example:
     """A few-shot example: a trajectory rendering and the verdict the judge should give it."""
 
-    trajectory: str
-    score: float
-    rationale: str = ""
+    trajectory: str = field(metadata={"help": "the trajectory as the judge reads it"})
+    score: float = field(metadata={"help": "the score it deserves (within the scale)"})
+    rationale: str = field(default="", metadata={"help": "why"})
+
+
+@dataclass
+class Scale:
+    min: float = field(default=0.0, metadata={"help": "the worst score"})
+    max: float = field(default=1.0, metadata={"help": "the best score"})
+
+    def __post_init__(self) -> None:
+        if self.min >= self.max:
+            raise UsageError(f"scale min {self.min} must be below max {self.max}")
 
 
 @dataclass
 class Rubric:
-    name: str
-    criteria: list[str]
-    scale_min: float = 0.0
-    scale_max: float = 1.0
-    instructions: str = ""
-    examples: list[Example] = field(default_factory=list)
-    annotator: str = ""  # the annotator name written to the store; default "judge:<name>"
-    source: str = ""  # the file it came from
+    """A judge rubric (recipes/judges/*.yaml); loaded by `load_rubric`, errors naming file and key."""
+
+    name: str = field(metadata={"help": "the rubric's name; the annotator is judge:<name> by default"})
+    criteria: list[str] = field(metadata={"comma": False, "help": "what the judge checks (text or a list)"})
+    scale: Scale = field(default_factory=Scale, metadata={"help": "the score range {min, max}"})
+    instructions: str = field(default="", metadata={"help": "text put before the criteria"})
+    examples: list[Example] = field(default_factory=list, metadata={"help": "few-shot examples"})
+    annotator: str = field(default="", metadata={"help": "the annotator name written to the store"})
+    source: str = field(default="", init=False)  # the file it came from
 
     def __post_init__(self) -> None:
+        if not self.name:
+            raise UsageError("'name' must be a non-empty string")
+        if not self.criteria:
+            raise UsageError("'criteria' must be a non-empty list of strings")
+        for i, example in enumerate(self.examples):
+            if not self.in_range(example.score):
+                raise UsageError(f"examples[{i}].score {example.score:g} is outside the scale")
         if not self.annotator:
             self.annotator = f"judge:{self.name}"
+
+    @property
+    def scale_min(self) -> float:
+        return self.scale.min
+
+    @property
+    def scale_max(self) -> float:
+        return self.scale.max
 
     def describe(self) -> str:
         """The rubric as the judge reads it."""
@@ -46,40 +72,9 @@ class Rubric:
         return self.scale_min <= score <= self.scale_max
 
 
-def rubric_from_dict(data: dict[str, Any], source: str = "<dict>") -> Rubric:
-    """Validate a rubric mapping; errors name the file and the key."""
-    if not isinstance(data, dict):
-        raise UsageError(f"rubric {source}: expected a mapping at the top level")
-    unknown = set(data) - {"name", "criteria", "scale", "instructions", "examples", "annotator"}
-    if unknown:
-        raise UsageError(f"rubric {source}: unknown key(s) {', '.join(sorted(unknown))}")
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise UsageError(f"rubric {source}: 'name' must be a non-empty string")
-    criteria = data.get("criteria")
-    if isinstance(criteria, str):
-        criteria = [criteria]
-    if not isinstance(criteria, list) or not criteria or not all(isinstance(c, str) for c in criteria):
-        raise UsageError(f"rubric {source}: 'criteria' must be a non-empty list of strings")
-    scale = data.get("scale") or {"min": 0, "max": 1}
-    try:
-        lo, hi = float(scale["min"]), float(scale["max"])
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"rubric {source}: 'scale' must be a mapping with numeric min and max") from None
-    if lo >= hi:
-        raise UsageError(f"rubric {source}: scale min {lo} must be below max {hi}")
-    examples = []
-    for i, ex in enumerate(data.get("examples") or []):
-        if not isinstance(ex, dict) or "trajectory" not in ex or "score" not in ex:
-            raise UsageError(f"rubric {source}: examples[{i}] needs 'trajectory' and 'score'")
-        if not lo <= float(ex["score"]) <= hi:
-            raise UsageError(f"rubric {source}: examples[{i}].score {ex['score']} is outside the scale")
-        examples.append(Example(str(ex["trajectory"]), float(ex["score"]), str(ex.get("rationale", ""))))
-    return Rubric(name=name, criteria=criteria, scale_min=lo, scale_max=hi,
-                  instructions=str(data.get("instructions") or ""), examples=examples,
-                  annotator=str(data.get("annotator") or ""), source=source)
-
-
-def load_rubric(path: str | Path) -> Rubric:
-    """Read and validate a rubric YAML file (or `shipped:NAME`, e.g. `shipped:judges/grid_goal`)."""
-    return rubric_from_dict(read_yaml(path), str(path))
+def load_rubric(source: str | Path | dict[str, Any], where: str = "rubric <dict>") -> Rubric:
+    """A rubric from a YAML file (or `shipped:NAME`, e.g. `shipped:judges/grid_goal`), or from a mapping
+    (an inline rubric, named `where` in errors), by omrl.recipes.load_recipe."""
+    rubric = load_recipe(source, Rubric, where=where)
+    rubric.source = where if isinstance(source, dict) else str(source)
+    return rubric

@@ -19,9 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.annotate.cache import JudgeCache
-from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_from_dict, judged_together, run_judge
+from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_config, judged_together, run_judge
 from omrl.annotate.metrics import NamedMetric, annotate_row, load_metric, metric_names
-from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combined_reward, load_recipe, reward_annotations
+from omrl.annotate.reward import (
+    ENV_REWARD,
+    RewardRecipe,
+    combined_reward,
+    load_reward_recipe,
+    reward_annotations,
+)
 from omrl.errors import UsageError
 from omrl.schema import new_id
 from omrl.store import Store
@@ -39,7 +45,7 @@ def recipe_metrics(recipe: RewardRecipe) -> list[NamedMetric]:
 
 def recipe_judges(recipe: RewardRecipe) -> list[JudgeConfig]:
     """The judges of the recipe's `judges` list."""
-    return [judge_from_dict(spec, recipe.source or "<dict>") for spec in recipe.judges]
+    return [judge_config(spec, recipe.source or "<dict>", i) for i, spec in enumerate(recipe.judges)]
 
 
 def check_computable(recipe: RewardRecipe, metrics: list[NamedMetric], judges: list[JudgeConfig]) -> None:
@@ -96,7 +102,7 @@ def annotate_with_recipe(store: Store | str, recipe: str | dict[str, Any] | Rewa
     """`annotate` with the reward recipe's own metrics and judges, then its combined reward: the annotate stage
     of RFT and iterate. Resumes like `annotate` (stored ok annotations are not redone; replies are cached);
     `ray` judges on a Ray cluster as `annotate --ray` does."""
-    recipe = load_recipe(recipe)
+    recipe = load_reward_recipe(recipe)
     metrics, judges = recipe_metrics(recipe), recipe_judges(recipe)
     check_computable(recipe, metrics, judges)
     return annotate(store, metrics, judges, where=where, reward_recipe=recipe, run_id=run_id, progress=progress,
@@ -183,7 +189,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     """
     store = store if isinstance(store, Store) else Store(store)
     loaded = [m if isinstance(m, NamedMetric) else load_metric(m) for m in metrics]
-    recipe = load_recipe(reward_recipe) if reward_recipe is not None else None
+    recipe = load_reward_recipe(reward_recipe) if reward_recipe is not None else None
     summary = AnnotateSummary(run_id=run_id or f"annotate-{new_id()[:12]}")
     rows = select_rows(store, where)
     summary.trajectories = len(rows)

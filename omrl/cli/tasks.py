@@ -38,11 +38,11 @@ def import_(src: str, out: str, id_: str | None, instruction: str | None, answer
     Example:  omrl tasks import agentbench_dbbench_dev.jsonl --out sql.parquet
               omrl tasks import swe-bench-lite.json --source checkouts/ --out lite.jsonl   (then --env swe)
     """
-    from omrl.tasks import Mapping, import_tasks
+    from omrl.tasks import TaskMapping, import_tasks, load_task_mapping
 
     flags = {"id": id_, "instruction": instruction, "answer": answer, "env": env, "split": split, "format": fmt,
              "source": source}
-    base = Mapping.from_yaml(mapping, **flags) if mapping else Mapping()
+    base = load_task_mapping(mapping, **flags) if mapping else TaskMapping()
     with console.status(f"importing {src}"):
         table = import_tasks(src, out, mapping=base, **({} if mapping else flags))
     console.print(f"wrote {table.num_rows} tasks to {out}")

@@ -387,9 +387,9 @@ def filter_store(source: Store | str | Path, out: str | Path, options: FilterOpt
     out = Path(out)
     recipe = None
     if options.reward_recipe is not None:
-        from omrl.annotate.reward import load_recipe
+        from omrl.annotate.reward import load_reward_recipe
 
-        recipe = load_recipe(options.reward_recipe)
+        recipe = load_reward_recipe(options.reward_recipe)
     selection = select_rows(store, row_filters(store, options), rejects=rejects is not None)
     result = FilterResult(source_rows=selection.source_rows, kept={}, dropped=selection.dropped)
     kept_table, reject_tables = selection.kept, [selection.rejects] if selection.rejects is not None else []

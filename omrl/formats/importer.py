@@ -90,7 +90,7 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
     """Yield validated schema-1 rows from one file. Bad records raise FormatError, or are counted in `report`.
 
     root: the import root run ids are relative to (default: the file's folder).
-    mapping: an `omrl.formats.mapping.Mapping` (then fmt is ignored): records mapped key by key.
+    mapping: an `omrl.formats.mapping.RecordMapping` (then fmt is ignored): records mapped key by key.
     keep_demos: keep demonstration messages (SWE-agent is_demo) as trainable=false instead of skipping them.
     """
     path = Path(path)

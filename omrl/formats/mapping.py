@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from omrl.errors import UsageError
 from omrl.formats.chat import convert_conversation, convert_messages
 from omrl.formats.common import (
     MISSING,
@@ -54,15 +55,16 @@ def message_list_hint(record: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class Mapping:
+class RecordMapping:
     """Where each schema field is in a record; see the module docstring.
 
     A field is a dotted path (required: a record without it is an error naming it), a tuple of candidate
     paths (the first present is taken; none present is fine), or None (the usual keys). The built-in
-    openai and sharegpt formats are Mappings too (omrl.formats.openai.MAPPING, omrl.formats.sharegpt.MAPPING).
+    openai and sharegpt formats are RecordMappings too (omrl.formats.openai.MAPPING, omrl.formats.sharegpt.MAPPING).
+    Loaded from YAML by `load_mapping` (omrl.recipes.from_dict: errors name the file and the key).
     """
 
-    messages: str | tuple[str, ...]
+    messages: str | tuple[str, ...] = field(metadata={"help": "path (or candidate paths) of the message list"})
     reward: Paths = None
     success: Paths = None
     id: Paths = None
@@ -70,10 +72,24 @@ class Mapping:
     tools: Paths = None
     model: Paths = None
     system: Paths = None  # a system prompt kept beside the messages (LLaMA-Factory): put first
-    content: tuple[str, ...] = ()  # the keys of a message's text (the first present); () = the style's usual
-    task: tuple[str, ...] = field(default_factory=tuple)
+    # the keys of a message's text (the first present); () = the style's usual
+    content: tuple[str, ...] = field(default=(), metadata={"comma": False})
+    task: tuple[str, ...] = field(default=(), metadata={"comma": False})  # paths copied into the task payload
     name: str = "mapped"
     style: str = "auto"  # the messages' shape: openai {role, content}, sharegpt {from, value}, auto: by the first
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise UsageError(f"style must be one of {', '.join(STYLES)}, not {self.style!r}")
+        if not self.name:
+            raise UsageError("name must be text")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("name", "style") or value is None:
+                continue
+            paths = (value,) if isinstance(value, str) else value
+            if f.name == "messages" and not paths or not all(isinstance(v, str) and v for v in paths):
+                raise UsageError(f"{f.name} must be a dotted path or a list of them, not {value!r}")
 
     def convert(self, record: Any, ctx: RecordContext) -> dict[str, Any]:
         """One record -> a trajectory dict, by this mapping."""
@@ -136,57 +152,13 @@ class Mapping:
                         success=success, model=model, instruction=instruction, metadata=leftovers(record, used))
 
 
-def mapping_from(options: dict[str, Any], where: str = "mapping") -> Mapping:
-    """A Mapping from a dict (a YAML file's contents, or the CLI's --*-key flags); errors name the key.
+def load_mapping(path: str | Path | None = None, **overrides: Any) -> RecordMapping:
+    """A RecordMapping from a YAML file (or `shipped:imports/NAME`), with flags (`messages=...`,
+    `reward=...`) overriding its keys, by omrl.recipes.from_dict (errors name the file and the key)."""
+    from omrl.recipes import from_dict, read_yaml
 
-    Each field is a dotted path, or a list of candidate paths (the first present is taken)."""
-    known = {f.name for f in fields(Mapping)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise FormatError(f"{where}: unknown keys {unknown}; a mapping has {', '.join(sorted(known))}", "bad mapping")
-    if not options.get("messages"):
-        raise FormatError(f"{where}: 'messages' (the path of the message list) is required", "bad mapping")
-    values: dict[str, Any] = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key in ("name", "style"):
-            if not isinstance(value, str) or not value or (key == "style" and value not in STYLES):
-                raise FormatError(f"{where}: '{key}' must be {'one of ' + ', '.join(STYLES) if key == 'style' else 'text'}",
-                                  "bad mapping")
-        elif key in ("task", "content") or isinstance(value, list):
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-                raise FormatError(f"{where}: '{key}' must be a dotted path or a list of them", "bad mapping")
-            value = tuple(value)
-        elif not isinstance(value, str) or not value:
-            raise FormatError(f"{where}: '{key}' must be a dotted path (text), got {json_kind(value)}", "bad mapping")
-        values[key] = value
-    return Mapping(**values)
-
-
-def load_mapping(path: str | Path | None = None, **overrides: Any) -> Mapping:
-    """A Mapping from a YAML file, with flags (`messages=...`, `reward=...`) overriding its keys."""
-    import yaml
-
-    options: dict[str, Any] = {}
-    where = "mapping"
-    if path is not None:
-        path = Path(path)
-        where = path.name
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark is not None else ""
-            raise FormatError(f"{path.name}{line}: not valid YAML", "bad mapping") from None
-        except UnicodeDecodeError:
-            raise FormatError(f"{path.name}: not valid UTF-8", "bad mapping") from None
-        if not isinstance(loaded, dict):
-            raise FormatError(f"{path.name}: a mapping file holds keys (messages: ..., reward: ...), got "
-                              f"{json_kind(loaded)}", "bad mapping")
-        options.update(loaded)
+    options = read_yaml(path) if path is not None else {}
     options.update({k: v for k, v in overrides.items() if v is not None})
     if path is None and not options.get("messages"):  # only other flags (--reward-key ...): the usual message keys
         options["messages"] = ["messages", "conversations"]
-    return mapping_from(options, where)
+    return from_dict(RecordMapping, options, where=str(path) if path is not None else "mapping")

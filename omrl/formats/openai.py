@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.formats.common import RecordContext
-from omrl.formats.mapping import Mapping
+from omrl.formats.mapping import RecordMapping
 
 NAME = "openai"
 ID_KEYS = ("instance_id", "id", "task_id", "item_id")
@@ -20,7 +20,7 @@ GOLD_KEYS = ("test_result", "answer", "ground_truth", "gold", "expected")
 
 
 # The format is a mapping: messages under `messages`, the rest under the usual keys.
-MAPPING = Mapping(messages="messages", id=ID_KEYS, tools=TOOL_KEYS, success=("resolved", "success", "win"),
+MAPPING = RecordMapping(messages="messages", id=ID_KEYS, tools=TOOL_KEYS, success=("resolved", "success", "win"),
                   reward=("reward",), model=("model",), task=GOLD_KEYS, name=NAME, style="openai")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.formats.common import RecordContext
-from omrl.formats.mapping import Mapping
+from omrl.formats.mapping import RecordMapping
 
 NAME = "sharegpt"
 
@@ -19,7 +19,7 @@ TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
 
 
 # The format is a mapping: turns under `conversations` (or `messages`), the rest under the usual keys.
-MAPPING = Mapping(messages=("conversations", "messages"), system=("system",), id=ID_KEYS, tools=TOOL_KEYS,
+MAPPING = RecordMapping(messages=("conversations", "messages"), system=("system",), id=ID_KEYS, tools=TOOL_KEYS,
                   reward=("reward",), success=("success", "resolved", "win"), model=("model",),
                   task=("answer", "ground_truth", "gold", "label"), name=NAME, style="sharegpt")
 

@@ -25,13 +25,14 @@ from omrl import readers
 from omrl.envs.base import Task
 from omrl.readers import json_kind
 from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
-from omrl.tasks.benchmarks import CONVERTERS, detect_format, extract_gsm8k_answer
+from omrl.tasks.benchmarks import CONVERTERS, detect_benchmark, extract_gsm8k_answer
 from omrl.tasks.rows import (
     TASK_COLUMNS,
     TASK_SCHEMA,
-    Mapping,
     TaskError,
+    TaskMapping,
     env_split,
+    load_task_mapping,
     short_repr,
     slug,
     task_row,
@@ -40,8 +41,8 @@ from omrl.tasks.rows import (
 )
 
 __all__ = [
-    "FORMATS", "TASK_COLUMNS", "TASK_SCHEMA", "Mapping", "Task", "TaskError", "convert_rows", "detect_format",
-    "extract_gsm8k_answer", "generate_tasks", "import_tasks", "load_tasks", "read_rows", "shipped_datasets_dir",
+    "FORMATS", "TASK_COLUMNS", "TASK_SCHEMA", "TaskMapping", "Task", "TaskError", "convert_rows", "detect_benchmark",
+    "extract_gsm8k_answer", "generate_tasks", "import_tasks", "load_task_mapping", "load_tasks", "read_rows", "shipped_datasets_dir",
     "shipped_task_sets", "summarize", "tasks_table", "write_tasks",
 ]
 
@@ -134,9 +135,9 @@ def _read_hub(name: str) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- converting
 
 
-def convert_rows(rows: list[dict[str, Any]], mapping: Mapping, name: str = "task") -> list[dict[str, Any]]:
+def convert_rows(rows: list[dict[str, Any]], mapping: TaskMapping, name: str = "task") -> list[dict[str, Any]]:
     """Source rows -> task rows (dicts with TASK_COLUMNS, payload as JSON text), validated."""
-    fmt = detect_format(rows) if mapping.format == "auto" else mapping.format
+    fmt = detect_benchmark(rows) if mapping.format == "auto" else mapping.format
     if fmt not in FORMATS:
         raise TaskError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     converter = CONVERTERS.get(fmt, _plain_row)
@@ -156,7 +157,7 @@ def convert_rows(rows: list[dict[str, Any]], mapping: Mapping, name: str = "task
     return out
 
 
-def _resolve_columns(rows: list[dict[str, Any]], mapping: Mapping, fmt: str) -> dict[str, str | None]:
+def _resolve_columns(rows: list[dict[str, Any]], mapping: TaskMapping, fmt: str) -> dict[str, str | None]:
     available = list(dict.fromkeys(key for row in rows[:100] for key in row))
     columns: dict[str, str | None] = {}
     for role in ("id", "instruction", "answer"):
@@ -263,14 +264,14 @@ def _atomic_write(out: Path, write) -> None:
         raise
 
 
-def import_tasks(src: str | Path, out: str | Path | None = None, mapping: Mapping | None = None,
+def import_tasks(src: str | Path, out: str | Path | None = None, mapping: TaskMapping | None = None,
                  **flags: Any) -> pa.Table:
     """Read `src`, map and validate its rows, write `out` (Parquet, or JSONL by extension) when given.
 
     flags: id, instruction, answer, env, split, format, id_prefix (override `mapping`).
     """
     # A copy: the caller's mapping is not changed by the flags.
-    mapping = dataclasses.replace(mapping or Mapping(), **{k: v for k, v in flags.items() if v is not None})
+    mapping = dataclasses.replace(mapping or TaskMapping(), **{k: v for k, v in flags.items() if v is not None})
     src = resolve_tasks(src)
     rows, name = read_rows(src)
     label = Path(src).name if Path(src).exists() else str(src)
@@ -300,7 +301,7 @@ def load_tasks(path: str | Path, split: str | None = None, env: str | None = Non
         raise TaskError(f"{label}: no rows")
     try:
         if not {"id", "instruction"} <= set(rows[0]):
-            rows = convert_rows(rows, Mapping(), name=path.stem)
+            rows = convert_rows(rows, TaskMapping(), name=path.stem)
         return [t for t in _tasks_of(rows) if (split is None or t.split == split) and (env is None or t.env == env)]
     except TaskError as exc:  # row errors name the row; say which file it is in
         raise TaskError(f"{label}: {exc}") from None

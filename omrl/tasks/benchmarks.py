@@ -1,6 +1,6 @@
 """Converters for benchmark task formats: GSM8K (math), AgentBench DBBench (sql) and SWE-bench (swebench).
 
-Each turns one source row into a task row for the environment that plays it; `detect_format` picks one
+Each turns one source row into a task row for the environment that plays it; `detect_benchmark` picks one
 from the first row's columns. Plain rows (any other columns) are converted in omrl.tasks.
 """
 
@@ -17,7 +17,7 @@ from omrl.tasks.rows import TaskError, env_split, task_row
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
 
-def detect_format(rows: list[dict[str, Any]]) -> str:
+def detect_benchmark(rows: list[dict[str, Any]]) -> str:
     """gsm8k, dbbench, swebench or plain, from the first row's columns."""
     if not rows:
         return "plain"

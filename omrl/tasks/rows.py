@@ -33,37 +33,31 @@ class TaskError(OmrlError, ValueError):
 
 
 @dataclass
-class Mapping:
+class TaskMapping:
     """Which source columns hold id/instruction/answer; env and split are constants (or taken from columns
-    named env/split when not given)."""
+    named env/split when not given). From YAML: `load_task_mapping`."""
 
-    id: str | None = None
-    instruction: str | None = None
-    answer: str | None = None
-    env: str | None = None
-    split: str | None = None
-    format: str = "auto"
-    id_prefix: str | None = None
-    source: str | None = None  # SWE-bench rows: a folder holding one checkout per instance_id
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> Mapping:
-        """A YAML mapping file (keys: id, instruction, answer, env, split, format, id_prefix); flags override it."""
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise TaskError(f"{path}: a mapping file must be a YAML mapping of key: value")
-        known = {"id", "instruction", "answer", "env", "split", "format", "id_prefix", "source"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TaskError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(known)}")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**data)
+    id: str | None = field(default=None, metadata={"help": "the id column"})
+    instruction: str | None = field(default=None, metadata={"help": "the instruction column"})
+    answer: str | None = field(default=None, metadata={"help": "the answer column"})
+    env: str | None = field(default=None, metadata={"help": "the environment of every task"})
+    split: str | None = field(default=None, metadata={"help": "the split of every task"})
+    format: str = field(default="auto", metadata={"help": "plain, a benchmark name, or auto"})
+    id_prefix: str | None = field(default=None, metadata={"help": "put before every id"})
+    source: str | None = field(default=None, metadata={
+        "help": "SWE-bench rows: a folder holding one checkout per instance_id"})
 
     def __post_init__(self) -> None:
         check_env_name(self.env)
+
+
+def load_task_mapping(path: str | Path, **overrides: Any) -> TaskMapping:
+    """A YAML mapping file (keys: TaskMapping's fields), flags overriding it, by omrl.recipes.from_dict
+    (errors name the file and the key)."""
+    from omrl.recipes import from_dict, read_yaml
+
+    data = {**read_yaml(path), **{k: v for k, v in overrides.items() if v is not None}}
+    return from_dict(TaskMapping, data, where=str(path))
 
 
 def check_env_name(env: str | None) -> None:
@@ -104,7 +98,7 @@ def answer_text(answer: Any) -> str | None:
     return str(answer)
 
 
-def env_split(row: dict[str, Any], mapping: Mapping, default_env: str | None) -> tuple[Any, Any]:
+def env_split(row: dict[str, Any], mapping: TaskMapping, default_env: str | None) -> tuple[Any, Any]:
     env = mapping.env or row.get("env") or default_env
     split = mapping.split or row.get("split") or "train"
     return env, split

@@ -349,11 +349,11 @@ def rl_rewards(store, rows: Sequence[dict[str, Any]], recipe=None) -> RLRewards:
         values = [row.get("reward") for row in rows]
         missing = sum(v is None for v in values)
         return RLRewards(values, "env", {"env_reward": missing} if missing else {})
-    from omrl.annotate.reward import combined_reward, load_recipe
+    from omrl.annotate.reward import combined_reward, load_reward_recipe
     from omrl.store import Store
 
     store = store if isinstance(store, Store) else Store(store)
-    recipe = load_recipe(recipe)
+    recipe = load_reward_recipe(recipe)
     table = combined_reward(store, recipe).to_pylist()
     by_id = {r["trajectory_id"]: r for r in table}
     values: list[float | None] = []

@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import InitVar, asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from omrl.errors import UsageError
 from omrl.rollout import RolloutSettings
 from omrl.train.step_credit import StepCreditSettings
-
-# The rollout knobs a training recipe declared itself before they moved to its `rollout` section.
-LEGACY_ROLLOUT_KEYS = ("env", "env_options", "temperature", "max_turns", "max_new_tokens")
 
 
 def _grpo_rollout():
@@ -44,8 +41,6 @@ def _grpo_rollout():
 @dataclass
 class GRPORecipe:
     """Settings of one GRPO run; defaults are the ones the CPU feasibility probe found stable."""
-
-    LEGACY_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.{k}" for k in LEGACY_ROLLOUT_KEYS}
 
     model: str = field(metadata={"help": "starting checkpoint folder (model + tokenizer)"})
     tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL task rows)"})
@@ -85,32 +80,12 @@ class GRPORecipe:
     vllm_server_base_url: str | None = field(default=None, metadata={
         "help": "server mode: base URL of `trl vllm-serve` (default: TRL's localhost:8000)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
-    # Flat rollout keywords of the constructor, before `rollout` existed (omrl/demo.py and scripts/gpu_check.py
-    # still pass them); YAML and from_dict move them through LEGACY_KEYS instead.
-    env: InitVar[str | None] = None
-    env_options: InitVar[dict[str, Any] | None] = None
-    temperature: InitVar[float | None] = None
-    max_turns: InitVar[int | None] = None
-    max_new_tokens: InitVar[int | None] = None
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], where: str = "grpo") -> GRPORecipe:
-        """The recipe from a mapping, values converted to each field's type (YAML's `1e-4` is text, not a
-        float); an unknown or missing key is a RecipeError naming it."""
-        from omrl.recipes import from_dict
-
-        return from_dict(cls, values, where=where)
-
-    def __post_init__(self, env, env_options, temperature, max_turns, max_new_tokens) -> None:
-        flat = {"env": env, "env_options": env_options, "temperature": temperature, "max_turns": max_turns,
-                "max_new_tokens": max_new_tokens}
-        flat = {k: v for k, v in flat.items() if v is not None}
-        if flat:
-            self.rollout = replace(self.rollout, **flat)
+    def __post_init__(self) -> None:
         if self.reward is not None:  # a broken recipe is refused at load time, not at the first step
-            from omrl.annotate.reward import load_recipe
+            from omrl.annotate.reward import load_reward_recipe
 
-            load_recipe(self.reward)
+            load_reward_recipe(self.reward)
 
 
 def _use_cpu(recipe: GRPORecipe) -> bool:
@@ -178,11 +153,12 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     from trl import GRPOTrainer
 
     from datasets import Dataset
+    from omrl.recipes import from_dict
     from omrl.tasks import load_tasks
     from omrl.train.rollout_func import AgentRollout
 
     if isinstance(recipe, dict):
-        recipe = GRPORecipe.from_dict(recipe)
+        recipe = from_dict(GRPORecipe, recipe, where="grpo")
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise UsageError(f"{recipe.tasks}: no tasks" + (f" in split {recipe.split!r}" if recipe.split else ""))

@@ -42,7 +42,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from omrl.errors import UsageError
 from omrl.recipes import section
@@ -133,13 +133,6 @@ def _iterate_rollout():
 class IterateRecipe:
     """Settings of an iterative run (the learning demo is one)."""
 
-    # Where the rollout knobs lived before the `rollout` section (old recipes still load).
-    LEGACY_KEYS: ClassVar[dict[str, str]] = {
-        "env": "rollout.env", "env_options": "rollout.env_options",
-        **{f"collect.{k}": f"rollout.{k}" for k in ("temperature", "max_turns", "max_new_tokens", "concurrency")},
-        **{f"eval.{k}": f"rollout.{k}" for k in ("max_turns", "max_new_tokens")},
-        **{f"grpo.{k}": f"rollout.{k}" for k in ("temperature", "max_turns", "max_new_tokens")}}
-
     output_dir: str = field(metadata={"help": "run folder: checkpoints, store, state.json, results.json"})
     train_tasks: str = field(metadata={"help": "training tasks file"})
     eval_tasks: str = field(metadata={"help": "held-out tasks file"})
@@ -193,9 +186,9 @@ class IterateRecipe:
 
             require_ray()
         if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
-            from omrl.annotate.reward import load_recipe
+            from omrl.annotate.reward import load_reward_recipe
 
-            load_recipe(self.reward)
+            load_reward_recipe(self.reward)
 
     @property
     def filter_reward(self) -> str | dict[str, Any] | None:

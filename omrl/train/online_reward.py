@@ -31,7 +31,7 @@ from typing import Any
 from omrl.annotate.cache import JudgeCache
 from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeStats
 from omrl.annotate.metrics import annotate_row
-from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_recipe, reward_annotations
+from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_reward_recipe, reward_annotations
 from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
 from omrl.errors import UsageError
 from omrl.schema import is_failed
@@ -65,7 +65,7 @@ class OnlineReward:
     """A reward recipe made ready to score rollouts online (see the module docstring)."""
 
     def __init__(self, recipe: str | Path | dict[str, Any] | RewardRecipe, cache_dir: str | Path | None):
-        self.recipe = load_recipe(recipe)
+        self.recipe = load_reward_recipe(recipe)
         self.metrics = recipe_metrics(self.recipe)
         self.judges = recipe_judges(self.recipe)
         check_computable(self.recipe, self.metrics, self.judges)

@@ -99,12 +99,6 @@ class PPORecipe:
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
     quiet: bool = field(default=False, metadata={"help": "no progress lines"})
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], where: str = "ppo") -> PPORecipe:
-        from omrl.recipes import from_dict
-
-        return from_dict(cls, values, where=where)
-
     def __post_init__(self) -> None:
         from omrl.train.gae import LEVELS
 
@@ -170,7 +164,9 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     from omrl.train.rollout_func import free_run_prefix
 
     if isinstance(recipe, dict):
-        recipe = PPORecipe.from_dict(recipe)
+        from omrl.recipes import from_dict
+
+        recipe = from_dict(PPORecipe, recipe, where="ppo")
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if len(tasks) < recipe.tasks_per_step:
         raise UsageError(f"{recipe.tasks}: {len(tasks)} tasks"

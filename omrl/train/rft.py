@@ -1,7 +1,7 @@
 """Rejection-sampling fine-tuning: sample N attempts per task, keep the best of each group above a threshold, SFT.
 
-    result = train_rft(RFTRecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl", env="grid",
-                                 output_dir="runs/rft"))
+    result = train_rft(RFTRecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
+                                 output_dir="runs/rft", rollout=RolloutSettings(env="grid")))
 
 The attempts land in the store (round `round`, run `run_id`), the kept ones in a filtered sibling store
 whose omrl.json records the selection (omrl.curate.filter_store), so the SFT set can be rebuilt.
@@ -15,7 +15,7 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from omrl.errors import UsageError
 from omrl.recipes import section
@@ -34,9 +34,6 @@ def _rft_rollout():
 @dataclass
 class RFTRecipe:
     """Settings of one rejection-sampling fine-tuning run."""
-
-    LEGACY_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.{k}" for k in (
-        "env", "env_options", "max_turns", "max_new_tokens", "temperature", "concurrency")}
 
     model: str = field(metadata={"help": "checkpoint that samples the attempts and is fine-tuned"})
     tasks: str = field(metadata={"help": "tasks file (Parquet or JSONL)"})

@@ -52,10 +52,10 @@ class AgentRollout:
         if getattr(recipe, "reward", None) is not None:
             if self.store is None:
                 raise UsageError("a reward recipe needs `store`: every online score is stored beside its rollout")
-            from omrl.annotate.reward import load_recipe
+            from omrl.annotate.reward import load_reward_recipe
             from omrl.train.online_reward import OnlineReward
 
-            reward = load_recipe(recipe.reward)
+            reward = load_reward_recipe(recipe.reward)
             # The cache folder of `omrl annotate` unless the recipe shares one: a reply is asked once.
             self.online = OnlineReward(reward, reward.cache or self.store.cache_dir("judge"))
         self.calls = 0
