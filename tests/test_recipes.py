@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omrl.recipes import RecipeError, describe, load_recipe, parse_overrides
+from omrl.recipes import RecipeError, describe, load_recipe, parse_overrides, read_yaml
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith("reward"))
@@ -182,3 +182,123 @@ def test_recipes_cli_lists_and_copies(tmp_path, monkeypatch):
     assert into.exit_code == 0 and (tmp_path / "mine" / "grid_goal.yaml").is_file(), into.output
     unknown = runner.invoke(cli, ["recipes", "copy", "quickstrat"])
     assert unknown.exit_code == 1 and "shipped:quickstart" in unknown.output
+
+
+def _shipped_values() -> dict[str, tuple]:
+    """Every shipped recipe outside accelerate/: its loader, and a few values it must resolve to."""
+    from omrl.annotate.reward import load_reward_recipe
+    from omrl.annotate.rubric import load_rubric
+    from omrl.formats.mapping import load_mapping
+    from omrl.train.grpo import GRPORecipe
+    from omrl.train.iterate import IterateRecipe
+    from omrl.train.ppo import PPORecipe
+    from omrl.train.rft import RFTRecipe
+    from omrl.train.sft import SFTRecipe
+
+    def config(cls):
+        return lambda path: load_recipe(path, cls)
+
+    iterate = config(IterateRecipe)
+    return {
+        "quickstart.yaml": (iterate, lambda r: (
+            r.rounds, r.rollout.env, r.rollout.env_options, r.rollout.max_turns, r.rollout.max_new_tokens,
+            r.rollout.concurrency, r.tiny.hidden, r.tiny.vocab_size, r.sft.epochs, r.sft.lr_scheduler_type,
+            r.grpo.max_steps, r.grpo.learning_rate, r.grpo.max_completion_length, r.eval.tasks,
+            r.baseline.more_sft_epochs),
+            (2, "grid", {"noise": 0.3, "seed": 0}, 14, 4, 64, 128, 1024, 8, "cosine", 30, 2e-4, 160, 200, 9)),
+        "hard_grid.yaml": (iterate, lambda r: (r.rounds, r.rollout.max_turns, r.grpo.logging_steps, r.ppo.level),
+                           (1, 17, 5, "turn")),
+        "iterate_grid.yaml": (iterate, lambda r: (r.rollout.max_new_tokens, r.collect.samples, r.filter.drop_flat,
+                                                  r.grpo.warmup_steps, r.sft.epochs), (8, 8, True, 20, 10)),
+        "judge_grid.yaml": (iterate, lambda r: (r.model, r.demos.enabled, r.grpo.reward["components"]["env_reward"],
+                                                r.grpo.reward["judges"][0]["mode"]),
+                            ("runs/quickstart/sft", False, 0.0, "group")),
+        "textworld_coin.yaml": (iterate, lambda r: (r.rollout.env, r.rollout.concurrency, r.tiny.corpus,
+                                                    r.sft.max_length, r.grpo.tasks_per_step),
+                                ("twx", 32, "demos", 2048, 4)),
+        "grpo_grid.yaml": (config(GRPORecipe), lambda r: (r.rollout.max_new_tokens, r.rollout.concurrency,
+                                                          r.learning_rate, r.loss_type, r.max_completion_length),
+                           (8, 64, 5e-4, "dapo", 160)),
+        "ppo_grid.yaml": (config(PPORecipe), lambda r: (r.level, r.warmup_steps, r.rollout.max_turns, r.critic),
+                          ("turn", 10, 14, "head")),
+        "rft_grid.yaml": (config(RFTRecipe), lambda r: (r.samples, r.rollout.max_new_tokens, r.sft.epochs,
+                                                        r.sft.learning_rate), (8, 8, 3, 5e-4)),
+        "sft_tiny.yaml": (config(SFTRecipe), lambda r: (r.where, r.epochs, r.batch_size, r.lora.r, r.lora.enabled),
+                          ("success", 10, 32, 16, False)),
+        "reward.yaml": (load_reward_recipe, lambda r: (
+            [(c.name, c.weight, c.scale) for c in r.components], r.missing, r.metrics, r.judges[0]["model"]),
+            ([("env_reward", 1.0, None), ("exact_match", 0.5, None), ("judge:task_quality", 0.25, (1.0, 10.0))],
+             "null", ["exact_match"], "$OMRL_JUDGE_MODEL")),
+        "judges/correctness.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator),
+                                    (0.0, 1.0, "judge:correctness")),
+        "judges/grid_goal.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator, len(r.criteria)),
+                                  (0.0, 10.0, "judge:grid_goal", 2)),
+        "judges/grid_reached.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator),
+                                     (0.0, 10.0, "judge:grid_reached")),
+        "judges/task_quality.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator, len(r.examples)),
+                                     (1.0, 10.0, "judge:task_quality", 1)),
+        "imports/tau_bench.yaml": (load_mapping, lambda m: (m.messages, m.id, m.task, m.name, m.content),
+                                   ("traj", "task_id", ("info.task", "info.reward_info"), "tau_bench", ())),
+        "imports/chat_with_tools.yaml": (load_mapping, lambda m: (m.messages, m.model, m.success, m.name),
+                                         ("conversation", ("meta.model", "model"), "result.solved", "mapped")),
+    }
+
+
+def test_every_shipped_recipe_loads_to_the_values_it_states():
+    """Each recipe in recipes/ (accelerate/ aside) through the one loader, a few resolved values checked; a new
+    recipe must be added here."""
+    pytest.importorskip("trl")
+    expected = _shipped_values()
+    shipped = {str(p.relative_to(RECIPES)) for p in RECIPES.rglob("*.yaml") if p.parent.name != "accelerate"}
+    assert shipped == set(expected)
+    for name, (load, values, wanted) in expected.items():
+        assert values(load(RECIPES / name)) == wanted, name
+
+
+def test_quickstart_hands_trl_the_same_config_values():
+    """The demo's GRPO round and SFT stage reach TRL with the values the recipe has always given it."""
+    pytest.importorskip("trl")
+    from omrl.train.grpo import _trl_config
+    from omrl.train.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.sft import trl_config
+
+    recipe = load_recipe(RECIPES / "quickstart.yaml", IterateRecipe)
+    grpo = _trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
+    assert (grpo.learning_rate, grpo.warmup_steps, grpo.lr_scheduler_type, grpo.beta, grpo.loss_type,
+            grpo.temperature, grpo.max_completion_length, grpo.per_device_train_batch_size, grpo.num_generations,
+            grpo.max_steps, grpo.seed, grpo.logging_steps) == (
+        2e-4, 5, "constant_with_warmup", 0.0, "dapo", 1.0, 160, 64, 8, 30, 1, 5)
+    sft = trl_config(recipe.sft.to_recipe(model="m", store="s", output_dir="o", where=None, seed=1))
+    assert (sft.learning_rate, sft.num_train_epochs, sft.per_device_train_batch_size, sft.lr_scheduler_type,
+            sft.warmup_steps, sft.max_length, sft.seed) == (1e-3, 8, 32, "cosine", 10, 1024, 1)
+
+
+def test_one_loader_names_file_and_dotted_key(tmp_path):
+    from omrl.annotate.reward import load_reward_recipe
+    from omrl.errors import UsageError
+
+    assert issubclass(RecipeError, UsageError)
+    path = tmp_path / "r.yaml"
+    path.write_text("components:\n  judge:q: {weight: 0.5, scale: [10, 1]}\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml: components\.judge:q: .*scale must be \[min, max\]"):
+        load_reward_recipe(path)
+    path.write_text("components:\n  judge:q: {weight: 0.5, scale: [1, 2, 3]}\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml: components\.judge:q\.scale must be a list of 2 items"):
+        load_reward_recipe(path)
+    path.write_text("components: {env_reward: 1}\njudges: [{rubric: {name: q, criteria: [c], scale: {min: 0, max: 1},"
+                    " bogus: 1}, model: m, base_url: http://x/v1}]\n")
+    from omrl.annotate.runner import recipe_judges
+
+    with pytest.raises(RecipeError, match=r"r\.yaml \(inline rubric of judges\[0\]\): unknown key bogus"):
+        recipe_judges(load_reward_recipe(path))
+    path.write_text("components: {env_reward: 1}\njudges: [{rubric: shipped:judges/grid_goal, model: m, "
+                    "base_url: http://x/v1, max_tokens: lots}]\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml: judges\[0\]\.max_tokens must be int, not 'lots'"):
+        recipe_judges(load_reward_recipe(path))
+    path.write_text("components: {env_reward: 1}\njudges: [{rubric: shipped:judges/grid_goal, model: m, "
+                    "base_url: http://x/v1, api_key: sk-secret}]\n")
+    with pytest.raises(RecipeError, match=r"judges\[0\]\.api_key: the key is never written in a recipe"):
+        recipe_judges(load_reward_recipe(path))
+    path.write_text("rounds: [2\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml line 2: not valid YAML"):
+        read_yaml(path)
