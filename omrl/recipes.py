@@ -13,7 +13,8 @@ A config is a dataclass whose fields carry `metadata={"help": ...}`; nested data
 text takes it split at commas (`lora.target_modules=q_proj,v_proj`), or whole with `metadata={"comma": False}`;
 a list of dataclasses may be written as a mapping keyed by each item's first field, a plain value standing
 for its second (`components: {env_reward: 1.0, judge:q: {weight: 0.5}}`). A config's own checks
-(`__post_init__` raising ValueError) become RecipeErrors naming the file and the section.
+(`__post_init__` raising ValueError) become RecipeErrors naming the file and the section. A library's own
+config (TRL's GRPOConfig, SFTConfig) is reached through a pass-through section, `pass_through`.
 
 Why not pydantic (installed as openai's dependency): its TypeAdapter validates stdlib dataclasses, but a
 partial section would take the nested class's defaults instead of the enclosing field's (a behaviour change
@@ -258,6 +259,22 @@ def load_recipe(source: Any, cls: type, overrides: list[str] | tuple = (), *, wh
     else:
         data, where = read_yaml(source), str(source)
     return from_dict(cls, merge(data, parse_overrides(list(overrides))), where=where)
+
+
+def pass_through(config_class: type, settings: dict[str, Any], extra: dict[str, Any], section: str = "trl",
+                 owned: tuple[str, ...] = ()) -> Any:
+    """`config_class(**settings, **extra)`: a recipe's pass-through section (`trl:`) handed to a library's
+    config dataclass as given, next to the `settings` omrl derives from the recipe's own keys. A key of `extra`
+    that is not a field of `config_class`, or one of `settings` or `owned` (set by omrl only in some runs), is a
+    RecipeError naming `section.key`."""
+    known = {f.name for f in dataclasses.fields(config_class) if f.init}
+    for key in sorted(extra):
+        if key not in known:
+            raise RecipeError(f"{section}.{key} is not a setting of {config_class.__name__}")
+        if key in settings or key in owned:
+            raise RecipeError(f"{section}.{key}: omrl sets {config_class.__name__}.{key} from the recipe's own keys "
+                              f"(see the recipe's --help); set it there")
+    return config_class(**settings, **extra)
 
 
 def to_dict(config: Any) -> dict[str, Any]:

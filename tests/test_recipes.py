@@ -302,3 +302,27 @@ def test_one_loader_names_file_and_dotted_key(tmp_path):
     path.write_text("rounds: [2\n")
     with pytest.raises(RecipeError, match=r"r\.yaml line 2: not valid YAML"):
         read_yaml(path)
+
+
+def test_the_trl_section_is_passed_to_trl_and_checked_at_load_time():
+    pytest.importorskip("trl")
+    from omrl.train.grpo import _trl_config
+    from omrl.train.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.sft import SFTRecipe, trl_config
+
+    sft = load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["trl.max_grad_norm=0.5", "trl.adam_beta2=0.99"])
+    config = trl_config(sft)
+    assert (config.max_grad_norm, config.adam_beta2, config.learning_rate) == (0.5, 0.99, 1e-3)
+    assert trl_config(load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe)).max_grad_norm == 1.0  # TRL's own default
+    with pytest.raises(RecipeError, match=r"sft_tiny\.yaml: trl\.max_grad_nrom is not a setting of SFTConfig"):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["trl.max_grad_nrom=0.5"])
+    with pytest.raises(RecipeError, match=r"trl\.learning_rate: omrl sets SFTConfig\.learning_rate"):
+        load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["trl.learning_rate=0.1"])
+    # In an iterate recipe's grpo section too, refused when the recipe loads (not after the SFT stage).
+    with pytest.raises(RecipeError, match=r"quickstart\.yaml: grpo: trl\.bogus is not a setting of GRPOConfig"):
+        load_recipe(RECIPES / "quickstart.yaml", IterateRecipe, ["grpo.trl.bogus=1"])
+    with pytest.raises(RecipeError, match=r"trl\.use_vllm: omrl sets GRPOConfig\.use_vllm"):
+        load_recipe(RECIPES / "quickstart.yaml", IterateRecipe, ["grpo.trl.use_vllm=true"])
+    recipe = load_recipe(RECIPES / "quickstart.yaml", IterateRecipe, ["grpo.trl.max_grad_norm=0.25"])
+    grpo = _trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
+    assert (grpo.max_grad_norm, grpo.learning_rate, grpo.loss_type) == (0.25, 2e-4, "dapo")

@@ -80,12 +80,17 @@ class GRPORecipe:
     vllm_server_base_url: str | None = field(default=None, metadata={
         "help": "server mode: base URL of `trl vllm-serve` (default: TRL's localhost:8000)"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar / logs"})
+    trl: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "more settings of TRL's GRPOConfig, passed as given (e.g. {max_grad_norm: 0.5}); a key that is "
+                "not a GRPOConfig field, or one omrl sets from the keys above, is refused at load time"})
 
     def __post_init__(self) -> None:
         if self.reward is not None:  # a broken recipe is refused at load time, not at the first step
             from omrl.annotate.reward import load_reward_recipe
 
             load_reward_recipe(self.reward)
+        if self.trl:  # so is a bad trl section (building the config checks it)
+            _trl_config(self)
 
 
 def _use_cpu(recipe: GRPORecipe) -> bool:
@@ -95,7 +100,10 @@ def _use_cpu(recipe: GRPORecipe) -> bool:
 
 
 def _trl_config(recipe: GRPORecipe):
+    """TRL's GRPOConfig: what omrl derives from the recipe's keys, plus its `trl` section passed through."""
     from trl import GRPOConfig
+
+    from omrl.recipes import pass_through
 
     vllm: dict[str, Any] = {}
     if recipe.use_vllm:
@@ -108,7 +116,7 @@ def _trl_config(recipe: GRPORecipe):
                 "vllm_gpu_memory_utilization": recipe.vllm_gpu_memory_utilization}
         if recipe.vllm_server_base_url:
             vllm["vllm_server_base_url"] = recipe.vllm_server_base_url
-    return GRPOConfig(
+    return pass_through(GRPOConfig, dict(
         output_dir=recipe.output_dir,
         per_device_train_batch_size=recipe.tasks_per_step * recipe.samples_per_task,
         num_generations=recipe.samples_per_task,
@@ -131,7 +139,7 @@ def _trl_config(recipe: GRPORecipe):
         disable_tqdm=recipe.quiet,
         log_level="warning" if recipe.quiet else "passive",
         **vllm,
-    )
+    ), recipe.trl, owned=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_server_base_url"))
 
 
 def _reward_funcs(recipe: GRPORecipe):

@@ -64,6 +64,9 @@ class SFTRecipe:
     gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory"})
     lora: LoraSettings = field(default_factory=LoraSettings, metadata={"help": "LoRA adapters"})
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    trl: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "more settings of TRL's SFTConfig, passed as given (e.g. {max_grad_norm: 0.5}); a key that is "
+                "not an SFTConfig field, or one omrl sets from the keys above, is refused at load time"})
 
     def __post_init__(self) -> None:
         if self.batching not in ("bridge", "trl"):
@@ -74,6 +77,8 @@ class SFTRecipe:
             raise UsageError(f"mask_source must be auto, template or incremental, not {self.mask_source!r}")
         if self.token_budget < 0:
             raise UsageError(f"token_budget must be >= 0, not {self.token_budget}")
+        if self.trl:  # a bad trl section is refused at load time (building the config checks it)
+            trl_config(self)
 
 
 @dataclass
@@ -102,12 +107,15 @@ def _devices(recipe: SFTRecipe) -> tuple[bool, bool]:
 
 
 def trl_config(recipe: SFTRecipe, **extra: Any):
-    """TRL's SFTConfig for the recipe (CPU: use_cpu, no bf16; never reports to outside services)."""
+    """TRL's SFTConfig for the recipe (CPU: use_cpu, no bf16; never reports to outside services): what omrl
+    derives from the recipe's keys and `extra`, plus its `trl` section passed through."""
     from trl import SFTConfig
+
+    from omrl.recipes import pass_through
 
     use_cpu, bf16 = _devices(recipe)
     bridge = recipe.batching == "bridge"
-    return SFTConfig(
+    return pass_through(SFTConfig, dict(
         output_dir=recipe.output_dir,
         per_device_train_batch_size=recipe.batch_size,
         gradient_accumulation_steps=recipe.grad_accum,
@@ -131,7 +139,7 @@ def trl_config(recipe: SFTRecipe, **extra: Any):
         dataset_num_proc=None,
         **({"gradient_checkpointing": True} if recipe.gradient_checkpointing else {}),
         **extra,
-    )
+    ), recipe.trl, owned=("gradient_checkpointing",))
 
 
 def build_dataset(recipe: SFTRecipe, tokenizer):
