@@ -267,7 +267,7 @@ def pass_through(config_class: type, settings: dict[str, Any], extra: dict[str, 
     config dataclass as given, next to the `settings` omrl derives from the recipe's own keys. A key of `extra`
     that is not a field of `config_class`, or one of `settings` or `owned` (set by omrl only in some runs), is a
     RecipeError naming `section.key`."""
-    known = {f.name for f in dataclasses.fields(config_class) if f.init}
+    known = {f.name for f in dataclasses.fields(config_class) if f.init} if extra else set()
     for key in sorted(extra):
         if key not in known:
             raise RecipeError(f"{section}.{key} is not a setting of {config_class.__name__}")
