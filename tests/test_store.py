@@ -147,8 +147,8 @@ def test_a_reader_racing_a_compaction_still_sees_every_row(tmp_path, monkeypatch
             return real(*args, **kwargs)
         return reader
 
-    monkeypatch.setattr("omrl.store.store.pq.read_metadata", compact_first(real_read_metadata))
-    monkeypatch.setattr("omrl.store.store.pq.read_table", compact_first(real_read_table))
+    monkeypatch.setattr("omrl.store.parts.pq.read_metadata", compact_first(real_read_metadata))
+    monkeypatch.setattr("omrl.store.parts.pq.read_table", compact_first(real_read_table))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no part may be skipped as unreadable
         assert READERS[reader](store) == 4

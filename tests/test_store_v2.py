@@ -226,7 +226,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from conftest import make_trajectory
-    import omrl.store.store as store_module
+    import omrl.store.commit as store_module
     from omrl.store import Store
 
     moment = sys.argv[2]

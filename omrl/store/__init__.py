@@ -1,20 +1,14 @@
 """The trajectory store: a folder (or S3 prefix) of Parquet parts that is also a Hugging Face dataset.
 
-Modules: store (the Store: append, read, commit, compact), manifest (omrl.json and its listing of parts),
-layout (how parts and their side files are written), storage (local disk and S3 backends), check (check
-and repair), query (the one confined DuckDB connection and the SQL over a store), search (the text index).
+Modules, lowest first: storage (local disk and S3), manifest (omrl.json and its listing of parts), layout
+(how parts and their side files are written), card (the dataset card), parts (reading: the listing against
+the folders, the live parts), commit (writing under the lock), store (the Store: create, append, compact),
+check (check and repair), query (the one confined DuckDB connection), search (the text index).
 """
 
 from omrl.store.manifest import MANIFEST, TABLES, StoreError
-from omrl.store.store import (
-    REPLACES_KEY,
-    Appended,
-    AutoCompactWarning,
-    CorruptPartWarning,
-    SearchIndexWarning,
-    Store,
-    open_store,
-)
+from omrl.store.parts import REPLACES_KEY, CorruptPartWarning
+from omrl.store.store import Appended, AutoCompactWarning, SearchIndexWarning, Store, open_store
 
 __all__ = [
     "MANIFEST",

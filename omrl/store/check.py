@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from omrl.schema import conform
+from omrl.store.card import card_parts
 from omrl.store.layout import SIDE_KINDS, side_matches, side_path, side_tables
-from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, card_parts, listing
+from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, listing
 
-if TYPE_CHECKING:  # a type only: omrl.store imports this module for Store.check and Store.repair
-    from omrl.store.store import Store
+if TYPE_CHECKING:  # a type only: any store, through the committing half of Store
+    from omrl.store.commit import StoreWriter as Store
 
 QUARANTINE_DIR = ".quarantine"  # hidden: never listed, never uploaded (hub.PUSH_IGNORE)
 _CHUNK = 8 << 20

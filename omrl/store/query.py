@@ -44,8 +44,8 @@ from omrl.errors import OmrlError
 from omrl.schema import SCHEMAS
 from omrl.store.layout import TOOL_CALLS_SCHEMA
 
-if TYPE_CHECKING:  # a type only: omrl.store.store imports this module (Store.sql, Store.connect)
-    from omrl.store.store import Store
+if TYPE_CHECKING:  # a type only: any store; a query needs only the reading half of Store
+    from omrl.store.parts import StoreReader as Store
 
 T = TypeVar("T")
 

@@ -68,8 +68,8 @@ import pyarrow.parquet as pq
 from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.errors import UsageError
 
-if TYPE_CHECKING:  # a type only: the store imports this module to index its parts
-    from omrl.store.store import Store
+if TYPE_CHECKING:  # a type only: any store; search needs only the reading half of Store
+    from omrl.store.parts import StoreReader as Store
 
 TOKEN = re.compile(r"\w+")
 INDEX_SUFFIX = ".search"
