@@ -104,7 +104,7 @@ def card_configs(parts: dict[str, list[str]]) -> str:
 
 
 
-def _replacecard_configs(card: str, configs: str) -> str:
+def replace_card_configs(card: str, configs: str) -> str:
     """The card with its YAML `configs:` block replaced (the rest of the front matter and the text kept);
     front matter that is not valid YAML is replaced whole, the text below it kept."""
     match = CARD_FRONT_MATTER.match(card)
