@@ -328,9 +328,14 @@ def select_rows(store: Store, filters: list[RowFilter], rejects: bool = False) -
     """Run the row filters in DuckDB on one confined connection (one snapshot of the parts): one
     aggregate pass counts each row's first failed filter, a second reads only the kept rows; with
     `rejects`, a third reads the dropped rows with their reason."""
-    from omrl.store.query import VANISHED_RETRIES, QueryError, close, connect, quote_literal, run_query
+    from omrl.store.parts import retry_vanished
+    from omrl.store.query import QueryError, close, connect, quote_literal, run_query
 
-    for attempt in range(VANISHED_RETRIES + 1):
+    def vanished(exc: BaseException) -> bool:  # a compaction removed a part under the queries
+        return isinstance(exc, FileNotFoundError) or (isinstance(exc, QueryError)
+                                                      and "No such file or directory" in str(exc))
+
+    def attempt() -> Selection:
         con = connect(store)
         try:
             conditions = [(f.condition(con), f.reason) for f in filters]
@@ -345,17 +350,13 @@ def select_rows(store: Store, filters: list[RowFilter], rejects: bool = False) -
                 dropped = run_query(store, f"SELECT * FROM (SELECT *, {reason} AS _omrl_reason FROM trajectories) "
                                            "WHERE _omrl_reason IS NOT NULL", con=con)
                 dropped = _rejects_table(dropped)
-        except (QueryError, FileNotFoundError) as exc:  # a compaction removed a part under the queries
-            if attempt < VANISHED_RETRIES and (isinstance(exc, FileNotFoundError)
-                                               or "No such file or directory" in str(exc)):
-                continue
-            raise
         finally:
             close(con)
         return Selection(source_rows=sum(r["n"] for r in counts),
                          dropped=Counter({r["reason"]: r["n"] for r in counts if r["reason"] is not None}),
                          kept=_conform(kept, TRAJECTORY_SCHEMA), rejects=dropped)
-    raise AssertionError("unreachable")
+
+    return retry_vanished(attempt, vanished)
 
 
 REJECTS_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("reason", pa.string()))

@@ -36,8 +36,26 @@ LISTED_KEY = b"omrl.listed_in"
 
 
 T = TypeVar("T")
-# Listings of parts a reader redoes when a concurrent compaction removed a part it was about to read.
+# Tries of a read (or listing) whose part a concurrent compaction removed (or whose listing it changed).
 RELIST_ATTEMPTS = 5
+
+
+def _file_gone(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError)
+
+
+def retry_vanished(work: Callable[[], T], vanished: Callable[[BaseException], bool] = _file_gone) -> T:
+    """`work()`, run again (RELIST_ATTEMPTS times in all) while it fails because a part vanished under it
+    (`vanished(exc)`; default: FileNotFoundError): a compaction renames its merged part in before it removes
+    the parts it replaces, so `work` listing the parts afresh sees every row. The last failure is raised."""
+    for attempt in range(RELIST_ATTEMPTS - 1):
+        try:
+            return work()
+        except Exception as exc:
+            if not vanished(exc):
+                raise
+            time.sleep(0.01 * (attempt + 1))  # let the compaction finish its cleanup
+    return work()
 
 
 class CorruptPartWarning(UserWarning):
@@ -207,7 +225,7 @@ class StoreReader:
                 time.sleep(0.01 * (wait + 1))
             return scan
 
-        return self._retry_on_vanished(attempt)
+        return retry_vanished(attempt)
 
     def _refuse_damage(self, table: str, scan: _Scan, outcome: str) -> None:
         """Raise StoreError naming the listed parts of `scan` that are missing or damaged, if any."""
@@ -221,20 +239,9 @@ class StoreReader:
                          f"or drop them with `omrl store check {self.path} --repair --accept-loss` (their rows "
                          "are then gone)")
 
-    @staticmethod
-    def _retry_on_vanished(work: Callable[[], T]) -> T:
-        """Run `work`, again when a part vanished under it: a compaction renames its new part in before it
-        removes the old ones, so a fresh listing sees every row."""
-        for attempt in range(RELIST_ATTEMPTS - 1):
-            try:
-                return work()
-            except FileNotFoundError:
-                time.sleep(0.01 * (attempt + 1))  # let the compaction finish its cleanup
-        return work()
-
     def _each_part(self, table: str, read: Callable[[Path], T]) -> list[T]:
         """`read` applied to every live part, consistent even while another process compacts the table."""
-        return self._retry_on_vanished(lambda: [read(p) for p in self.parts(table)])
+        return retry_vanished(lambda: [read(p) for p in self.parts(table)])
 
     def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
         """The live parts of a table, in order. StoreError when a listed part is missing or damaged (the
@@ -356,4 +363,4 @@ class StoreReader:
                 (sides if self._sides[key] else lacking).append(side if self._sides[key] else part)
             return sides, lacking
 
-        return self._retry_on_vanished(listing_now)
+        return retry_vanished(listing_now)

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMAS
 from omrl.store.layout import TOOL_CALLS_SCHEMA
+from omrl.store.parts import retry_vanished
 
 if TYPE_CHECKING:  # a type only: any store; a query needs only the reading half of Store
     from omrl.store.parts import StoreReader as Store
@@ -55,7 +56,6 @@ VIEWS = ("trajectories", "messages", "turns", "tool_calls", "annotations", "late
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 1e6  # past this a timer cannot wait (threading's clock overflows); refused like inf and nan
 TEMP_PREFIX = "omrl-duckdb-"  # a connection's own temporary folder (spilling): a host path no query may show
-VANISHED_RETRIES = 4  # connections rebuilt when a compaction removes a part under a query
 
 # Set when the database starts, before any statement can run.
 _START_CONFIG = {
@@ -617,21 +617,18 @@ def _with_connection(store: Store, con: duckdb.DuckDBPyConnection | None,
             return work(con)
         except duckdb.Error as exc:
             raise _user_error(exc, store) from None
-    for attempt in range(VANISHED_RETRIES + 1):
-        own = None
+
+    def attempt() -> T:
+        own = connect(store)
         try:
-            own = connect(store)
             return work(own)
-        except (duckdb.Error, FileNotFoundError) as exc:
-            if _vanished(exc) and attempt < VANISHED_RETRIES:
-                continue
-            if isinstance(exc, duckdb.Error):
-                raise _user_error(exc, store) from None
-            raise
         finally:
-            if own is not None:  # a connection made here is not the caller's to reuse
-                close(own)
-    raise AssertionError("unreachable")
+            close(own)  # a connection made here is not the caller's to reuse
+
+    try:
+        return retry_vanished(attempt, _vanished)
+    except duckdb.Error as exc:
+        raise _user_error(exc, store) from None
 
 
 def run_query(store: Store, query: str, con: duckdb.DuckDBPyConnection | None = None,

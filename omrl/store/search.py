@@ -55,7 +55,7 @@ import threading
 import uuid
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 
 from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.errors import UsageError
+from omrl.store.parts import retry_vanished
 
 if TYPE_CHECKING:  # a type only: any store; search needs only the reading half of Store
     from omrl.store.parts import StoreReader as Store
@@ -91,7 +92,6 @@ SNIPPET_CHARS = 160
 TANTIVY_HEAP_BYTES = 64_000_000
 TWO_THREADS_TEXTS = 200_000
 TOKENISE_CHUNK_BYTES = 64 * 1024 * 1024
-RELIST_ATTEMPTS = 5
 LOADED_CACHE = 32  # opened indexes kept per process (a viewer searches the same parts again and again)
 _FIELD = "tokens"
 _TEXT = "text"  # fast field: the document's text number, the key of messages.parquet
@@ -652,17 +652,6 @@ def _add_snippets(hits: pa.Table, parts: list[Path], part_of_hit: np.ndarray, qu
     return pa.array(snippets, pa.string())
 
 
-def _retrying(work: Callable[[list[Path]], pa.Table], store: Store) -> pa.Table:
-    """`work(parts)` on the live trajectories parts, listed again if a compaction removed one meanwhile."""
-    for attempt in range(RELIST_ATTEMPTS):
-        try:
-            return work(store.parts("trajectories"))
-        except FileNotFoundError:
-            if attempt == RELIST_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise UsageError(f"the search limit must be a whole number >= 0, not {limit!r}")
@@ -694,7 +683,7 @@ def search(store: Store, query: str, limit: int | None = None, *, use_index: boo
         column = _add_snippets(hits, parts, hits.column("_part").to_numpy(), parsed)
         return hits.select(_HITS_SCHEMA.names).append_column("snippet", column)
 
-    return _retrying(work, store)
+    return retry_vanished(lambda: work(store.parts("trajectories")))
 
 
 def search_ids(store: Store, query: str, *, use_index: bool = True) -> pa.Array:
