@@ -32,6 +32,7 @@ from omrl.errors import UsageError  # noqa: E402
 from omrl.store import REPLACES_KEY, Store, StoreError  # noqa: E402
 from omrl.store import storage as storage_module  # noqa: E402
 from omrl.store.query import QueryError  # noqa: E402
+from omrl.store.search import search  # noqa: E402
 from omrl.store.storage import S3Path, StorageError, s3_storage  # noqa: E402
 
 BUCKET = "omrl-test"
@@ -382,7 +383,7 @@ def test_s3_paths_that_cannot_be_a_store_are_refused_clearly(s3_env, url):
         Store.create("s3://no-such-bucket-omrl/x")
     store = Store.create(url + "-ok")
     with pytest.raises(UsageError, match="text search"):
-        store.search("calculator")
+        search(store, "calculator")
     with pytest.raises(UsageError, match="local folders"), Store.staged(url + "-derived"):
         pass
     with pytest.raises(TypeError, match="not a local file"):

@@ -283,13 +283,13 @@ def test_appends_leave_indexing_to_compaction_and_search_equals_the_scan(tmp_pat
     store.append(varied_rows(100))
     old = store.parts()
     assert missing_indexes(store) == old  # appends build no index: searches scan these parts
-    assert store.search("hello").equals(search(store, "hello", use_index=False))
+    assert search(store, "hello").equals(search(store, "hello", use_index=False))
     merged = store.compact()
     assert index_path(merged).is_dir() and not any(index_path(p).exists() for p in old)
     assert missing_indexes(store) == []
     for query in ("calculator", "compute", "hello", "nothing-like-this", '"let me compute"'):
-        assert store.search(query).equals(search(store, query, use_index=False)), query
-    assert store.search("hello").num_rows == 2
+        assert search(store, query).equals(search(store, query, use_index=False)), query
+    assert search(store, "hello").num_rows == 2
 
 
 def test_compacting_a_single_part_builds_its_missing_index(tmp_path):
@@ -332,5 +332,5 @@ def test_a_failed_index_build_keeps_the_compaction_and_search_scans(tmp_path, mo
     assert store.parts() == [merged] and store.count() == 16
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert store.search("hello").column("trajectory_id").to_pylist() == ["chat-0", "chat-100"]
+        assert omrl.store.search.search(store, "hello").column("trajectory_id").to_pylist() == ["chat-0", "chat-100"]
     assert json.loads((store.path / "omrl.json").read_text())["schema_version"] == 2

@@ -8,7 +8,10 @@ check (check and repair), query (the one confined DuckDB connection), search (th
 
 from omrl.store.manifest import MANIFEST, TABLES, StoreError
 from omrl.store.parts import REPLACES_KEY, CorruptPartWarning
-from omrl.store.store import Appended, AutoCompactWarning, SearchIndexWarning, Store, open_store
+from omrl.store.search import (
+    SearchIndexWarning,  # importing search attaches its index to every store's commits
+)
+from omrl.store.store import Appended, AutoCompactWarning, Store, open_store
 
 __all__ = [
     "MANIFEST",

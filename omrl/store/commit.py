@@ -40,6 +40,24 @@ _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
 _SIDE_TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.\w+\.parquet\.tmp$")
 
 
+class PartIndex:
+    """An index kept beside a store's trajectories parts. omrl.store.search attaches its text index to
+    PART_INDEXES when it is imported (omrl.store imports it), so the store tells it about parts without
+    importing it. Each method is called outside the write lock, after the commit it follows."""
+
+    def compacted(self, store: StoreWriter, part: Path, data: pa.Table | None) -> None:
+        """A compaction committed `part` (`data`: its rows when the caller has them)."""
+
+    def complete(self, store: StoreWriter) -> None:
+        """`omrl store compact` found nothing to merge: index the live parts that lack an index."""
+
+    def removed(self, store: StoreWriter, part: Path) -> None:
+        """`part` was deleted (compacted away, or dropped by a repair)."""
+
+
+PART_INDEXES: list[PartIndex] = []
+
+
 class StoreWriter(StoreReader):
     """The committing half of a Store (omrl.store.store); callers of its underscored methods hold the
     write lock."""
@@ -222,10 +240,9 @@ class StoreWriter(StoreReader):
         self.storage.delete(part)
         for kind in SIDE_KINDS:
             self.storage.delete(side_path(part, kind))
-        if part.parent.name == "trajectories" and self.storage.local:  # S3 stores have no index (_index)
-            from omrl.store.search import remove_index
-
-            remove_index(part)
+        if part.parent.name == "trajectories":
+            for index in PART_INDEXES:
+                index.removed(self, part)
 
     def _ids_locked(self, table: str, parts: list[Path]) -> set[str]:
         """The ids of the live `parts`. Kept between commits and grown by the parts added since, so a

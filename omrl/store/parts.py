@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from omrl.errors import UsageError
 from omrl.schema import SCHEMAS, conform
 from omrl.store.layout import SIDE_DIR, side_matches, side_path
 from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, listing, parse_manifest
@@ -318,12 +317,6 @@ class StoreReader:
         for ids in self._each_part(table, lambda p: self._read_parquet(p, columns=["id"]).column("id")):
             out.update(ids.to_pylist())
         return out
-
-    def _refuse_remote_search(self) -> None:
-        """Text search reads parts and indexes from local disk (omrl.store.search): refused on an S3 store."""
-        if not self.storage.local:
-            raise UsageError(f"{self.path}: text search is not supported on S3 stores yet (no index is built "
-                             "there); use SQL, e.g. `WHERE content ILIKE '%word%'` on the messages view")
 
     def _side_matches(self, side: Path, part_name: str, rows: int, size: int) -> bool:
         """Whether `side` is the readable side file of this part (layout.side_matches, through the storage)."""

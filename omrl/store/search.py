@@ -67,9 +67,11 @@ import pyarrow.parquet as pq
 
 from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.errors import UsageError
+from omrl.store.commit import PART_INDEXES, PartIndex
 from omrl.store.parts import retry_vanished
 
 if TYPE_CHECKING:  # a type only: any store; search needs only the reading half of Store
+    from omrl.store.commit import StoreWriter
     from omrl.store.parts import StoreReader as Store
 
 TOKEN = re.compile(r"\w+")
@@ -106,7 +108,8 @@ _BUILDING = re.compile(r"\.search\.(?:building|removing)-(\d+)-[0-9a-f]+$")
 
 
 class SearchIndexWarning(UserWarning):
-    """An index that could not be used; its part was scanned instead (same results, slower)."""
+    """A part's index that could not be built or used: the part stands, and searches scan it (same results,
+    slower)."""
 
 
 def tokenize(text: str) -> list[str]:
@@ -652,6 +655,13 @@ def _add_snippets(hits: pa.Table, parts: list[Path], part_of_hit: np.ndarray, qu
     return pa.array(snippets, pa.string())
 
 
+def _refuse_remote(store: Store) -> None:
+    """Text search reads parts and indexes from local disk: refused on an S3 store."""
+    if not store.storage.local:
+        raise UsageError(f"{store.path}: text search is not supported on S3 stores yet (no index is built "
+                         "there); use SQL, e.g. `WHERE content ILIKE '%word%'` on the messages view")
+
+
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise UsageError(f"the search limit must be a whole number >= 0, not {limit!r}")
@@ -666,7 +676,7 @@ def search(store: Store, query: str, limit: int | None = None, *, use_index: boo
     `snippets=False` reads no message text from an indexed part. `use_index=False` scans every part (the
     reference the index is tested against).
     """
-    store._refuse_remote_search()
+    _refuse_remote(store)
     _check_limit(limit)
     parsed = parse_query(query)
 
@@ -706,3 +716,31 @@ def hits_view(store: Store, query: str, name: str = "search_hits", *, snippets: 
         yield con
     finally:
         close(con)
+
+
+class _TextIndex(PartIndex):
+    """This index as the store's commits see it (PART_INDEXES): none on S3 (tantivy needs a local folder)."""
+
+    def compacted(self, store: StoreWriter, part: Path, data: pa.Table | None) -> None:
+        """Build the part's index. The part is committed already: a failure is a warning, and searches scan
+        the part instead."""
+        if not store.storage.local:
+            return
+        try:
+            build_index(part, data)
+        except FileNotFoundError:
+            return  # compacted away meanwhile: the merged part gets its own index
+        except Exception as exc:  # any failure of the index library: the committed part must stand
+            warnings.warn(f"no search index for {part} (searches scan it instead): {type(exc).__name__}: {exc}",
+                          SearchIndexWarning, stacklevel=4)
+
+    def complete(self, store: StoreWriter) -> None:
+        for part in missing_indexes(store):  # none on S3
+            self.compacted(store, part, None)
+
+    def removed(self, store: StoreWriter, part: Path) -> None:
+        if store.storage.local:
+            remove_index(part)
+
+
+PART_INDEXES.append(_TextIndex())

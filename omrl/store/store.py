@@ -48,7 +48,7 @@ from omrl.durable import fsync_path, is_stale
 from omrl.errors import OmrlError, UsageError
 from omrl.schema import conform, to_table, utcnow
 from omrl.store.card import dataset_card
-from omrl.store.commit import StoreWriter
+from omrl.store.commit import PART_INDEXES, StoreWriter
 from omrl.store.layout import CompactPolicy
 from omrl.store.manifest import (
     MANIFEST,
@@ -72,10 +72,6 @@ _STAGING_PID = re.compile(r"\.(?:staging|creating|replaced)-(\d+)-[0-9a-f]+$")
 
 class AutoCompactWarning(UserWarning):
     """An automatic compaction that failed after its append was committed (the append stands)."""
-
-
-class SearchIndexWarning(UserWarning):
-    """A part whose text-search index could not be built (the part stands; searches scan it)."""
 
 
 @dataclass(frozen=True)
@@ -244,37 +240,6 @@ class Store(StoreWriter):
         self._auto_compact(table, policy)
         return Appended(part, data.num_rows, skipped)
 
-    def _index(self, part: Path, data: pa.Table | None = None) -> None:
-        """Build a compacted trajectories part's search index (omrl.store.search) outside the write lock. The part
-        is committed already: a failure is a warning, and searches scan the part instead."""
-        if not self.storage.local:  # tantivy needs a local folder: S3 stores are not indexed (_refuse_remote_search)
-            return
-        from omrl.store.search import build_index
-
-        try:
-            build_index(part, data)
-        except FileNotFoundError:
-            return  # compacted away meanwhile: the merged part gets its own index
-        except Exception as exc:  # any failure of the index library: the committed part must stand
-            warnings.warn(f"no search index for {part} (searches scan it instead): {type(exc).__name__}: {exc}",
-                          SearchIndexWarning, stacklevel=3)
-
-    def _index_missing(self) -> None:
-        """Build the search index of every live trajectories part that lacks one (warnings as `_index`); none on
-        S3, where missing_indexes lists nothing."""
-        from omrl.store.search import missing_indexes
-
-        for part in missing_indexes(self):
-            self._index(part)
-
-    def search(self, query: str, limit: int | None = None, *, snippets: bool = True) -> pa.Table:
-        """Messages matching a text query (words and "phrases"; rules in omrl.store.search), exactly what a
-        full scan finds: trajectory_id, position, role and (with `snippets`) snippet, ordered; at most
-        `limit` rows. Without snippets no message text is read from an indexed part."""
-        from omrl.store.search import search
-
-        return search(self, query, limit, snippets=snippets)
-
     def check(self) -> list[PartProblem]:
         """Every problem of the store's files (omrl.store.check): lost, damaged or unlisted parts and side
         files, a broken card, ids held twice."""
@@ -314,7 +279,8 @@ class Store(StoreWriter):
                 parts = policy.small(parts)
             if len(parts) < min_parts and not duplicated:
                 if policy is None and table == "trajectories" and index:
-                    self._index_missing()  # nothing to merge: `omrl store compact` still makes search fast
+                    for part_index in PART_INDEXES:  # nothing to merge: `omrl store compact` still makes search fast
+                        part_index.complete(self)
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
             data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])
@@ -337,7 +303,8 @@ class Store(StoreWriter):
                     self._remove_part(p)
             new = self.table_dir(table) / merged.name
             if table == "trajectories" and index:
-                self._index(new, data)
+                for part_index in PART_INDEXES:
+                    part_index.compacted(self, new, data)
             return new
 
     @property
