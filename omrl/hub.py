@@ -59,17 +59,6 @@ def guess_format(out: str | Path) -> str:
     raise UsageError(f"cannot tell the export format from {out}; pass --format ({', '.join(EXPORT_FORMATS)})")
 
 
-def select_rows(store: Store, where: str | None = None) -> pa.Table:
-    """The store's trajectories, or those matching a SQL WHERE clause over the `trajectories` view."""
-    table = store.read("trajectories")
-    if not where:
-        return table
-    from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
-
-    ids = pa.array(select_ids(store, where), pa.string())
-    return table.filter(pc.is_in(table.column("id"), value_set=ids))
-
-
 def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = None,
                  where: str | None = None, overwrite: bool = False) -> ExportResult:
     """Write the selected trajectories of a store to `out` in one of EXPORT_FORMATS."""
@@ -80,7 +69,7 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
         raise UsageError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     if out.exists() and not overwrite and (out.is_file() or any(out.iterdir())):
         raise StoreError(f"{out} already exists; choose another --out or pass --overwrite")
-    rows = select_rows(store, where)
+    rows = store.select(where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
     if fmt == "traces":

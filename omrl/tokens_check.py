@@ -152,9 +152,7 @@ def check_tokens(rows: Iterable[dict[str, Any]], model: str, tokenizer: Any = No
 
 def check_store_tokens(store: Any, model: str, where: str | None = None) -> TokenReport:
     """check_tokens over a store's trajectories (or those matching a WHERE clause), read in batches."""
-    from omrl.hub import select_rows
-
-    table = select_rows(store, where)
+    table = store.select(where)
     tokenizer = load_tokenizer(model)
     rows = (row for batch in table.to_batches(max_chunksize=500) for row in batch.to_pylist())
     return check_tokens(rows, model, tokenizer)

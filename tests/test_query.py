@@ -116,3 +116,31 @@ def test_polars_from_query(store):
 
     frame = pl.from_arrow(store.sql("SELECT env, avg(reward) AS r FROM trajectories GROUP BY env"))
     assert frame.to_dicts() == [{"env": "math", "r": 0.5}]
+
+
+def test_select_returns_the_rows_read_would_filter_in_store_order(tmp_path):
+    """Store.select runs the WHERE in DuckDB and returns what read() holds for those rows, in its order and
+    schema, over several parts (against a filter done here in Python)."""
+    from conftest import make_trajectory
+
+    from omrl.store import Store
+    from omrl.store.layout import CompactPolicy
+
+    store = Store.create(tmp_path / "s")
+    store.set_compact_policy(CompactPolicy(small_parts=100))
+    order = [7, 2, 9, 4, 0, 5, 8, 1, 6, 3, 11, 10]
+    for start in range(0, len(order), 4):
+        store.append([make_trajectory(i, reward=i / 10, success=i % 2 == 0).to_row() for i in order[start:start + 4]])
+    assert len(store.parts()) == 3
+    everything = store.read().to_pylist()
+    assert store.select().to_pylist() == everything
+    chosen = store.select("success AND reward > 0.3")
+    assert chosen.schema == store.read().schema
+    assert chosen.to_pylist() == [r for r in everything if r["success"] and r["reward"] > 0.3]
+    assert [r["id"] for r in chosen.to_pylist()] == ["traj-4", "traj-8", "traj-6", "traj-10"]
+    assert store.select("reward < 0.35", ["id", "reward"]).to_pylist() == [
+        {"id": f"traj-{i}", "reward": i / 10} for i in (2, 0, 1, 3)]
+    with pytest.raises(QueryError, match="unknown trajectories column"):
+        store.select("success", ["id", "no_such_column"])
+    with pytest.raises(QueryError, match="refused"):
+        store.select("success; DROP VIEW trajectories")

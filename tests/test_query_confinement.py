@@ -301,15 +301,12 @@ LEGIT_WHERES = {
 
 
 def test_legit_wheres_select_the_right_rows_on_every_path(store, tmp_path):
-    from omrl.annotate.runner import select_rows as annotate_rows
     from omrl.curate.filters import FilterOptions, filter_store
-    from omrl.hub import select_rows as hub_rows
     from omrl.train.bridge import load_rows
 
     for where, ids in LEGIT_WHERES.items():
         assert sorted(select_ids(store, where)) == ids, where
-        assert sorted(r["id"] for r in annotate_rows(store, where)) == ids, where
-        assert sorted(hub_rows(store, where).column("id").to_pylist()) == ids, where
+        assert sorted(store.select(where).column("id").to_pylist()) == ids, where
         assert [r["id"] for r in load_rows(store, where, skip_broken=False)] == ids, where
     result = filter_store(store, tmp_path / "f", FilterOptions(where="success"))
     assert sorted(result.ids["train"]) == LEGIT_WHERES["success"]

@@ -109,17 +109,6 @@ def annotate_with_recipe(store: Store | str, recipe: str | dict[str, Any] | Rewa
                     metadata=metadata, cache_dir=recipe.cache, ray=ray)
 
 
-def select_rows(store: Store, where: str | None = None) -> list[dict[str, Any]]:
-    """Trajectory rows (as dicts), optionally those matching a SQL WHERE clause over `trajectories`."""
-    data = store.read("trajectories")
-    if where:
-        from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
-
-        ids = pa.array(select_ids(store, where), pa.string())
-        data = data.filter(pc.is_in(data.column("id"), value_set=ids))
-    return data.to_pylist()
-
-
 class _Writer:
     """Buffers annotation rows and appends them in batches, counting per annotator."""
 
@@ -191,7 +180,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     loaded = [m if isinstance(m, NamedMetric) else load_metric(m) for m in metrics]
     recipe = load_reward_recipe(reward_recipe) if reward_recipe is not None else None
     summary = AnnotateSummary(run_id=run_id or f"annotate-{new_id()[:12]}")
-    rows = select_rows(store, where)
+    rows = store.select(where).to_pylist()
     summary.trajectories = len(rows)
     report = progress or (lambda stage, done, total: None)
     writer = _Writer(store, summary, metadata)

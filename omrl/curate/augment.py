@@ -321,13 +321,7 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
     if unknown or not ops:
         raise UsageError(f"unknown op(s) {unknown}; ops are {', '.join(OPS)}" if unknown else "give at least one op")
     store = source if isinstance(source, Store) else Store(source)
-    data = store.read("trajectories")
-    if where:
-        from omrl.store.query import select_ids  # one checked condition, never pasted into SQL
-
-        ids = pa.array(select_ids(store, where), pa.string())
-        data = data.filter(pc.is_in(data.column("id"), value_set=ids))
-    rows = data.to_pylist()
+    rows = store.select(where).to_pylist()  # `where`: one checked condition, never pasted into SQL
     result = AugmentResult(source_rows=len(rows))
     new_rows = []
     for row in rows:

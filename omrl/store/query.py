@@ -41,7 +41,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from omrl.errors import OmrlError
-from omrl.schema import SCHEMAS
+from omrl.schema import SCHEMAS, conform
 from omrl.store.layout import TOOL_CALLS_SCHEMA
 from omrl.store.parts import retry_vanished
 
@@ -765,6 +765,24 @@ def select_where(store: Store, where: str | None, *, view: str = "trajectories",
         return _execute(c, sql, timeout)
 
     return _with_connection(store, con, work)
+
+
+def select(store: Store, where: str | None = None, columns: list[str] | None = None, *,
+           table: str = "trajectories") -> pa.Table:
+    """The rows of `table` matching the user's `where` (one checked SQL condition; None or "": every row) as
+    `Store.read` returns them: in the store's order, in the table's schema, only `columns` when given.
+    DuckDB runs the condition and reads only the rows and columns it needs; with no condition the parts
+    are read directly."""
+    if table not in SCHEMAS:
+        raise QueryError(f"unknown table {table!r}; tables are {', '.join(SCHEMAS)}")
+    names = list(columns) if columns else SCHEMAS[table].names
+    unknown = [name for name in names if name not in SCHEMAS[table].names]
+    if unknown:
+        raise QueryError(f"unknown {table} column(s): {', '.join(unknown)}")
+    if where is None or where == "":
+        return store.read(table, names)
+    data = select_where(store, where, view=table, columns=", ".join(_ident(name) for name in names))
+    return conform(data, table).select(names)
 
 
 def select_ids(store: Store, where: str, con: duckdb.DuckDBPyConnection | None = None, *,

@@ -335,6 +335,13 @@ class Store(StoreWriter):
                           f"run `omrl store compact`): {type(exc).__name__}: {exc}", AutoCompactWarning, stacklevel=3)
             return None
 
+    def select(self, where: str | None = None, columns: list[str] | None = None) -> pa.Table:
+        """The trajectories matching the user's SQL `where` (one checked condition; None: all), as `read`
+        returns them; the condition runs in DuckDB (omrl.store.query.select)."""
+        from omrl.store.query import select
+
+        return select(self, where, columns)
+
     def sql(self, query: str) -> pa.Table:
         """Run read-only SQL over the store's views; returns Arrow."""
         from omrl.store.query import run_query

@@ -336,11 +336,9 @@ def where_paths(folder: Path) -> list[tuple[str, Callable[[Any, str], Any]]]:
     """Every library entry that takes a user's --where, as (name, call(store, where)); derived outputs
     go to fresh folders `folder`/out-N."""
     from omrl.annotate.runner import annotate
-    from omrl.annotate.runner import select_rows as annotate_rows
     from omrl.curate.augment import augment_store
     from omrl.curate.filters import FilterOptions, WhereFilter, filter_store
     from omrl.hub import export_store
-    from omrl.hub import select_rows as hub_rows
     from omrl.store.query import select_ids
     from omrl.train.bridge import load_rows
 
@@ -354,10 +352,9 @@ def where_paths(folder: Path) -> list[tuple[str, Callable[[Any, str], Any]]]:
         ("groups", lambda s, w: select_ids(s, w, view="groups", column="group_id")),
         ("WhereFilter", lambda s, w: WhereFilter(s, w).ids),
         ("filter_store", lambda s, w: filter_store(s, fresh(), FilterOptions(where=w)).kept),
-        ("annotate select_rows", lambda s, w: annotate_rows(s, w)),
+        ("Store.select", lambda s, w: s.select(w).num_rows),
         ("annotate", lambda s, w: annotate(s, ["num_turns"], where=w).written),
         ("augment", lambda s, w: augment_store(s, fresh(), ["tool_rename"], where=w).source_rows),
-        ("hub select_rows", lambda s, w: hub_rows(s, w).num_rows),
         ("export jsonl", lambda s, w: export_store(s, fresh().with_suffix(".jsonl"), where=w).rows),
         ("export parquet", lambda s, w: export_store(s, fresh(), fmt="parquet", where=w).rows),
         ("load_rows", lambda s, w: load_rows(s, w)),
