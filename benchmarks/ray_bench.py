@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from omrl.executor import executor_for  # noqa: E402
 from omrl.rollout import RolloutSettings, collect  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
@@ -47,7 +48,7 @@ def timed(tasks, policy, settings, samples, ray, root: str, name: str) -> float:
     store = Store.create(Path(root) / name)
     started = time.perf_counter()
     result = asyncio.run(collect(None, tasks, policy, store, settings, samples=samples, run_id=name,
-                                 progress=False, ray=ray))
+                                 executor=executor_for(ray)))
     elapsed = time.perf_counter() - started
     if result.played != len(tasks) * samples or result.errors:
         raise SystemExit(f"{name}: {result.played} played, {result.errors} errors ({dict(result.statuses)})")
@@ -104,13 +105,13 @@ def io_bound(root: str, samples: int, latency: float, concurrency: int) -> dict[
 
 
 def worker_start_s() -> float:
-    """Seconds from asking for one EpisodeWorker actor to its first answer (process start and imports)."""
+    """Seconds from asking for one Ray shard worker actor to its first answer (process start and imports)."""
     import ray
 
-    from omrl.distributed.ray_collect import EpisodeWorker
+    from omrl.distributed.ray_executor import ShardWorker
 
     started = time.perf_counter()
-    actor = ray.remote(EpisodeWorker).options(num_cpus=1).remote(None, None, None, {}, None)
+    actor = ray.remote(ShardWorker).options(num_cpus=1).remote()
     ray.get(actor.pid.remote())
     elapsed = time.perf_counter() - started
     ray.kill(actor)

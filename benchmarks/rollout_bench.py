@@ -184,7 +184,7 @@ async def run_async(base_url: str, concurrency: int, tasks: list[Task], cap: int
         store = Store.create(Path(tmp) / "store")
         started = time.monotonic()
         job = asyncio.create_task(collect(HeavyTailEnv, tasks, policy, store, concurrency=concurrency,
-                                          max_turns=cap, run_id="bench", progress=False, batch_size=256,
+                                          max_turns=cap, run_id="bench", batch_size=256,
                                           on_episode=on_episode))
         waiter = asyncio.create_task(enough.wait())
         await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)

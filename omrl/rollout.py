@@ -40,6 +40,8 @@ import pyarrow.compute as pc
 
 from omrl.agent import Episode, run_episode
 from omrl.errors import UsageError
+from omrl.executor import LOCAL, Executor, Placement
+from omrl.progress import QUIET, Reporter
 from omrl.schema import is_failed, trajectory_id
 from omrl.store import Store
 
@@ -222,42 +224,6 @@ class RowWriter:
             await asyncio.sleep(seconds)
             if self.pending and time.monotonic() - self.last_flush >= seconds:
                 await self.flush()
-
-
-class CollectProgress:
-    """A rich progress bar: episodes done/total, success so far, episodes/s, tokens/s, errors."""
-
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.enabled = enabled and total > 0
-        self.started = time.monotonic()
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                                console=Console(stderr=True), transient=False)
-            self.task = self.bar.add_task(label, total=total, stats="")
-
-    def __enter__(self) -> CollectProgress:
-        if self.enabled:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.stop()
-
-    def update(self, result: CollectResult, pending: int = 0) -> None:
-        """Show `result`; `pending`: episodes finished elsewhere (Ray workers) whose rows are not here yet."""
-        if not self.enabled:
-            return
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = "-" if result.success_rate is None else f"{result.success_rate:.0%}"
-        done = result.played + pending
-        stats = (f"success {rate}  {done / elapsed:.1f} ep/s  "
-                 f"{result.completion_tokens / elapsed:.0f} tok/s  errors {result.errors}")
-        self.bar.update(self.task, completed=done, stats=stats)
 
 
 async def play_episodes(jobs: Iterable[tuple[Any, int]], make_env: EnvFactory | None, policy: Any,
@@ -468,19 +434,80 @@ def _close_quietly(env: Any) -> None:
         warnings.warn(f"env.close failed: {exc}", stacklevel=1)
 
 
+class EpisodeWork:
+    """Collect's work for an executor (omrl.executor): plays shards of (task, sample) jobs through
+    play_episodes and emits each finished episode's row.
+
+    `pool` (this process's engines) and `on_episode` (called with each Episode after its row is emitted)
+    stay in this process; the portable copy an executor sends elsewhere has neither, and a work with an
+    `on_episode` refuses to go (an Episode holds its live context, which would stay on the worker)."""
+
+    what = "the policy or environment"
+
+    def __init__(self, make_env: EnvFactory, policy: Any, settings: RolloutSettings, rows: dict[str, Any], *,
+                 pool: EnvPool | None = None, on_episode: Callable[[Episode], None] | None = None):
+        self.make_env, self.policy, self.settings = make_env, policy, settings
+        self.rows = rows  # what every row says of its run: run_id, round, source
+        self.pool, self.on_episode = pool, on_episode
+        # Shards queued on one worker play at once through these shared slots, so at most `concurrency`
+        # episodes are in flight and the next shard fills each slot the moment the previous shard's
+        # stragglers leave it (shards one after the other idled slots at every shard's end).
+        self.slots: asyncio.Semaphore | None = None
+
+    @property
+    def placement(self) -> Placement:
+        return placement(self.settings)
+
+    def group(self, job: tuple[Any, int]) -> None:
+        return None  # episodes are independent: any shard
+
+    def portable(self, in_flight: int) -> EpisodeWork:
+        if self.on_episode is not None:
+            raise UsageError("on_episode callbacks need the episodes in this process; with an executor that "
+                             "plays them elsewhere (Ray), read the rows from the store")
+        return EpisodeWork(self.make_env, self.policy, replace(self.settings, concurrency=in_flight), self.rows)
+
+    async def run(self, shard: list[tuple[Any, int]], emit: Callable[[dict[str, Any]], Awaitable[None]],
+                  tick: Callable[[int], None]) -> None:
+        if self.slots is None:
+            self.slots = asyncio.Semaphore(self.settings.concurrency)
+
+        async def finished(episode: Episode) -> None:
+            await emit(episode.row)  # before the callback: a callback that raises loses no finished row
+            if self.on_episode is not None:
+                self.on_episode(episode)
+            tick(1)
+
+        await play_episodes(shard, self.make_env, self.policy, self.settings, on_episode=finished, keep=False,
+                            slots=self.slots, pool=self.pool, **self.rows)
+
+
+def placement(settings: RolloutSettings) -> Placement:
+    """Where a cluster plays episodes: each environment in flight holds ray_num_cpus and ray_resources."""
+    return Placement(in_flight=settings.concurrency, unit="episodes", unit_cpus=settings.ray_num_cpus,
+                     unit_resources=dict(settings.ray_resources), workers=settings.ray_workers)
+
+
+def collect_fields(result: CollectResult, done: int, elapsed: float) -> dict[str, Any]:
+    """What a collection's progress shows: success so far, episodes/s, tokens/s, errors."""
+    rate = "-" if result.success_rate is None else f"{result.success_rate:.0%}"
+    elapsed = max(elapsed, 1e-9)
+    return {"success": rate, "ep/s": f"{done / elapsed:.1f}", "tok/s": f"{result.completion_tokens / elapsed:.0f}",
+            "errors": result.errors}
+
+
 async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], policy: Any, store: Store,
                   settings: RolloutSettings | None = None, *, samples: int = 1, round: int = 0,
                   run_id: str | None = None, batch_size: int = 64, flush_seconds: float = 10.0,
-                  progress: bool = True, source: str = "collected",
-                  on_episode: Callable[[Episode], None] | None = None, ray: str | None = None,
-                  **knobs: Any) -> CollectResult:
+                  reporter: Reporter = QUIET, executor: Executor = LOCAL, source: str = "collected",
+                  on_episode: Callable[[Episode], None] | None = None, **knobs: Any) -> CollectResult:
     """Play every (task, sample) not yet in `store` for this run and round; rows are appended as they finish.
 
     The rollout knobs come from `settings` (RolloutSettings); keyword arguments named like its fields
     (max_turns=..., concurrency=...) replace single values. `env_spec` is an environment name or a
-    factory; None takes `settings.env`. `ray` ("auto", an ADDRESS, or "local" for a cluster of this
-    machine) plays the episodes on a Ray cluster instead (omrl.distributed.ray_collect): the env
-    factory and policy are pickled to each worker, rows come back here and are appended the same way.
+    factory; None takes `settings.env`. `executor` plays the episodes (omrl.executor: LOCAL in this
+    process, or a RayExecutor on a cluster, where the env factory and policy are pickled to each worker);
+    rows come back here and are appended the same way. `reporter` (omrl.progress) shows the progress.
     """
     settings = _settings(settings, env_spec, knobs)
     if samples < 1 or settings.concurrency < 1 or (settings.max_turns is not None and settings.max_turns < 1):
@@ -500,49 +527,46 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
     if not jobs:
         return result
 
-    shared = env_pool(settings.env, settings.env_options)[0] if ray is None and not callable(env_spec) else None
+    shared = env_pool(settings.env, settings.env_options)[0] if not callable(env_spec) else None
     pool = shared if shared is not None else EnvPool(make)
     if not pool.idle:
         # A bad env spec or option should stop the run here, not become one env_error row per episode.
         probe = await asyncio.to_thread(make)
-        if ray is None and getattr(probe, "reusable", False) is True:
-            pool.idle.append(probe)  # a slow engine already started: the first episode plays in it
+        if getattr(probe, "reusable", False) is True:
+            pool.idle.append(probe)  # a slow engine already started: the first episode here plays in it
         else:
             await asyncio.to_thread(probe.close)
-    if ray is not None:
-        from omrl.distributed.ray_collect import play_on_ray
-
-        return await play_on_ray(jobs, result, make, policy, settings, address=ray, play_episodes=play_episodes,
-                                 writer=RowWriter(store, batch_size, flush_seconds),
-                                 progress_bar=lambda label: CollectProgress(len(jobs), label, progress),
-                                 source=source, on_episode=on_episode)
-
+    work = EpisodeWork(make, policy, settings, {"run_id": run_id, "round": round, "source": source}, pool=pool,
+                       on_episode=on_episode)
     writer = RowWriter(store, batch_size, flush_seconds)
     started = time.monotonic()
-    with CollectProgress(len(jobs), f"collect {run_id}", progress) as bar:
+    shown = 0
 
-        async def finished(episode: Episode) -> None:
-            result.add(episode.row)
-            await writer.add(episode.row)  # before the callback: a callback that raises loses no finished row
-            if on_episode is not None:
-                on_episode(episode)
-            bar.update(result)
+    async def commit(row: dict[str, Any]) -> None:
+        result.add(row)
+        await writer.add(row)
 
-        ticker = asyncio.create_task(writer.every(flush_seconds))
-        try:
-            await play_episodes(jobs, make, policy, settings, run_id=run_id, round=round, source=source,
-                                on_episode=finished, keep=False, pool=pool)
-        finally:
-            # Also on failure, cancellation or Ctrl-C: write what finished, close the pooled engines (a shared
-            # pool's stay for the next call; shared_engines closes them).
-            if pool is not shared:
-                await asyncio.shield(pool.close())
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
-            await asyncio.shield(writer.flush())
-            result.written = writer.written
-            result.already_stored = writer.already_stored
-            result.duration_s = time.monotonic() - started
+    def progress(n: int) -> None:
+        nonlocal shown
+        shown += n
+        reporter.advance(n, **collect_fields(result, shown, time.monotonic() - started))
+
+    reporter.start(f"collect {run_id}", total=len(jobs))
+    ticker = asyncio.create_task(writer.every(flush_seconds))
+    try:
+        await executor.run(work, jobs, commit, progress=progress, log=reporter.log)
+    finally:
+        # Also on failure, cancellation or Ctrl-C: write what finished, close the pooled engines (a shared
+        # pool's stay for the next call; shared_engines closes them).
+        if pool is not shared:
+            await asyncio.shield(pool.close())
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+        await asyncio.shield(writer.flush())
+        result.written = writer.written
+        result.already_stored = writer.already_stored
+        result.duration_s = time.monotonic() - started
+        reporter.finish()
     return result
 
 

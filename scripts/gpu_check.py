@@ -79,7 +79,7 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
     tokens = completion_tokens(store, run_name)
     policy = HFPolicy(str(checkpoint), max_new_tokens=4, temperature=1.0, device=args.device)
     result = asyncio.run(evaluate("grid", held_out, policy, store, samples=2, run_id=f"eval-{run_name}",
-                                  max_turns=14, progress=False))
+                                  max_turns=14))
     return {"grpo_s": round(seconds, 2), "grpo_s_per_step": round(seconds / args.grpo_steps, 3),
             "completion_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
             "success": result.metrics["grid"]["success_rate"]}
@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tasks_file = out / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps(task.to_row()) + "\n" for task in train))
     start = time.perf_counter()
-    asyncio.run(collect("grid", train, ScriptedPolicy(), store, samples=1, run_id="demos", max_turns=14,
-                        progress=False))
+    asyncio.run(collect("grid", train, ScriptedPolicy(), store, samples=1, run_id="demos", max_turns=14))
     figures["demos_s"] = round(time.perf_counter() - start, 2)
     start = time.perf_counter()
     sft = train_sft(SFTRecipe(model=str(base), store=str(store.path), output_dir=str(out / "sft"),

@@ -39,8 +39,7 @@ def test_collect_through_openai_client_stores_the_script(tmp_path: Path):
     tasks = count_tasks(3, target=2)
     with FakeOpenAIServer(responder=counting_expert) as server:
         policy = OpenAIPolicy("fake-model", base_url=server.base_url, backoff=0.01)
-        result = run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=4, run_id="r1",
-                             progress=False, temperature=0.5))
+        result = run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=4, run_id="r1", temperature=0.5))
         requests = list(server.requests)
     assert (result.played, result.written, result.success_rate) == (6, 6, 1.0)
     assert len(requests) == 6 * 3
@@ -74,7 +73,7 @@ def test_server_failures_are_retried_then_stored_as_errors(tmp_path: Path):
     store = Store.create(tmp_path / "s")
     with FakeOpenAIServer(responder=responder) as server:
         policy = OpenAIPolicy("m", base_url=server.base_url, retries=2, backoff=0.01)
-        result = run(collect(CountEnv, tasks, policy, store, concurrency=5, run_id="r", progress=False,
+        result = run(collect(CountEnv, tasks, policy, store, concurrency=5, run_id="r",
                              model_call_timeout=0.3))
         per_task = {}
         for request in server.requests:
@@ -96,8 +95,7 @@ def test_env_errors_are_stored_and_the_run_goes_on(tmp_path: Path):
     tasks = count_tasks(4) + [Task(id="bad", instruction="", payload={"target": 1, "fail_step": True}),
                               Task(id="bad-reset", instruction="", payload={"target": 1, "fail_reset": True})]
     store = Store.create(tmp_path / "s")
-    result = run(collect(CountEnv, tasks, make_policy("scripted"), store, concurrency=3, run_id="r",
-                         progress=False))
+    result = run(collect(CountEnv, tasks, make_policy("scripted"), store, concurrency=3, run_id="r"))
     rows = {r["task_id"]: r for r in store.read().to_pylist()}
     assert result.played == 6 and result.statuses == {"ok": 4, "env_error": 2}
     assert "exploded" in rows["bad"]["error"] and "reset exploded" in rows["bad-reset"]["error"]
@@ -107,7 +105,7 @@ def test_env_errors_are_stored_and_the_run_goes_on(tmp_path: Path):
 def test_max_turns_truncates(tmp_path: Path):
     store = Store.create(tmp_path / "s")
     result = run(collect(CountEnv, count_tasks(2, target=9), make_policy("scripted"), store, max_turns=3,
-                         run_id="r", progress=False))
+                         run_id="r"))
     assert result.statuses == {"truncated": 2}
     assert [r["num_turns"] for r in store.read().to_pylist()] == [3, 3]
 
@@ -116,18 +114,17 @@ def test_resume_skips_stored_episodes_and_batches_are_parts(tmp_path: Path):
     store = Store.create(tmp_path / "s")
     tasks = count_tasks(5, target=1)
     first = run(collect(CountEnv, tasks[:3], make_policy("scripted"), store, samples=2, run_id="r",
-                        batch_size=2, progress=False))
+                        batch_size=2))
     assert (first.played, first.skipped) == (6, 0)
     assert 2 <= len(store.parts()) <= 3  # batches of 2 (rows finishing during an append join the next)
-    second = run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r", progress=False))
+    second = run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r"))
     assert (second.played, second.skipped, second.total) == (4, 6, 10)
-    third = run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r", progress=False))
+    third = run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r"))
     assert third.played == 0 and third.skipped == 10
     ids = store.read(columns=["id"]).column("id").to_pylist()
     assert len(ids) == 10 == len(set(ids))
     # Another round of the same run is new work.
-    assert run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r", round=1,
-                       progress=False)).played == 10
+    assert run(collect(CountEnv, tasks, make_policy("scripted"), store, samples=2, run_id="r", round=1)).played == 10
 
 
 def test_cancelled_run_keeps_finished_episodes_and_resumes(tmp_path: Path):
@@ -136,7 +133,7 @@ def test_cancelled_run_keeps_finished_episodes_and_resumes(tmp_path: Path):
 
     async def cancel_midway():
         job = asyncio.create_task(collect(lambda: CountEnv(step_sleep=0.05), tasks, make_policy("scripted"), store,
-                                          concurrency=2, run_id="r", batch_size=100, progress=False))
+                                          concurrency=2, run_id="r", batch_size=100))
         await asyncio.sleep(0.6)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -145,7 +142,7 @@ def test_cancelled_run_keeps_finished_episodes_and_resumes(tmp_path: Path):
     run(cancel_midway())
     kept = store.count()
     assert 0 < kept < 12  # finished episodes were flushed although the batch was not full
-    result = run(collect(CountEnv, tasks, make_policy("scripted"), store, run_id="r", progress=False))
+    result = run(collect(CountEnv, tasks, make_policy("scripted"), store, run_id="r"))
     assert result.played == 12 - kept and store.count() == 12 and store.check() == []
 
 
@@ -156,8 +153,7 @@ def test_a_failing_on_episode_callback_keeps_the_finished_row(tmp_path: Path):
         raise RuntimeError("callback bug")
 
     with pytest.raises(RuntimeError, match="callback bug"):
-        run(collect(CountEnv, count_tasks(1, target=1), make_policy("scripted"), store, run_id="r",
-                    progress=False, on_episode=explode))
+        run(collect(CountEnv, count_tasks(1, target=1), make_policy("scripted"), store, run_id="r", on_episode=explode))
     assert store.count() == 1
     with pytest.raises(ValueError, match="flush_seconds must be positive"):
         run(collect(CountEnv, count_tasks(1), make_policy("scripted"), store, run_id="r2", flush_seconds=0))
@@ -185,13 +181,13 @@ def test_evaluate_math_env_with_scripted_and_random(tmp_path: Path):
 
     tasks = generate_tasks(6, seed=3)
     store = Store.create(tmp_path / "s")
-    good = run(evaluate("math", tasks, make_policy("scripted"), store, samples=2, progress=False))
+    good = run(evaluate("math", tasks, make_policy("scripted"), store, samples=2))
     assert good.metrics["math"]["success_rate"] == 1.0 and good.metrics["math"]["pass@2"] == 1.0
     assert good.collect.run_id.startswith("eval-")
     rows = store.read().to_pylist()
     assert {r["source"] for r in rows} == {"eval"} and len(rows) == 12
     assert all(json.loads(r["messages"][-2]["tool_calls"][0]["arguments"]).get("value") for r in rows)
-    bad = run(evaluate("math", tasks, make_policy("random"), store, samples=2, max_turns=3, progress=False,
+    bad = run(evaluate("math", tasks, make_policy("random"), store, samples=2, max_turns=3,
                        run_id="eval-random"))
     assert bad.metrics["math"]["success_rate"] < 0.5 and bad.metrics["math"]["episodes"] == 12
 
@@ -288,7 +284,7 @@ def test_a_lone_surrogate_in_a_reply_is_stored_replaced_and_loses_no_batch(tmp_p
     tasks = count_tasks(3, target=2)
     with FakeOpenAIServer(responder=responder) as server:
         policy = OpenAIPolicy("m", base_url=server.base_url)
-        result = run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=3, run_id="r", progress=False))
+        result = run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=3, run_id="r"))
         sent = [m for r in server.requests for m in r["messages"] if m["role"] == "assistant"]
     assert (result.played, result.written, dict(result.statuses)) == (6, 6, {"ok": 6})
     rows = store.read().to_pylist()

@@ -243,13 +243,13 @@ class KillsTheEngine:
 def test_an_engine_killed_mid_episode_is_an_env_error_and_the_episode_is_stored(tmp_path: Path):
     tasks = generate_tasks("bfcl", n=3, seed=2, split="multi_turn_base")
     store = Store.create(tmp_path / "s")
-    result = asyncio.run(collect("bfcl", tasks[:1], KillsTheEngine(), store, SETTINGS, run_id="k", progress=False))
+    result = asyncio.run(collect("bfcl", tasks[:1], KillsTheEngine(), store, SETTINGS, run_id="k"))
     assert result.statuses["env_error"] == 1
     row = store.read().to_pylist()[0]
     assert row["status"] == "env_error" and "bfcl engine was killed by signal 9" in row["error"], row["error"]
     assert row["messages"][2]["tool_calls"] and row["reward"] is None
     # The next episodes get a fresh engine.
-    again = asyncio.run(collect("bfcl", tasks, make_policy("scripted"), store, SETTINGS, run_id="s", progress=False))
+    again = asyncio.run(collect("bfcl", tasks, make_policy("scripted"), store, SETTINGS, run_id="s"))
     assert again.statuses["ok"] == 3 and again.success_rate == 1.0
 
 
@@ -333,7 +333,7 @@ def test_collect_through_a_real_openai_client_stores_every_episode(tmp_path: Pat
     store = Store.create(tmp_path / "s")
     with FakeOpenAIServer(responder=ground_truth) as server:
         policy = OpenAIPolicy("fake-model", base_url=server.base_url, backoff=0.01)
-        result = asyncio.run(collect("bfcl", tasks, policy, store, SETTINGS, run_id="o", progress=False))
+        result = asyncio.run(collect("bfcl", tasks, policy, store, SETTINGS, run_id="o"))
         first = server.requests[0]
     assert result.played == 10 and result.written == 10
     rows = store.read().to_pylist()

@@ -107,8 +107,7 @@ class KillsTheJvm:
 def test_a_jvm_killed_mid_episode_is_an_env_error_and_the_episode_is_stored(tmp_path: Path):
     tasks = generate_tasks("scienceworld", n=1, seed=2, split="test", tasks="find-non-living-thing")
     store = Store.create(tmp_path / "s")
-    result = asyncio.run(collect("scienceworld", tasks, KillsTheJvm(), store, SETTINGS, run_id="k",
-                                 progress=False))
+    result = asyncio.run(collect("scienceworld", tasks, KillsTheJvm(), store, SETTINGS, run_id="k"))
     assert result.statuses["env_error"] == 1
     row = store.read().to_pylist()[0]
     assert row["status"] == "env_error" and row["reward"] is None and len(row["turns"]) == 2

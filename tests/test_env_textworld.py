@@ -45,7 +45,7 @@ def play(tasks, policy, cache, tmp_path, pool=None, **knobs):
     """Collect into a new store (through `pool`'s engines when given); the result and the stored rows."""
     store = Store.create(tmp_path / "store")
     if pool is None:
-        result = asyncio.run(collect("textworld", tasks, policy, store, progress=False, max_turns=40,
+        result = asyncio.run(collect("textworld", tasks, policy, store, max_turns=40,
                                      env_options={"cache": cache}, **knobs))
         return result, store.read().to_pylist()
     settings = RolloutSettings(env="textworld", max_turns=40, concurrency=knobs.get("concurrency", 1))

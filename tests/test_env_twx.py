@@ -39,7 +39,7 @@ def play(tasks, policy, tmp_path, pool=None, **knobs):
     """Collect into a new store (through `pool`'s engines when given); the result and the stored rows."""
     store = Store.create(tmp_path / "store")
     if pool is None:
-        result = asyncio.run(collect("twx", tasks, policy, store, progress=False, max_turns=60, **knobs))
+        result = asyncio.run(collect("twx", tasks, policy, store, max_turns=60, **knobs))
         return result, store.read().to_pylist()
     settings = RolloutSettings(env="twx", max_turns=60, concurrency=knobs.get("concurrency", 1))
     episodes = asyncio.run(play_episodes([(t, s) for t in tasks for s in range(knobs.get("samples", 1))], None,

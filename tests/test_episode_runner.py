@@ -124,25 +124,32 @@ class TaskLoggingCountEnv(CountingCountEnv):
 
 
 def test_a_ray_worker_plays_its_queued_shards_through_shared_slots(tmp_path):
-    # ray_collect.EpisodeWorker without Ray: two shards queued on one worker share `concurrency` slots, so
-    # the second starts filling slots while the first still has episodes to play (one after the other,
-    # slots sat idle at each shard's end), and together they never hold more environments than the slots.
-    from omrl.distributed.ray_collect import EpisodeWorker
+    # The Ray executor's ShardWorker without Ray: two shards of collect's EpisodeWork queued on one worker
+    # share `concurrency` slots, so the second starts filling slots while the first still has episodes to
+    # play (one after the other, slots sat idle at each shard's end), and together they never hold more
+    # environments than the slots.
+    from omrl.distributed.ray_executor import ShardWorker
+    from omrl.rollout import EpisodeWork
 
     ledger = Ledger(tmp_path / "log")
     settings = RolloutSettings(env="unused", max_turns=5, concurrency=3, seed=7)
-    worker = EpisodeWorker(lambda: TaskLoggingCountEnv(str(ledger.path), step_sleep=0.01), make_policy("scripted"),
-                           settings, {"run_id": "r", "round": 0, "source": "collected"}, play_episodes)
+    work = EpisodeWork(lambda: TaskLoggingCountEnv(str(ledger.path), step_sleep=0.01), make_policy("scripted"),
+                       settings, {"run_id": "r", "round": 0, "source": "collected"}).portable(3)
+    worker = ShardWorker()
     first = [(t, 0) for t in count_tasks(4)]
     second = [(Task(id=f"b{i}", instruction="Count to 2.", answer="2", env="count", payload={"target": 2}), 0)
               for i in range(4)]
 
     async def both():
-        return await asyncio.gather(worker.play(first), worker.play(second))
+        shipped = asyncio.get_running_loop().create_future()  # stands in for the work's object-store ref
+        shipped.set_result(work)
+        return await asyncio.gather(worker.play(([shipped], first)), worker.play(([shipped], second)))
 
-    rows_first, rows_second = asyncio.run(both())
-    assert [r["task_id"] for r in rows_first] == ["t0", "t1", "t2", "t3"]
-    assert [r["task_id"] for r in rows_second] == ["b0", "b1", "b2", "b3"]
+    done_first, done_second = asyncio.run(both())
+    assert (done_first["jobs"], done_second["jobs"]) == (4, 4)
+    rows_first, rows_second = done_first["items"], done_second["items"]
+    assert sorted(r["task_id"] for r in rows_first) == ["t0", "t1", "t2", "t3"]
+    assert sorted(r["task_id"] for r in rows_second) == ["b0", "b1", "b2", "b3"]
     assert all(r["status"] == "ok" for r in rows_first + rows_second)
     assert ledger.count("made") == ledger.count("closed") == 8 and ledger.max_open() == 3
     events = ledger.events()
@@ -171,7 +178,7 @@ def test_an_env_whose_constructor_raises_becomes_env_error_rows(tmp_path):
 
     store = Store.create(tmp_path / "s")
     result = asyncio.run(collect(flaky, count_tasks(6, target=1), make_policy("scripted"), store, run_id="r",
-                                 concurrency=1, progress=False))
+                                 concurrency=1))
     assert result.statuses == {"ok": 3, "env_error": 3} and store.count() == 6
     assert ledger.count("made") == ledger.count("closed") == 4  # the probe and the 3 that worked
 
@@ -202,7 +209,7 @@ def test_collect_resumes_after_a_cancel_and_closes_every_environment(tmp_path):
 
     async def cancel_midway():
         job = asyncio.create_task(collect(make, tasks, make_policy("scripted"), store, concurrency=3, run_id="r",
-                                          batch_size=100, progress=False))
+                                          batch_size=100))
         await asyncio.sleep(0.5)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -212,7 +219,7 @@ def test_collect_resumes_after_a_cancel_and_closes_every_environment(tmp_path):
     kept = store.count()
     assert 0 < kept < 12
     assert ledger.count("made") == ledger.count("closed")  # also the episodes cut off by the cancel
-    result = asyncio.run(collect(make, tasks, make_policy("scripted"), store, run_id="r", progress=False))
+    result = asyncio.run(collect(make, tasks, make_policy("scripted"), store, run_id="r"))
     assert result.played == 12 - kept and store.count() == 12 and store.check() == []
     assert ledger.count("made") == ledger.count("closed")
     assert len(set(seeds(store))) == 12
@@ -320,8 +327,7 @@ def test_collect_reuses_its_probe_of_a_reusable_environment(tmp_path):
     ledger = Ledger(tmp_path / "log")
     store = Store.create(tmp_path / "store")
     result = asyncio.run(collect(lambda: ReusableCountEnv(str(ledger.path)), count_tasks(4, target=2),
-                                 make_policy("scripted"), store, RolloutSettings(max_turns=5, concurrency=1),
-                                 progress=False))
+                                 make_policy("scripted"), store, RolloutSettings(max_turns=5, concurrency=1)))
     assert result.statuses["ok"] == 4
     assert ledger.count("made") == ledger.count("closed") == 1  # the probe played all four episodes
 
@@ -388,15 +394,15 @@ def test_inside_shared_engines_collect_eval_and_training_draw_from_one_pool(tmp_
               "samples_per_task": 4, "warmup_steps": 0, "quiet": True}
     policy = make_policy(f"hf:{model}")
     with shared_engines() as pools:
-        asyncio.run(collect(None, tasks, policy, store, rollout, samples=2, progress=False, concurrency=4))
+        asyncio.run(collect(None, tasks, policy, store, rollout, samples=2, concurrency=4))
         train_grpo(GRPORecipe(output_dir=str(tmp_path / "grpo"), **common))
         train_ppo(PPORecipe(output_dir=str(tmp_path / "ppo"), **common))
-        result = asyncio.run(evaluate(None, tasks, policy, store, samples=3, settings=rollout, progress=False))
+        result = asyncio.run(evaluate(None, tasks, policy, store, samples=3, settings=rollout))
         assert result.collect.played == 6
         assert ledger.count("closed") == 0 and len(pools) == 1  # every engine kept for the next call
     # the largest call had 8 in flight: 8 engines served the collect, both trainers and the eval
     assert ledger.count("made") == ledger.count("closed") == 8
     # outside the block a call owns its engines again
-    asyncio.run(collect(None, tasks, policy, store, rollout, samples=1, progress=False, run_id="after",
+    asyncio.run(collect(None, tasks, policy, store, rollout, samples=1, run_id="after",
                         concurrency=1))
     assert ledger.count("made") == ledger.count("closed") == 8 + 1

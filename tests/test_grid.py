@@ -134,7 +134,7 @@ def test_states_are_stored_with_the_rollouts_and_visible_in_sql(tmp_path):
     store = Store.create(tmp_path / "store")
     tasks = grid_tasks(3, seed=0, split="eval")
     settings = RolloutSettings(env="grid", env_options={"noise": 0.3, "seed": 1}, max_turns=14, concurrency=4)
-    asyncio.run(collect(None, tasks, ScriptedPolicy(), store, settings, samples=2, run_id="s", progress=False))
+    asyncio.run(collect(None, tasks, ScriptedPolicy(), store, settings, samples=2, run_id="s"))
     table = run_query(store, "SELECT trajectory_id, index, json_extract_string(info, '$.state') AS state "
                              "FROM turns ORDER BY trajectory_id, index").to_pylist()
     rows = {r["id"]: r for r in store.read().to_pylist()}

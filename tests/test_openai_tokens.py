@@ -44,8 +44,7 @@ def collect_count(tmp_path: Path, responder, reshape=None, **policy_options):
         policy = OpenAIPolicy("fake-model", base_url=server.base_url, retries=1, **policy_options)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = asyncio.run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=4, run_id="r",
-                                         progress=False))
+            result = asyncio.run(collect(CountEnv, tasks, policy, store, samples=2, concurrency=4, run_id="r"))
         requests = list(server.requests)
     assert result.played == 6 and result.errors == 0
     return store, requests, [w for w in caught if "token ids" in str(w.message)]

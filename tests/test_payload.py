@@ -29,7 +29,7 @@ from omrl.store import Store
 def collected(tmp_path):
     store = Store.create(tmp_path / "s")
     tasks = generate_tasks(3, seed=5)
-    asyncio.run(collect("math", tasks, make_policy("scripted"), store, run_id="p", progress=False))
+    asyncio.run(collect("math", tasks, make_policy("scripted"), store, run_id="p"))
     return store, {t.id: t for t in tasks}
 
 

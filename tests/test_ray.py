@@ -23,10 +23,10 @@ psutil = pytest.importorskip("psutil")
 
 from test_agent import CountEnv, count_tasks  # noqa: E402
 
-from omrl.distributed.ray_collect import plan  # noqa: E402
+from omrl.distributed.ray_executor import RayExecutor, plan  # noqa: E402
 from omrl.policies.random_policy import RandomPolicy  # noqa: E402
 from omrl.policies.scripted import ScriptedPolicy  # noqa: E402
-from omrl.rollout import RolloutSettings, collect  # noqa: E402
+from omrl.rollout import RolloutSettings, collect, placement  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
@@ -40,6 +40,28 @@ def comparable(row: dict) -> dict:
     out = {k: v for k, v in row.items() if k not in TIMING}
     out["turns"] = [{k: v for k, v in t.items() if k != "latency_s"} for t in row["turns"]]
     return out
+
+
+class Seen:
+    """A reporter (omrl.progress) that records what an engine told it."""
+
+    def __init__(self) -> None:
+        self.labels, self.totals, self.steps, self.logs = [], [], [], []
+        self.done = 0
+
+    def start(self, label, total=None):
+        self.labels.append(label)
+        self.totals.append(total)
+
+    def advance(self, n=1, **fields):
+        self.done += n
+        self.steps.append(self.done)
+
+    def log(self, message):
+        self.logs.append(message)
+
+    def finish(self, summary=None):
+        pass
 
 
 def short_tmp() -> str:
@@ -131,10 +153,9 @@ def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
     tasks = load_tasks(str(GRID_TASKS))[:5]
     settings = RolloutSettings(env="grid", max_turns=8, seed=3, concurrency=2, ray_num_cpus=0.5, ray_workers=2)
     here, there = Store.create(tmp_path / "here"), Store.create(tmp_path / "there")
-    local = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), here, settings, samples=2, run_id="r",
-                                progress=False))
+    local = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), here, settings, samples=2, run_id="r"))
     remote = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), there, settings, samples=2, run_id="r",
-                                 progress=False, ray="auto"))
+                                 executor=RayExecutor("auto")))
     assert (local.played, remote.played, remote.written) == (10, 10, 10)
     a = {r["id"]: comparable(r) for r in here.read().to_pylist()}
     b = {r["id"]: comparable(r) for r in there.read().to_pylist()}
@@ -142,7 +163,7 @@ def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
     assert len({str(r["messages"]) for r in a.values()}) > 1  # the random moves differ between episodes
     # Re-running resumes: nothing left to play, nothing written twice.
     again = asyncio.run(collect(None, tasks, RandomPolicy(seed=1), there, settings, samples=2, run_id="r",
-                                progress=False, ray="auto"))
+                                executor=RayExecutor("auto")))
     assert (again.played, again.skipped, len(there.read())) == (0, 10, 10)
 
 
@@ -164,11 +185,13 @@ def test_a_worker_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path, clust
     store = Store.create(tmp_path / "s")
     make = functools.partial(CountEnv, step_sleep=0.3)
     outcome: dict = {}
+    seen = Seen()
 
     def run() -> None:
         try:
             outcome["result"] = asyncio.run(collect(make, tasks, ScriptedPolicy(), store, settings, samples=2,
-                                                    run_id="k", batch_size=1, progress=True, ray="auto"))
+                                                    run_id="k", batch_size=1, reporter=seen,
+                                                    executor=RayExecutor("auto")))
         except BaseException as exc:  # reported by the assertion below
             outcome["error"] = exc
 
@@ -189,25 +212,30 @@ def test_a_worker_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path, clust
     assert len(rows) == 20 and len(set(ids)) == 20  # exactly tasks x samples, no duplicate
     assert all(r["status"] == "ok" and r["success"] for r in rows)
     assert store.check() == []
+    # The progress shown: episodes finished cluster-wide, never past the total, never back (the killed
+    # worker's shard is played again without counting twice), ending at every episode.
+    assert seen.labels == ["collect k"] and seen.done == 20 and all(0 < d <= 20 for d in seen.steps)
+    assert seen.steps == sorted(set(seen.steps))
+    assert seen.logs and "Ray worker" in seen.logs[0]
 
 
 def test_plan_fits_workers_to_the_cluster():
     s = RolloutSettings(concurrency=8, ray_num_cpus=1.0)
     two = [{"CPU": 2.0}]
-    assert plan(s, {"CPU": 2.0}, two, 100) == {"workers": 1, "in_flight": 2, "num_cpus": 2.0, "resources": {}}
+    assert plan(placement(s), {"CPU": 2.0}, two, 100) == {"workers": 1, "in_flight": 2, "num_cpus": 2.0, "resources": {}}
     half = RolloutSettings(concurrency=2, ray_num_cpus=0.5)
-    assert plan(half, {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 100)["workers"] == 4
-    assert plan(half, {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 3)["workers"] == 2  # no idle workers for 3 jobs
+    assert plan(placement(half), {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 100)["workers"] == 4
+    assert plan(placement(half), {"CPU": 4.0}, [{"CPU": 2.0}] * 2, 3)["workers"] == 2  # no idle workers for 3 jobs
     gpu = RolloutSettings(concurrency=4, ray_num_cpus=0.0, ray_resources={"sandbox": 1.0})
-    assert plan(gpu, {"CPU": 2.0, "sandbox": 3.0}, [{"CPU": 2.0, "sandbox": 3.0}], 100)["in_flight"] == 3
+    assert plan(placement(gpu), {"CPU": 2.0, "sandbox": 3.0}, [{"CPU": 2.0, "sandbox": 3.0}], 100)["in_flight"] == 3
     free = RolloutSettings(concurrency=4, ray_num_cpus=0.0)
-    assert plan(free, {"CPU": 2.0}, two, 100)["workers"] == 2  # nothing reserved: a worker per CPU, not per job
+    assert plan(placement(free), {"CPU": 2.0}, two, 100)["workers"] == 2  # nothing reserved: a worker per CPU, not per job
     from omrl.errors import UsageError
 
     with pytest.raises(UsageError, match="no node of the Ray cluster"):
-        plan(RolloutSettings(ray_num_cpus=4.0), {"CPU": 2.0}, two, 10)
+        plan(placement(RolloutSettings(ray_num_cpus=4.0)), {"CPU": 2.0}, two, 10)
     with pytest.raises(UsageError, match="lower --ray-workers"):
-        plan(RolloutSettings(concurrency=1, ray_workers=3), {"CPU": 2.0}, two, 10)
+        plan(placement(RolloutSettings(concurrency=1, ray_workers=3)), {"CPU": 2.0}, two, 10)
 
 
 def test_a_policy_that_cannot_travel_is_a_usage_error(tmp_path: Path, cluster):
@@ -218,7 +246,7 @@ def test_a_policy_that_cannot_travel_is_a_usage_error(tmp_path: Path, cluster):
     settings = RolloutSettings(env="grid", max_turns=2, concurrency=1, ray_num_cpus=0.5)
     with pytest.raises(UsageError, match="cannot be sent to Ray workers"):
         asyncio.run(collect(None, load_tasks(str(GRID_TASKS))[:2], policy, Store.create(tmp_path / "s"), settings,
-                            run_id="p", progress=False, ray="auto"))
+                            run_id="p", executor=RayExecutor("auto")))
 
 
 # ---------------------------------------------------------------- annotate: judges on the cluster
@@ -239,7 +267,7 @@ def grid_stores(tmp_path: Path, names: tuple[str, ...], tasks: int = 6, samples:
     chosen = load_tasks(str(GRID_TASKS))[:tasks]
     for run_id, policy, part, options in (("e", ScriptedPolicy(), chosen[:tasks // 2], {"noise": 0.0}),
                                           ("g", RandomPolicy(seed=2), chosen[tasks // 2:], {})):
-        asyncio.run(collect(None, part, policy, source, settings, samples=samples, run_id=run_id, progress=False,
+        asyncio.run(collect(None, part, policy, source, settings, samples=samples, run_id=run_id,
                             env_options=options))
     rows = source.read().to_pylist()
     assert all(r["success"] for r in rows if r["run_id"] == "e")  # the expert's rows reach the goal
@@ -292,19 +320,20 @@ def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path
     config = JudgeConfig(rubric=load_rubric(GRID_RUBRIC), model="rule-judge", base_url=judge_process.base_url,
                          mode="group", concurrency=2)
     local = annotate(here, judge=config, cache_dir=tmp_path / "cache-here")
-    seen = []  # the progress the bar is given: rows judged cluster-wide, never past the total
-    remote = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", ray_workers=2,
-                      progress=lambda stage, done, total: seen.append((stage, done, total)))
-    assert seen[-1] == ("judge judge:grid_goal:group", 8, 8) and all(d <= t for _, d, t in seen)
+    seen = Seen()  # the progress the bar is given: rows judged cluster-wide, never past the total
+    remote = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", reporter=seen,
+                      executor=RayExecutor("local", workers=2))
+    assert seen.labels == ["judge judge:grid_goal:group"] and seen.totals == [8] and seen.done == 8
+    assert all(0 < d <= 8 for d in seen.steps)
     assert local.written == remote.written and remote.written["judge:grid_goal:group"] == 8
     assert remote.judge.calls == local.judge.calls == 4  # one call per group, none twice
     a, b = judged(here), judged(there)
     assert len(a) == 16 and a == b
     # A re-run resumes on Ray too: everything is stored, nothing is asked or written again.
-    again = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local")
+    again = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", executor=RayExecutor("local"))
     assert again.already_done["judge:grid_goal:group"] == 8 and sum(again.written.values()) == 0
     # Redone on Ray: the workers' replies went into the driver's cache, which the workers start from.
-    redo = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", ray="local", redo=True)
+    redo = annotate(there, judge=config, cache_dir=tmp_path / "cache-there", executor=RayExecutor("local"), redo=True)
     assert (redo.judge.calls, redo.judge.cache_hits, redo.written["judge:grid_goal:group"]) == (0, 4, 8)
     assert len(there.read("annotations")) == 24 and there.check() == []
 
@@ -323,7 +352,7 @@ def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: 
 
         def run() -> None:
             try:
-                outcome["summary"] = annotate(store, judge=config, ray="auto", ray_workers=2)
+                outcome["summary"] = annotate(store, judge=config, executor=RayExecutor("auto", workers=2))
             except BaseException as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
@@ -363,7 +392,13 @@ def test_annotate_ray_flag_without_ray_says_how_to_get_it(tmp_path: Path, monkey
 
 
 def test_judge_shards_keep_tasks_and_groups_whole():
-    from omrl.distributed.ray_annotate import judge_shards
+    from types import SimpleNamespace
+
+    from omrl.annotate.runner import JudgeWork
+    from omrl.distributed import ray_executor
+
+    def judge_shards(rows, mode, size):
+        return ray_executor.shards(rows, size, JudgeWork(SimpleNamespace(mode=mode), "r").group)
 
     rows = [{"id": f"t{t}-{s}", "task_id": f"t{t}", "group_id": f"g{t}"} for t in range(5) for s in range(3)]
     assert [len(s) for s in judge_shards(rows, "pointwise", 4)] == [4, 4, 4, 3]
@@ -379,7 +414,6 @@ def test_judge_shards_keep_tasks_and_groups_whole():
 
 
 def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, cluster, monkeypatch):
-    from omrl.distributed import ray_collect
     from omrl.models import cached_tiny_model
     from omrl.recipes import load_recipe
     from omrl.train import grpo as grpo_module
@@ -394,14 +428,16 @@ def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, c
         "grpo": {"max_steps": 1, "tasks_per_step": 2, "samples_per_task": 2, "warmup_steps": 0, "quiet": True},
         "eval": {"tasks": 2, "samples": 2, "greedy": False},
     }, IterateRecipe)
-    on_ray = []  # the address of every collect that went through Ray (the real play_on_ray runs)
-    real = ray_collect.play_on_ray
+    on_ray = []  # the address of every collect that went through Ray (the real RayExecutor.run runs)
+    real = RayExecutor.run
 
-    def spy(*args, **kwargs):
-        on_ray.append(kwargs["address"])
-        return real(*args, **kwargs)
+    def spy(self, work, jobs, *args, **kwargs):
+        jobs = list(jobs)
+        if jobs:  # nothing to play: Ray not even started
+            on_ray.append(self.address)
+        return real(self, work, jobs, *args, **kwargs)
 
-    monkeypatch.setattr(ray_collect, "play_on_ray", spy)
+    monkeypatch.setattr(RayExecutor, "run", spy)
 
     class Killed(RuntimeError):
         pass

@@ -168,8 +168,8 @@ def test_every_turn_sends_max_tokens_by_default(tmp_path: Path):
     store = Store.create(tmp_path / "s")
     with FakeOpenAIServer(responder=counting_expert) as server:
         policy = OpenAIPolicy("m", base_url=server.base_url)
-        asyncio.run(collect(CountEnv, count_tasks(1), policy, store, run_id="r", progress=False))
-        asyncio.run(collect(CountEnv, count_tasks(1), policy, store, run_id="r2", progress=False, max_new_tokens=7))
+        asyncio.run(collect(CountEnv, count_tasks(1), policy, store, run_id="r"))
+        asyncio.run(collect(CountEnv, count_tasks(1), policy, store, run_id="r2", max_new_tokens=7))
         sent = [r.get("max_tokens") for r in server.requests]
     assert sent == [DEFAULT_MAX_TOKENS] * 3 + [7] * 3
 
@@ -180,7 +180,7 @@ def test_a_turn_past_the_context_ends_the_episode_as_truncated(tmp_path: Path):
     with SlowServer(slots=1, tokens_per_s=10_000, context_length=400, advertise=True,
                     responder=counting_expert) as server:
         policy = OpenAIPolicy("m", base_url=server.base_url)
-        result = asyncio.run(collect(CountEnv, tasks, policy, store, run_id="r", progress=False, max_turns=60))
+        result = asyncio.run(collect(CountEnv, tasks, policy, store, run_id="r", max_turns=60))
         budgets = [r["max_tokens"] for r in server.requests]
     assert dict(result.statuses) == {"truncated": 2}
     for row in store.read().to_pylist():
@@ -198,7 +198,7 @@ def test_a_server_refusing_a_long_prompt_ends_the_episode_as_truncated(tmp_path:
     with SlowServer(slots=1, tokens_per_s=10_000, context_length=1500, responder=counting_expert) as server:
         policy = OpenAIPolicy("m", base_url=server.base_url, max_tokens=64)
         store = Store.create(tmp_path / "s")
-        asyncio.run(collect(CountEnv, count_tasks(1, target=40), policy, store, run_id="r", progress=False,
+        asyncio.run(collect(CountEnv, count_tasks(1, target=40), policy, store, run_id="r",
                             max_turns=60))
         (row,) = store.read().to_pylist()
         assert row["status"] == "truncated" and "exceeds the available context size" in row["error"]

@@ -64,13 +64,13 @@ def test_collect_counts_what_it_wrote_and_what_a_racing_run_stored_first(tmp_pat
 
     tasks = load_tasks(GRID_TASKS)[:10]
     store = Store.create(tmp_path / "s")
-    first = asyncio.run(collect(GridEnv, tasks, ScriptedPolicy(), store, samples=2, run_id="r", progress=False))
+    first = asyncio.run(collect(GridEnv, tasks, ScriptedPolicy(), store, samples=2, run_id="r"))
     assert first.written == 20 and store.count() == 20
     # Another run of the same command stored half of these episodes after this run read the store's ids.
     other = Store.create(tmp_path / "t")
     other.append(store.read().slice(0, 10))
     monkeypatch.setattr(Store, "ids", lambda self, table="trajectories": set())
-    raced = asyncio.run(collect(GridEnv, tasks, ScriptedPolicy(), other, samples=2, run_id="r", progress=False))
+    raced = asyncio.run(collect(GridEnv, tasks, ScriptedPolicy(), other, samples=2, run_id="r"))
     assert raced.played == 20 and raced.written == 10 and raced.already_stored == 10
     monkeypatch.undo()
     assert other.count() == 20 and len(other.ids()) == 20

@@ -32,8 +32,7 @@ def collected(tmp_path_factory):
     model = random_mover_model(root / "mover")
     store = Store.create(root / "store")
     policy = HFPolicy(str(model), max_new_tokens=4)
-    asyncio.run(collect(lambda: GridEnv(), grid_tasks(4, seed=0, split="eval"), policy, store, max_turns=3, seed=1,
-                        progress=False))
+    asyncio.run(collect(lambda: GridEnv(), grid_tasks(4, seed=0, split="eval"), policy, store, max_turns=3, seed=1))
     return str(model), store
 
 

@@ -29,6 +29,8 @@ from omrl.annotate.reward import (
     reward_annotations,
 )
 from omrl.errors import UsageError
+from omrl.executor import LOCAL, Executor, Placement
+from omrl.progress import QUIET, Reporter
 from omrl.schema import new_id
 from omrl.store import Store
 
@@ -77,16 +79,72 @@ class AnnotateSummary:
                  "skipped": self.skipped[n], "already_done": self.already_done[n]} for n in names]
 
 
-def _ticker(report: Callable[[str, int, int], None], stage: str, total: int) -> Callable[[int], None]:
-    """A judge progress callback counting done rows into `report(stage, done, total)`."""
-    done = 0
+class JudgeWork:
+    """Judging for an executor (omrl.executor): shards of trajectory rows judged by run_judge (the modes,
+    prompts, re-asks, the one LLM client), emitting one item per shard: {"rows": its annotations, "stats":
+    its JudgeStats as a dict, "replies": new reply-cache entries}.
 
-    def tick(n: int) -> None:
-        nonlocal done
-        done += n
-        report(stage, done, total)
+    Here it judges with the driver's `cache` (replies go straight into it). Its portable copy starts from
+    the cache's entries (shipped once) and sends back the replies it got; a pairwise judge compares the
+    trajectories of one task and a group judge those of one group_id, so such a set is one shard's."""
 
-    return tick
+    what = "the judge configuration"
+    WORKER_CPUS = 1.0  # a judge worker is one process with an event loop: rendering, JSON, HTTP
+
+    def __init__(self, config: JudgeConfig, run_id: str, cache: JudgeCache | None = None,
+                 cached: dict[str, dict[str, Any]] | None = None):
+        self.config, self.run_id, self.cache, self.cached = config, run_id, cache, cached
+        self.turn: asyncio.Semaphore | None = None  # elsewhere: shards one after the other, `concurrency` requests each
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(in_flight=self.config.concurrency, unit="requests", worker_cpus=self.WORKER_CPUS)
+
+    def group(self, row: dict[str, Any]) -> Any:
+        key = judged_together(self.config.mode)
+        return row[key] if key else None
+
+    def portable(self, in_flight: int) -> JudgeWork:
+        return JudgeWork(self.config, self.run_id, cached=dict(self.cache.entries) if self.cache else {})
+
+    async def run(self, shard: list[dict[str, Any]], emit: Callable[[dict[str, Any]], Any],
+                  tick: Callable[[int], None]) -> None:
+        if self.cache is not None:
+            rows, stats = await run_judge(self.config, shard, self.run_id, self.cache, tick)
+            await emit({"rows": rows, "stats": vars(stats), "replies": []})
+            return
+        if self.turn is None:
+            self.turn = asyncio.Semaphore(1)
+        async with self.turn:
+            cache = JudgeCache(None)  # in memory: the driver owns the cache file
+            cache.entries.update(self.cached or {})
+            rows, stats = await run_judge(self.config, shard, self.run_id, cache, tick)
+        replies = [e for key, e in cache.entries.items() if (self.cached or {}).get(key) is not e]
+        await emit({"rows": rows, "stats": vars(stats), "replies": replies})
+
+
+def judge_all(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str, cache: JudgeCache,
+               commit: Callable[[list[dict[str, Any]]], None], executor: Executor,
+               reporter: Reporter) -> JudgeStats:
+    """Judge `rows` through `executor`; `commit(annotations)` once per finished shard, after its replies are
+    in `cache`. Returns the summed JudgeStats of the shards."""
+    total = JudgeStats()
+
+    def committed(item: dict[str, Any]) -> None:
+        for entry in item["replies"]:
+            cache.put(entry["prompt_hash"], entry["content"], entry.get("prompt_tokens", 0),
+                      entry.get("completion_tokens", 0), entry.get("model", config.model))
+        commit(item["rows"])
+        for name, value in item["stats"].items():
+            setattr(total, name, getattr(total, name) + value)
+
+    reporter.start(f"judge {config.annotator}", total=len(rows))
+    try:
+        asyncio.run(executor.run(JudgeWork(config, run_id, cache), rows, committed, progress=reporter.advance,
+                                 log=reporter.log))
+    finally:
+        reporter.finish()
+    return total
 
 
 def _merged(a: JudgeStats | None, b: JudgeStats) -> JudgeStats:
@@ -97,16 +155,15 @@ def _merged(a: JudgeStats | None, b: JudgeStats) -> JudgeStats:
 
 def annotate_with_recipe(store: Store | str, recipe: str | dict[str, Any] | RewardRecipe, *, where: str | None = None,
                          run_id: str | None = None, metadata: dict[str, Any] | None = None,
-                         progress: Callable[[str, int, int], None] | None = None,
-                         ray: str | None = None) -> AnnotateSummary:
+                         reporter: Reporter = QUIET, executor: Executor = LOCAL) -> AnnotateSummary:
     """`annotate` with the reward recipe's own metrics and judges, then its combined reward: the annotate stage
     of RFT and iterate. Resumes like `annotate` (stored ok annotations are not redone; replies are cached);
-    `ray` judges on a Ray cluster as `annotate --ray` does."""
+    `executor` runs the judges as `annotate --ray` does."""
     recipe = load_reward_recipe(recipe)
     metrics, judges = recipe_metrics(recipe), recipe_judges(recipe)
     check_computable(recipe, metrics, judges)
-    return annotate(store, metrics, judges, where=where, reward_recipe=recipe, run_id=run_id, progress=progress,
-                    metadata=metadata, cache_dir=recipe.cache, ray=ray)
+    return annotate(store, metrics, judges, where=where, reward_recipe=recipe, run_id=run_id, reporter=reporter,
+                    metadata=metadata, cache_dir=recipe.cache, executor=executor)
 
 
 class _Writer:
@@ -158,18 +215,18 @@ def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[
 def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
              judge: JudgeConfig | list[JudgeConfig] | None = None, where: str | None = None,
              reward_recipe: str | RewardRecipe | None = None, run_id: str | None = None,
-             progress: Callable[[str, int, int], None] | None = None, redo: bool = False,
+             reporter: Reporter = QUIET, redo: bool = False,
              metadata: dict[str, Any] | None = None, cache_dir: str | Path | None = None,
-             ray: str | None = None, ray_workers: int | None = None) -> AnnotateSummary:
+             executor: Executor = LOCAL) -> AnnotateSummary:
     """Annotate the selected trajectories: metrics, then the judge(s), then the reward recipe (in that order,
-    so the recipe sees this run's scores). `progress(stage, done, total)` is called as work completes;
+    so the recipe sees this run's scores). `reporter` (omrl.progress) shows each stage as work completes;
     `metadata` is merged into every annotation's metadata; judge replies are cached in `cache_dir`
     (default STORE/cache/judge).
 
-    `ray` ("auto", an ADDRESS, or "local") judges on a Ray cluster (omrl.distributed.ray_annotate):
-    `ray_workers` workers (default one per cluster CPU) each run the same run_judge on shards of the rows,
-    each with `concurrency` requests in flight; the annotations come back here and are committed by the
-    same writer, one part per shard. Metrics and the reward recipe stay in this process.
+    `executor` (omrl.executor) runs the judges: LOCAL in this process (one part per judge), or a
+    RayExecutor whose workers (default one per cluster CPU) each run the same run_judge on shards of the
+    rows, each with `concurrency` requests in flight; the annotations come back here and are committed by
+    the same writer, one part per shard. Metrics and the reward recipe stay in this process.
 
     Resumes: a (trajectory, annotator, rubric, judge model) that already has an ok annotation is not
     annotated again
@@ -182,19 +239,22 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     summary = AnnotateSummary(run_id=run_id or f"annotate-{new_id()[:12]}")
     rows = store.select(where).to_pylist()
     summary.trajectories = len(rows)
-    report = progress or (lambda stage, done, total: None)
     writer = _Writer(store, summary, metadata)
     done_pairs = set() if redo else annotated_pairs(store)
 
     if loaded:
-        for i, row in enumerate(rows, 1):
-            todo = [m for m in loaded if (row["id"], m.name, "", "") not in done_pairs]
-            summary.already_done.update(m.name for m in loaded if m not in todo)
-            out, skipped = annotate_row(row, todo, summary.run_id) if todo else ([], [])
-            summary.skipped.update(skipped)
-            writer.add(out)
-            report("metrics", i, len(rows))
-        writer.flush()
+        reporter.start("metrics", total=len(rows))
+        try:
+            for row in rows:
+                todo = [m for m in loaded if (row["id"], m.name, "", "") not in done_pairs]
+                summary.already_done.update(m.name for m in loaded if m not in todo)
+                out, skipped = annotate_row(row, todo, summary.run_id) if todo else ([], [])
+                summary.skipped.update(skipped)
+                writer.add(out)
+                reporter.advance(1)
+            writer.flush()
+        finally:
+            reporter.finish()
 
     judges = [] if judge is None else [judge] if isinstance(judge, JudgeConfig) else list(judge)
     cache = JudgeCache(cache_dir if cache_dir is not None else store.cache_dir("judge")) if judges else None
@@ -203,17 +263,10 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
         summary.already_done[config.annotator] += len(rows) - len(judge_rows)
         if not judge_rows:
             continue
-        tick = _ticker(report, f"judge {config.annotator}", len(judge_rows))
-        if ray is None:
-            out, stats = asyncio.run(run_judge(config, judge_rows, summary.run_id, cache, tick))
-            writer.add(out, whole=True)  # a group's relative scores are committed together or not at all
-        else:
-            from omrl.distributed.ray_annotate import judge_on_ray
-
-            # Committed shard by shard (each shard holds whole tasks / groups): a killed run keeps those.
-            stats = asyncio.run(judge_on_ray(config, judge_rows, summary.run_id, cache,
-                                             lambda out: writer.add(out, whole=True), address=ray,
-                                             workers=ray_workers, progress=tick))
+        # Committed shard by shard, each in one part (a shard holds whole tasks / groups: a group's relative
+        # scores are committed together or not at all); a killed run keeps the shards committed.
+        stats = judge_all(config, judge_rows, summary.run_id, cache, lambda out: writer.add(out, whole=True),
+                           executor, reporter)
         summary.judges[config.annotator] = stats
         summary.judge = _merged(summary.judge, stats)
         summary.skipped[config.annotator] += stats.skipped
@@ -230,7 +283,9 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
             table = table.filter(pa.array(fresh, pa.bool_()))
         out = reward_annotations(table, recipe, summary.run_id)
         summary.reward_missing = sum(1 for r in out if r["status"] == "error")
+        reporter.start("reward", total=len(out))
         writer.add(out)
         writer.flush()
-        report("reward", len(out), len(out))
+        reporter.advance(len(out))
+        reporter.finish()
     return summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from omrl.cli.common import console, query_limits, user_errors
+from omrl.cli.common import console, err_console, query_limits, user_errors
 
 
 @click.command()
@@ -54,23 +54,21 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
 
     Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from omrl.annotate.judge import JudgeConfig
     from omrl.annotate.rubric import load_rubric
     from omrl.annotate.runner import annotate as run
+    from omrl.executor import executor_for
+    from omrl.progress import terminal_reporter
 
     if not (metrics or rubric or reward_recipe):
         raise click.UsageError("nothing to do: give --metric, --judge or --reward-recipe")
-    if ray_address:
-        from omrl.distributed.pool import require_ray
-
-        require_ray()  # before reading the store: say at once how to get it
-        if not rubric:
-            raise click.UsageError("--ray runs judges; give --judge (metrics and rewards run here)")
-    elif ray_workers is not None:
+    if ray_workers is not None and not ray_address:
         raise click.UsageError("--ray-workers needs --ray")
+    executor = executor_for(ray_address, workers=ray_workers)  # without Ray: says so before reading the store
+    if ray_address and not rubric:
+        raise click.UsageError("--ray runs judges; give --judge (metrics and rewards run here)")
     judge = None
     if rubric:
         if not (judge_model and base_url):
@@ -80,17 +78,9 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
                             max_prompt_tokens=max_prompt_tokens, group_max=group_max,
                             price_prompt=price_prompt, price_completion=price_completion)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done)
-
+    with terminal_reporter(console=err_console) as reporter:
         summary = run(store, metrics=list(metrics), judge=judge, where=where, reward_recipe=reward_recipe,
-                      progress=progress, redo=redo, ray=ray_address, ray_workers=ray_workers)
+                      reporter=reporter, redo=redo, executor=executor)
 
     table = Table(title=f"annotate {store} ({summary.trajectories} trajectories, run {summary.run_id})")
     for col in ("annotator", "written", "errors", "skipped", "already_done"):

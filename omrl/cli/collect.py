@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import console, err_console, user_errors
 
 
 def env_options(values: tuple[str, ...], flag: str = "--env-option") -> dict[str, Any]:
@@ -94,7 +94,7 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def prepare(env_spec: str, tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
+def prepare(tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
             limit: int | None, split: str | None, server_tokens: str | None = None,
             context_length: int | None = None):
     """Tasks and policy from the CLI flags."""
@@ -161,13 +161,13 @@ def ray_resources(values: tuple[str, ...]) -> dict[str, float]:
 
 
 def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
-    """collect's arguments from the flags: the settings object and the run's own options."""
-    if args.get("ray_address"):
-        from omrl.distributed.ray_collect import require_ray
+    """collect's arguments from the flags: the settings object, the executor (--ray) and the run's own options."""
+    from omrl.executor import executor_for
 
-        require_ray()  # before loading tasks or models: say at once how to get it
+    # First: without Ray installed, --ray says so before tasks or models load.
+    executor = executor_for(args.get("ray_address"))
     return {"settings": rollout_settings(args), "round": args["round_"], "batch_size": args["batch_size"],
-            "progress": args["progress"], "ray": args.get("ray_address")}
+            "executor": executor}
 
 
 @click.command()
@@ -180,18 +180,19 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
 
     Example:  omrl collect --env math --tasks tasks.parquet --policy openai:qwen --store runs -n 4 -c 32
     """
+    from omrl.progress import terminal_reporter
     from omrl.rollout import collect as run_collect
     from omrl.rollout import default_run_name
     from omrl.store import Store
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
-    tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
-                            args["concurrency"], args["limit"], args["split"],
-                            args["server_tokens"], args["context_length"])
+    tasks, policy = prepare(args["tasks_path"], args["policy_spec"], args["base_url"], args["concurrency"],
+                            args["limit"], args["split"], args["server_tokens"], args["context_length"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
-    result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
-                                                     run_id=run_id, **options)))
+    with terminal_reporter(args["progress"], err_console) as reporter:
+        result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
+                                                         run_id=run_id, reporter=reporter, **options)))
     statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
     rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"
     console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "

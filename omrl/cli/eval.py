@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from omrl.cli.collect import closing, prepare, rollout_kwargs, rollout_options
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import console, err_console, user_errors
 
 
 @click.command(name="eval")
@@ -28,6 +28,7 @@ def eval_(store_path: str | None, samples: int, predictions_path: str | None, **
     Example:  omrl eval --env grid --tasks datasets/tasks/grid_eval.jsonl --policy hf:tiny -k 4 --store evals
               omrl eval --env swe --tasks swe.jsonl --predictions preds.jsonl
     """
+    from omrl.progress import terminal_reporter
     from omrl.rollout import default_run_name, evaluate
     from omrl.store import Store
 
@@ -35,15 +36,15 @@ def eval_(store_path: str | None, samples: int, predictions_path: str | None, **
         return _score_predictions(args["env_spec"], args["tasks_path"], predictions_path, args["concurrency"])
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
-    tasks, policy = prepare(args["env_spec"], args["tasks_path"], args["policy_spec"], args["base_url"],
-                            args["concurrency"], args["limit"], args["split"],
-                            args["server_tokens"], args["context_length"])
+    tasks, policy = prepare(args["tasks_path"], args["policy_spec"], args["base_url"], args["concurrency"],
+                            args["limit"], args["split"], args["server_tokens"], args["context_length"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"],
                                                 prefix="eval-")
-    with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp, \
+            terminal_reporter(args["progress"], err_console) as reporter:
         store = Store.create(store_path or f"{tmp}/store")
         result = asyncio.run(closing(policy, evaluate(None, tasks, policy, store, samples=samples,
-                                                      run_id=run_id, **options)))
+                                                      run_id=run_id, reporter=reporter, **options)))
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))

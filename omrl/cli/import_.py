@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
-from omrl.cli.common import console, user_errors
+from omrl.cli.common import console, err_console, user_errors
 from omrl.formats import FORMATS
+from omrl.progress import terminal_reporter
 
 KEY_FLAGS = ("messages", "reward", "success", "id", "instruction", "tools", "model", "content")
 
@@ -76,23 +76,13 @@ def import_cmd(src: tuple[str, ...], store_path: str, fmt: str, map_path: str | 
         if fmt not in ("auto", "openai", "sharegpt"):  # a mapping reads OpenAI or ShareGPT messages under any key
             raise click.UsageError(f"--format {fmt} and --map/--*-key are alternatives: a mapping says where everything is")
         mapping = load_mapping(map_path, **overrides)
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     failure = None
-    with Progress(*columns, console=console, transient=True) as progress:
-        files = progress.add_task("files", total=len(src))
-        records = progress.add_task("records", total=None)
-
-        def on_file(path) -> None:
-            progress.update(files, description=f"reading {path.name}", advance=0)
-            progress.reset(records, total=None, description="records")
-
+    with terminal_reporter(console=err_console) as reporter:
         try:
             reports = import_files(src, store_path, fmt=fmt, skip_errors=skip_errors, partial=partial,
-                                   root=root, mapping=mapping, keep_demos=keep_demos, on_record=lambda: progress.advance(records),
-                                   on_file=on_file)
+                                   root=root, mapping=mapping, keep_demos=keep_demos, reporter=reporter)
         except ImportFailed as exc:
             failure, reports = exc, exc.reports
-        progress.advance(files, len(src))
     _summary(reports, store_path)
     if partial and failure is not None:
         written = [Path(r.path).name for r in reports if r.status == "written"]

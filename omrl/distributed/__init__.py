@@ -1,1 +1,1 @@
-"""Playing episodes past one machine: omrl.distributed.ray_collect runs collection shards on a Ray cluster."""
+"""Work past one machine: omrl.distributed.ray_executor runs an engine's shards (collect, eval, judging) on Ray."""

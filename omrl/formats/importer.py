@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 from omrl.formats import format_module
 from omrl.formats.common import PREVIOUS_ID, FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
+from omrl.progress import QUIET, Reporter
 from omrl.schema import SchemaError, group_id, normalize_trajectory
 from omrl.store import MANIFEST, Store
 from omrl.store.storage import storage_for
@@ -84,7 +85,7 @@ def _relative(path: Path, root: Path | None) -> str:
 
 
 def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = False,
-                      report: FileReport | None = None, on_record: Callable[[], None] | None = None,
+                      report: FileReport | None = None, reporter: Reporter = QUIET,
                       root: str | Path | None = None, mapping: Any = None,
                       keep_demos: bool = False) -> Iterator[dict[str, Any]]:
     """Yield validated schema-1 rows from one file. Bad records raise FormatError, or are counted in `report`.
@@ -92,6 +93,7 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
     root: the import root run ids are relative to (default: the file's folder).
     mapping: an `omrl.formats.mapping.RecordMapping` (then fmt is ignored): records mapped key by key.
     keep_demos: keep demonstration messages (SWE-agent is_demo) as trainable=false instead of skipping them.
+    reporter: advanced by one for each record read (omrl.progress).
     """
     path = Path(path)
     if not path.is_file():
@@ -110,8 +112,7 @@ def iter_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
     seen: Counter = Counter()  # record digest -> occurrences: identical records in one file stay distinct rows
     for index, record in reader(path):
         report.records += 1
-        if on_record:
-            on_record()
+        reporter.advance(1)
         ctx = RecordContext(fmt, path, index, rel=rel, keep_demos=keep_demos)
         try:
             digest = record_digest(record)
@@ -153,11 +154,11 @@ def load_trajectories(path: str | Path, fmt: str = "auto", skip_errors: bool = F
 
 
 def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: str = "auto",
-                 skip_errors: bool = False, on_record: Callable[[], None] | None = None,
-                 on_file: Callable[[Path], None] | None = None, partial: bool = False,
+                 skip_errors: bool = False, reporter: Reporter = QUIET, partial: bool = False,
                  root: str | Path | None = None, mapping: Any = None, keep_demos: bool = False) -> list[FileReport]:
     """Convert every file, then write all their new rows in one atomic append (see the module docstring).
 
+    reporter (omrl.progress): one piece of work per file ("reading NAME (i/n)"), a unit per record read.
     store: a Store, or the path of one (created only when there is something to write).
     Raises ImportFailed (with every file's report) when a file fails: nothing written, or, with `partial`,
     the good files written (their reports say so).
@@ -171,15 +172,14 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
     existing = store.ids() if isinstance(store, Store) else set()
     reports: list[FileReport] = []
     batches: list[list[dict[str, Any]]] = []
-    for path in paths:
-        if on_file:
-            on_file(path)
+    for number, path in enumerate(paths, 1):
         report = FileReport(str(path), mapping.name if mapping is not None else fmt)
         reports.append(report)
         rows: list[dict[str, Any]] = []
         batch_ids: set[str] = set()
+        reporter.start(f"reading {path.name} ({number}/{len(paths)})")
         try:
-            for row in iter_trajectories(path, fmt, skip_errors, report, on_record, root, mapping, keep_demos):
+            for row in iter_trajectories(path, fmt, skip_errors, report, reporter, root, mapping, keep_demos):
                 if row["id"] in existing or row["id"] in batch_ids or report.previous_ids.get(row["id"]) in existing:
                     report.already_present += 1
                     continue
@@ -195,6 +195,8 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
             report.reason = getattr(exc, "reason", "invalid record")
             batches.append([])
             continue
+        finally:
+            reporter.finish()
         existing |= batch_ids
         batches.append(rows)
     failed = [r for r in reports if r.status == "failed"]

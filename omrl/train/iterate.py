@@ -26,8 +26,8 @@ filter (ranked by it) -> GRPO (scored online by the same recipe) -> eval; the ro
 judge's calls, cache hits, tokens and cost.
 
 Ray: with `ray: auto|HOST:PORT|local` every collect and eval stage (demos, each round's collection, the
-held-out evaluations) plays its episodes on a Ray cluster through omrl.rollout.collect's own Ray path
-(omrl/distributed/ray_collect.py, the rollout section's ray_* knobs), and the annotate stage's judges run
+held-out evaluations) plays its episodes on a Ray cluster through the executor it is given
+(omrl.executor.executor_for: a RayExecutor, the rollout section's ray_* knobs), and the annotate stage's judges run
 there as `omrl annotate --ray` does; training (and the online judging inside GRPO) stays in this process.
 
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
@@ -182,7 +182,7 @@ class IterateRecipe:
             raise UsageError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
                              "or use algorithm: grpo")
         if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
-            from omrl.distributed.pool import require_ray
+            from omrl.distributed.ray_executor import require_ray
 
             require_ray()
         if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
@@ -252,11 +252,12 @@ def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r:
     seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
     from dataclasses import replace
 
+    from omrl.executor import executor_for
     from omrl.train.rft import collect_with_model
 
     settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
     return collect_with_model(checkpoint, tasks, store, settings, samples=recipe.collect.samples, round=r,
-                              run_id=f"round-{r}", progress=False, ray=recipe.ray)
+                              run_id=f"round-{r}", executor=executor_for(recipe.ray))
 
 
 def evaluate_expert(recipe: IterateRecipe, tasks: list, store, stage: str = "expert") -> dict[str, Any]:
@@ -275,6 +276,7 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
     import asyncio
     from dataclasses import replace
 
+    from omrl.executor import executor_for
     from omrl.rollout import evaluate
 
     settings = recipe.eval
@@ -288,8 +290,8 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
         _seed_torch(recipe.seed)
         run_id = eval_run_id(stage, "greedy" if prefix else "sampled", temperature)
         result = asyncio.run(evaluate(None, tasks, policy, store, samples=n, round=round, run_id=run_id,
-                                      settings=replace(base, temperature=temperature), progress=False,
-                                      ray=recipe.ray))
+                                      settings=replace(base, temperature=temperature),
+                                      executor=executor_for(recipe.ray)))
         metrics = next(iter(result.metrics.values()), {})
         out[f"{prefix}success"] = _round(metrics.get("success_rate"))
         out[f"{prefix}mean_reward"] = _round(metrics.get("mean_reward"))  # None when every episode failed
@@ -458,13 +460,14 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         import asyncio
         from dataclasses import replace
 
+        from omrl.executor import executor_for
         from omrl.policies.scripted import ScriptedPolicy
         from omrl.rollout import collect
 
         demo_settings = replace(recipe.rollout, max_new_tokens=None)
         return asyncio.run(collect(None, _subset(train_tasks, recipe.demos.tasks), ScriptedPolicy(), store,
                                    demo_settings, samples=recipe.demos.samples, round=0, run_id="demos",
-                                   progress=False, ray=recipe.ray))
+                                   executor=executor_for(recipe.ray)))
 
     # Stage "base": the starting checkpoint (built offline when none is given) and its held-out score.
     if not state.done("base"):
@@ -598,7 +601,10 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
         tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
         collected = collect_round(recipe, checkpoint, tasks, store, r)
         if recipe.filter_reward is not None:
-            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r, ray=recipe.ray)
+            from omrl.executor import executor_for
+
+            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r,
+                                               executor=executor_for(recipe.ray))
         informative, flat = informative_tasks(store, round_dir / "informative", where=where,
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter_reward)
@@ -646,14 +652,16 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
 
 
 def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: int,
-                   ray: str | None = None) -> dict[str, Any]:
-    """The annotate stage of a round: the reward recipe's metrics and judges (on Ray with `ray`), then its
+                   executor: Any = None) -> dict[str, Any]:
+    """The annotate stage of a round: the reward recipe's metrics and judges (through `executor`, default
+    this process), then its
     combined reward, over the round's collection. Resumable: stored ok annotations are skipped and judge replies are cached, so
     a run killed here and started again asks the judge nothing it already answered."""
     from omrl.annotate.runner import annotate_with_recipe
+    from omrl.executor import LOCAL
 
     summary = annotate_with_recipe(store, reward, where=where, run_id=f"annotate/round-{round}",
-                                   metadata={"grpo_round": round}, ray=ray)
+                                   metadata={"grpo_round": round}, executor=executor or LOCAL)
     stats = summary.judge
     return {"written": sum(summary.written.values()), "errors": sum(summary.errors.values()),
             "already_done": sum(summary.already_done.values()), "reward_missing": summary.reward_missing,

@@ -73,14 +73,16 @@ def checkpoint_policy(model: str, settings) -> Any:
 
 
 def collect_with_model(model: str, tasks: list, store, settings, *, samples: int, round: int, run_id: str,
-                       progress: bool = True, ray: str | None = None):
+                       reporter: Any = None, executor: Any = None):
     """Play tasks x samples episodes with the checkpoint into `store`, as `settings`
-    (omrl.rollout.RolloutSettings) say, in this process or on a Ray cluster (`ray`: auto, an address or
-    local); omrl.rollout.collect owns the episodes and the writing."""
+    (omrl.rollout.RolloutSettings) say, through `executor` (omrl.executor; default this process), shown by
+    `reporter` (omrl.progress; default nothing); omrl.rollout.collect owns the episodes and the writing."""
+    from omrl.executor import LOCAL
+    from omrl.progress import QUIET
     from omrl.rollout import collect
 
     return asyncio.run(collect(None, tasks, checkpoint_policy(model, settings), store, settings, samples=samples,
-                               round=round, run_id=run_id, progress=progress, ray=ray))
+                               round=round, run_id=run_id, reporter=reporter or QUIET, executor=executor or LOCAL))
 
 
 def select_best(source, out: str | Path, *, where: str, threshold: float, keep_per_group: int,
@@ -108,8 +110,11 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise UsageError(f"{recipe.tasks}: no tasks")
-    collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
-                                   round=recipe.round, run_id=recipe.run_id)
+    from omrl.progress import terminal_reporter
+
+    with terminal_reporter() as reporter:
+        collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
+                                       round=recipe.round, run_id=recipe.run_id, reporter=reporter)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
     annotated = None
     if recipe.reward_recipe is not None:
