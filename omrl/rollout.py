@@ -11,7 +11,9 @@
   slow episode never holds up the others. It writes nothing: storing rows is the caller's step.
 - `collect` plays the (task, sample) jobs not yet stored and appends finished rows in batches (every
   `batch_size` episodes or `flush_seconds`, and at the end); each append is one atomic part, so a
-  killed run loses at most the episodes in flight and the unflushed batch.
+  killed run loses at most the episodes in flight and the unflushed batch. Where the episodes play is
+  the `executor` it is given (omrl.executor: this process, or Ray through EpisodeWork), how progress is
+  shown the `reporter` (omrl.progress); it asks neither.
 - Resume: ids are deterministic in (run, round, task, sample) and those already in the store are
   skipped, so re-running the same command continues where it stopped and never duplicates.
 """

@@ -363,7 +363,7 @@ def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: 
                                                    and store.count("annotations")):
             time.sleep(0.1)
         victims = ray_workers_of_this_process("JudgeWorker")
-        assert victims, "no Ray judge worker process found to kill"
+        assert victims, f"no Ray judge worker process found to kill (the run: {outcome!r})"
         before = store.count("annotations")
         os.kill(victims[0].pid, signal.SIGKILL)
         assert before < 16  # killed mid-run, with trajectories still to judge
