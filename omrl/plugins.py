@@ -11,6 +11,12 @@ to in its pyproject.toml:
 A target is "module" or "module:attribute" (the attribute may be dotted). Targets are imported only when
 used, so listing stays cheap. A plugin never replaces a built-in of the same name, and of two plugins
 registering one name the first found wins; `omrl plugins` shows which package provides each name.
+
+Every named kind in omrl is a Registry, built-ins declared as plugins declare theirs (name -> target):
+environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), metrics
+(omrl.annotate.metrics.METRICS), policies (omrl.policies.POLICIES), judge modes
+(omrl.annotate.judge.JUDGE_MODES) and the CLI's verbs (omrl.cli.main.COMMANDS). The last two have no
+entry-point group: only omrl provides them.
 """
 
 from __future__ import annotations
@@ -32,30 +38,39 @@ class Entry:
     name: str
     target: str  # "module" or "module:attribute"
     provider: str  # "omrl" for built-ins, else the distribution that registered it
+    summary: str = ""  # one line known without importing the target (the CLI's verbs); "" for plugins
 
 
 class Registry:
-    """The built-ins of one kind plus what installed packages register under its entry-point group."""
+    """The built-ins of one kind plus what installed packages register under its entry-point group.
 
-    def __init__(self, kind: str, group: str, builtins: dict[str, str], error: type[Exception] = UsageError):
+    `builtins` maps a name to its target, or to (target, one-line summary); a group of None: no plugins.
+    """
+
+    def __init__(self, kind: str, group: str | None, builtins: dict[str, str | tuple[str, str]],
+                 error: type[Exception] = UsageError):
         self.kind = kind  # "environment", "format", ... for messages
         self.group = group
-        self.builtins = builtins
+        self.builtins = {name: _builtin(name, value) for name, value in builtins.items()}  # in declared order
         self.error = error
 
     def entries(self) -> dict[str, Entry]:
         """Every name: the built-ins first, then installed plugins (which cannot replace a built-in)."""
-        found = {name: Entry(name, target, BUILTIN_PROVIDER) for name, target in self.builtins.items()}
-        for entry in entry_points(self.group):
+        found = dict(self.builtins)
+        for entry in entry_points(self.group) if self.group else ():
             found.setdefault(entry.name, entry)
         return found
 
     def names(self) -> list[str]:
         return sorted(self.entries())
 
+    def plugin_names(self) -> list[str]:
+        """The names installed packages add (not the built-ins), in the order they were found."""
+        return [name for name in self.entries() if name not in self.builtins]
+
     def get(self, name: str) -> Entry | None:
         if name in self.builtins:  # no entry-point scan for a built-in
-            return Entry(name, self.builtins[name], BUILTIN_PROVIDER)
+            return self.builtins[name]
         return self.entries().get(name)
 
     def load(self, name: str) -> Any:
@@ -65,6 +80,11 @@ class Registry:
             raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
         return load_target(entry.target, self.error, f"{self.kind} {name!r}" + (
             f" (from package {entry.provider})" if entry.provider != BUILTIN_PROVIDER else ""))
+
+
+def _builtin(name: str, value: str | tuple[str, str]) -> Entry:
+    target, summary = (value, "") if isinstance(value, str) else value
+    return Entry(name, target, BUILTIN_PROVIDER, summary)
 
 
 def load_target(target: str, error: type[Exception] = UsageError, what: str | None = None) -> Any:
@@ -93,10 +113,10 @@ def entry_points(group: str) -> tuple[Entry, ...]:
 
 # Every pluggable kind: its registry, found where the kind lives (imported only when listed).
 REGISTRIES = {
-    "omrl.envs": "omrl.envs:REGISTRY",
-    "omrl.formats": "omrl.formats:REGISTRY",
-    "omrl.metrics": "omrl.annotate.metrics:REGISTRY",
-    "omrl.policies": "omrl.policies:REGISTRY",
+    "omrl.envs": "omrl.envs:ENVIRONMENTS",
+    "omrl.formats": "omrl.formats:FORMATS",
+    "omrl.metrics": "omrl.annotate.metrics:METRICS",
+    "omrl.policies": "omrl.policies:POLICIES",
 }
 
 

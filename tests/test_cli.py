@@ -36,7 +36,7 @@ def _all_commands():
 def test_every_command_has_help_and_an_example():
     runner = CliRunner()
     commands = _all_commands()
-    assert {path[0] for path, _ in commands} == set(COMMANDS)
+    assert {path[0] for path, _ in commands} == set(COMMANDS.names())
     for path, command in commands:
         result = runner.invoke(cli, path + ["--help"])
         assert result.exit_code == 0, (path, result.output)
@@ -75,14 +75,14 @@ def test_every_file_a_help_text_names_exists():
 def test_group_help_lists_every_subcommand():
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"]).output
-    for name in COMMANDS:
+    for name in COMMANDS.names():
         assert re.search(rf"^  {name} ", top, re.M), f"omrl --help does not list {name}"
     ctx = click.Context(cli)
     train = cli.get_command(ctx, "train")
     trainers = train.list_commands(ctx)
     assert "ppo" in trainers
     for name in trainers:  # the one-line help in `omrl --help` and the group's own name every trainer
-        assert name in COMMANDS["train"][1], f"omrl --help's line for train does not name {name}"
+        assert name in COMMANDS.get("train").summary, f"omrl --help's line for train does not name {name}"
         assert name in (train.help or ""), f"omrl train --help does not name {name}"
 
 

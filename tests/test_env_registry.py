@@ -42,7 +42,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_every_builtin_env_loads_and_follows_the_protocol():
-    for name in ENVIRONMENTS:
+    for name in ENVIRONMENTS.builtins:
         assert describe(name) and not describe(name).startswith("(unavailable")
         if unavailable(env_class(name)):  # an extra not installed here (bfcl without bfcl-eval)
             continue
@@ -93,7 +93,7 @@ def test_swebench_task_file_becomes_swebench_tasks():
 def test_envs_cli_lists_every_environment():
     result = CliRunner().invoke(cli, ["envs"])
     assert result.exit_code == 0, result.output
-    for name in ENVIRONMENTS:
+    for name in ENVIRONMENTS.builtins:
         assert name in result.output
 
 

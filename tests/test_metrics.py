@@ -30,7 +30,7 @@ def inputs(row: dict) -> dict:
 
 
 def run(name: str, row: dict):
-    return M.call_metric(M.BUILTIN[name], inputs(row))
+    return M.call_metric(M.METRICS.load(name), inputs(row))
 
 
 def test_final_answer_prefers_answer_tool_then_text():

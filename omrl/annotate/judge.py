@@ -41,14 +41,13 @@ from omrl.annotate.render import clip, render_trajectory
 from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError, UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError
-
-MODES = ("pointwise", "pairwise", "group")
+from omrl.plugins import Registry
 
 
 def judged_together(mode: str) -> str | None:
     """The trajectory field whose equal values a judge of `mode` scores together: a pairwise judge compares
     the trajectories of one task, a group judge those of one group_id (None: each trajectory alone)."""
-    return {"pairwise": "task_id", "group": "group_id"}.get(mode)
+    return judge_mode(mode).together
 
 
 REASK_CLIP = 400  # characters of an invalid reply (and of its error) quoted back in a re-ask
@@ -78,8 +77,8 @@ class JudgeConfig:
     group_max: int | None = None  # group mode: larger groups are scored in chunks of at most this many
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise UsageError(f"judge mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if JUDGE_MODES.get(self.mode) is None:
+            raise UsageError(f"judge mode must be one of {', '.join(JUDGE_MODES.builtins)}, got {self.mode!r}")
         if self.concurrency < 1:
             raise UsageError("judge concurrency must be at least 1")
         if self.max_retries < 0 or self.max_invalid < 0:
@@ -103,7 +102,7 @@ class JudgeConfig:
 
     @property
     def annotator(self) -> str:
-        return self.rubric.annotator if self.mode == "pointwise" else f"{self.rubric.annotator}:{self.mode}"
+        return judge_mode(self.mode).annotator(self.rubric)
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         if self.price_prompt is None and self.price_completion is None:
@@ -167,82 +166,6 @@ def _number(value: Any, what: str) -> float:
         return float(value)
     except ValueError:
         raise UsageError(f"{what} must be a number, got {value!r}") from None
-
-
-def validate_pointwise(rubric: Rubric) -> Callable[[str], dict[str, Any]]:
-    def check(text: str) -> dict[str, Any]:
-        data = parse_json_reply(text)
-        if "score" not in data:
-            raise UsageError('the JSON has no "score"')
-        score = _number(data["score"], "score")
-        if not rubric.in_range(score):
-            raise UsageError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
-        return {"score": score, "rationale": str(data.get("rationale") or "")}
-    return check
-
-
-def validate_pairwise(text: str) -> dict[str, Any]:
-    data = parse_json_reply(text)
-    pref = str(data.get("preference", "")).strip().upper()
-    if pref not in ("A", "B", "TIE"):
-        raise UsageError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
-    return {"preference": pref, "rationale": str(data.get("rationale") or "")}
-
-
-def validate_group(rubric: Rubric, n: int) -> Callable[[str], dict[int, dict[str, Any]]]:
-    def check(text: str) -> dict[int, dict[str, Any]]:
-        data = parse_json_reply(text)
-        items = data.get("scores")
-        if not isinstance(items, list):
-            raise UsageError('the JSON has no "scores" list')
-        out: dict[int, dict[str, Any]] = {}
-        for item in items:
-            if not isinstance(item, dict) or "id" not in item or "score" not in item:
-                raise UsageError('each entry of "scores" needs "id" and "score"')
-            idx = int(_number(item["id"], "id"))
-            score = _number(item["score"], f"score of trajectory {idx}")
-            if not rubric.in_range(score):
-                raise UsageError(f"score {score:g} of trajectory {idx} is outside the scale "
-                                 f"{rubric.scale_min:g}..{rubric.scale_max:g}")
-            out[idx] = {"score": score, "rationale": str(item.get("rationale") or "")}
-        if sorted(out) != list(range(1, n + 1)):
-            raise UsageError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
-        return out
-    return check
-
-
-# ---------------------------------------------------------------- prompts
-
-_POINTWISE_FORMAT = ('Reply with JSON only: {{"score": <number from {lo:g} to {hi:g}>, '
-                     '"rationale": "<one or two sentences>"}}')
-
-
-def pointwise_messages(rubric: Rubric, rendering: str) -> list[dict[str, Any]]:
-    system = ("You are a strict judge of AI agent trajectories.\n" + rubric.describe() + "\n"
-              + _POINTWISE_FORMAT.format(lo=rubric.scale_min, hi=rubric.scale_max))
-    messages = [{"role": "system", "content": system}]
-    for ex in rubric.examples:
-        messages.append({"role": "user", "content": f"Trajectory:\n{ex.trajectory}"})
-        messages.append({"role": "assistant", "content": json.dumps({"score": ex.score, "rationale": ex.rationale})})
-    messages.append({"role": "user", "content": f"Trajectory:\n{rendering}"})
-    return messages
-
-
-def pairwise_messages(rubric: Rubric, first: str, second: str) -> list[dict[str, Any]]:
-    system = ("You compare two AI agent trajectories that attempt the same task.\n" + rubric.describe() + "\n"
-              'Reply with JSON only: {"preference": "A" | "B" | "tie", "rationale": "<one or two sentences>"}')
-    user = f"TRAJECTORY A:\n{first}\n\nTRAJECTORY B:\n{second}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def group_messages(rubric: Rubric, renderings: list[str]) -> list[dict[str, Any]]:
-    n = len(renderings)
-    system = (f"You compare {n} AI agent trajectories that attempt the same task, scoring each relative to "
-              "the others (better trajectories get higher scores).\n" + rubric.describe() + "\n"
-              'Reply with JSON only: {"scores": [{"id": <1..' + str(n) + '>, "score": <number>, '
-              '"rationale": "<short>"}, ...]} with one entry per trajectory.')
-    user = "\n\n".join(f"=== TRAJECTORY {i} ===\n{r}" for i, r in enumerate(renderings, 1))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 # ---------------------------------------------------------------- the client
@@ -331,19 +254,9 @@ class Judge:
 
 
 # ---------------------------------------------------------------- modes
-
-
-def _row(config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> dict[str, Any]:
-    """An annotation row for one trajectory; an error when `fields` has no score."""
-    row = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
-           "rubric": config.rubric.name, "run_id": run_id, "kind": "pairwise" if config.mode == "pairwise" else "score"}
-    if answer is not None:
-        row.update(prompt_hash=answer.prompt_hash, prompt_tokens=answer.prompt_tokens,
-                   completion_tokens=answer.completion_tokens,
-                   cost_usd=config.cost(answer.prompt_tokens, answer.completion_tokens))
-    row.update(fields)
-    row["status"] = "error" if row.get("error") else "ok"
-    return row
+#
+# A mode is one class: which trajectories it judges together, its prompt, the check of a reply and how the
+# replies become annotation rows. JUDGE_MODES (below) registers each by name.
 
 
 def _render(config: JudgeConfig, row: dict[str, Any], budget: int | None = None) -> str:
@@ -379,27 +292,92 @@ def chunks(members: list[Any], size: int | None) -> list[list[Any]]:
     return [members[round(i * step):round((i + 1) * step)] for i in range(k)]
 
 
-async def judge_pointwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                          progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
-    """One annotation per trajectory."""
-    cfg = judge.config
-    check = validate_pointwise(cfg.rubric)
+Progress = Callable[[int], None]
 
-    budget = render_budget(cfg, pointwise_messages(cfg.rubric, ""), 1, cfg.max_chars)
 
-    async def one(row: dict[str, Any]) -> dict[str, Any]:
-        if budget < MIN_RENDER_CHARS:
+class JudgeMode:
+    """One way of judging trajectories; a subclass sets `name`, `together` and `kind` and implements `judge`."""
+
+    name = ""
+    together: str | None = None  # the trajectory field whose equal values are judged together (None: alone)
+    kind = "score"  # the annotations' kind
+
+    def annotator(self, rubric: Rubric) -> str:
+        """The annotator name this mode's annotations carry."""
+        return f"{rubric.annotator}:{self.name}"
+
+    def row(self, config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> dict[str, Any]:
+        """An annotation row for one trajectory; an error when `fields` has no score."""
+        row = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
+               "rubric": config.rubric.name, "run_id": run_id, "kind": self.kind}
+        if answer is not None:
+            row.update(prompt_hash=answer.prompt_hash, prompt_tokens=answer.prompt_tokens,
+                       completion_tokens=answer.completion_tokens,
+                       cost_usd=config.cost(answer.prompt_tokens, answer.completion_tokens))
+        row.update(fields)
+        row["status"] = "error" if row.get("error") else "ok"
+        return row
+
+    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+        """Annotation rows for `rows` (a failed call is an error row, never a score)."""
+        raise NotImplementedError
+
+
+class Pointwise(JudgeMode):
+    """One call per trajectory, scored on the rubric's scale."""
+
+    name = "pointwise"
+    _FORMAT = ('Reply with JSON only: {{"score": <number from {lo:g} to {hi:g}>, '
+               '"rationale": "<one or two sentences>"}}')
+
+    def annotator(self, rubric: Rubric) -> str:
+        return rubric.annotator
+
+    def messages(self, rubric: Rubric, rendering: str) -> list[dict[str, Any]]:
+        system = ("You are a strict judge of AI agent trajectories.\n" + rubric.describe() + "\n"
+                  + self._FORMAT.format(lo=rubric.scale_min, hi=rubric.scale_max))
+        messages = [{"role": "system", "content": system}]
+        for ex in rubric.examples:
+            messages.append({"role": "user", "content": f"Trajectory:\n{ex.trajectory}"})
+            messages.append({"role": "assistant",
+                             "content": json.dumps({"score": ex.score, "rationale": ex.rationale})})
+        messages.append({"role": "user", "content": f"Trajectory:\n{rendering}"})
+        return messages
+
+    @staticmethod
+    def validate(rubric: Rubric) -> Callable[[str], dict[str, Any]]:
+        def check(text: str) -> dict[str, Any]:
+            data = parse_json_reply(text)
+            if "score" not in data:
+                raise UsageError('the JSON has no "score"')
+            score = _number(data["score"], "score")
+            if not rubric.in_range(score):
+                raise UsageError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
+            return {"score": score, "rationale": str(data.get("rationale") or "")}
+        return check
+
+    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+        cfg = judge.config
+        check = self.validate(cfg.rubric)
+
+        budget = render_budget(cfg, self.messages(cfg.rubric, ""), 1, cfg.max_chars)
+
+        async def one(row: dict[str, Any]) -> dict[str, Any]:
+            if budget < MIN_RENDER_CHARS:
+                progress(1)
+                return self.row(cfg, row["id"], run_id, None, error=_too_small(budget, 1),
+                                metadata={"mode": "pointwise"})
+            answer = await judge.ask(self.messages(cfg.rubric, _render(cfg, row, budget)), check)
             progress(1)
-            return _row(cfg, row["id"], run_id, None, error=_too_small(budget, 1), metadata={"mode": "pointwise"})
-        answer = await judge.ask(pointwise_messages(cfg.rubric, _render(cfg, row, budget)), check)
-        progress(1)
-        meta = {"mode": "pointwise", "cached": answer.cached, "attempts": answer.attempts}
-        if answer.error:
-            return _row(cfg, row["id"], run_id, answer, error=answer.error, metadata=meta)
-        return _row(cfg, row["id"], run_id, answer, score=answer.value["score"],
-                    rationale=answer.value["rationale"], metadata=meta)
+            meta = {"mode": "pointwise", "cached": answer.cached, "attempts": answer.attempts}
+            if answer.error:
+                return self.row(cfg, row["id"], run_id, answer, error=answer.error, metadata=meta)
+            return self.row(cfg, row["id"], run_id, answer, score=answer.value["score"],
+                            rationale=answer.value["rationale"], metadata=meta)
 
-    return list(await asyncio.gather(*(one(r) for r in rows)))
+        return list(await asyncio.gather(*(one(r) for r in rows)))
 
 
 def _pair_outcome(preference: str, x_is: str) -> float:
@@ -408,118 +386,191 @@ def _pair_outcome(preference: str, x_is: str) -> float:
     return 1.0 if preference == x_is else 0.0
 
 
-async def judge_pairwise(judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                         progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
-    """All pairs within a task, both orders; one win-rate annotation per trajectory with a pair."""
-    cfg = judge.config
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_task[row["task_id"]].append(row)
-    budget = max(MIN_RENDER_CHARS, render_budget(cfg, pairwise_messages(cfg.rubric, "", ""), 2, cfg.max_chars))
-    renders = {r["id"]: _render(cfg, r, budget) for r in rows}  # an over-budget pair is refused by ask()
-    pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
-    singles = [g[0] for g in by_task.values() if len(g) == 1]
-    judge.stats.skipped += len(singles)
-    progress(len(singles))
+class Pairwise(JudgeMode):
+    """Every pair of one task's trajectories, asked in both orders; each trajectory's score is its win rate."""
 
-    async def both_orders(a: dict[str, Any], b: dict[str, Any]) -> tuple[Answer, Answer]:
-        ab, ba = await asyncio.gather(
-            judge.ask(pairwise_messages(cfg.rubric, renders[a["id"]], renders[b["id"]]), validate_pairwise),
-            judge.ask(pairwise_messages(cfg.rubric, renders[b["id"]], renders[a["id"]]), validate_pairwise))
-        return ab, ba
+    name = "pairwise"
+    together = "task_id"
+    kind = "pairwise"
 
-    results = await asyncio.gather(*(both_orders(a, b) for a, b in pairs))
-    per: dict[str, dict[str, Any]] = defaultdict(lambda: {"outcomes": [], "errors": [], "hashes": [],
-                                                          "pt": 0, "ct": 0, "inconsistent": 0, "cached": 0})
-    for (a, b), (ab, ba) in zip(pairs, results, strict=True):
-        for tid in (a["id"], b["id"]):
-            acc = per[tid]
-            for ans in (ab, ba):  # each call serves two trajectories: charge half to each
-                acc["pt"] += ans.prompt_tokens / 2
-                acc["ct"] += ans.completion_tokens / 2
-                acc["hashes"].append(ans.prompt_hash)
-                acc["cached"] += ans.cached
-        if ab.error or ba.error:
+    def messages(self, rubric: Rubric, first: str, second: str) -> list[dict[str, Any]]:
+        system = ("You compare two AI agent trajectories that attempt the same task.\n" + rubric.describe() + "\n"
+                  'Reply with JSON only: {"preference": "A" | "B" | "tie", "rationale": "<one or two sentences>"}')
+        user = f"TRAJECTORY A:\n{first}\n\nTRAJECTORY B:\n{second}"
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    @staticmethod
+    def validate(text: str) -> dict[str, Any]:
+        data = parse_json_reply(text)
+        pref = str(data.get("preference", "")).strip().upper()
+        if pref not in ("A", "B", "TIE"):
+            raise UsageError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
+        return {"preference": pref, "rationale": str(data.get("rationale") or "")}
+
+    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+        cfg = judge.config
+        by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_task[row["task_id"]].append(row)
+        budget = max(MIN_RENDER_CHARS, render_budget(cfg, self.messages(cfg.rubric, "", ""), 2, cfg.max_chars))
+        renders = {r["id"]: _render(cfg, r, budget) for r in rows}  # an over-budget pair is refused by ask()
+        pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
+        singles = [g[0] for g in by_task.values() if len(g) == 1]
+        judge.stats.skipped += len(singles)
+        progress(len(singles))
+
+        async def both_orders(a: dict[str, Any], b: dict[str, Any]) -> tuple[Answer, Answer]:
+            ab, ba = await asyncio.gather(
+                judge.ask(self.messages(cfg.rubric, renders[a["id"]], renders[b["id"]]), self.validate),
+                judge.ask(self.messages(cfg.rubric, renders[b["id"]], renders[a["id"]]), self.validate))
+            return ab, ba
+
+        results = await asyncio.gather(*(both_orders(a, b) for a, b in pairs))
+        per: dict[str, dict[str, Any]] = defaultdict(lambda: {"outcomes": [], "errors": [], "hashes": [],
+                                                              "pt": 0, "ct": 0, "inconsistent": 0, "cached": 0})
+        for (a, b), (ab, ba) in zip(pairs, results, strict=True):
             for tid in (a["id"], b["id"]):
-                per[tid]["errors"].append(ab.error or ba.error)
-            continue
-        x_first = _pair_outcome(ab.value["preference"], "A")
-        x_second = _pair_outcome(ba.value["preference"], "B")
-        if x_first != x_second:
-            per[a["id"]]["inconsistent"] += 1
-            per[b["id"]]["inconsistent"] += 1
-        x = (x_first + x_second) / 2
-        per[a["id"]]["outcomes"].append(x)
-        per[b["id"]]["outcomes"].append(1.0 - x)
+                acc = per[tid]
+                for ans in (ab, ba):  # each call serves two trajectories: charge half to each
+                    acc["pt"] += ans.prompt_tokens / 2
+                    acc["ct"] += ans.completion_tokens / 2
+                    acc["hashes"].append(ans.prompt_hash)
+                    acc["cached"] += ans.cached
+            if ab.error or ba.error:
+                for tid in (a["id"], b["id"]):
+                    per[tid]["errors"].append(ab.error or ba.error)
+                continue
+            x_first = _pair_outcome(ab.value["preference"], "A")
+            x_second = _pair_outcome(ba.value["preference"], "B")
+            if x_first != x_second:
+                per[a["id"]]["inconsistent"] += 1
+                per[b["id"]]["inconsistent"] += 1
+            x = (x_first + x_second) / 2
+            per[a["id"]]["outcomes"].append(x)
+            per[b["id"]]["outcomes"].append(1.0 - x)
 
-    out = []
-    for tid, acc in per.items():
-        answer = Answer(prompt_hash=prompt_hash(cfg.model, [{"pairs": sorted(acc["hashes"])}], cfg.temperature),
-                        prompt_tokens=round(acc["pt"]), completion_tokens=round(acc["ct"]))
-        meta = {"mode": "pairwise", "pairs": len(acc["outcomes"]), "failed_pairs": len(acc["errors"]),
-                "position_inconsistent": acc["inconsistent"], "cached_calls": acc["cached"]}
-        progress(1)
-        if not acc["outcomes"]:
-            out.append(_row(cfg, tid, run_id, answer, error=f"every pair failed: {acc['errors'][0]}", metadata=meta))
-            continue
-        win_rate = sum(acc["outcomes"]) / len(acc["outcomes"])
-        out.append(_row(cfg, tid, run_id, answer, score=win_rate, label=None,
-                        rationale=f"win rate {win_rate:.3f} over {len(acc['outcomes'])} pair(s), both orders",
-                        metadata=meta))
-    return out
-
-
-async def judge_group(judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                      progress: Callable[[int], None] = lambda n: None) -> list[dict[str, Any]]:
-    """One call per group_id; relative scores per sample."""
-    cfg = judge.config
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        groups[row["group_id"]].append(row)
-
-    async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
-        n = len(members)
-        # Without a prompt budget, the historic per-member floor; with one, what the budget leaves.
-        default = max(1500, cfg.max_chars // n) if cfg.max_prompt_tokens is None else cfg.max_chars // n
-        budget = render_budget(cfg, group_messages(cfg.rubric, [""] * n), n, default)
-        meta = {"mode": "group", "group_size": size, **({"chunk": chunk, "chunks": of} if of > 1 else {})}
-        if budget < MIN_RENDER_CHARS:
-            progress(n)
-            return [_row(cfg, row["id"], run_id, None, error=_too_small(budget, n), metadata=meta) for row in members]
-        answer = await judge.ask(group_messages(cfg.rubric, [_render(cfg, r, budget) for r in members]),
-                                 validate_group(cfg.rubric, n))
-        progress(n)
-        share = Answer(prompt_hash=answer.prompt_hash, prompt_tokens=round(answer.prompt_tokens / n),
-                       completion_tokens=round(answer.completion_tokens / n))
         out = []
-        for i, row in enumerate(members, 1):
-            row_meta = {**meta, "position": i, "cached": answer.cached, "attempts": answer.attempts}
-            if answer.error:
-                out.append(_row(cfg, row["id"], run_id, share, error=answer.error, metadata=row_meta))
-            else:
-                v = answer.value[i]
-                out.append(_row(cfg, row["id"], run_id, share, score=v["score"], rationale=v["rationale"],
-                                metadata=row_meta))
+        for tid, acc in per.items():
+            answer = Answer(prompt_hash=prompt_hash(cfg.model, [{"pairs": sorted(acc["hashes"])}], cfg.temperature),
+                            prompt_tokens=round(acc["pt"]), completion_tokens=round(acc["ct"]))
+            meta = {"mode": "pairwise", "pairs": len(acc["outcomes"]), "failed_pairs": len(acc["errors"]),
+                    "position_inconsistent": acc["inconsistent"], "cached_calls": acc["cached"]}
+            progress(1)
+            if not acc["outcomes"]:
+                out.append(self.row(cfg, tid, run_id, answer, error=f"every pair failed: {acc['errors'][0]}",
+                                    metadata=meta))
+                continue
+            win_rate = sum(acc["outcomes"]) / len(acc["outcomes"])
+            out.append(self.row(cfg, tid, run_id, answer, score=win_rate, label=None,
+                                rationale=f"win rate {win_rate:.3f} over {len(acc['outcomes'])} pair(s), both orders",
+                                metadata=meta))
         return out
 
-    jobs = []
-    for members in groups.values():
-        members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
-        parts = chunks(members, cfg.group_max)
-        jobs += [one(part, i, len(parts), len(members)) for i, part in enumerate(parts, 1)]
-    results = await asyncio.gather(*jobs)
-    return [r for rs in results for r in rs]
+
+class Group(JudgeMode):
+    """One call per group_id, its samples scored relative to each other (in chunks above group_max)."""
+
+    name = "group"
+    together = "group_id"
+
+    def messages(self, rubric: Rubric, renderings: list[str]) -> list[dict[str, Any]]:
+        n = len(renderings)
+        system = (f"You compare {n} AI agent trajectories that attempt the same task, scoring each relative to "
+                  "the others (better trajectories get higher scores).\n" + rubric.describe() + "\n"
+                  'Reply with JSON only: {"scores": [{"id": <1..' + str(n) + '>, "score": <number>, '
+                  '"rationale": "<short>"}, ...]} with one entry per trajectory.')
+        user = "\n\n".join(f"=== TRAJECTORY {i} ===\n{r}" for i, r in enumerate(renderings, 1))
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    @staticmethod
+    def validate(rubric: Rubric, n: int) -> Callable[[str], dict[int, dict[str, Any]]]:
+        def check(text: str) -> dict[int, dict[str, Any]]:
+            data = parse_json_reply(text)
+            items = data.get("scores")
+            if not isinstance(items, list):
+                raise UsageError('the JSON has no "scores" list')
+            out: dict[int, dict[str, Any]] = {}
+            for item in items:
+                if not isinstance(item, dict) or "id" not in item or "score" not in item:
+                    raise UsageError('each entry of "scores" needs "id" and "score"')
+                idx = int(_number(item["id"], "id"))
+                score = _number(item["score"], f"score of trajectory {idx}")
+                if not rubric.in_range(score):
+                    raise UsageError(f"score {score:g} of trajectory {idx} is outside the scale "
+                                     f"{rubric.scale_min:g}..{rubric.scale_max:g}")
+                out[idx] = {"score": score, "rationale": str(item.get("rationale") or "")}
+            if sorted(out) != list(range(1, n + 1)):
+                raise UsageError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
+            return out
+        return check
+
+    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+        cfg = judge.config
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[row["group_id"]].append(row)
+
+        async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
+            n = len(members)
+            # Without a prompt budget, the historic per-member floor; with one, what the budget leaves.
+            default = max(1500, cfg.max_chars // n) if cfg.max_prompt_tokens is None else cfg.max_chars // n
+            budget = render_budget(cfg, self.messages(cfg.rubric, [""] * n), n, default)
+            meta = {"mode": "group", "group_size": size, **({"chunk": chunk, "chunks": of} if of > 1 else {})}
+            if budget < MIN_RENDER_CHARS:
+                progress(n)
+                return [self.row(cfg, row["id"], run_id, None, error=_too_small(budget, n), metadata=meta)
+                        for row in members]
+            answer = await judge.ask(self.messages(cfg.rubric, [_render(cfg, r, budget) for r in members]),
+                                     self.validate(cfg.rubric, n))
+            progress(n)
+            share = Answer(prompt_hash=answer.prompt_hash, prompt_tokens=round(answer.prompt_tokens / n),
+                           completion_tokens=round(answer.completion_tokens / n))
+            out = []
+            for i, row in enumerate(members, 1):
+                row_meta = {**meta, "position": i, "cached": answer.cached, "attempts": answer.attempts}
+                if answer.error:
+                    out.append(self.row(cfg, row["id"], run_id, share, error=answer.error, metadata=row_meta))
+                else:
+                    v = answer.value[i]
+                    out.append(self.row(cfg, row["id"], run_id, share, score=v["score"], rationale=v["rationale"],
+                                        metadata=row_meta))
+            return out
+
+        jobs = []
+        for members in groups.values():
+            members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
+            parts = chunks(members, cfg.group_max)
+            jobs += [one(part, i, len(parts), len(members)) for i, part in enumerate(parts, 1)]
+        results = await asyncio.gather(*jobs)
+        return [r for rs in results for r in rs]
 
 
-JUDGE_MODES = {"pointwise": judge_pointwise, "pairwise": judge_pairwise, "group": judge_group}
+JUDGE_MODES = Registry("judge mode", None, {
+    "pointwise": "omrl.annotate.judge:Pointwise",
+    "pairwise": "omrl.annotate.judge:Pairwise",
+    "group": "omrl.annotate.judge:Group",
+})
+
+
+def judge_mode(name: str) -> JudgeMode:
+    """The mode registered as `name`."""
+    return JUDGE_MODES.load(name)()
+
+
+async def judge_rows(judge: Judge, rows: list[dict[str, Any]], run_id: str,
+                     progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+    """Annotation rows for trajectory rows, judged in the judge's configured mode."""
+    return await judge_mode(judge.config.mode).judge(judge, rows, run_id, progress)
 
 
 async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str, cache: JudgeCache | None = None,
-                    progress: Callable[[int], None] = lambda n: None) -> tuple[list[dict[str, Any]], JudgeStats]:
+                    progress: Progress = lambda n: None) -> tuple[list[dict[str, Any]], JudgeStats]:
     """Judge trajectory rows in the configured mode; returns annotation rows and call statistics."""
     judge = Judge(config, cache)
     try:
-        rows_out = await JUDGE_MODES[config.mode](judge, rows, run_id, progress)
+        rows_out = await judge_rows(judge, rows, run_id, progress)
     finally:
         await judge.close()
     return rows_out, judge.stats

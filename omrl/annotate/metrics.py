@@ -177,15 +177,14 @@ def tool_error_rate(messages, turns):
     return min(1.0, max(errors, flagged) / len(results))
 
 
-BUILTIN: dict[str, Metric] = {f.__name__: f for f in (
-    env_reward, success, format_valid, exact_match, numeric_match, normalized_match,
-    num_turns, num_tokens, repetition, truncated, tool_error_rate)}
-REGISTRY = Registry("metric", "omrl.metrics", {name: f"omrl.annotate.metrics:{name}" for name in BUILTIN})
+METRICS = Registry("metric", "omrl.metrics", {name: f"omrl.annotate.metrics:{name}" for name in (
+    "env_reward", "success", "format_valid", "exact_match", "numeric_match", "normalized_match",
+    "num_turns", "num_tokens", "repetition", "truncated", "tool_error_rate")})
 
 
 def metric_names() -> list[str]:
     """Every named metric: the built-ins and those of installed plugins."""
-    return REGISTRY.names()
+    return METRICS.names()
 
 
 # ---------------------------------------------------------------- loading and calling
@@ -200,15 +199,13 @@ class NamedMetric:
 
 def load_metric(spec: str) -> NamedMetric:
     """A registered name (built-in or plugin), `module:function`, or `path/to/file.py:function` -> a metric."""
-    if spec in BUILTIN:
-        return NamedMetric(spec, BUILTIN[spec], spec)
     if ":" not in spec:
-        if REGISTRY.get(spec) is None:
+        if METRICS.get(spec) is None:
             raise UsageError(f"unknown metric {spec!r}: named metrics are {', '.join(metric_names())}; "
                              "or give module:function or path/to/file.py:function")
-        fn = REGISTRY.load(spec)
+        fn = METRICS.load(spec)
         if not callable(fn):
-            raise UsageError(f"metric {spec!r} ({REGISTRY.get(spec).target}) is not a function")
+            raise UsageError(f"metric {spec!r} ({METRICS.get(spec).target}) is not a function")
         check_signature(fn, spec)
         return NamedMetric(spec, fn, spec)
     where, _, attr = spec.rpartition(":")

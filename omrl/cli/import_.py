@@ -31,7 +31,7 @@ def _key_option(name: str):
 @click.argument("src", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
               help="Store to import into (created when there is something to write).")
-@click.option("--format", "fmt", default="auto", show_default=True, metavar="auto|" + "|".join(FORMATS) + "|PLUGIN",
+@click.option("--format", "fmt", default="auto", show_default=True, metavar="auto|" + "|".join(FORMATS.builtins) + "|PLUGIN",
               help="Source format; auto decides from the extension and the keys of the first record. Installed "
                    "plugins add formats (omrl plugins lists them).")
 @click.option("--map", "map_path", type=click.Path(exists=True, dir_okay=False), default=None,

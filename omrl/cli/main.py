@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 from omrl import __version__
+from omrl.plugins import Registry
 
 # verb -> (module:attribute, one-line help). Add a verb here and in its own module under omrl/cli/.
-COMMANDS: dict[str, tuple[str, str]] = {
+COMMANDS = Registry("command", None, {
     "schema": ("omrl.cli.schema:schema", "Print the trajectory and annotation schemas."),
     "store": ("omrl.cli.store:store", "Create, append to, check and compact trajectory stores."),
     "query": ("omrl.cli.query:query", "Run read-only SQL over a store."),
@@ -31,24 +30,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("omrl.cli.import_:import_cmd", "Import trajectory files (ShareGPT, OpenAI, SWE-agent, ...) into a store."),
     "export": ("omrl.cli.export:export", "Export a store to a dataset folder or JSONL (omrl/OpenAI/ShareGPT); push to the Hub."),
     "view": ("omrl.cli.view:view", "Browse trajectories in a local read-only web viewer, or export static HTML."),
-}
+})
 
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return COMMANDS.names()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
-            return None
-        module_name, attribute = COMMANDS[name][0].split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        return COMMANDS.load(name) if COMMANDS.get(name) is not None else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Help text comes from the table above, so listing verbs imports none of them.
-        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        rows = [(name, COMMANDS.get(name).summary) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

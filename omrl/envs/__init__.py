@@ -1,7 +1,7 @@
 """Environments: the protocol (base.py) and the built-in environments, one module each.
 
-ENVIRONMENTS maps a built-in name to "module:Class"; installed packages add their own through the
-`omrl.envs` entry-point group (name = "package.module:Class"; see omrl/plugins.py). Modules are
+ENVIRONMENTS (a Registry, omrl/plugins.py) maps a built-in name to "module:Class"; installed packages
+add their own through the `omrl.envs` entry-point group (name = "package.module:Class"; see omrl/plugins.py). Modules are
 imported only when an environment is made, described or asked for tasks, so listing them stays cheap. `make_env` also
 accepts any "package.module:ClassName" following the protocol.
 """
@@ -15,7 +15,12 @@ from omrl.envs.base import Environment, Task
 from omrl.errors import OmrlError
 from omrl.plugins import Entry, Registry, load_target
 
-ENVIRONMENTS: dict[str, str] = {
+
+class EnvSpecError(OmrlError, ValueError):
+    """An environment name or class path that cannot be used."""
+
+
+ENVIRONMENTS = Registry("environment", "omrl.envs", {
     "math": "omrl.envs.math:MathEnv",
     "sql": "omrl.envs.sql:SqlEnv",
     "code": "omrl.envs.code:CodeEnv",
@@ -30,31 +35,24 @@ ENVIRONMENTS: dict[str, str] = {
     "twx": "omrl.envs.twx:TwxEnv",
     "swe": "omrl.envs.swe:SweEnv",
     "miniwob": "omrl.envs.miniwob:MiniWoBEnv",
-}
-
-
-class EnvSpecError(OmrlError, ValueError):
-    """An environment name or class path that cannot be used."""
-
-
-REGISTRY = Registry("environment", "omrl.envs", ENVIRONMENTS, error=EnvSpecError)
+}, error=EnvSpecError)
 
 
 def registry() -> dict[str, Entry]:
     """Every named environment: the built-ins, then installed plugins (a plugin cannot replace a built-in)."""
-    return REGISTRY.entries()
+    return ENVIRONMENTS.entries()
 
 
 def known_names() -> list[str]:
     """The names `--env` accepts besides package.module:ClassName paths."""
-    return REGISTRY.names()
+    return ENVIRONMENTS.names()
 
 
 def env_class(spec: str) -> type:
     """The class behind a registered name or a "package.module:ClassName" path."""
-    entry = REGISTRY.get(spec)
+    entry = ENVIRONMENTS.get(spec)
     if entry is not None:
-        cls, target = REGISTRY.load(spec), entry.target
+        cls, target = ENVIRONMENTS.load(spec), entry.target
     elif ":" in spec:
         cls, target = load_target(spec, EnvSpecError, f"environment {spec!r}"), spec
     else:

@@ -7,9 +7,9 @@
     scripted       the environment's scripted expert
     random         uniformly random moves (option: seed)
 
-Each name is a factory `factory(arg, **options) -> Policy` (arg: the text after the colon, "" without
-one). Installed packages add their own through the `omrl.policies` entry-point group (name =
-"package.module:factory"; see omrl/plugins.py).
+POLICIES (a Registry, omrl/plugins.py) maps each name to a factory `factory(arg, **options) -> Policy`
+(arg: the text after the colon, "" without one). Installed packages add their own through the
+`omrl.policies` entry-point group (name = "package.module:factory"; see omrl/plugins.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from omrl.policies.base import EpisodeContext, Policy, PolicyError, PolicyReply,
 
 __all__ = ["EpisodeContext", "Policy", "PolicyError", "PolicyReply", "PolicyTimeout", "make_policy"]
 
-REGISTRY = Registry("policy", "omrl.policies", {
+POLICIES = Registry("policy", "omrl.policies", {
     "openai": "omrl.policies.openai_policy:OpenAIPolicy",
     "hf": "omrl.policies.hf:HFPolicy.from_spec",
     "scripted": "omrl.policies.scripted:ScriptedPolicy.from_spec",
@@ -35,8 +35,8 @@ def make_policy(spec: str, **options: Any) -> Policy:
     """The policy a spec names; options set to None are ignored (so CLI flags can pass through)."""
     options = {k: v for k, v in options.items() if v is not None}
     name, _, arg = spec.partition(":")
-    if REGISTRY.get(name) is None:
-        plugins = [n for n in REGISTRY.names() if n not in REGISTRY.builtins]
+    if POLICIES.get(name) is None:
+        plugins = sorted(POLICIES.plugin_names())
         raise UsageError(f"unknown policy {spec!r}; use one of {', '.join([*SPECS, *plugins])}")
-    return REGISTRY.load(name)(arg, **options)
+    return POLICIES.load(name)(arg, **options)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.annotate.cache import JudgeCache
-from omrl.annotate.judge import JUDGE_MODES, Judge, JudgeStats
+from omrl.annotate.judge import Judge, JudgeStats, judge_rows
 from omrl.annotate.metrics import annotate_row
 from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_reward_recipe, reward_annotations
 from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
@@ -142,7 +142,7 @@ class StepScoring:
         for row in live:
             metric_rows, _skipped = annotate_row(row, self.online.metrics, run_id)  # skipped = missing
             annotations += metric_rows
-        judged = await asyncio.gather(*(JUDGE_MODES[j.config.mode](j, live, run_id) for j in self._judges_here()))
+        judged = await asyncio.gather(*(judge_rows(j, live, run_id) for j in self._judges_here()))
         for rows_out in judged:
             annotations += rows_out
         scores: dict[str, dict[str, float]] = {r["id"]: {} for r in live}
