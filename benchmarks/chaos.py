@@ -10,7 +10,7 @@ console output after a run against an endpoint that echoes them); viewer_escapes
 (issue 21: the longest another page waited while a hostile WHERE ran; viewer_unblocked_s_max is the same pages
 without it, measured in the same run).
 Issue 21 too: kills_in_write_phase (kills after the command's first write of part data) >= 50% of kills;
-hidden_losses (damaged or deleted store files that `omrl store check` did not name, omrl.testing.damage) = 0.
+hidden_losses (damaged or deleted store files that `omrl store check` did not name, tests.cases.damage) = 0.
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on an idle 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -31,11 +31,13 @@ import time
 from pathlib import Path
 
 from omrl.sandbox import memory_cap
-from omrl.testing.chaos import SCENARIOS, run_scenario
-from omrl.testing.damage import run_damage_cases
-from omrl.testing.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes, run_viewer_escapes
-from omrl.testing.fuzz import run_fuzz_corpus, summarize
-from omrl.testing.leaks import run_secret_leaks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case lists live under tests/cases
+from tests.cases.chaos import SCENARIOS, run_scenario  # noqa: E402
+from tests.cases.damage import run_damage_cases  # noqa: E402
+from tests.cases.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes, run_viewer_escapes  # noqa: E402
+from tests.cases.fuzz import run_fuzz_corpus, summarize  # noqa: E402
+from tests.cases.leaks import run_secret_leaks  # noqa: E402
 
 SUITES = ("damage", "fuzz", "query", "sandbox", "secrets", "viewer")  # the parts after the kill loops
 

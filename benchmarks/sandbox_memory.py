@@ -1,7 +1,7 @@
 """The sandbox's total memory cap, measured: forked children and memfds under memory_mb, with the host's cap
 (a cgroup where omrl can make one) and with the polling fallback (OMRL_SANDBOX_CGROUP=off).
 
-Each case is a test file the agent writes, run through the code env's run_tests (omrl/testing/escapes.py's
+Each case is a test file the agent writes, run through the code env's run_tests (tests/cases/escapes.py's
 bodies): 4 forked children x 800 MB, 30 memfds x 49 MB, each under memory_mb=1024 and 256. Per case: the
 most memory the attempt itself reported holding at one moment (held_mb: children alive with their memory
 filled, memfds written), the peak the cap saw (peak_mb: the cgroup's high-water mark, or the poller's
@@ -17,10 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 from omrl import sandbox
-from omrl.testing.escapes import forks_body, held_at_once_mb, memfd_body, run_agent_test
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case lists live under tests/cases
+from tests.cases.escapes import forks_body, held_at_once_mb, memfd_body, run_agent_test  # noqa: E402
 
 CASES = {
     "forks_4x800": lambda: forks_body(children=4, mb=800),

@@ -7,28 +7,23 @@ from typing import TYPE_CHECKING, Any
 from omrl.errors import OmrlError
 
 if TYPE_CHECKING:
-    from omrl.schema import SCHEMA_VERSION, Annotation, Message, SchemaError, ToolCall, Trajectory, Turn
+    from omrl.schema import SCHEMA_VERSION, SchemaError
     from omrl.store import Store, StoreError
 
 __version__ = "0.1.0"
 
 # The store and schema names load on first use (PEP 562): importing any omrl module (an engine process
-# hosting a game, the CLI) then does not pay for pyarrow and DuckDB unless it uses them.
-_LAZY = {"SCHEMA_VERSION": "omrl.schema", "Annotation": "omrl.schema", "Message": "omrl.schema",
-         "SchemaError": "omrl.schema", "ToolCall": "omrl.schema", "Trajectory": "omrl.schema", "Turn": "omrl.schema",
-         "Store": "omrl.store", "StoreError": "omrl.store"}
+# hosting a game, the CLI) then does not pay for pyarrow and DuckDB unless it uses them. The record
+# dataclasses (omrl.schema.Trajectory, ...) are not exported: omrl reads and writes rows as dicts, validated
+# by omrl.schema's normalisers, which take their defaults from those dataclasses.
+_LAZY = {"SCHEMA_VERSION": "omrl.schema", "SchemaError": "omrl.schema", "Store": "omrl.store", "StoreError": "omrl.store"}
 
 __all__ = [
     "SCHEMA_VERSION",
-    "Annotation",
-    "Message",
     "OmrlError",
     "SchemaError",
     "Store",
     "StoreError",
-    "ToolCall",
-    "Trajectory",
-    "Turn",
     "__version__",
 ]
 

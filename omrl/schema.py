@@ -144,6 +144,9 @@ class SchemaError(OmrlError, ValueError):
 
 
 # ---------------------------------------------------------------- record types
+#
+# Each record's fields and defaults: the normalisers below take their defaults from these (`_defaults`);
+# omrl itself passes rows as dicts, and `to_row()` turns a record built in code into one.
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from omrl.testing.chaos import (
+from tests.cases.chaos import (
     annotate_scenario,
     append_scenario,
     collect_scenario,
@@ -19,7 +19,7 @@ from omrl.testing.chaos import (
     iterate_scenario,
     run_scenario,
 )
-from omrl.testing.damage import run_damage_cases
+from tests.cases.damage import run_damage_cases
 
 SMALL = {
     "collect": lambda: collect_scenario(tasks=300, samples=2),

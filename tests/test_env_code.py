@@ -128,7 +128,7 @@ def test_a_reset_that_fails_leaves_no_folder(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ hostile tasks and actions (issue 21)
 
 from omrl.envs.base import InvalidTask  # noqa: E402
-from omrl.testing import escapes  # noqa: E402
+from tests.cases import escapes  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(escapes.task_attacks(Path("/nonexistent"), create=False)))

@@ -12,7 +12,7 @@ from omrl.envs import generate_tasks, make_env
 from omrl.envs.base import Action, InvalidTask
 from omrl.envs.os_interaction import refusal, size_match, task_from_record
 from omrl.envs.toolenv import play_episode
-from omrl.testing.escapes import processes_with
+from tests.cases.escapes import processes_with
 
 AVAILABLE, WHY = sandbox.sandbox_status()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")

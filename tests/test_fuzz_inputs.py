@@ -1,6 +1,6 @@
 """Bad input files: every reader names the file and the line (or record, row, row group), never a traceback.
 
-The corpus (omrl.testing.fuzz) runs whole; the targeted tests pin each finding of the attacker probe.
+The corpus (tests.cases.fuzz) runs whole; the targeted tests pin each finding of the attacker probe.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from omrl.formats.importer import FileReport, import_files, iter_trajectories
 from omrl.schema import SchemaError, normalize_annotation, normalize_trajectory
 from omrl.store import Store
 from omrl.tasks import TaskError, import_tasks, load_tasks
-from omrl.testing.fuzz import TARGETS, FuzzCase, run_fuzz_case, summarize, write_fuzz_corpus
-from omrl.testing.fuzz import _parquet_body_cut as parquet_body_cut
+from tests.cases.fuzz import TARGETS, FuzzCase, run_fuzz_case, summarize, write_fuzz_corpus
+from tests.cases.fuzz import _parquet_body_cut as parquet_body_cut
 
 
 def _row(i: int = 0, **change) -> dict:
@@ -57,7 +57,7 @@ def test_the_runner_tells_tracebacks_and_unlocated_errors_apart(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text("{}\n")
     case = FuzzCase("x", path, "store append")
-    from omrl.testing import fuzz
+    from tests.cases import fuzz
 
     assert fuzz._classify(case, RecursionError("deep"), "deep") == "traceback"
     assert fuzz._classify(case, UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), "bad") == "traceback"

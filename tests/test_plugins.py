@@ -95,6 +95,35 @@ def test_each_kind_finds_what_an_installed_package_registers(installed_dist):
         load_metric("nope")
 
 
+
+def test_every_named_kind_is_one_registry_and_the_unpluggable_ones_take_no_plugins(installed_dist):
+    """Environments, formats, metrics, policies, judge modes and CLI verbs: one Registry shape each."""
+    from omrl.annotate.judge import JUDGE_MODES, JudgeConfig, JudgeMode, judge_mode
+    from omrl.annotate.metrics import METRICS
+    from omrl.annotate.rubric import Rubric
+    from omrl.cli.main import COMMANDS
+    from omrl.envs import ENVIRONMENTS
+    from omrl.formats import FORMATS
+    from omrl.policies import POLICIES
+
+    kinds = [ENVIRONMENTS, FORMATS, METRICS, POLICIES, JUDGE_MODES, COMMANDS]
+    assert all(isinstance(kind, plugins.Registry) for kind in kinds)
+    assert plugins.registries() == kinds[:4]  # the pluggable ones, as `omrl plugins` lists them
+    assert FORMATS.plugin_names() == ["fake-log"] and METRICS.plugin_names() == ["loud"]
+    for name in METRICS.builtins:  # a built-in is loaded from its target, as a plugin is
+        assert load_metric(name).fn is getattr(sys.modules["omrl.annotate.metrics"], name)
+    for name in JUDGE_MODES.builtins:
+        mode = judge_mode(name)
+        assert isinstance(mode, JudgeMode) and mode.name == name
+    assert [judge_mode(m).together for m in JUDGE_MODES.builtins] == [None, "task_id", "group_id"]
+    assert all(entry.summary for entry in COMMANDS.builtins.values())  # `omrl --help` imports no verb
+    for kind in (JUDGE_MODES, COMMANDS):  # no entry-point group: only omrl provides them
+        assert kind.group is None and kind.plugin_names() == []
+    with pytest.raises(UsageError, match="judge mode must be one of pointwise, pairwise, group, got 'best'"):
+        JudgeConfig(rubric=Rubric(name="r", criteria=["c"]), model="m", base_url="http://x", mode="best")
+    with pytest.raises(UsageError, match="unknown judge mode 'best'"):
+        judge_mode("best")
+
 def _lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

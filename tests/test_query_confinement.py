@@ -2,7 +2,7 @@
 wrapped (`EXPLAIN ANALYZE` runs what it wraps, `;` chains), writes anything, reads a file outside the
 store's views, reaches the network, loads an extension, changes a setting or runs past its time limit.
 
-The attacks, the --where tricks and the --where entry points are defined once, in omrl/testing/escapes.py,
+The attacks, the --where tricks and the --where entry points are defined once, in tests/cases/escapes.py,
 whose report (every attack through every entry point, counted) is checked here too."""
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 import omrl.store.query as query_module
-import omrl.testing.escapes as escapes
+import tests.cases.escapes as escapes
 from omrl.cli.main import cli
 from omrl.schema import Annotation
 from omrl.store import Store
 from omrl.store.manifest import listing
 from omrl.store.query import QueryError, connect, run_query, select_ids, select_where
-from omrl.testing.escapes import (
+from tests.cases.escapes import (
     ENV_SECRET,
     SECRET,
     SLOW_SQL,

@@ -2,7 +2,7 @@
 wrote, run through CodeEnv.run_tests inside the bubblewrap sandbox.
 
 The attempts (the agent's test bodies and judges of what they got) are defined once, in
-omrl/testing/escapes.py, whose report (every attempt, counted) is checked here too."""
+tests/cases/escapes.py, whose report (every attempt, counted) is checked here too."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from omrl.envs.base import Action, Task
 from omrl.envs.toolenv import play_episode
 from omrl.store import Store
 from omrl.tasks import load_tasks, shipped_datasets_dir
-from omrl.testing import escapes
-from omrl.testing.escapes import SANDBOX_SECRET as SECRET
-from omrl.testing.escapes import SandboxProbe, SandboxRun, agent_test, processes_with, run_agent_test
+from tests.cases import escapes
+from tests.cases.escapes import SANDBOX_SECRET as SECRET
+from tests.cases.escapes import SandboxProbe, SandboxRun, agent_test, processes_with, run_agent_test
 
 AVAILABLE, WHY = sandbox.sandbox_status()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")

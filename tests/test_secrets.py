@@ -12,8 +12,8 @@ from omrl.llm import LLMClient, LLMStatusError
 from omrl.redact import display_url, redact, remember_secret, remember_url
 from omrl.schema import normalize_annotation, normalize_trajectory
 from omrl.store import Store
-from omrl.testing.leaks import run_secret_leaks
 from omrl.testing.openai_server import FakeOpenAIServer
+from tests.cases.leaks import run_secret_leaks
 
 
 def test_redact_hides_given_keys_url_credentials_and_bearer_tokens(monkeypatch):

@@ -21,7 +21,7 @@ from conftest import make_trajectory
 
 from omrl.cli.main import cli
 from omrl.store import Store, StoreError
-from omrl.testing.chaos import observe_trajectories
+from tests.cases.chaos import observe_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID_TASKS = ROOT / "datasets" / "tasks" / "grid_train.jsonl"

@@ -18,7 +18,7 @@ from conftest import make_trajectory
 from omrl.schema import SCHEMA_VERSION, Message, ToolCall, Trajectory
 from omrl.store import AutoCompactWarning, SearchIndexWarning, Store, StoreError
 from omrl.store.layout import DICTIONARY_PAGE_BYTES, CompactPolicy, side_path
-from omrl.testing.chaos import observe_trajectories
+from tests.cases.chaos import observe_trajectories
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v1"
 TOOL_CALLS = "SELECT * FROM tool_calls ORDER BY trajectory_id, message_position, call_index"

@@ -589,7 +589,7 @@ def test_the_viewers_own_requests_pass(client):
 
 
 def test_a_pages_queries_stop_at_the_viewers_time_limit(store):
-    from omrl.testing.escapes import SLOW_WHERE
+    from tests.cases.escapes import SLOW_WHERE
 
     with TestClient(make_app(store, timeout=1.0), base_url="http://127.0.0.1") as c:
         response = c.get("/", params={"where": SLOW_WHERE})
@@ -681,11 +681,11 @@ def test_an_export_never_writes_into_a_store_or_over_a_folder(store, tmp_path):
 
 
 def test_the_viewer_suite_finds_no_escape(tmp_path):
-    """omrl.testing.escapes' viewer cases over HTTP: other sites refused, a slow WHERE stopped and holding
+    """tests.cases.escapes' viewer cases over HTTP: other sites refused, a slow WHERE stopped and holding
     up no other page, the memory cap, a big message, exports into stores (benchmarks/chaos.py runs it at
     full size, with the 2 s target). Here the slow WHERE runs 8 s and another page may wait 4 s more than
     without it (one lock made them wait all 8 s): a busy CI machine slows every page."""
-    from omrl.testing.escapes import run_viewer_escapes
+    from tests.cases.escapes import run_viewer_escapes
 
     report = run_viewer_escapes(tmp_path, timeout_s=8.0, allowed_s=4.0, big_mb=4)
     assert report.cases >= 20 and report.escapes == 0, report.details

@@ -26,10 +26,10 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from omrl.testing.escapes import serve_app  # noqa: E402
 from omrl.view.app import make_app  # noqa: E402
 from omrl.view.export import export_site  # noqa: E402
 from omrl.view.pages import file_key  # noqa: E402
+from tests.cases.escapes import serve_app  # noqa: E402
 from tests.test_view import CHILD_ID, XSS_ID, build_store  # noqa: E402
 
 
