@@ -306,6 +306,13 @@ class JudgeMode:
         """The annotator name this mode's annotations carry."""
         return f"{rubric.annotator}:{self.name}"
 
+    def sets(self, rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+        """`rows` by the value of the field this mode judges together, in the order first seen."""
+        out: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            out[row[self.together]].append(row)
+        return out
+
     def row(self, config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> dict[str, Any]:
         """An annotation row for one trajectory; an error when `fields` has no score."""
         row = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
@@ -410,9 +417,7 @@ class Pairwise(JudgeMode):
     async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
                     progress: Progress = lambda n: None) -> list[dict[str, Any]]:
         cfg = judge.config
-        by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            by_task[row["task_id"]].append(row)
+        by_task = self.sets(rows)
         budget = max(MIN_RENDER_CHARS, render_budget(cfg, self.messages(cfg.rubric, "", ""), 2, cfg.max_chars))
         renders = {r["id"]: _render(cfg, r, budget) for r in rows}  # an over-budget pair is refused by ask()
         pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
@@ -508,9 +513,7 @@ class Group(JudgeMode):
     async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
                     progress: Progress = lambda n: None) -> list[dict[str, Any]]:
         cfg = judge.config
-        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for row in rows:
-            groups[row["group_id"]].append(row)
+        groups = self.sets(rows)
 
         async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
             n = len(members)
