@@ -1,11 +1,12 @@
-# make demo: set up and run the main chain on built-in defaults.  make test: set up and run the tests.
+# make demo: set up and run the main chain on built-in defaults.  make test: set up and run the tests
+# (make test-fast: those not marked slow).
 # Both first run `make system-deps` (bubblewrap, with apt, when missing and root).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.omrl-installed
 
-.PHONY: demo test lint bench clean system-deps
+.PHONY: demo test test-fast lint bench clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,9 +37,15 @@ system-deps:
 		     "and twx environments refuse to run)"; \
 	fi
 
+# --durations: the slowest tests' times in every run, to keep the slow marks true.
 test: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30
+
+# The tests not marked slow (pyproject.toml's markers), for a quick check while developing.
+test-fast: system-deps $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

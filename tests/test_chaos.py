@@ -21,6 +21,8 @@ from tests.cases.chaos import (
 )
 from tests.cases.damage import run_damage_cases
 
+pytestmark = pytest.mark.slow  # kill loops and damaged stores through the CLI
+
 SMALL = {
     "collect": lambda: collect_scenario(tasks=300, samples=2),
     "append": lambda: append_scenario(rows=1500),

@@ -39,6 +39,7 @@ def test_quickstart_is_an_iterate_recipe_with_the_demo_stages_and_its_settings()
     assert not recipe.collect.enabled and not recipe.demos.only_success
 
 
+@pytest.mark.slow
 def test_demo_runs_the_quickstart_through_iterate_and_writes_the_results_table(tmp_path, capsys):
     from omrl.demo import run_demo
     from omrl.models import cached_tiny_model
@@ -78,6 +79,7 @@ def test_demo_runs_the_quickstart_through_iterate_and_writes_the_results_table(t
     assert [r["stage"] for r in again] == ["expert", "base", "sft", "grpo-1"]
 
 
+@pytest.mark.slow
 def test_demo_command_takes_overrides_and_rejects_unknown_keys(tmp_path):
     from click.testing import CliRunner
 

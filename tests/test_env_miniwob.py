@@ -31,6 +31,8 @@ from omrl.envs.miniwob import MiniWoBEnv, _read  # noqa: E402
 from omrl.envs.toolenv import play_episode  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real browser per environment
+
 ROOT = Path(__file__).resolve().parents[1]
 SOLVED = ["click-button", "enter-text", "click-checkboxes", "choose-list"]
 

@@ -41,6 +41,7 @@ def user_module(tmp_path, monkeypatch):
     sys.modules.pop("my_envs", None)
 
 
+@pytest.mark.slow
 def test_every_builtin_env_loads_and_follows_the_protocol():
     for name in ENVIRONMENTS.builtins:
         assert describe(name) and not describe(name).startswith("(unavailable")

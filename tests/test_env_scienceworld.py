@@ -17,8 +17,9 @@ from omrl.policies.scripted import action_reply
 from omrl.rollout import RolloutSettings, collect, play_episodes
 from omrl.store import Store
 
-pytestmark = pytest.mark.skipif(unavailable(env_class("scienceworld")) is not None,
-                                reason="scienceworld or Java is missing (make system-deps; make test installs it)")
+pytestmark = [pytest.mark.slow,  # the ScienceWorld simulator (Java)
+              pytest.mark.skipif(unavailable(env_class("scienceworld")) is not None,
+                                 reason="scienceworld or Java is missing (make system-deps; make test installs it)")]
 SETTINGS = RolloutSettings(env="scienceworld", max_turns=40, concurrency=1)
 SHORT = "find-non-living-thing,find-plant"  # gold paths of 5-10 steps: cheap to play
 

@@ -232,6 +232,7 @@ def test_a_task_without_its_fields_is_invalid(tasks):
         generate_tasks("swe", n=2)
 
 
+@pytest.mark.slow
 def test_sft_runs_on_expert_swe_trajectories(collected, tmp_path):
     """A smoke test: the tiny model trains on the scripted expert's SWE episodes end to end (no learning claim)."""
     pytest.importorskip("trl")

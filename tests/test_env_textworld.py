@@ -17,6 +17,8 @@ from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_e
 from omrl.store import Store
 from tests.engine_helpers import KillingPolicy, require_env
 
+pytestmark = pytest.mark.slow  # real TextWorld games
+
 # Small games: a one-room cooking game (fetch one ingredient) and a two-room quest of two actions.
 COOKING = {"recipe": 1, "take": 1, "go": 1, "open": False, "cook": False, "cut": False}
 CUSTOM = {"rooms": 2, "objects": 3, "quest_length": 2}

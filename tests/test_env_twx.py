@@ -18,6 +18,8 @@ from omrl.store import Store
 from omrl.tasks import write_tasks
 from tests.engine_helpers import ROOT, KillingPolicy, kill_collect_mid_run, require_env
 
+pytestmark = pytest.mark.slow  # the TextWorldExpress engine (Java)
+
 SMALL = "numLocations=3,numIngredients=2,numDistractorItems=2"  # short gold paths: fast tests
 
 

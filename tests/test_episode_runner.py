@@ -123,6 +123,7 @@ class TaskLoggingCountEnv(CountingCountEnv):
         _log(self.log, event="closed", task=self.task.id)
 
 
+@pytest.mark.slow
 def test_a_ray_worker_plays_its_queued_shards_through_shared_slots(tmp_path):
     # The Ray executor's ShardWorker without Ray: two shards of collect's EpisodeWork queued on one worker
     # share `concurrency` slots, so the second starts filling slots while the first still has episodes to
@@ -229,6 +230,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 
+@pytest.mark.slow
 def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     from omrl.models import build_tiny_model
     from omrl.tasks import write_tasks
@@ -253,6 +255,7 @@ def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     assert rollout.settings(0, 8).seed != rollout.settings(1, 8).seed
 
 
+@pytest.mark.slow
 def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
     from omrl.envs.grid import grid_tasks
     from omrl.tasks import write_tasks
@@ -369,6 +372,7 @@ def _letter_setup(tmp_path, n_tasks: int = 2):
     return ledger, cached_tiny_model(hidden=32), tasks, path, rollout
 
 
+@pytest.mark.slow
 def test_grpo_and_ppo_keep_their_reusable_engines_across_steps_and_close_them(tmp_path):
     from omrl.train.grpo import GRPORecipe, train_grpo
     from omrl.train.ppo import PPORecipe, train_ppo
@@ -383,6 +387,7 @@ def test_grpo_and_ppo_keep_their_reusable_engines_across_steps_and_close_them(tm
     assert ledger.count("made") == ledger.count("closed") == 16
 
 
+@pytest.mark.slow
 def test_inside_shared_engines_collect_eval_and_training_draw_from_one_pool(tmp_path):
     from omrl.rollout import evaluate, shared_engines
     from omrl.train.grpo import GRPORecipe, train_grpo

@@ -34,6 +34,7 @@ class LetterEnv:
         pass
 
 
+@pytest.mark.slow
 def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     from safetensors.torch import load_file
 
@@ -75,6 +76,7 @@ class BrokenEnv(LetterEnv):
         raise ConnectionError("env server went away")
 
 
+@pytest.mark.slow
 def test_a_step_whose_rollouts_all_fail_stops_with_the_error(tmp_path):
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
     tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="broken") for i in range(2)],
@@ -157,6 +159,7 @@ def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
     assert type(policy) is HFPolicy and policy.model is hf.model
 
 
+@pytest.mark.slow
 def test_step_credit_recipe_trains_through_train_grpo_and_stores_the_credit(tmp_path):
     from omrl.envs.grid import grid_tasks
     from omrl.train.step_credit import StepCreditSettings

@@ -59,6 +59,7 @@ def installed(tmp_path_factory) -> Path:
     return venv                                                                   # (the editable omrl) stay unread
 
 
+@pytest.mark.slow
 def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     work = tmp_path / "empty"
     work.mkdir()

@@ -36,6 +36,7 @@ def recipe(tmp_path, tiny):
     }, IterateRecipe)
 
 
+@pytest.mark.slow
 def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
     from omrl.models import cached_tiny_model
     from omrl.train.iterate import run_iterate
@@ -133,6 +134,7 @@ def test_grpo_settings_are_converted_to_their_types():
     assert grpo.learning_rate == 1e-4 and isinstance(grpo.learning_rate, float) and grpo.max_steps == 5
 
 
+@pytest.mark.slow
 def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judging(tmp_path):
     """collect -> annotate (the recipe's judge) -> filter -> GRPO (judged online); the run is SIGKILLed while
     the annotate stage is asking the judge (a real server in its own process); the restarted run asks it
@@ -198,6 +200,7 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
     assert online and all(json.loads(a["metadata"])["grpo_step"] == 0 for a in online)
 
 
+@pytest.mark.slow
 def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
     """algorithm: ppo runs its rounds as ppo-N stages, PPO rollouts stored with their round; a judged
     reward with ppo, or an unknown algorithm, is refused at load time."""

@@ -17,6 +17,8 @@ pytest.importorskip("trl")
 
 from tests.train_helpers import demo_store  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test trains in two processes
+
 
 def test_two_process_sft_runs(tmp_path):
     from omrl.models import cached_tiny_model

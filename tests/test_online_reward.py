@@ -62,6 +62,7 @@ def grpo(tmp_path, tiny, reward, store="store", out="out", steps=1):
                       reward=reward)
 
 
+@pytest.mark.slow
 def test_grpo_with_env_metric_and_group_judge_stores_every_score_and_a_second_run_asks_nothing(tmp_path, tiny):
     with JudgeProcess(rule="length") as judge:
         out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url), steps=2))
@@ -105,6 +106,7 @@ def test_grpo_with_env_metric_and_group_judge_stores_every_score_and_a_second_ru
         assert again["judge:brevity:group"] == {**again["judge:brevity:group"], "calls": 0, "cache_hits": 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["500", "malformed", "badjson", "range"])
 def test_failed_judge_calls_are_missing_components_renormalised_never_zero(tmp_path, tiny, fault):
     with JudgeProcess(rule="length", faults={fault: 1.0}) as judge:
@@ -130,6 +132,7 @@ def test_failed_judge_calls_are_missing_components_renormalised_never_zero(tmp_p
     assert record["reward_summary"]["missing"] == {"judge:brevity": 8}
 
 
+@pytest.mark.slow
 def test_missing_null_drops_samples_and_a_step_without_any_reward_stops_with_the_first_error(tmp_path, tiny):
     with JudgeProcess(rule="length", faults={"500": 1.0}) as judge, \
             pytest.raises(RuntimeError, match="no rollout has a reward.*first error: judge:brevity.*500"):
@@ -139,6 +142,7 @@ def test_missing_null_drops_samples_and_a_step_without_any_reward_stops_with_the
     assert len(rewards) == 8 and all(a["status"] == "error" and "judge:brevity" in a["error"] for a in rewards)
 
 
+@pytest.mark.slow
 def test_some_failures_leave_those_samples_out_of_the_step(tmp_path, tiny):
     with JudgeProcess(rule="length", faults={"badjson": 0.5}) as judge:
         out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url, missing="null", mode="pointwise")))
@@ -150,6 +154,7 @@ def test_some_failures_leave_those_samples_out_of_the_step(tmp_path, tiny):
     assert step["dropped"] == len(bad) and step["missing"] == ({"judge:brevity": len(bad)} if bad else {})
 
 
+@pytest.mark.slow
 def test_a_recipe_component_nothing_computes_is_refused(tmp_path, tiny):
     recipe = {"components": {"env_reward": 1.0, "judge:unknown": 1.0}}
     with pytest.raises(ValueError, match="no metric or judge computes component.*judge:unknown"):
@@ -169,6 +174,7 @@ def test_turn_rewards_keep_the_env_shaping_and_add_up_to_the_trained_reward():
         turn_rewards(row, episode_reward=float("nan"))
 
 
+@pytest.mark.slow
 def test_omrl_train_grpo_takes_a_reward_recipe_file_and_reports_the_judge(tmp_path, tiny):
     import yaml
     from click.testing import CliRunner

@@ -136,6 +136,7 @@ def _run(args: list[str], cwd: Path, timeout: int = 180) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_the_example_plugin_installs_into_a_fresh_venv_and_collects(tmp_path):
     pytest.importorskip("setuptools", minversion="77")
     venv = tmp_path / "venv"

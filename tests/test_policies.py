@@ -285,6 +285,7 @@ def play_grid(policy, tasks, max_turns=3):
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [0, 2])
 def test_traces_equal_hf_policy_traces(tiny, top_k):
     hf = HFPolicy(str(tiny), max_new_tokens=5)

@@ -52,6 +52,7 @@ def grid_task(start, goal) -> Task:
                 payload={"size": 7, "start": list(start), "goal": list(goal)})
 
 
+@pytest.mark.slow
 def test_ppo_raises_the_probability_of_the_rewarded_move_on_one_step_grid_tasks(tmp_path):
     # Six tasks whose goal is one step left; one turn each: "left" earns 1, anything else 0.
     model = sturdy_mover(tmp_path / "mover")
@@ -72,6 +73,7 @@ def test_ppo_raises_the_probability_of_the_rewarded_move_on_one_step_grid_tasks(
     assert result.stored == 8 * 32 and len(Store(tmp_path / "store").ids()) == 8 * 32
 
 
+@pytest.mark.slow
 def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     from safetensors.torch import load_file
 
@@ -107,6 +109,7 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     assert again.stored == 6 and len(Store(tmp_path / "store").ids()) == 18
 
 
+@pytest.mark.slow
 def test_critic_warmup_steps_train_only_the_critic(tmp_path):
     from safetensors.torch import load_file
 
@@ -182,6 +185,7 @@ def test_recipe_file_loads_and_bad_settings_are_refused():
         load_recipe("recipes/ppo_grid.yaml", PPORecipe, ["critic=twin"])
 
 
+@pytest.mark.slow
 def test_cli_prints_the_resolved_ppo_config():
     from click.testing import CliRunner
 

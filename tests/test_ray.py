@@ -93,6 +93,7 @@ def free_port() -> int:
 # First in the file: it runs before the module's in-process cluster exists, so only one cluster is up at a time.
 
 
+@pytest.mark.slow
 def test_cli_collect_and_eval_on_a_cluster_from_ray_start(tmp_path: Path):
     port, temp_dir = free_port(), short_tmp()
     ray_bin = Path(sys.executable).parent / "ray"
@@ -149,6 +150,7 @@ def cluster():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_same_rows_as_in_process_collection(tmp_path: Path, cluster):
     tasks = load_tasks(str(GRID_TASKS))[:5]
     settings = RolloutSettings(env="grid", max_turns=8, seed=3, concurrency=2, ray_num_cpus=0.5, ray_workers=2)
@@ -179,6 +181,7 @@ def ray_workers_of_this_process(actor: str = "EpisodeWorker") -> list:
     return found
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_and_doubles_nothing(tmp_path: Path, cluster):
     tasks = count_tasks(10, target=3)  # 4 steps of 0.3 s: a shard takes a few seconds
     settings = RolloutSettings(concurrency=2, ray_num_cpus=0.5, ray_workers=2, max_turns=6)
@@ -238,6 +241,7 @@ def test_plan_fits_workers_to_the_cluster():
         plan(placement(RolloutSettings(concurrency=1, ray_workers=3)), {"CPU": 2.0}, two, 10)
 
 
+@pytest.mark.slow
 def test_a_policy_that_cannot_travel_is_a_usage_error(tmp_path: Path, cluster):
     from omrl.errors import UsageError
 
@@ -295,6 +299,7 @@ def judge_process():
         yield judge
 
 
+@pytest.mark.slow
 def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path, cluster, judge_process):
     from click.testing import CliRunner
 
@@ -338,6 +343,7 @@ def test_annotate_on_ray_gives_the_same_annotations_as_in_process(tmp_path: Path
     assert len(there.read("annotations")) == 24 and there.check() == []
 
 
+@pytest.mark.slow
 def test_a_judge_worker_killed_mid_run_annotates_each_trajectory_once(tmp_path: Path, cluster):
     from omrl.annotate.judge import JudgeConfig
     from omrl.annotate.rubric import load_rubric
@@ -413,6 +419,7 @@ def test_judge_shards_keep_tasks_and_groups_whole():
 # ---------------------------------------------------------------- iterate: collect and eval stages on the cluster
 
 
+@pytest.mark.slow
 def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, cluster, monkeypatch):
     from omrl.models import cached_tiny_model
     from omrl.recipes import load_recipe

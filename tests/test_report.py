@@ -93,6 +93,7 @@ def _md_rows(md: str, header: str) -> list[dict[str, str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
     """A real two-step GRPO run on the tiny model: the report reads its omrl_grpo.json under --runs (found
     recursively) and its stored rollouts per step, and both agree with what the run wrote."""
@@ -157,6 +158,7 @@ def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
     assert (agree["annotator"], agree["round"], agree["n"]) == ("judge", "1", "16")
 
 
+@pytest.mark.slow
 def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
     """A real two-step PPO run: value loss, explained variance, clip fraction and approx KL per step."""
     pytest.importorskip("transformers")
@@ -390,6 +392,7 @@ def test_no_step_agreement_without_tagged_rollouts(tmp_path):
     assert "Per training step" not in _report(store.path, tmp_path / "rep")
 
 
+@pytest.mark.slow
 def test_report_renders_a_benchmark_table_and_its_curves(tmp_path):
     from omrl.cli.main import cli
     from omrl.report import benchmark_rows, read_benchmark

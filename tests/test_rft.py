@@ -11,6 +11,8 @@ pytest.importorskip("trl")
 
 from tests.train_helpers import random_mover_model  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test collects and trains a tiny model
+
 
 def _params(path):
     from transformers import AutoModelForCausalLM

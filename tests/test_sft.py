@@ -11,6 +11,8 @@ pytest.importorskip("trl")
 
 from tests.train_helpers import demo_store, mixed_length_store  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test trains a tiny model
+
 
 @pytest.fixture(scope="module")
 def tiny():

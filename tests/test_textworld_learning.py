@@ -16,7 +16,8 @@ from omrl.envs.twx import TwxEnv
 ROOT = Path(__file__).resolve().parents[1]
 RL = ("grpo", "grpo_step_credit", "ppo_token", "ppo_turn")
 
-pytestmark = pytest.mark.skipif(TwxEnv.unavailable() is not None, reason=str(TwxEnv.unavailable()))
+pytestmark = [pytest.mark.slow,  # a quick run of the learning benchmark
+              pytest.mark.skipif(TwxEnv.unavailable() is not None, reason=str(TwxEnv.unavailable()))]
 pytest.importorskip("trl")
 
 

@@ -32,6 +32,8 @@ from omrl.view.pages import file_key  # noqa: E402
 from tests.cases.escapes import serve_app  # noqa: E402
 from tests.test_view import CHILD_ID, XSS_ID, build_store  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real browser
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
