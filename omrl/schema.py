@@ -6,13 +6,11 @@ One trajectory row is one attempt by one policy at one task. Free-form payloads 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
@@ -882,40 +880,6 @@ def _redacted(out: dict[str, Any]) -> dict[str, Any]:
 
 NORMALIZERS = {"trajectories": normalize_trajectory, "annotations": normalize_annotation}
 
-
-def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Table:
-    """Validate records and build an Arrow table with the explicit schema (never inferred types).
-
-    Rows a normaliser already returned (and nobody changed since) are not checked again: rows are
-    normalised once on their way into the store.
-    """
-    if table == "trajectories":
-        from omrl.schema_arrow import trajectories_table
-
-        fast = trajectories_table(rows)  # column by column, the same rules; None where rows need the normaliser
-        if fast is not None:
-            return fast
-    normalize = NORMALIZERS[table]
-    with _collector_paused():
-        normalized = [normalize(r) for r in rows]
-    return pa.Table.from_pylist(normalized, schema=SCHEMAS[table])
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off for a block that builds many small acyclic containers.
-
-    Normalising a batch makes a few dicts per message; each young-generation collection walks them all
-    again, about 40% of the time on a 4,000-row batch (benchmarks/store_bench.py). Nothing built here
-    holds a cycle, so nothing is left for the collector; it is switched back on as it was.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def conform(table: pa.Table, name: str = "trajectories") -> pa.Table:

@@ -18,9 +18,9 @@ from omrl.schema import (
     json_schema,
     normalize_annotation,
     normalize_trajectory,
-    to_table,
     trajectory_id,
 )
+from omrl.schema_arrow import to_table
 from omrl.store import Store
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from omrl.schema import TRAJECTORY_SCHEMA, SchemaError, normalize_trajectory, to_table
-from omrl.schema_arrow import trajectories_table
+from omrl.schema import TRAJECTORY_SCHEMA, SchemaError, normalize_trajectory
+from omrl.schema_arrow import to_table, trajectories_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from store_bench import make_corpus  # noqa: E402
