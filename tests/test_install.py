@@ -1,12 +1,11 @@
 """omrl as a user installs it: a wheel (not editable) in a fresh virtual environment, run outside the checkout.
 
-Also the package layout: the shipped data is found both here and installed, and no module imports itself
-back through another (no import cycles).
+Also the package layout: the shipped data is found both here and installed (import cycles:
+test_import_cycles.py).
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
@@ -104,50 +103,3 @@ def test_shipped_data_is_found_in_the_checkout():
     assert resolve_tasks("gsm8k:main") == "gsm8k:main"
     with pytest.raises(FileNotFoundError, match="shipped:math_arith"):
         resolve_tasks("shipped:nope")
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(name: str, path: Path, modules: set[str]) -> set[str]:
-    """omrl modules `path` imports, at module level or inside functions, leaving out `if TYPE_CHECKING:`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and "TYPE_CHECKING" in ast.unparse(node.test) for sub in ast.walk(node)}
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base] * bool(base))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {m for m in found if m in modules and m != name}
-
-
-def test_no_import_cycles():
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py") if "data" not in p.relative_to(PACKAGE).parts[:1]}
-    graph = {name: _imports(name, path, set(files)) for name, path in files.items()}
-
-    def reaches(start: str, goal: str) -> list[str] | None:
-        stack, seen = [[start]], {start}
-        while stack:
-            route = stack.pop()
-            for nxt in sorted(graph[route[-1]]):
-                if nxt == goal:
-                    return route + [nxt]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(route + [nxt])
-        return None
-
-    cycles = [route for name in sorted(graph) if (route := reaches(name, name))]
-    assert not cycles, "import cycles: " + "; ".join(" -> ".join(route) for route in cycles)
-    assert "omrl.tasks" not in graph["omrl.envs.code"] and "omrl.store.query" in graph["omrl.store.store"]  # the two we broke
