@@ -92,9 +92,11 @@ def random_mover_model(out, *, hidden: int = 32):
         emb[newline, 0] = 0.01  # as input: "after the header"; as output: a negligible logit
         for m in moves:
             emb[m] = 0.0
-            emb[m, 0] = emb[m, 1] = 2.0  # logit ~11 after the newline; after a move, below <|im_end|>
+            # Logit ~20 after the newline: all other tokens together get ~1e-6 there (at 2.0, logit ~11, one
+            # of them was drawn in ~0.4% of turns: a reply of byte fragments that cannot re-tokenise).
+            emb[m, 0] = emb[m, 1] = 4.0
         emb[end] = 0.0
-        emb[end, 1] = 8.0  # logit ~32 after a move
+        emb[end, 1] = 16.0  # logit ~64 after a move, a move's ~32
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
