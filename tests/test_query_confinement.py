@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 import omrl.store.query as query_module
+import omrl.store.query_limits as limits_module
 import tests.cases.escapes as escapes
 from omrl.cli.main import cli
 from omrl.schema import Annotation
@@ -497,24 +498,24 @@ def _limits_of(con) -> tuple[str, int]:
 
 
 def test_every_connection_gets_a_memory_cap_and_threads(store, monkeypatch):
-    monkeypatch.delenv(query_module.MEMORY_ENV, raising=False)
-    monkeypatch.delenv(query_module.THREADS_ENV, raising=False)
-    default = query_module.query_limits()
-    assert default.memory_mb == int(query_module.machine_memory_mb() * query_module.DEFAULT_MEMORY_SHARE)
-    assert default.threads == query_module.machine_threads()
+    monkeypatch.delenv(limits_module.MEMORY_ENV, raising=False)
+    monkeypatch.delenv(limits_module.THREADS_ENV, raising=False)
+    default = limits_module.query_limits()
+    assert default.memory_mb == int(limits_module.machine_memory_mb() * limits_module.DEFAULT_MEMORY_SHARE)
+    assert default.threads == limits_module.machine_threads()
     con = connect(store)
     assert _limits_of(con)[1] == default.threads
     con.close()
-    monkeypatch.setenv(query_module.MEMORY_ENV, "300MB")
-    monkeypatch.setenv(query_module.THREADS_ENV, "1")
+    monkeypatch.setenv(limits_module.MEMORY_ENV, "300MB")
+    monkeypatch.setenv(limits_module.THREADS_ENV, "1")
     con = connect(store)
     assert _limits_of(con) == ("286.1 MiB", 1)  # DuckDB shows 300 MB in MiB
     assert run_query(store, "SELECT current_setting('threads') AS t").to_pylist() == [{"t": 1}]
     con.close()
-    with query_module.limits_in_force(memory_mb=200):
-        assert query_module.query_limits() == query_module.QueryLimits(200, 1)
-    assert query_module.query_limits() == query_module.QueryLimits(300, 1)
-    monkeypatch.setenv(query_module.MEMORY_ENV, "lots")
+    with limits_module.limits_in_force(memory_mb=200):
+        assert limits_module.query_limits() == limits_module.QueryLimits(200, 1)
+    assert limits_module.query_limits() == limits_module.QueryLimits(300, 1)
+    monkeypatch.setenv(limits_module.MEMORY_ENV, "lots")
     with pytest.raises(QueryError, match="OMRL_QUERY_MEMORY: 'lots' is not a memory size"):
         connect(store)
 
@@ -522,8 +523,8 @@ def test_every_connection_gets_a_memory_cap_and_threads(store, monkeypatch):
 @pytest.mark.parametrize("text, mb", [("512MB", 512), ("2GB", 2048), ("1.5g", 1536), ("256", 256),
                                       ("1048576 KB", 1024)])
 def test_memory_sizes(text, mb):
-    assert query_module.parse_memory(text) == mb
-    assert query_module.parse_memory("10%") == query_module.machine_memory_mb() // 10
+    assert limits_module.parse_memory(text) == mb
+    assert limits_module.parse_memory("10%") == limits_module.machine_memory_mb() // 10
 
 
 def test_the_settings_are_a_flag_on_every_command_that_queries(store, tmp_path, monkeypatch):
@@ -560,7 +561,7 @@ BIG_ROWS = "SELECT range, repeat('x', 1000) AS pad FROM range(300000)"  # a 300 
 
 
 def test_a_result_past_the_memory_cap_is_refused_in_one_line(store):
-    with query_module.limits_in_force(memory_mb=64):
+    with limits_module.limits_in_force(memory_mb=64):
         with pytest.raises(QueryError, match=r"passed the query memory cap \(64 MB\)") as info:
             run_query(store, BIG_ROWS)
         assert "\n" not in str(info.value) and "--query-memory" in str(info.value)

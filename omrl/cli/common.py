@@ -175,12 +175,12 @@ LOCAL_OUTPUT = LocalOutput()
 
 
 class Seconds(click.ParamType):
-    """A time limit in seconds: finite, positive and at most omrl.store.query.MAX_TIMEOUT_S (inf and nan refused)."""
+    """A time limit in seconds: finite, positive and at most omrl.store.query_limits.MAX_TIMEOUT_S (inf and nan refused)."""
 
     name = "seconds"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from omrl.store.query import QueryError, check_timeout  # DuckDB loads only when a command runs
+        from omrl.store.query_limits import QueryError, check_timeout  # the store loads when a command runs
 
         try:
             return check_timeout(float(value))
@@ -189,7 +189,7 @@ class Seconds(click.ParamType):
 
 
 def _memory_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from omrl.store.query import QueryError, parse_memory
+    from omrl.store.query_limits import QueryError, parse_memory
 
     try:
         return None if value is None else parse_memory(value)
@@ -198,7 +198,7 @@ def _memory_option(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _threads_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from omrl.store.query import QueryError, parse_threads
+    from omrl.store.query_limits import QueryError, parse_threads
 
     try:
         return None if value is None else parse_threads(value)
@@ -208,12 +208,12 @@ def _threads_option(ctx: click.Context, param: click.Parameter, value: str | Non
 
 def query_limits(func: Callable[..., Any]) -> Callable[..., Any]:
     """--query-memory and --query-threads on a command that queries a store: the limits of every DuckDB
-    connection it makes while it runs (omrl.store.query.limits_in_force). Put it under @user_errors."""
+    connection it makes while it runs (omrl.store.query_limits.limits_in_force). Put it under @user_errors."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, query_memory: int | None = None, query_threads: int | None = None,
                 **kwargs: Any) -> Any:
-        from omrl.store.query import limits_in_force
+        from omrl.store.query_limits import limits_in_force
 
         with limits_in_force(query_memory, query_threads):
             return func(*args, **kwargs)

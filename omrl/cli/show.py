@@ -24,7 +24,7 @@ def show(store: str, trajectory_id: str, as_json: bool, max_chars: int) -> None:
 
     Example:  omrl show demo-store 3f2a9c
     """
-    from omrl.store.query import quote_literal  # DuckDB loads only when a trajectory is shown, not for --help
+    from omrl.store.views import quote_literal  # DuckDB loads only when a trajectory is shown, not for --help
 
     rows = open_store(store).sql(
         f"SELECT * FROM trajectories WHERE starts_with(id, {quote_literal(trajectory_id)}) LIMIT 2").to_pylist()

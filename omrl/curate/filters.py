@@ -87,7 +87,7 @@ class RowFilter:
     """One row filter, pushed into DuckDB: a SQL condition over `trajectories` that every kept row meets.
 
     The condition is code's SQL over whitelisted columns with typed values (a user's --where reaches SQL
-    only through omrl.store.query's checker); a row that fails it is dropped for `reason`.
+    only through omrl.store.sql_check's checker); a row that fails it is dropped for `reason`.
     """
 
     reason = "?"
@@ -97,7 +97,7 @@ class RowFilter:
 
 
 class WhereFilter(RowFilter):
-    """The user's --where: one SQL condition, checked by omrl.store.query (never pasted into SQL unchecked)."""
+    """The user's --where: one SQL condition, checked by omrl.store.sql_check (never pasted into SQL unchecked)."""
 
     reason = "where"
 
@@ -105,7 +105,7 @@ class WhereFilter(RowFilter):
         self.store, self.where = store, where
 
     def condition(self, con) -> str:
-        from omrl.store.query import where_select
+        from omrl.store.sql_check import where_select
 
         # where_select parses `SELECT id FROM trajectories WHERE <where>` with DuckDB's own parser and
         # returns it only when it is exactly that one query (one condition, views only): safe to nest.
@@ -128,7 +128,7 @@ class StatusFilter(RowFilter):
         self.status = status
 
     def condition(self, con) -> str:
-        from omrl.store.query import quote_literal
+        from omrl.store.views import quote_literal
 
         return f"coalesce(status = {quote_literal(self.status)}, false)"
 
@@ -329,7 +329,9 @@ def select_rows(store: Store, filters: list[RowFilter], rejects: bool = False) -
     aggregate pass counts each row's first failed filter, a second reads only the kept rows; with
     `rejects`, a third reads the dropped rows with their reason."""
     from omrl.store.parts import retry_vanished
-    from omrl.store.query import QueryError, close, connect, quote_literal, run_query
+    from omrl.store.query import close, connect, run_query
+    from omrl.store.query_limits import QueryError
+    from omrl.store.views import quote_literal
 
     def vanished(exc: BaseException) -> bool:  # a compaction removed a part under the queries
         return isinstance(exc, FileNotFoundError) or (isinstance(exc, QueryError)

@@ -16,7 +16,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from omrl.store import Store
-from omrl.store.query import QueryError, QueryLimits
+from omrl.store.query_limits import QueryError, QueryLimits
 from omrl.view import pages
 from omrl.view.data import PER_PAGE, StoreReader, search_available
 
@@ -92,7 +92,7 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
              limits: QueryLimits | None = None) -> Starlette:
     """The read-only viewer of `store`. `allowed_hosts` guards against DNS rebinding (default: local
     names only; ["*"] accepts any Host header); a request's queries stop at `timeout` seconds in all, and
-    its connections share `limits` (None: omrl.store.query.query_limits)."""
+    its connections share `limits` (None: omrl.store.query_limits.query_limits)."""
     reader = StoreReader(store, timeout=timeout, limits=limits, serving=True)
     name = store.path.resolve().name
     links = pages.Links()

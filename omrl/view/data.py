@@ -23,17 +23,9 @@ from omrl.errors import UsageError
 from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
 from omrl.schema import success_sql
 from omrl.store import Store
-from omrl.store.query import (
-    QueryError,
-    QueryLimits,
-    check_timeout,
-    close,
-    connect,
-    query_limits,
-    quote_literal,
-    run_query,
-    select_where,
-)
+from omrl.store.query import close, connect, run_query, select_where
+from omrl.store.query_limits import QueryError, QueryLimits, check_timeout, query_limits
+from omrl.store.views import quote_literal
 from omrl.train.advantages import group_advantages
 from omrl.view.pool import ConnectionPool
 from omrl.view.rows import Location, RowGroups, scan_keys
@@ -180,7 +172,7 @@ class StoreReader:
     built on a connection of their own (short, in-memory work once built); and SQL (a user's WHERE, the runs
     page, lists of big stores) on a few confined connections lent one per query (ConnectionPool), so one
     slow query holds up only itself. Each connection gets its share of the memory cap (`limits`: the
-    command's, omrl.store.query.query_limits), and a request's queries together stop at `timeout` seconds
+    command's, omrl.store.query_limits.query_limits), and a request's queries together stop at `timeout` seconds
     (`request`)."""
 
     def __init__(self, store: Store, timeout: float = 20.0, limits: QueryLimits | None = None,
@@ -423,7 +415,7 @@ class StoreReader:
     def list_page(self, where: str = "", sort: str | None = None, desc: bool = True, page: int = 1,
                   per_page: int = PER_PAGE, search: str = "") -> ListPage:
         """One page of the trajectory list, sorted by a whitelisted column and filtered by the user's
-        WHERE (through omrl.store.query's checker) and text `search` (omrl.store.search: a message matches it); a
+        WHERE (through omrl.store.sql_check's checker) and text `search` (omrl.store.search: a message matches it); a
         refused or failing filter comes back as `error`. A page past the last shows the last."""
         sort = _sort(sort)
         where = (where or "").strip()

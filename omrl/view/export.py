@@ -21,7 +21,7 @@ from pathlib import Path
 from omrl.durable import staged_folder
 from omrl.errors import OmrlError, UsageError
 from omrl.store import MANIFEST, Store
-from omrl.store.query import QueryError
+from omrl.store.query_limits import QueryError
 from omrl.view import pages
 from omrl.view.data import ListPage, StoreReader
 

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 import duckdb
 
 from omrl.store import Store
-from omrl.store.query import QueryError, QueryLimits, close, connect
+from omrl.store.query import close, connect
+from omrl.store.query_limits import QueryError, QueryLimits
 
 
 class ConnectionPool:
