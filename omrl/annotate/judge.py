@@ -1,13 +1,6 @@
 """LLM-as-judge through the `openai` client against any OpenAI-compatible endpoint.
 
-Modes:
-  pointwise  one call per trajectory; the rubric's scale; annotator "judge:<rubric>".
-  pairwise   every pair of trajectories of the same task, asked in both orders (A/B and B/A) to cancel
-             position bias; a pair's score for x is the mean of its two outcomes (win 1, tie 0.5, loss 0);
-             a trajectory's score is its mean over its pairs (a win rate in [0, 1]);
-             annotator "judge:<rubric>:pairwise". A trajectory alone in its task is skipped (counted).
-  group      all samples of one group_id in one call, scored relative to each other (as ART's RULER);
-             annotator "judge:<rubric>:group"; tokens and cost are split evenly over the group.
+Modes (pointwise, pairwise, group): omrl.annotate.judge_modes, registered by name in JUDGE_MODES.
 
 Replies must be JSON (```json fences tolerated). An unparseable or out-of-range reply is re-asked
 (`max_invalid` times, telling the judge what was wrong), then stored as an error annotation. 429, 5xx,
@@ -26,8 +19,6 @@ never a request the judge would refuse.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import math
 import re
@@ -37,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omrl.annotate.cache import JudgeCache, prompt_hash
-from omrl.annotate.render import clip, render_trajectory
+from omrl.annotate.render import clip
 from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError, UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError
@@ -52,7 +43,6 @@ def judged_together(mode: str) -> str | None:
 
 REASK_CLIP = 400  # characters of an invalid reply (and of its error) quoted back in a re-ask
 REASK_ROOM_TOKENS = 2 * REASK_CLIP // 3 + 40  # budget kept free for that re-ask
-MIN_RENDER_CHARS = 200  # below this a trajectory rendering says nothing: refuse instead
 
 
 @dataclass
@@ -92,13 +82,13 @@ class JudgeConfig:
         if self.chars_per_token <= 0:
             raise UsageError("judge chars_per_token must be positive")
 
-    def prompt_chars(self) -> int | None:
+    def promptchars(self) -> int | None:
         """The prompt budget in characters (None: unbounded)."""
         return None if self.max_prompt_tokens is None else int(self.max_prompt_tokens * self.chars_per_token)
 
     def estimate_tokens(self, messages: list[dict[str, Any]]) -> int:
         """The prompt's size in tokens as the budget counts it."""
-        return math.ceil(_chars(messages) / self.chars_per_token)
+        return math.ceil(chars(messages) / self.chars_per_token)
 
     @property
     def annotator(self) -> str:
@@ -159,7 +149,7 @@ def parse_json_reply(text: str | None) -> dict[str, Any]:
     raise UsageError("the reply is not a JSON object")
 
 
-def _number(value: Any, what: str) -> float:
+def reply_number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UsageError(f"{what} must be a number, got {value!r}")
     try:
@@ -254,42 +244,11 @@ class Judge:
 
 
 # ---------------------------------------------------------------- modes
-#
-# A mode is one class: which trajectories it judges together, its prompt, the check of a reply and how the
-# replies become annotation rows. JUDGE_MODES (below) registers each by name.
 
 
-def _render(config: JudgeConfig, row: dict[str, Any], budget: int | None = None) -> str:
-    return render_trajectory(row, max_chars=budget or config.max_chars, keep_last=config.keep_last)
-
-
-def _chars(messages: list[dict[str, Any]]) -> int:
+def chars(messages: list[dict[str, Any]]) -> int:
     """A prompt's size as the budget counts it: the contents plus some framing per message."""
     return sum(len(str(m.get("content") or "")) + 16 for m in messages)
-
-
-def render_budget(config: JudgeConfig, frame: list[dict[str, Any]], n: int, default: int) -> int:
-    """Characters each of `n` trajectories may take in a prompt whose other text is `frame` (the messages
-    built with empty renderings): `default`, lowered to what the judge's prompt budget leaves."""
-    total = config.prompt_chars()
-    if total is None:
-        return default
-    room = total - _chars(frame) - int(REASK_ROOM_TOKENS * config.chars_per_token) - 40 * n
-    return min(default, room // n)
-
-
-def _too_small(budget: int, n: int) -> str:
-    return (f"the judge's max_prompt_tokens leaves {max(budget, 0)} characters per trajectory for {n} "
-            f"trajectorie(s), under {MIN_RENDER_CHARS}: raise max_prompt_tokens or lower group_max")
-
-
-def chunks(members: list[Any], size: int | None) -> list[list[Any]]:
-    """`members` split into balanced chunks of at most `size` (one chunk when size is None or enough)."""
-    if size is None or len(members) <= size:
-        return [members]
-    k = math.ceil(len(members) / size)
-    step = len(members) / k
-    return [members[round(i * step):round((i + 1) * step)] for i in range(k)]
 
 
 Progress = Callable[[int], None]
@@ -331,229 +290,10 @@ class JudgeMode:
         raise NotImplementedError
 
 
-class Pointwise(JudgeMode):
-    """One call per trajectory, scored on the rubric's scale."""
-
-    name = "pointwise"
-    _FORMAT = ('Reply with JSON only: {{"score": <number from {lo:g} to {hi:g}>, '
-               '"rationale": "<one or two sentences>"}}')
-
-    def annotator(self, rubric: Rubric) -> str:
-        return rubric.annotator
-
-    def messages(self, rubric: Rubric, rendering: str) -> list[dict[str, Any]]:
-        system = ("You are a strict judge of AI agent trajectories.\n" + rubric.describe() + "\n"
-                  + self._FORMAT.format(lo=rubric.scale_min, hi=rubric.scale_max))
-        messages = [{"role": "system", "content": system}]
-        for ex in rubric.examples:
-            messages.append({"role": "user", "content": f"Trajectory:\n{ex.trajectory}"})
-            messages.append({"role": "assistant",
-                             "content": json.dumps({"score": ex.score, "rationale": ex.rationale})})
-        messages.append({"role": "user", "content": f"Trajectory:\n{rendering}"})
-        return messages
-
-    @staticmethod
-    def validate(rubric: Rubric) -> Callable[[str], dict[str, Any]]:
-        def check(text: str) -> dict[str, Any]:
-            data = parse_json_reply(text)
-            if "score" not in data:
-                raise UsageError('the JSON has no "score"')
-            score = _number(data["score"], "score")
-            if not rubric.in_range(score):
-                raise UsageError(f"score {score:g} is outside the scale {rubric.scale_min:g}..{rubric.scale_max:g}")
-            return {"score": score, "rationale": str(data.get("rationale") or "")}
-        return check
-
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
-        cfg = judge.config
-        check = self.validate(cfg.rubric)
-
-        budget = render_budget(cfg, self.messages(cfg.rubric, ""), 1, cfg.max_chars)
-
-        async def one(row: dict[str, Any]) -> dict[str, Any]:
-            if budget < MIN_RENDER_CHARS:
-                progress(1)
-                return self.row(cfg, row["id"], run_id, None, error=_too_small(budget, 1),
-                                metadata={"mode": "pointwise"})
-            answer = await judge.ask(self.messages(cfg.rubric, _render(cfg, row, budget)), check)
-            progress(1)
-            meta = {"mode": "pointwise", "cached": answer.cached, "attempts": answer.attempts}
-            if answer.error:
-                return self.row(cfg, row["id"], run_id, answer, error=answer.error, metadata=meta)
-            return self.row(cfg, row["id"], run_id, answer, score=answer.value["score"],
-                            rationale=answer.value["rationale"], metadata=meta)
-
-        return list(await asyncio.gather(*(one(r) for r in rows)))
-
-
-def _pair_outcome(preference: str, x_is: str) -> float:
-    if preference == "TIE":
-        return 0.5
-    return 1.0 if preference == x_is else 0.0
-
-
-class Pairwise(JudgeMode):
-    """Every pair of one task's trajectories, asked in both orders; each trajectory's score is its win rate."""
-
-    name = "pairwise"
-    together = "task_id"
-    kind = "pairwise"
-
-    def messages(self, rubric: Rubric, first: str, second: str) -> list[dict[str, Any]]:
-        system = ("You compare two AI agent trajectories that attempt the same task.\n" + rubric.describe() + "\n"
-                  'Reply with JSON only: {"preference": "A" | "B" | "tie", "rationale": "<one or two sentences>"}')
-        user = f"TRAJECTORY A:\n{first}\n\nTRAJECTORY B:\n{second}"
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-    @staticmethod
-    def validate(text: str) -> dict[str, Any]:
-        data = parse_json_reply(text)
-        pref = str(data.get("preference", "")).strip().upper()
-        if pref not in ("A", "B", "TIE"):
-            raise UsageError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
-        return {"preference": pref, "rationale": str(data.get("rationale") or "")}
-
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
-        cfg = judge.config
-        by_task = self.sets(rows)
-        budget = max(MIN_RENDER_CHARS, render_budget(cfg, self.messages(cfg.rubric, "", ""), 2, cfg.max_chars))
-        renders = {r["id"]: _render(cfg, r, budget) for r in rows}  # an over-budget pair is refused by ask()
-        pairs = [(a, b) for group in by_task.values() for a, b in itertools.combinations(group, 2)]
-        singles = [g[0] for g in by_task.values() if len(g) == 1]
-        judge.stats.skipped += len(singles)
-        progress(len(singles))
-
-        async def both_orders(a: dict[str, Any], b: dict[str, Any]) -> tuple[Answer, Answer]:
-            ab, ba = await asyncio.gather(
-                judge.ask(self.messages(cfg.rubric, renders[a["id"]], renders[b["id"]]), self.validate),
-                judge.ask(self.messages(cfg.rubric, renders[b["id"]], renders[a["id"]]), self.validate))
-            return ab, ba
-
-        results = await asyncio.gather(*(both_orders(a, b) for a, b in pairs))
-        per: dict[str, dict[str, Any]] = defaultdict(lambda: {"outcomes": [], "errors": [], "hashes": [],
-                                                              "pt": 0, "ct": 0, "inconsistent": 0, "cached": 0})
-        for (a, b), (ab, ba) in zip(pairs, results, strict=True):
-            for tid in (a["id"], b["id"]):
-                acc = per[tid]
-                for ans in (ab, ba):  # each call serves two trajectories: charge half to each
-                    acc["pt"] += ans.prompt_tokens / 2
-                    acc["ct"] += ans.completion_tokens / 2
-                    acc["hashes"].append(ans.prompt_hash)
-                    acc["cached"] += ans.cached
-            if ab.error or ba.error:
-                for tid in (a["id"], b["id"]):
-                    per[tid]["errors"].append(ab.error or ba.error)
-                continue
-            x_first = _pair_outcome(ab.value["preference"], "A")
-            x_second = _pair_outcome(ba.value["preference"], "B")
-            if x_first != x_second:
-                per[a["id"]]["inconsistent"] += 1
-                per[b["id"]]["inconsistent"] += 1
-            x = (x_first + x_second) / 2
-            per[a["id"]]["outcomes"].append(x)
-            per[b["id"]]["outcomes"].append(1.0 - x)
-
-        out = []
-        for tid, acc in per.items():
-            answer = Answer(prompt_hash=prompt_hash(cfg.model, [{"pairs": sorted(acc["hashes"])}], cfg.temperature),
-                            prompt_tokens=round(acc["pt"]), completion_tokens=round(acc["ct"]))
-            meta = {"mode": "pairwise", "pairs": len(acc["outcomes"]), "failed_pairs": len(acc["errors"]),
-                    "position_inconsistent": acc["inconsistent"], "cached_calls": acc["cached"]}
-            progress(1)
-            if not acc["outcomes"]:
-                out.append(self.row(cfg, tid, run_id, answer, error=f"every pair failed: {acc['errors'][0]}",
-                                    metadata=meta))
-                continue
-            win_rate = sum(acc["outcomes"]) / len(acc["outcomes"])
-            out.append(self.row(cfg, tid, run_id, answer, score=win_rate, label=None,
-                                rationale=f"win rate {win_rate:.3f} over {len(acc['outcomes'])} pair(s), both orders",
-                                metadata=meta))
-        return out
-
-
-class Group(JudgeMode):
-    """One call per group_id, its samples scored relative to each other (in chunks above group_max)."""
-
-    name = "group"
-    together = "group_id"
-
-    def messages(self, rubric: Rubric, renderings: list[str]) -> list[dict[str, Any]]:
-        n = len(renderings)
-        system = (f"You compare {n} AI agent trajectories that attempt the same task, scoring each relative to "
-                  "the others (better trajectories get higher scores).\n" + rubric.describe() + "\n"
-                  'Reply with JSON only: {"scores": [{"id": <1..' + str(n) + '>, "score": <number>, '
-                  '"rationale": "<short>"}, ...]} with one entry per trajectory.')
-        user = "\n\n".join(f"=== TRAJECTORY {i} ===\n{r}" for i, r in enumerate(renderings, 1))
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-    @staticmethod
-    def validate(rubric: Rubric, n: int) -> Callable[[str], dict[int, dict[str, Any]]]:
-        def check(text: str) -> dict[int, dict[str, Any]]:
-            data = parse_json_reply(text)
-            items = data.get("scores")
-            if not isinstance(items, list):
-                raise UsageError('the JSON has no "scores" list')
-            out: dict[int, dict[str, Any]] = {}
-            for item in items:
-                if not isinstance(item, dict) or "id" not in item or "score" not in item:
-                    raise UsageError('each entry of "scores" needs "id" and "score"')
-                idx = int(_number(item["id"], "id"))
-                score = _number(item["score"], f"score of trajectory {idx}")
-                if not rubric.in_range(score):
-                    raise UsageError(f"score {score:g} of trajectory {idx} is outside the scale "
-                                     f"{rubric.scale_min:g}..{rubric.scale_max:g}")
-                out[idx] = {"score": score, "rationale": str(item.get("rationale") or "")}
-            if sorted(out) != list(range(1, n + 1)):
-                raise UsageError(f"expected one score for each trajectory id 1..{n}, got ids {sorted(out)}")
-            return out
-        return check
-
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
-        cfg = judge.config
-        groups = self.sets(rows)
-
-        async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
-            n = len(members)
-            # Without a prompt budget, the historic per-member floor; with one, what the budget leaves.
-            default = max(1500, cfg.max_chars // n) if cfg.max_prompt_tokens is None else cfg.max_chars // n
-            budget = render_budget(cfg, self.messages(cfg.rubric, [""] * n), n, default)
-            meta = {"mode": "group", "group_size": size, **({"chunk": chunk, "chunks": of} if of > 1 else {})}
-            if budget < MIN_RENDER_CHARS:
-                progress(n)
-                return [self.row(cfg, row["id"], run_id, None, error=_too_small(budget, n), metadata=meta)
-                        for row in members]
-            answer = await judge.ask(self.messages(cfg.rubric, [_render(cfg, r, budget) for r in members]),
-                                     self.validate(cfg.rubric, n))
-            progress(n)
-            share = Answer(prompt_hash=answer.prompt_hash, prompt_tokens=round(answer.prompt_tokens / n),
-                           completion_tokens=round(answer.completion_tokens / n))
-            out = []
-            for i, row in enumerate(members, 1):
-                row_meta = {**meta, "position": i, "cached": answer.cached, "attempts": answer.attempts}
-                if answer.error:
-                    out.append(self.row(cfg, row["id"], run_id, share, error=answer.error, metadata=row_meta))
-                else:
-                    v = answer.value[i]
-                    out.append(self.row(cfg, row["id"], run_id, share, score=v["score"], rationale=v["rationale"],
-                                        metadata=row_meta))
-            return out
-
-        jobs = []
-        for members in groups.values():
-            members = sorted(members, key=lambda r: (r.get("sample") or 0, r["id"]))
-            parts = chunks(members, cfg.group_max)
-            jobs += [one(part, i, len(parts), len(members)) for i, part in enumerate(parts, 1)]
-        results = await asyncio.gather(*jobs)
-        return [r for rs in results for r in rs]
-
-
 JUDGE_MODES = Registry("judge mode", None, {
-    "pointwise": "omrl.annotate.judge:Pointwise",
-    "pairwise": "omrl.annotate.judge:Pairwise",
-    "group": "omrl.annotate.judge:Group",
+    "pointwise": "omrl.annotate.judge_modes:Pointwise",
+    "pairwise": "omrl.annotate.judge_modes:Pairwise",
+    "group": "omrl.annotate.judge_modes:Group",
 })
 
 
