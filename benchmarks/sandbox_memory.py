@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from omrl import sandbox
+from omrl import sandbox, sandbox_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case lists live under tests/cases
 from tests.cases.escapes import forks_body, held_at_once_mb, memfd_body, run_agent_test  # noqa: E402
@@ -47,23 +47,23 @@ def main() -> None:
     parser.add_argument("--memory-mb", nargs="+", type=int, default=[1024, 256])
     args = parser.parse_args()
     sandbox.require_sandbox()
-    saved = os.environ.get(sandbox.CGROUP_ENV)
+    saved = os.environ.get(sandbox_limits.CGROUP_ENV)
     out: dict = {"cases": {}}
     try:
         for mode in args.modes:
             if mode == "polling":
-                os.environ[sandbox.CGROUP_ENV] = "off"
-            cap = sandbox.memory_cap(refresh=True)
+                os.environ[sandbox_limits.CGROUP_ENV] = "off"
+            cap = sandbox_limits.memory_cap(refresh=True)
             out[f"{mode}_cap"] = cap.kind
             for name, body in CASES.items():
                 for memory_mb in args.memory_mb:
                     out["cases"][f"{mode}/{name}/{memory_mb}"] = run_case(body(), memory_mb)
     finally:
         if saved is None:
-            os.environ.pop(sandbox.CGROUP_ENV, None)
+            os.environ.pop(sandbox_limits.CGROUP_ENV, None)
         else:
-            os.environ[sandbox.CGROUP_ENV] = saved
-        sandbox.memory_cap(refresh=True)
+            os.environ[sandbox_limits.CGROUP_ENV] = saved
+        sandbox_limits.memory_cap(refresh=True)
     results = out["cases"].items()
     out["memory_escapes"] = sum(r["escaped"] for _, r in results)
     polled = [r["peak_mb"] - int(key.rsplit("/", 1)[1]) for key, r in results

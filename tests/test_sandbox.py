@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from omrl import sandbox
+from omrl import sandbox, sandbox_limits
 from omrl.cli.main import cli
 from omrl.envs import make_env
 from omrl.envs.base import Action, Task
@@ -306,11 +306,11 @@ def test_the_attempts_judges_see_each_leak(tmp_path):
 @pytest.fixture
 def polling(monkeypatch):
     """The sandbox as on a host where no cgroup can be made: the supervisor polls the tree's memory."""
-    monkeypatch.setenv(sandbox.CGROUP_ENV, "off")
-    sandbox.memory_cap(refresh=True)
-    yield sandbox.memory_cap()
-    monkeypatch.delenv(sandbox.CGROUP_ENV)
-    sandbox.memory_cap(refresh=True)
+    monkeypatch.setenv(sandbox_limits.CGROUP_ENV, "off")
+    sandbox_limits.memory_cap(refresh=True)
+    yield sandbox_limits.memory_cap()
+    monkeypatch.delenv(sandbox_limits.CGROUP_ENV)
+    sandbox_limits.memory_cap(refresh=True)
 
 
 def run_memory_body(body: str, **options) -> tuple[str, dict]:
@@ -328,7 +328,7 @@ def test_forked_children_share_one_memory_cap(mode, request):
         request.getfixturevalue("polling")
     seen, info = run_memory_body(escapes.forks_body(children=4, mb=150), memory_mb=256)
     held = escapes.held_at_once_mb(seen)
-    if sandbox.memory_cap().kind == "polling":  # the poller kills the whole run past the cap
+    if sandbox_limits.memory_cap().kind == "polling":  # the poller kills the whole run past the cap
         assert info["out_of_memory"] and "more than 256 MB of memory in total" in seen, seen
         assert held is None or held <= 300, seen
     else:  # the kernel kills one process of the group; the parent lives on to report
@@ -345,7 +345,7 @@ def test_memfd_pages_count_against_the_cap(mode, request):
         request.getfixturevalue("polling")
     seen, info = run_memory_body(escapes.memfd_body(count=30, mb=49), memory_mb=256)
     held = escapes.held_at_once_mb(seen) or 0
-    slack = 2 * 49 if sandbox.memory_cap().kind == "polling" else 0  # a poll may come a write or two late
+    slack = 2 * 49 if sandbox_limits.memory_cap().kind == "polling" else 0  # a poll may come a write or two late
     assert held <= 256 + slack and info["out_of_memory"], seen
     assert "Tests failed" in seen and "memory in total" in seen
 
@@ -361,16 +361,16 @@ def test_tmpfs_writes_count_against_the_cap():
 def test_a_run_within_its_cap_reports_its_peak_and_leaves_no_group():
     result = sandbox.run_sandboxed(["python3", "-c", "x = b'1' * (50 << 20); print('ok')"], Path(__file__).parent,
                                    sandbox.SandboxLimits(timeout_s=20, memory_mb=256))
-    assert result.returncode == 0 and not result.out_of_memory and result.memory_cap == sandbox.memory_cap().kind
+    assert result.returncode == 0 and not result.out_of_memory and result.memory_cap == sandbox_limits.memory_cap().kind
     assert result.memory_peak_mb is not None and 50 <= result.memory_peak_mb <= 256
-    cap = sandbox.memory_cap()
+    cap = sandbox_limits.memory_cap()
     if cap.memory_parent is not None:
         mine = [p for p in os.listdir(cap.memory_parent) if p.startswith(f"omrl-{os.getpid()}-")]
         assert mine == []  # each run's group is removed when it ends
 
 
 def test_the_cap_in_force_is_named_in_omrl_envs():
-    cap = sandbox.memory_cap()
+    cap = sandbox_limits.memory_cap()
     assert cap.kind in ("cgroup2", "cgroup1", "polling") and cap.description.startswith(
         {"cgroup2": "cgroup v2", "cgroup1": "cgroup v1", "polling": "polling"}[cap.kind])
     listed = CliRunner().invoke(cli, ["envs", "list"], terminal_width=400)
@@ -387,11 +387,11 @@ def test_without_cgroups_the_limit_is_not_called_a_total(polling):
 
 def test_a_cgroup_v2_group_is_made_with_its_limits(tmp_path):
     """The cgroup v2 files (no v2 controllers here: checked on a plain folder standing in for the parent)."""
-    cap = sandbox.MemoryCap("cgroup2", "test", str(tmp_path), str(tmp_path))
-    group = sandbox._RunGroup(cap, sandbox.SandboxLimits(memory_mb=300, max_processes=10), name="omrl-1-x")
+    cap = sandbox_limits.MemoryCap("cgroup2", "test", str(tmp_path), str(tmp_path))
+    group = sandbox_limits.RunGroup(cap, sandbox.SandboxLimits(memory_mb=300, max_processes=10), name="omrl-1-x")
     folder = tmp_path / "omrl-1-x"
     assert (folder / "memory.max").read_text() == str(300 << 20) and (folder / "memory.swap.max").read_text() == "0"
-    assert (folder / "pids.max").read_text() == str(10 + sandbox._LAYER_PROCESSES)
+    assert (folder / "pids.max").read_text() == str(10 + sandbox_limits._LAYER_PROCESSES)
     import subprocess
 
     shown = subprocess.run(group.wrap(["/bin/sh", "-c", "echo $$"]), capture_output=True, text=True, check=True)
@@ -402,10 +402,10 @@ def test_a_named_cgroup_v2_parent_that_cannot_delegate_is_refused_with_why(tmp_p
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
     (tmp_path / "cgroup.subtree_control").write_text("")
     (tmp_path / "cgroup.subtree_control").chmod(0o444)
-    monkeypatch.setenv(sandbox.CGROUP_ENV, str(tmp_path))
+    monkeypatch.setenv(sandbox_limits.CGROUP_ENV, str(tmp_path))
     monkeypatch.setattr(Path, "write_text", lambda self, text: (_ for _ in ()).throw(OSError(16, "Device busy")))
-    cap = sandbox.memory_cap(refresh=True)
+    cap = sandbox_limits.memory_cap(refresh=True)
     monkeypatch.undo()
-    sandbox.memory_cap(refresh=True)
+    sandbox_limits.memory_cap(refresh=True)
     assert cap.kind == "polling" and "cannot enable memory, pids" in cap.description
-    assert sandbox.CGROUP_ENV in cap.description  # and says what to do
+    assert sandbox_limits.CGROUP_ENV in cap.description  # and says what to do

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omrl import sandbox
+from omrl import sandbox, sandbox_limits
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 from omrl.shipped import shipped_datasets_dir
@@ -61,7 +61,7 @@ class CodeEnv(ToolEnv):
     @classmethod
     def resource_limits(cls) -> str:
         """The limits the tests run under here, and how the memory total is held on this host."""
-        cap = sandbox.memory_cap()
+        cap = sandbox_limits.memory_cap()
         total = "for the whole sandbox" if cap.kind != "polling" else "for the whole sandbox, polled"
         return (f"memory_mb=1024 {total}, by {cap.description}; also per process (address space). "
                 "max_processes=64; disk_mb=64 (its /tmp); test_timeout_s=10 for the whole tree; 50 MB a file")

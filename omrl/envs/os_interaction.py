@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omrl import sandbox
+from omrl import sandbox, sandbox_limits
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 
@@ -79,7 +79,7 @@ class OsEnv(ToolEnv):
 
     @classmethod
     def resource_limits(cls) -> str:
-        return (f"the whole shell: memory_mb=1024 ({sandbox.memory_cap().description}), max_processes=128, "
+        return (f"the whole shell: memory_mb=1024 ({sandbox_limits.memory_cap().description}), max_processes=128, "
                 "disk_mb=64 per writable folder, command_timeout_s=30 per command, 600 s a whole episode")
 
     @classmethod

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import omrl.envs.swe.packages as packages
-from omrl import sandbox
+from omrl import sandbox, sandbox_limits
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 from omrl.errors import UsageError
@@ -67,7 +67,7 @@ class SweEnv(ToolEnv):
 
     @classmethod
     def resource_limits(cls) -> str:
-        return (f"the shell and each test run: memory_mb=2048 ({sandbox.memory_cap().description}), "
+        return (f"the shell and each test run: memory_mb=2048 ({sandbox_limits.memory_cap().description}), "
                 "max_processes=128, disk_mb=512; per_test_timeout_s=10 per test, command_timeout_s=60 a command")
 
     @classmethod
