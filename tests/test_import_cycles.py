@@ -1,5 +1,6 @@
-"""No omrl module imports itself back through others: every import counts (module level, inside functions,
-type-only under `if TYPE_CHECKING:`); and the cycle finder finds the cycles planted in a small package."""
+"""The package's layout: no omrl module imports itself back through others (every import counts: module
+level, inside functions, type-only under `if TYPE_CHECKING:`), and the cycle finder finds the cycles planted
+in a small package; no module over MAX_LINES lines without its reason in LONG_MODULES."""
 
 from __future__ import annotations
 
@@ -8,6 +9,36 @@ from pathlib import Path
 from tests.import_graph import describe, find_cycles, import_graph
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 400
+# Modules over MAX_LINES lines, each with why it stays whole for now. A module that grows past the limit
+# needs a split or an entry here; an entry whose module is back under the limit is removed.
+LONG_MODULES = {
+    "omrl/sandbox.py": "the bwrap runner and the long-lived shell share its argv, supervisor and pipes, and the "
+                       "README names omrl.sandbox.SandboxShell: the shell leaves only with a sandbox package",
+    "omrl/schema.py": "the record dataclasses' to_row call the normalisers, which take their defaults from the "
+                      "dataclasses: one unit until issue 27 settles whether the records stay",
+    "omrl/store/search.py": "one text index: tokenising, building and searching share its on-disk format, and "
+                            "its tests reach the parts as one module",
+    "omrl/train/iterate.py": "omrl/train is being reshaped by the trainer-contract work (issue 27, item 3)",
+    "omrl/rollout.py": "the episode runner and rollout engine, one lifecycle (writer, env pool, episode work), "
+                       "reshaped by the executor work (issue 27, item 4)",
+    "omrl/report.py": "omrl report's sections (rounds, steps, agreement, benchmark) share its plotting helpers "
+                      "and write_report: a split means a report package",
+    "omrl/view/data.py": "the viewer's StoreReader: every page query shares one snapshot of the parts and its "
+                         "connection pool",
+    "omrl/formats/otel.py": "one module per format (import and export share the span constants), as FORMATS "
+                            "loads it",
+    "omrl/formats/common.py": "the importers' shared helpers (reading, values, messages, rows), each small and "
+                              "used by several formats",
+    "omrl/store/storage.py": "the Storage interface and its two backends: the S3 one leaves only with storage_for "
+                             "and S3Path moved above both",
+    "omrl/curate/filters.py": "one filter pipeline: a small class per step, in the fixed order its docstring gives",
+    "omrl/readers.py": "the one reading layer for record files: every kind's reader shares its error and "
+                       "sniffing helpers",
+    "omrl/envs/code.py": "one environment: its tools, its tests run in the sandbox, its task generation",
+    "omrl/envs/miniwob/__init__.py": "one environment: the browser's lifecycle and its tools",
+    "omrl/store/store.py": "the Store facade, a method per operation delegating to parts, commit and query",
+}
 
 
 def test_no_import_cycles():
@@ -15,6 +46,16 @@ def test_no_import_cycles():
     assert len(graph) > 100 and any(e.where == "TYPE_CHECKING" for edges in graph.values() for e in edges)
     cycles = find_cycles(graph)
     assert not cycles, f"{len(cycles)} import cycle(s):\n{describe(graph, cycles)}"
+
+
+def test_no_module_is_long_without_a_reason():
+    lines = {p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+             for p in sorted((ROOT / "omrl").rglob("*.py"))}
+    long = {path: n for path, n in lines.items() if n > MAX_LINES}
+    unexplained = [f"{path} ({n} lines)" for path, n in long.items() if path not in LONG_MODULES]
+    assert not unexplained, f"over {MAX_LINES} lines with no reason in LONG_MODULES: {', '.join(unexplained)}"
+    stale = [f"{path} ({lines.get(path, 'gone')})" for path in LONG_MODULES if path not in long]
+    assert not stale, f"no longer over {MAX_LINES} lines: remove from LONG_MODULES: {', '.join(stale)}"
 
 
 def _package(root: Path, files: dict[str, str]) -> None:
