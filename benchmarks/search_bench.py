@@ -161,7 +161,7 @@ def run(n: int, batch: int, seed: int, workdir: Path) -> dict:
         part = store.append(table).part
         write_s += time.perf_counter() - start
         start = time.perf_counter()
-        S.build_index(part, table)
+        S.build_index(part)
         index_s += time.perf_counter() - start
     del rows
     start = time.perf_counter()

@@ -14,8 +14,8 @@ time / store time over the four queries) >= 20 and query_speedup_min_duckdb_json
 reading the JSONL) >= 10. Also printed: size_ratio (JSONL bytes / store bytes) beside zstd_long_ratio
 (`zstd -19 --long=27` of the same JSONL: the bound), write_ratio (appends + compact + index / JSONL).
 Each query runs 3 times, the median counts; the store's answers must equal both baselines' by value
-(floats to 1e-9; asserted). Both writers are warmed up on one row first (imports and first-call set-up
-are not write speed). trajectory_read_ms: median time to read one trajectory as the viewer does (its
+(floats to 1e-9; word_search: the same trajectory ids; asserted). Both writers are warmed up on one row
+first (imports and first-call set-up are not write speed). trajectory_read_ms: median time to read one trajectory as the viewer does (its
 whole row group decoded, the row taken), over 21 random rows.
 
     python benchmarks/store_bench.py --n 100000
@@ -174,11 +174,12 @@ def jsonl_tool_counts(path: Path) -> Counter:
     return counts
 
 
-def jsonl_word_search(path: Path, word: str) -> int:
-    """Trajectories with a message holding `word` as a whole word, any case (omrl.store.search's rule for one word)."""
+def jsonl_word_search(path: Path, word: str) -> list[str]:
+    """The sorted ids of the trajectories with a message holding `word` as a whole word, any case
+    (omrl.store.search's rule for one word)."""
     pattern = re.compile(rf"(?<!\w){re.escape(word.lower())}(?!\w)")
-    return sum(any(pattern.search((m.get("content") or "").lower()) for m in row["messages"])
-               for row in _jsonl_rows(path))
+    return sorted(row["id"] for row in _jsonl_rows(path)
+                  if any(pattern.search((m.get("content") or "").lower()) for m in row["messages"]))
 
 
 STORE_QUERIES = {
@@ -196,8 +197,8 @@ def duckdb_jsonl_queries(path: Path, word: str) -> dict[str, str]:
         "groups": f"SELECT group_id, count(*) AS n, avg(reward), stddev_pop(reward) FROM {src} GROUP BY group_id",
         "tool_counts": f"SELECT c.name AS name, count(*) AS n FROM (SELECT unnest(m.tool_calls) AS c FROM "
                        f"(SELECT unnest(messages) AS m FROM {src})) GROUP BY 1",
-        "word_search": f"SELECT count(*) AS n FROM {src} WHERE len(list_filter(messages, lambda m: "
-                       f"regexp_matches(lower(m.content), '\\b{re.escape(word.lower())}\\b'))) > 0",
+        "word_search": f"SELECT id FROM {src} WHERE len(list_filter(messages, lambda m: "
+                       f"regexp_matches(lower(m.content), '\\b{re.escape(word.lower())}\\b'))) > 0 ORDER BY id",
     }
 
 
@@ -364,8 +365,8 @@ def main() -> None:
         "word_search": lambda: jsonl_word_search(jsonl_path, word),
     }
     store_side = {name: (lambda q=sql: con.sql(q).to_arrow_table()) for name, sql in STORE_QUERIES.items()}
-    # through the search index (omrl.store.search): distinct trajectories with a hit
-    store_side["word_search"] = lambda: len(search_ids(store, word))  # the count needs ids, not snippets
+    # through the search index (omrl.store.search): the sorted ids of the trajectories with a hit
+    store_side["word_search"] = lambda: search_ids(store, word).to_pylist()
     plain_duckdb = duckdb.connect()
     duck_side = {name: (lambda q=sql: plain_duckdb.sql(q).to_arrow_table())
                  for name, sql in duckdb_jsonl_queries(jsonl_path, word).items()}
@@ -375,8 +376,8 @@ def main() -> None:
         jsonl_s, expected = timed(baselines[name])
         duck_s, duck = timed(duck_side[name])
         # every side must give the same answer by value, or the timing means nothing
-        if name == "word_search":
-            assert result == expected == duck.column("n")[0].as_py(), (result, expected, duck)
+        if name == "word_search":  # the same trajectories, by id
+            assert result == expected == duck.column("id").to_pylist() and result, (name, len(result), len(expected))
         else:
             python_answer = {k: v if isinstance(v, tuple) else (v,) for k, v in expected.items()}
             answers = (_by_key(result), python_answer, _by_key(duck))

@@ -45,8 +45,8 @@ class PartIndex:
     PART_INDEXES when it is imported (omrl.store imports it), so the store tells it about parts without
     importing it. Each method is called outside the write lock, after the commit it follows."""
 
-    def compacted(self, store: StoreWriter, part: Path, data: pa.Table | None) -> None:
-        """A compaction committed `part` (`data`: its rows when the caller has them)."""
+    def compacted(self, store: StoreWriter, part: Path) -> None:
+        """A compaction committed `part`."""
 
     def complete(self, store: StoreWriter) -> None:
         """`omrl store compact` found nothing to merge: index the live parts that lack an index."""

@@ -155,21 +155,28 @@ def _positions(lists: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tool_calls_table(data: pa.Table) -> pa.Table:
-    """One row per tool call of a trajectories table, in the `tool_calls` view's columns and order."""
-    messages = data.column("messages").combine_chunks()
-    if isinstance(messages, pa.ChunkedArray):  # no chunks at all (an empty table)
-        messages = pa.array([], messages.type)
-    message_row, position = _positions(messages)
-    calls = pc.struct_field(messages.flatten(), "tool_calls")
-    call_message, call_index = _positions(calls)
-    flat_calls = calls.flatten()
-    rows = pa.array(message_row[call_message])
-    columns = {name: data.column(name).take(rows) for name in ("id", "run_id", "round", "task_id", "env")}
+    """One row per tool call of a trajectories table, in the `tool_calls` view's columns and order; chunk by
+    chunk (a compaction's table holds every part it merges: copying its conversations into one array took
+    a fifth of the compaction)."""
+    rows, positions, indexes, calls_of = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+    first = 0
+    for chunk in data.column("messages").chunks:
+        message_row, position = _positions(chunk)
+        calls = pc.struct_field(chunk.flatten(), "tool_calls")
+        call_message, call_index = _positions(calls)
+        rows.append(message_row[call_message] + first)
+        positions.append(position[call_message])
+        indexes.append(call_index)
+        calls_of.append(calls.flatten())
+        first += len(chunk)
+    taken = pa.array(np.concatenate(rows))
+    columns = {name: data.column(name).take(taken) for name in ("id", "run_id", "round", "task_id", "env")}
+    fields = {name: pa.chunked_array([pc.struct_field(c, name) for c in calls_of], TOOL_CALLS_SCHEMA.field(name).type)
+              for name in ("id", "name", "arguments")}
     return pa.Table.from_arrays(
         [columns["id"], columns["run_id"], columns["round"], columns["task_id"], columns["env"],
-         pa.array(position[call_message]), pa.array(call_index), pc.struct_field(flat_calls, "id"),
-         pc.struct_field(flat_calls, "name"), pc.struct_field(flat_calls, "arguments")],
-        schema=TOOL_CALLS_SCHEMA)
+         pa.array(np.concatenate(positions)), pa.array(np.concatenate(indexes)), fields["id"], fields["name"],
+         fields["arguments"]], schema=TOOL_CALLS_SCHEMA)
 
 
 SIDE_BUILDERS = {"tool_calls": tool_calls_table}

@@ -208,16 +208,34 @@ _CONTENT = ["messages.list.element.content"]
 
 
 def _flatten(table: pa.Table, rows: np.ndarray) -> _Messages:
-    """`table` (id, messages with role and content) as messages; `rows` are its rows' numbers in the part."""
-    messages = table.column("messages").combine_chunks()
-    parents = pc.list_parent_indices(messages).to_numpy(zero_copy_only=False)
-    offsets = messages.offsets.to_numpy()
-    flat = pc.list_flatten(messages)
-    position = np.arange(len(flat), dtype=np.int64) + offsets[0] - offsets[:-1][parents]
-    encoded = pc.dictionary_encode(pc.struct_field(flat, "content"))
-    text_id = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return _Messages(row=rows[parents], local=parents, position=position.astype(np.int32),
-                     role=pc.struct_field(flat, "role"), text_id=text_id, dictionary=encoded.dictionary,
+    """`table` (id, messages with role and content) as messages; `rows` are its rows' numbers in the part.
+
+    Each chunk's texts are numbered apart, from the chunk's own dictionary when its content is
+    dictionary-encoded (a row group as `_read_rows` reads it), so a text repeated in two chunks has two
+    numbers: both are indexed, both are hits."""
+    parents, positions, roles, text_ids, dictionaries = [], [], [], [], []
+    first_row = texts = 0
+    for chunk in table.column("messages").chunks:
+        parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = chunk.offsets.to_numpy().astype(np.int64)
+        flat = pc.list_flatten(chunk)
+        content = pc.struct_field(flat, "content")
+        if not pa.types.is_dictionary(content.type):
+            content = pc.dictionary_encode(content)
+        local = content.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        text_ids.append(np.where(local >= 0, local + texts, -1))
+        positions.append(np.arange(len(flat), dtype=np.int64) + offsets[0] - offsets[:-1][parent])
+        parents.append(parent + first_row)
+        roles.append(pc.struct_field(flat, "role"))
+        dictionaries.append(content.dictionary)
+        first_row += len(chunk)
+        texts += len(content.dictionary)
+    parent = np.concatenate([np.zeros(0, np.int64), *parents])
+    return _Messages(row=rows[parent], local=parent,
+                     position=np.concatenate([np.zeros(0, np.int64), *positions]).astype(np.int32),
+                     role=pa.chunked_array(roles, pa.string()).combine_chunks(),
+                     text_id=np.concatenate([np.zeros(0, np.int64), *text_ids]),
+                     dictionary=pa.concat_arrays(dictionaries) if dictionaries else pa.array([], pa.string()),
                      ids=table.column("id").combine_chunks())
 
 
@@ -232,8 +250,11 @@ def _row_groups(file: pq.ParquetFile, rows: np.ndarray) -> tuple[list[int], np.n
 
 
 def _read_rows(part: Path) -> tuple[pa.Table, np.ndarray]:
-    """The id, role and content of every row of a part, and the rows' numbers."""
-    table = pq.ParquetFile(part).read(columns=_COLUMNS)
+    """The id, role and content of every row of a part, and the rows' numbers. Content comes a row group
+    at a time as Parquet's dictionary of it: each distinct text is decoded once, none is hashed again."""
+    file = pq.ParquetFile(part, read_dictionary=_CONTENT)
+    groups = [file.read_row_group(i, columns=_COLUMNS) for i in range(file.metadata.num_row_groups)]
+    table = pa.concat_tables(groups) if groups else file.read(columns=_COLUMNS)
     return table, np.arange(table.num_rows, dtype=np.int64)
 
 
@@ -249,12 +270,9 @@ def message_texts(part: Path, rows: np.ndarray, positions: np.ndarray) -> list[s
     return flat.take(pa.array(offsets[local] - offsets[0] + np.asarray(positions, dtype=np.int64))).to_pylist()
 
 
-def part_messages(part: Path, table: pa.Table | None = None) -> tuple[_Messages, int]:
-    """A whole part's messages (from `table`, its rows, when given) and its number of rows."""
-    if table is None:
-        table, rows = _read_rows(part)
-    else:
-        table, rows = table.select(["id", "messages"]), np.arange(table.num_rows, dtype=np.int64)
+def part_messages(part: Path) -> tuple[_Messages, int]:
+    """A whole part's messages and its number of rows."""
+    table, rows = _read_rows(part)
     return _flatten(table, rows), table.num_rows
 
 
@@ -376,17 +394,16 @@ def _write_tantivy(folder: Path, texts: pa.Array) -> np.ndarray:
     return indexed
 
 
-def build_index(part: Path, table: pa.Table | None = None) -> Path:
-    """Build the index of one trajectories part beside it, atomically; returns its folder.
-
-    `table`: the part's rows (at least id and messages) when the caller has them; otherwise the part is
-    read. An index already there (another process built it) is kept.
+def build_index(part: Path) -> Path:
+    """Build the index of one trajectories part beside it, atomically; returns its folder. The part is
+    read (its texts a row group's dictionary at a time: faster than hashing rows a caller holds). An index
+    already there (another process built it) is kept.
     """
     import tantivy
 
     part = Path(part)
     final = index_path(part)
-    messages, num_rows = part_messages(part, table)
+    messages, num_rows = part_messages(part)
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
@@ -721,13 +738,13 @@ def hits_view(store: Store, query: str, name: str = "search_hits", *, snippets: 
 class _TextIndex(PartIndex):
     """This index as the store's commits see it (PART_INDEXES): none on S3 (tantivy needs a local folder)."""
 
-    def compacted(self, store: StoreWriter, part: Path, data: pa.Table | None) -> None:
+    def compacted(self, store: StoreWriter, part: Path) -> None:
         """Build the part's index. The part is committed already: a failure is a warning, and searches scan
         the part instead."""
         if not store.storage.local:
             return
         try:
-            build_index(part, data)
+            build_index(part)
         except FileNotFoundError:
             return  # compacted away meanwhile: the merged part gets its own index
         except Exception as exc:  # any failure of the index library: the committed part must stand
@@ -736,7 +753,7 @@ class _TextIndex(PartIndex):
 
     def complete(self, store: StoreWriter) -> None:
         for part in missing_indexes(store):  # none on S3
-            self.compacted(store, part, None)
+            self.compacted(store, part)
 
     def removed(self, store: StoreWriter, part: Path) -> None:
         if store.storage.local:

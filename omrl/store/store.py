@@ -303,9 +303,10 @@ class Store(StoreWriter):
                 for p in parts:
                     self._remove_part(p)
             new = self.table_dir(table) / merged.name
+            del data  # the index reads the part (a row group's texts at a time): no need to hold every row
             if table == "trajectories" and index:
                 for part_index in PART_INDEXES:
-                    part_index.compacted(self, new, data)
+                    part_index.compacted(self, new)
             return new
 
     @property
