@@ -55,12 +55,12 @@ def main() -> None:
         with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its metrics; stdout is the JSON line
             result = train_sft(recipe)
         t = totals[mode]
-        t["tokens"] += result.train_tokens
-        t["padded"] += result.padded_tokens
-        t["batches"] += result.batches
+        t["tokens"] += result.details["train_tokens"]
+        t["padded"] += result.details["padded_tokens"]
+        t["batches"] += result.details["batches"]
         t["seconds"] += result.metrics["train_runtime"]  # the training loop only, not dataset preparation
         if mode == "bridge":
-            report = result.report
+            report = result.details["bridge"]
     if totals["trl"]["tokens"] != totals["bridge"]["tokens"]:
         raise SystemExit(f"modes fed different real tokens: {totals}")  # the comparison would be unfair
     rate = {mode: t["tokens"] / t["seconds"] for mode, t in totals.items()}

@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def step_times(out: Path) -> tuple[list[float], list[float]]:
-    """(per-step wall seconds after the first, per-step scoring seconds not overlapped with play)."""
-    record = json.loads((out / "omrl_grpo.json").read_text())
-    rollout = record["rollouts"]["rollout_s"]
-    updates = [float(e["step_time"]) for e in record["log"] if "step_time" in e]
+def step_times(result) -> tuple[list[float], list[float]]:
+    """(per-step wall seconds after the first, per-step scoring seconds not overlapped with play) of a GRPO
+    run's TrainResult."""
+    rollout = result.rollouts["rollout_s"]
+    updates = [float(e["step_time"]) for e in result.history if "step_time" in e]
     if len(updates) != len(rollout):
         raise RuntimeError(f"{len(updates)} logged updates for {len(rollout)} rollout steps (logging_steps must be 1)")
-    return [r + u for r, u in zip(rollout, updates, strict=True)][1:], record["rollouts"].get("scoring_tail_s", [])[1:]
+    return [r + u for r, u in zip(rollout, updates, strict=True)][1:], result.rollouts.get("scoring_tail_s", [])[1:]
 
 
 def main() -> None:
@@ -68,8 +68,7 @@ def main() -> None:
                                                                       env_options={"noise": 0.3, "seed": 0}),
                     max_steps=args.steps, tasks_per_step=args.tasks_per_step, samples_per_task=args.samples,
                     warmup_steps=0, learning_rate=2e-4, logging_steps=1, quiet=True, reward=rec)
-                train_grpo(recipe)
-                seconds, tail = step_times(out)
+                seconds, tail = step_times(train_grpo(recipe))
                 (judged if rec else plain).extend(seconds)
                 tails.extend(tail)
         calls = judge.stats()["requests"]

@@ -22,20 +22,24 @@ DEFAULT_RECIPE = "shipped:quickstart"  # recipes/quickstart.yaml, found from an 
 def run_demo(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...] = (), *,
              verbose: bool = False, fresh: bool = True) -> list[dict[str, Any]]:
     """Run the demo recipe through omrl.train.iterate (with key=value overrides); return the stage rows."""
+    from rich.console import Console
+
+    from omrl.progress import terminal_reporter
     from omrl.recipes import load_recipe
-    from omrl.train.console import training_view
     from omrl.train.iterate import IterateRecipe, round_table, run_iterate
+    from omrl.train.reporting import quiet_libraries
 
     config = load_recipe(recipe, IterateRecipe, list(overrides))
     out = Path(config.output_dir)
     if fresh and out.exists():
         shutil.rmtree(out)
-    with training_view(verbose=verbose, title="demo") as view:
-        results = run_iterate(config, view=view)
+    console = Console(stderr=True, soft_wrap=True)  # piped output is not wrapped
+    with quiet_libraries(not verbose), terminal_reporter(console=console) as reporter:
+        results = run_iterate(config, reporter=reporter)
         minutes = results[-1].get("minutes", 0.0) if results else 0.0
-    view.console.print(round_table(results))
-    view.console.print(f"results in {out / 'results.json'}"
-                       + (f"; report in {out / 'report'}" if config.report else "") + f"; {minutes:.1f} min")
+    console.print(round_table(results))
+    console.print(f"results in {out / 'results.json'}"
+                  + (f"; report in {out / 'report'}" if config.report else "") + f"; {minutes:.1f} min")
     return results
 
 
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="Run the omrl learning demo on the CPU.")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--verbose", action="store_true", help="TRL's own logs and bars instead of the view")
+    parser.add_argument("--verbose", action="store_true", help="TRL's own logs and bars beside omrl's progress")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. grpo.max_steps=10")
     args = parser.parse_args(argv)
     run_demo(args.recipe, args.overrides, verbose=args.verbose)

@@ -72,7 +72,7 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
             model=str(sft_checkpoint), tasks=str(tasks_file), output_dir=str(out / run_name), store=str(store.path),
             run_name=run_name, max_steps=args.grpo_steps, learning_rate=2e-4, warmup_steps=5,
             rollout=RolloutSettings(env="grid", max_turns=14, max_new_tokens=4, concurrency=64),
-            use_cpu=args.device == "cpu", quiet=True, **options))
+            use_cpu=args.device == "cpu", quiet=True, **options)).checkpoint
     except (ValueError, ImportError) as exc:  # use_vllm refused on a CPU, or vllm not installed
         return {"error": f"{type(exc).__name__}: {exc}"}
     seconds = time.perf_counter() - start

@@ -235,7 +235,7 @@ def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     from omrl.models import build_tiny_model
     from omrl.tasks import write_tasks
     from omrl.train.grpo import GRPORecipe, train_grpo
-    from omrl.train.rollout_func import AgentRollout
+    from omrl.train.rollout_step import RolloutStep
 
     ledger = Ledger(tmp_path / "log")
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
@@ -251,8 +251,8 @@ def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     assert not any(e["main_thread"] for e in ledger.events() if e["event"] == "made")
     stored = seeds(Store(tmp_path / "store"))
     assert len(stored) == 8 and len(set(stored)) == 8 and 5 not in stored
-    rollout = AgentRollout(recipe, [], None)  # the next step draws other seeds
-    assert rollout.settings(0, 8).seed != rollout.settings(1, 8).seed
+    rollouts = RolloutStep(recipe, "grpo")  # the next step draws other seeds
+    assert rollouts.settings(0, 8).seed != rollouts.settings(1, 8).seed
 
 
 @pytest.mark.slow
@@ -270,7 +270,7 @@ def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
                                     "max_turns": 2, "max_new_tokens": 4, "seed": 1},
                         "samples": 3, "threshold": -100.0,
                         "sft": {"max_steps": 1, "batch_size": 4, "quiet": True}})
-    assert result.attempts == 12
+    assert result.rollouts["attempts"] == 12
     assert ledger.count("made") == ledger.count("closed") == 12 + 1  # the episodes and collect's probe
     stored = seeds(Store(tmp_path / "rft" / "store"))
     assert len(stored) == 12 and len(set(stored)) == 12

@@ -45,24 +45,26 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
                         rollout=RolloutSettings(env="test_grpo:LetterEnv", max_turns=1, max_new_tokens=12),
                         store=str(tmp_path / "store"), run_name="t", round=3, max_steps=1, tasks_per_step=2,
                         samples_per_task=4, warmup_steps=0, learning_rate=1e-2, logging_steps=1, quiet=True)
-    out = train_grpo(recipe)
+    result = train_grpo(recipe)
+    out = result.checkpoint
 
     before, after = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    log = json.loads((out / "omrl_grpo.json").read_text())["log"]
-    losses = [e["loss"] for e in log if "loss" in e]
-    assert losses and all(torch.isfinite(torch.tensor(loss)) for loss in losses)
+    assert result.history == json.loads((out / "omrl_grpo.json").read_text())["log"]  # the record, returned
+    assert result.losses and all(torch.isfinite(torch.tensor(loss)) for loss in result.losses)
+    assert result.steps == 1 and result.rollouts["stored"] == 8
 
     store = Store(tmp_path / "store")
     groups = store.sql("SELECT run_id, round, task_id, n FROM groups").to_pylist()
     assert len(groups) == 2 and all(g["n"] == 4 and g["round"] == 3 for g in groups)
     assert all(g["run_id"] == "t/round-3/step-00000" for g in groups)
+    assert result.rollouts["run_prefix"] == "t/round-3"
     # A re-run (or a resumed iterate round) into the same store must not reuse these trajectory ids.
-    from omrl.train.rollout_func import AgentRollout
+    from omrl.train.rollout_step import RolloutStep
 
-    assert AgentRollout(recipe, [], None)._run_id(0) == "t/round-3/attempt-2/step-00000"
+    assert RolloutStep(recipe, "grpo").run_id(0) == "t/round-3/attempt-2/step-00000"
     fresh = dataclasses.replace(recipe, store=str(tmp_path / "other-store"))
-    assert AgentRollout(fresh, [], None)._run_id(7) == "t/round-3/step-00007"
+    assert RolloutStep(fresh, "grpo").run_id(7) == "t/round-3/step-00007"
     rows = store.read().to_pylist()
     assert all(json.loads(r["metadata"])["grpo_step"] == 0 for r in rows)
     assert all(r["turns"][0]["completion_ids"] and len(r["turns"][0]["logprobs"]) ==
@@ -104,28 +106,27 @@ def test_a_partial_rollout_section_keeps_grpo_defaults_and_flat_keys_are_refused
         GRPORecipe(model="m", tasks="t", output_dir="o", max_turns=3)
 
 
-def test_use_vllm_is_refused_on_a_cpu_and_passed_to_trl_on_a_gpu(monkeypatch):
+def test_use_vllm_is_refused_on_a_cpu_and_passed_to_trl_on_a_gpu():
+    from trl import GRPOConfig
+
     from omrl.train import grpo
 
     recipe = GRPORecipe(model="m", tasks="t.jsonl", output_dir="o", use_vllm=True, use_cpu=True)
     with pytest.raises(ValueError, match="CUDA GPU"):
         grpo._trl_config(recipe)
-    # On a GPU machine the vLLM settings reach GRPOConfig; TRL validates them when the trainer starts, so
-    # only the config values are checked here (GRPOConfig itself refuses use_vllm without vllm installed).
-    seen = {}
-
-    class Config:
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-
-    import trl
-
-    monkeypatch.setattr(trl, "GRPOConfig", Config)
-    monkeypatch.setattr(grpo, "_use_cpu", lambda recipe: False)
-    grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="server",
-                                         vllm_server_base_url="http://127.0.0.1:8000"))
-    assert (seen["use_vllm"], seen["vllm_mode"], seen["vllm_server_base_url"]) == (True, "server",
-                                                                                   "http://127.0.0.1:8000")
+    # Off the CPU (use_cpu: false, as on a GPU machine) the vLLM settings reach TRL's own GRPOConfig, built
+    # here for real (TRL starts vLLM only when the trainer does); with them the recipe's other settings.
+    config = grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="server",
+                                                  vllm_server_base_url="http://127.0.0.1:8000",
+                                                  vllm_gpu_memory_utilization=0.5))
+    assert isinstance(config, GRPOConfig) and not config.use_cpu
+    assert (config.use_vllm, config.vllm_mode, config.vllm_server_base_url, config.vllm_gpu_memory_utilization) \
+        == (True, "server", "http://127.0.0.1:8000", 0.5)
+    assert (config.num_generations, config.per_device_train_batch_size) == (8, 64)  # samples_per_task, x tasks
+    colocated = grpo._trl_config(dataclasses.replace(recipe, use_cpu=False))
+    assert (colocated.use_vllm, colocated.vllm_mode, colocated.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
+    plain = grpo._trl_config(dataclasses.replace(recipe, use_vllm=False))
+    assert not plain.use_vllm and plain.use_cpu
     with pytest.raises(ValueError, match="colocate or server"):
         grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="remote"))
 
@@ -142,7 +143,7 @@ def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
     recipe = GRPORecipe(model=str(model), tasks="t.jsonl", output_dir=str(tmp_path / "o"))
     hf = HFPolicy(str(model))
     rollout = AgentRollout(recipe, tasks, hf.tokenizer)
-    settings = rollout.settings(0, 2)
+    settings = rollout.rollouts.settings(0, 2)
 
     class Generator:  # VLLMGeneration's interface; not called here
         temperature, max_completion_length = 1.0, 16
@@ -171,8 +172,7 @@ def test_step_credit_recipe_trains_through_train_grpo_and_stores_the_credit(tmp_
                         store=str(tmp_path / "store"), run_name="credit", max_steps=1, tasks_per_step=2,
                         samples_per_task=4, warmup_steps=0, logging_steps=1, quiet=True,
                         step_credit=StepCreditSettings(weight=0.5))
-    out = train_grpo(recipe)
-    log = json.loads((out / "omrl_grpo.json").read_text())["log"]
+    log = train_grpo(recipe).history
     assert any("step_credit/step_abs_mean" in entry for entry in log)  # the step-credit trainer ran
     # Every stored turn carries its step group and advantages, visible in SQL.
     credit = Store(tmp_path / "store").sql(

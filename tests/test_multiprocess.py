@@ -102,7 +102,7 @@ def test_two_process_ppo_matches_one_process(tmp_path):
     one = train_ppo({**settings, "output_dir": str(tmp_path / "one"), "store": str(tmp_path / "one-store")})
     single = {r["id"]: r["reward"] for r in Store(tmp_path / "one-store").read().to_pylist()}
     assert single == {r["id"]: r["reward"] for r in rows}  # the same 16 episodes
-    two, ref = record["log"][0], one.log[0]
+    two, ref = record["log"][0], one.history[0]
     assert ref["reward"] > 0  # some episodes were rewarded: returns and value loss are not all zero
     for key in ("reward", "success", "trainable_tokens", "episodes", "failed", "updates"):
         assert two[key] == ref[key], key

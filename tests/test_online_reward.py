@@ -65,7 +65,7 @@ def grpo(tmp_path, tiny, reward, store="store", out="out", steps=1):
 @pytest.mark.slow
 def test_grpo_with_env_metric_and_group_judge_stores_every_score_and_a_second_run_asks_nothing(tmp_path, tiny):
     with JudgeProcess(rule="length") as judge:
-        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url), steps=2))
+        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url), steps=2)).checkpoint
         first = judge.stats()["requests"]
         store = Store(tmp_path / "store")
         rollouts = store.read().to_pylist()
@@ -110,7 +110,7 @@ def test_grpo_with_env_metric_and_group_judge_stores_every_score_and_a_second_ru
 @pytest.mark.parametrize("fault", ["500", "malformed", "badjson", "range"])
 def test_failed_judge_calls_are_missing_components_renormalised_never_zero(tmp_path, tiny, fault):
     with JudgeProcess(rule="length", faults={fault: 1.0}) as judge:
-        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url, mode="pointwise")))
+        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url, mode="pointwise"))).checkpoint
     store = Store(tmp_path / "store")
     ann = store.read("annotations").to_pylist()
     judged = [a for a in ann if a["annotator"] == "judge:brevity"]
@@ -145,7 +145,7 @@ def test_missing_null_drops_samples_and_a_step_without_any_reward_stops_with_the
 @pytest.mark.slow
 def test_some_failures_leave_those_samples_out_of_the_step(tmp_path, tiny):
     with JudgeProcess(rule="length", faults={"badjson": 0.5}) as judge:
-        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url, missing="null", mode="pointwise")))
+        out = train_grpo(grpo(tmp_path, tiny, reward_recipe(judge.base_url, missing="null", mode="pointwise"))).checkpoint
     ann = Store(tmp_path / "store").read("annotations").to_pylist()
     bad = {a["trajectory_id"] for a in ann if a["annotator"] == "judge:brevity" and a["status"] == "error"}
     dropped = {a["trajectory_id"] for a in ann if a["annotator"] == "reward" and a["status"] == "error"}

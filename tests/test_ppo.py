@@ -65,12 +65,12 @@ def test_ppo_raises_the_probability_of_the_rewarded_move_on_one_step_grid_tasks(
         samples_per_task=8, ppo_epochs=2, minibatches=2, learning_rate=1e-3, level="token", quiet=True))
     after = p_move(result.checkpoint, "left", "goal: 1 left")
     assert after > before + 0.1, (before, after)
-    log = result.log
+    log = result.history
     assert len(log) == 8 and all(math.isfinite(e[k]) for e in log for k in LOGGED if k not in ("kl_ref",))
     first, last = sum(e["reward"] for e in log[:3]) / 3, sum(e["reward"] for e in log[-3:]) / 3
     assert last >= first, [e["reward"] for e in log]  # the reward does not collapse
     assert all(e["logprob_gap"] < 1e-4 for e in log)  # the training pass reproduces the sampled logprobs
-    assert result.stored == 8 * 32 and len(Store(tmp_path / "store").ids()) == 8 * 32
+    assert result.rollouts["stored"] == 8 * 32 and len(Store(tmp_path / "store").ids()) == 8 * 32
 
 
 @pytest.mark.slow
@@ -86,7 +86,7 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
                        tasks_per_step=2, samples_per_task=3, ppo_epochs=2, minibatches=2, learning_rate=1e-3,
                        level="turn", critic="separate", beta=0.1, quiet=True)
     result = train_ppo(recipe)
-    log = result.log
+    log = result.history
     assert len(log) == 2 and all(math.isfinite(log[-1][k]) for k in LOGGED if k != "explained_variance")
     # kl_ref: sum over an episode's tokens of logp - ref_logp (a sample estimate, may dip below 0); 0 at step 0.
     assert log[0]["kl_ref"] == pytest.approx(0.0, abs=1e-6) and math.isfinite(log[-1]["kl_ref"])
@@ -97,7 +97,7 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     assert (result.checkpoint / "critic" / "config.json").exists()  # the separate critic's trunk
 
     rows = Store(tmp_path / "store").read().to_pylist()
-    assert len(rows) == result.stored == 12
+    assert len(rows) == result.rollouts["stored"] == 12
     assert {r["run_id"] for r in rows} == {"p/round-2/step-00000", "p/round-2/step-00001"}
     assert all(r["round"] == 2 and r["source"] == "collected:ppo" for r in rows)
     assert all(json.loads(r["metadata"])["ppo_step"] in (0, 1) for r in rows)
@@ -106,7 +106,7 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     assert saved["recipe"]["level"] == "turn" and len(saved["log"]) == 2
     # A second run into the same store never reuses the first run's trajectory ids.
     again = train_ppo(PPORecipe(**{**recipe.__dict__, "max_steps": 1, "output_dir": str(tmp_path / "out2")}))
-    assert again.stored == 6 and len(Store(tmp_path / "store").ids()) == 18
+    assert again.rollouts["stored"] == 6 and len(Store(tmp_path / "store").ids()) == 18
 
 
 @pytest.mark.slow
@@ -123,13 +123,13 @@ def test_critic_warmup_steps_train_only_the_critic(tmp_path):
     before, after = load_file(model / "model.safetensors"), load_file(warm.checkpoint / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)  # the policy did not move, not even its trunk
     assert load_file(warm.checkpoint / "critic" / "value_head.safetensors")["weight"].abs().sum() > 0
-    assert [e["policy_trained"] for e in warm.log] == [False, False]
-    assert all(e["updates"] == 4 for e in warm.log)  # the critic took every minibatch step
+    assert [e["policy_trained"] for e in warm.history] == [False, False]
+    assert all(e["updates"] == 4 for e in warm.history)  # the critic took every minibatch step
     # past the warm-up the policy trains
     longer = train_ppo(PPORecipe(output_dir=str(tmp_path / "longer"), max_steps=3, critic_warmup_steps=2, **common))
     moved = load_file(longer.checkpoint / "model.safetensors")
     assert any(not torch.equal(before[k], moved[k]) for k in before)
-    assert [e["policy_trained"] for e in longer.log] == [False, False, True]
+    assert [e["policy_trained"] for e in longer.history] == [False, False, True]
     with pytest.raises(ValueError, match="critic_warmup_steps"):
         PPORecipe(output_dir="x", critic_warmup_steps=-1, **common)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
@@ -452,7 +453,8 @@ def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, c
     def killed(*args, **kwargs):
         raise Killed("after the round's collection, before its update step")
 
-    monkeypatch.setattr(grpo_module, "train_grpo", killed)  # training is not what is tested here
+    # training is not what is tested here (iterate's update step is the registered trainer's train)
+    monkeypatch.setattr(grpo_module, "TRAINER", dataclasses.replace(grpo_module.TRAINER, train=killed))
     with pytest.raises(Killed):
         run_iterate(config)
     store = Store(tmp_path / "run" / "store")

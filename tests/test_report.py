@@ -180,7 +180,7 @@ def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
                                  quiet=True))
     [log] = find_run_logs([tmp_path / "ppo"])
     assert log.kind == "ppo" and [s["step"] for s in log.steps] == [0, 1]
-    for step, entry in zip(log.steps, result.log, strict=True):
+    for step, entry in zip(log.steps, result.history, strict=True):
         assert step["loss"] == entry["policy_loss"] and step["success"] == entry["success"]
         for name in ("value_loss", "clip_fraction", "approx_kl", "entropy", "reward"):
             assert step[name] == entry[name], name
@@ -191,7 +191,7 @@ def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
     md = _report(tmp_path / "store", tmp_path / "rep", "--runs", tmp_path / "ppo")
     [logged] = _md_rows(md, "| run | kind | round | steps | last_step |")
     assert logged["kind"] == "ppo" and logged["steps"] == "2"
-    assert logged["last_success"] == f"{result.log[-1]['success']:.3f}"
+    assert logged["last_success"] == f"{result.history[-1]['success']:.3f}"
 
 
 def test_runs_option_refuses_what_is_not_a_run_log(tmp_path):

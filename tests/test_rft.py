@@ -37,15 +37,15 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
                                 "logging_steps": 1}})
 
     attempts = Store(tmp_path / "rft" / "store")
-    assert attempts.count() == result.attempts == 8 * 12
+    assert attempts.count() == result.rollouts["attempts"] == 8 * 12
     groups = attempts.sql("SELECT group_id, max_reward FROM groups WHERE run_id = 'rft'").to_pylist()
     assert len(groups) == 8
     passing = [g for g in groups if g["max_reward"] >= 0.5]
     assert passing  # the random mover solves some tasks (sampling is not seeded: a group of 12 fails ~1/3)
     # One kept per group whose best attempt reached the threshold; every other attempt dropped with a reason.
-    assert result.kept == len(passing)
+    assert result.rollouts["kept"] == len(passing)
     below = {"min_reward": 8 - len(passing)} if len(passing) < 8 else {}
-    assert result.dropped == {"best_of_n": 8 * 11, **below}
+    assert result.rollouts["dropped"] == {"best_of_n": 8 * 11, **below}
     kept = Store(tmp_path / "rft" / "kept")
     best = {g["group_id"]: g["max_reward"] for g in passing}
     rows = kept.sql("SELECT id, group_id, reward FROM trajectories").to_pylist()
@@ -55,9 +55,9 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
     before, after = _params(model), _params(result.checkpoint)
     assert any(not before[k].equal(after[k]) for k in before)  # SFT on the kept attempts moved the weights
     record = json.loads((tmp_path / "rft" / "omrl_rft.json").read_text())
-    assert record["kept"] == result.kept and record["attempts"] == 96
+    assert record["kept"] == result.rollouts["kept"] and record["attempts"] == 96
     sft = json.loads((result.checkpoint / "omrl_sft.json").read_text())
-    assert sft["bridge"]["examples"] == result.kept
+    assert sft["bridge"]["examples"] == result.rollouts["kept"]
 
 
 def test_rft_with_a_reward_recipe_annotates_the_attempts_with_its_judge_and_keeps_the_judges_best(tmp_path):
@@ -88,7 +88,7 @@ def test_rft_with_a_reward_recipe_annotates_the_attempts_with_its_judge_and_keep
     for r in attempts.sql("SELECT id, group_id FROM trajectories").to_pylist():
         groups.setdefault(r["group_id"], []).append(r["id"])
     kept = Store(tmp_path / "rft" / "kept").sql("SELECT id, group_id FROM trajectories").to_pylist()
-    assert result.kept == len(kept) == 4
+    assert result.rollouts["kept"] == len(kept) == 4
     for row in kept:  # the judge's best of its group (ties: any of the best)
         assert scores[row["id"]] == max(scores[i] for i in groups[row["group_id"]])
     record = json.loads((tmp_path / "rft" / "omrl_rft.json").read_text())

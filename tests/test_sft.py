@@ -62,12 +62,12 @@ def test_token_budget_batches_are_what_the_model_is_fed(tmp_path, tiny):
     store = mixed_length_store(tmp_path / "s", n=24, max_turns=8)
     result = train_sft(SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "o"),
                                  batch_size=4, epochs=2, logging_steps=1, quiet=True))
-    report = result.report
+    report = result.details["bridge"]
     assert report["token_budget"] > 0 and report["batches_per_epoch"] >= 3
     # Every example once per epoch, in variable-size batches whose padding is what the bridge reported.
-    assert result.batches == 2 * report["batches_per_epoch"] == len(result.losses)
-    assert result.train_tokens == 2 * report["tokens"]
-    assert result.fed_padding_fraction == pytest.approx(report["padding_fraction"])
+    assert result.details["batches"] == 2 * report["batches_per_epoch"] == len(result.losses)
+    assert result.details["train_tokens"] == 2 * report["tokens"]
+    assert result.details["fed_padding_fraction"] == pytest.approx(report["padding_fraction"])
     assert report["padding_fraction"] < 0.15 and all(math.isfinite(x) for x in result.losses)
 
 

@@ -88,16 +88,19 @@ def test_sft_rows_exclude_every_failed_status(store):
     assert {r["status"] for r in kept} == {"ok", "truncated"}
 
 
-def test_iterate_progress_and_interval_use_the_one_definition(tmp_path):
-    from omrl.train.iterate import _update_success, success_ci95
+def test_rl_progress_and_iterate_interval_use_the_one_definition(tmp_path):
+    from types import SimpleNamespace
 
-    store = Store.create(tmp_path / "s")
-    rows = _rows(OUTCOMES)
-    for row in rows:
-        row["source"] = "collected:grpo"
-    store.append(rows)
+    from omrl.progress import LineReporter
+    from omrl.train.grpo import GRPORecipe
+    from omrl.train.iterate import success_ci95
+    from omrl.train.rollout_step import RolloutStep
+
+    shown = LineReporter(every_s=3600)
+    rollouts = RolloutStep(GRPORecipe(model="m", tasks="t.jsonl", output_dir="o"), "grpo", reporter=shown)
+    rollouts._count([SimpleNamespace(row=row) for row in _rows(OUTCOMES)])
     # The failed env_error row with success=False is not an unsolved episode: 3 solved of 6 known.
-    assert _update_success(store, 0)() == EXPECTED["success_rate"]
+    assert shown.fields["success"] == EXPECTED["success_rate"]
     two_tasks = Store.create(tmp_path / "two")
     two_tasks.append(_rows([("ok", True), ("env_error", False)], group="g1")
                      + [dict(r, id=r["id"] + "-b", task_id="u") for r in _rows([("ok", False), ("ok", True)])])

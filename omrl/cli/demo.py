@@ -11,7 +11,7 @@ from omrl.cli.common import user_errors
 @click.option("--recipe", "-r", default="shipped:quickstart", show_default=True, metavar="PATH",
               help="Iterate recipe of the demo (YAML), or a shipped one by name (omrl recipes list).")
 @click.option("--out-dir", default=None, help="Where the run goes (default: the recipe's output_dir).")
-@click.option("--verbose", is_flag=True, help="Show TRL's own logs, bars and warnings instead of the view.")
+@click.option("--verbose", is_flag=True, help="Show TRL's own logs, bars and warnings beside omrl's progress.")
 @click.argument("overrides", nargs=-1)
 @user_errors
 def demo(recipe: str, out_dir: str | None, verbose: bool, overrides: tuple[str, ...]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import math
 import os
 import threading
@@ -85,31 +84,21 @@ def train_method(recipe: Any, method: str, settings: dict[str, Any], model: str,
     it, the method's own settings and then `settings`; rollouts seeded for round `round_` as iterate seeds one, stored
     in `store` under `run_name`. PPO plays GRPO's rollouts: its steps, tasks and samples per step, warmup.
     Returns {checkpoint, train_s, run_prefix (of the stored rollouts), method, settings, rollouts}."""
-    from omrl.recipes import to_dict
-    from omrl.train.iterate import grpo_recipe
+    from omrl.train.iterate import update_recipe
+    from omrl.train.trainer import TRAINERS
 
     trainer, fixed = RL_METHODS[method]
     out = Path(output_dir)
     run = {"model": model, "tasks": recipe.train_tasks, "output_dir": str(out), "store": str(store), "round": round_,
            "run_name": run_name, **fixed, **settings}
     grpo = recipe.grpo
+    if trainer != "grpo":  # the other methods play GRPO's rollouts: its steps, tasks and samples per step, warmup
+        run = {"max_steps": grpo.max_steps, "tasks_per_step": grpo.tasks_per_step,
+               "samples_per_task": grpo.samples_per_task, "warmup_steps": grpo.warmup_steps, **run}
     started = time.monotonic()
-    if trainer == "grpo":
-        from omrl.train.grpo import train_grpo
-
-        checkpoint = str(train_grpo(grpo_recipe(recipe, run, round=round_)))
-        prefix = json.loads((out / "omrl_grpo.json").read_text())["rollouts"]["run_prefix"]
-    else:
-        from omrl.train.ppo import train_ppo
-
-        seed = recipe.rollout.seed
-        rollout = {**to_dict(recipe.rollout), "seed": None if seed is None else seed + round_}
-        ppo = recipe.ppo.to_recipe(**{"seed": recipe.seed + round_, "rollout": rollout, "max_steps": grpo.max_steps,
-                                      "tasks_per_step": grpo.tasks_per_step, "samples_per_task": grpo.samples_per_task,
-                                      "warmup_steps": grpo.warmup_steps, **run})
-        checkpoint = str(train_ppo(ppo).checkpoint)
-        prefix = json.loads((out / "omrl_ppo.json").read_text())["rollouts"]["run_prefix"]
-    return {"checkpoint": checkpoint, "train_s": round(time.monotonic() - started, 1), "run_prefix": prefix,
+    trained = TRAINERS.load(trainer).train(update_recipe(recipe, trainer, run, round=round_))
+    return {"checkpoint": str(trained.checkpoint), "train_s": round(time.monotonic() - started, 1),
+            "run_prefix": trained.rollouts["run_prefix"],
             "method": method, "settings": {**fixed, **settings},
             "rollouts": grpo.max_steps * grpo.tasks_per_step * grpo.samples_per_task}
 

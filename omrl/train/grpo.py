@@ -1,12 +1,14 @@
 """GRPO on a tasks file with TRL's `GRPOTrainer`, rollouts played by omrl's own agent loop.
 
-    checkpoint = train_grpo(GRPORecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
-                                       output_dir="runs/grpo-1", store="runs/store",
-                                       rollout=RolloutSettings(env="grid", max_turns=14)))
+    result = train_grpo(GRPORecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
+                                   output_dir="runs/grpo-1", store="runs/store",
+                                   rollout=RolloutSettings(env="grid", max_turns=14)))
+    result.checkpoint, result.history, result.rollouts["run_prefix"]     # an omrl.train.trainer.TrainResult
 
 Each training step TRL hands `rollout_func` (omrl/train/rollout_func.py) the step's prompts: task ids,
-each repeated `samples_per_task` times. omrl.rollout.play_episodes, the episode runner collect uses
-too (environments made in threads and always closed, a seed per episode), plays them as the recipe's
+each repeated `samples_per_task` times. The RL trainers' one rollout step (omrl/train/rollout_step.py:
+omrl.rollout.play_episodes, the episode runner collect uses too, environments made in threads and always
+closed, a seed per episode) plays them as the recipe's
 `rollout` section says, all in flight at once, with an `HFPolicy` wrapping the live model, whose token
 traces become prompt_ids, completion_ids (model and environment tokens), env_mask (environment tokens
 carry no loss) and logprobs. The environment's reward, or with `reward` the combined reward of a reward
@@ -14,6 +16,7 @@ recipe (omrl/train/online_reward.py: metrics and judges score each group as soon
 while other groups still play; every score is a stored annotation), is the reward; a rollout without one
 is left out of its group's baseline; the group-relative advantages are TRL's. After each step's play its rows
 are appended to the store with their round and step, so GRPO data can be queried like any collection.
+The TrainResult's `details` hold, with a reward recipe, `reward_steps` and `reward_summary` (as omrl_grpo.json).
 
 On a CPU generation runs through transformers (HFPolicy). On a GPU, `use_vllm: true` turns on TRL's
 vLLM generation (`vllm_mode` colocate or server): rollout_func then hands the agent loop a VLLMPolicy
@@ -25,13 +28,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.progress import Reporter
 from omrl.rollout import RolloutSettings
 from omrl.train.step_credit import StepCreditSettings
+from omrl.train.trainer import Trainer, TrainResult
 
 
 def _grpo_rollout():
@@ -142,7 +148,7 @@ def _trl_config(recipe: GRPORecipe):
     ), recipe.trl, owned=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_server_base_url"))
 
 
-def _reward_funcs(recipe: GRPORecipe):
+def _reward_funcs():
     """The reward TRL sees: the episode's reward computed during the rollout (NaN-free; None if failed)."""
 
     def omrl_reward(prompts, completions, omrl_reward, **kwargs):
@@ -151,8 +157,10 @@ def _reward_funcs(recipe: GRPORecipe):
     return [omrl_reward]
 
 
-def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
-    """Run GRPO as the recipe says; return the saved checkpoint folder."""
+def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
+               reporter: Reporter | None = None) -> TrainResult:
+    """Run GRPO as the recipe says, its rollouts into `store` (default the recipe's), its steps shown by
+    `reporter`; save the checkpoint and omrl_grpo.json to output_dir (omrl.train.trainer's contract)."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -163,10 +171,12 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     from datasets import Dataset
     from omrl.recipes import from_dict
     from omrl.tasks import load_tasks
+    from omrl.train.reporting import reporter_callback
     from omrl.train.rollout_func import AgentRollout
 
     if isinstance(recipe, dict):
         recipe = from_dict(GRPORecipe, recipe, where="grpo")
+    started = time.monotonic()
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise UsageError(f"{recipe.tasks}: no tasks" + (f" in split {recipe.split!r}" if recipe.split else ""))
@@ -175,7 +185,7 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     model = AutoModelForCausalLM.from_pretrained(recipe.model)
-    rollout = AgentRollout(recipe, tasks, tokenizer)
+    rollout = AgentRollout(recipe, tasks, tokenizer, store=store, reporter=reporter)
     # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
     dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})
     trainer_class = GRPOTrainer
@@ -183,23 +193,48 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any]) -> Path:
         from omrl.train.grpo_credit import step_credit_trainer
 
         trainer_class = step_credit_trainer()  # a GRPOTrainer subclass
+    callbacks = [reporter_callback(reporter, "grpo")] if reporter is not None else None
     try:
-        trainer = trainer_class(model=model, reward_funcs=_reward_funcs(recipe), args=_trl_config(recipe),
-                                train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout)
-        trainer.train()
+        trainer = trainer_class(model=model, reward_funcs=_reward_funcs(), args=_trl_config(recipe),
+                                train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
+                                callbacks=callbacks)
+        output = trainer.train()
     finally:
         rollout.close()
+        if reporter is not None:
+            reporter.finish()
     out = Path(recipe.output_dir)
     trainer.save_model(str(out))
     tokenizer.save_pretrained(str(out))
+    rollouts = rollout.rollouts
     history = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
-    record = {"recipe": asdict(recipe), "log": with_missing_counts(history, rollout.reward_steps()),
-              "rollouts": rollout.summary()}
-    if rollout.online is not None:
-        record["reward_steps"] = rollout.reward_steps()
-        record["reward_summary"] = rollout.online.summary()
+    record = {"recipe": asdict(recipe), "log": with_missing_counts(history, rollouts.reward_steps()),
+              "rollouts": rollouts.summary()}
+    if rollouts.online is not None:
+        record["reward_steps"] = rollouts.reward_steps()
+        record["reward_summary"] = rollouts.online.summary()
     (out / "omrl_grpo.json").write_text(json.dumps(record, indent=1, default=str))
-    return out
+    details = {k: record[k] for k in ("reward_steps", "reward_summary") if k in record}
+    return TrainResult("grpo", out, steps=int(trainer.state.global_step), wall_s=time.monotonic() - started,
+                       history=record["log"], metrics=dict(output.metrics), rollouts=record["rollouts"],
+                       details=details, summary=_summary(record))
+
+
+def _summary(record: dict[str, Any]) -> str:
+    """The command line's line on a GRPO run: rollouts stored, last reward; the online reward when judged."""
+    rollouts = record["rollouts"]
+    rewards = [e["reward"] for e in record["log"] if "reward" in e]
+    line = f"{rollouts['episodes']} rollouts ({rollouts['stored']} stored)" + (
+        f", last logged reward {rewards[-1]:.3f}" if rewards else "")
+    summary = record.get("reward_summary")
+    if not summary:
+        return line
+    judges = "; ".join(f"{name}: {j['calls']} calls, {j['cache_hits']} cached, "
+                       f"{j['prompt_tokens'] + j['completion_tokens']} tokens"
+                       + (f", ${j['cost_usd']:.4f}" if j.get("cost_usd") is not None else "")
+                       for name, j in (summary.get("judges") or {}).items())
+    return (line + f"\nreward: {summary.get('scored', 0)} rollouts scored, {summary.get('dropped', 0)} dropped, "
+            f"missing {summary.get('missing') or 'none'}" + (f"; {judges}" if judges else ""))
 
 
 def with_missing_counts(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,3 +254,12 @@ def with_missing_counts(history: list[dict[str, Any]], steps: list[dict[str, Any
                 missing[name] = missing.get(name, 0) + n
         out.append({**entry, "reward_missing": missing, "reward_dropped": sum(s["dropped"] for s in covered)})
     return out
+
+
+TRAINER = Trainer("grpo", GRPORecipe, train_grpo, """GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop, groups written to the store.
+
+    With reward=RECIPE (a reward recipe, as `omrl annotate --reward-recipe`) its metrics and judges score
+    each group online and every score is stored.
+
+    Example:  omrl train grpo --recipe recipes/grpo_grid.yaml max_steps=50 [reward=recipes/reward.yaml]
+    """)

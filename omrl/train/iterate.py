@@ -17,8 +17,8 @@ ceiling); `baseline.more_sft` continues SFT from the SFT checkpoint for the wall
 took (in SFT epochs, or `more_sft_epochs`): without it a GRPO gain can be SFT that had not finished.
 
 Update step: `algorithm: grpo` (default; the `grpo` section, with `step_credit` for GiGPO-style step
-credit) or `algorithm: ppo` (the `ppo` section: a critic and GAE, omrl/train/ppo.py); its stages are
-named grpo-N or ppo-N.
+credit) or `algorithm: ppo` (the `ppo` section: a critic and GAE, omrl/train/ppo.py): the registered trainer
+of that name (omrl.train.trainer.TRAINERS) with its section; its stages are named grpo-N or ppo-N.
 
 Rewards: with `reward` (a reward recipe, omrl/annotate/reward.py) a round is collect -> annotate (the
 recipe's metrics and judges score the collection, then its combined reward; every score stored) ->
@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.progress import QUIET, Reporter
 from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.grpo import GRPORecipe
@@ -59,7 +60,7 @@ PPOSection = section(PPORecipe, "PPOSection",
                      ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
                      "The PPO settings of an iterate round with algorithm: ppo (omrl/train/ppo.py); the run sets "
                      "the checkpoint, tasks, folders, round, seed and rollout.")
-ALGORITHMS = ("grpo", "ppo")
+ALGORITHMS = ("grpo", "ppo")  # the TRAINERS an iterate round's update step may be (each has its section)
 
 
 @dataclass
@@ -198,12 +199,20 @@ class IterateRecipe:
 
 def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
     """The GRPORecipe of one round: the grpo section, the run's rollout section seeded for the round, `values`."""
+    return update_recipe(recipe, "grpo", values, round)
+
+
+def update_recipe(recipe: IterateRecipe, algorithm: str, values: dict[str, Any], round: int):
+    """The recipe of round `round`'s update step (`algorithm`: grpo or ppo): its section of the iterate recipe,
+    the run's rollout section seeded for the round, the run's reward where the section takes one, `values`."""
     from omrl.recipes import to_dict
 
+    section = getattr(recipe, algorithm)
     rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)}
-    if recipe.grpo.reward is None and recipe.reward is not None and "reward" not in values:
+    takes_reward = hasattr(section, "reward")  # GRPO trains on judged rewards; PPO on the env's
+    if takes_reward and section.reward is None and recipe.reward is not None and "reward" not in values:
         values = {**values, "reward": recipe.reward}
-    return recipe.grpo.to_recipe(seed=recipe.seed + round, rollout=rollout, **values)
+    return section.to_recipe(seed=recipe.seed + round, rollout=rollout, **values)
 
 
 def _round_seed(seed: int | None, round: int) -> int | None:
@@ -385,21 +394,21 @@ def stage_summary(row: dict[str, Any]) -> str:
 
 
 def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
-                on_stage: Callable[[str, dict[str, Any]], None] | None = None, console=None,
-                view=None) -> list[dict[str, Any]]:
+                on_stage: Callable[[str, dict[str, Any]], None] | None = None,
+                reporter: Reporter | None = None) -> list[dict[str, Any]]:
     """Run (or resume) the whole iterative recipe; returns the per-stage results also written to results.json.
 
     `on_stage(stage, record)` is called after each stage is recorded as finished (tests use it to kill a run).
-    `view` (omrl.train.console.TrainingView) shows the stages and the trainers' steps as they go.
+    `reporter` (omrl.progress) is told each stage as it starts and ends and shown the trainers' steps.
     """
     from omrl.rollout import shared_engines
 
     with shared_engines():  # reusable engines (JVMs, game interpreters) start once for the run, not per stage
-        return _run_stages(recipe, on_stage=on_stage, console=console, view=view)
+        return _run_stages(recipe, on_stage=on_stage, reporter=reporter or QUIET)
 
 
 def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[str, dict[str, Any]], None] | None,
-                console, view) -> list[dict[str, Any]]:
+                reporter: Reporter) -> list[dict[str, Any]]:
     """run_iterate's stages (see there)."""
     import contextlib
     import sys
@@ -439,16 +448,18 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         state.finish(stage, seconds=round(seconds, 1), **record)
         results = results_so_far()
         (out / "results.json").write_text(json.dumps(results, indent=1))
-        if view is not None and record.get("results"):
-            view.done(stage, stage_summary(record["results"]))
-        if console is not None and record.get("results"):
-            console.print(round_table(results))
+        if record.get("results"):
+            minutes = record["results"]["minutes"]
+            reporter.log(f"[bold green]{stage}[/] {stage_summary(record['results'])}  [dim][{minutes:.1f} min][/]")
         if on_stage is not None:
             on_stage(stage, record)
         clock["stage"] = time.monotonic()
 
-    def shown(stage: str, description: str, **options: Any):
-        return view.stage(stage, description, **options) if view is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def shown(stage: str, description: str) -> Iterator[None]:
+        """The stage's work, its start logged (finish logs its end)."""
+        reporter.log(f"[bold cyan]{stage}[/] {description}")
+        yield
 
     # Stage "expert": the scripted expert's own held-out success, the ceiling of imitation.
     if recipe.baseline.expert and not state.done("expert"):
@@ -497,10 +508,10 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
             demos = demo_success(store)
             sft = recipe.sft.to_recipe(seed=recipe.seed, model=state.checkpoint, store=str(store.path),
                                        where=where, output_dir=str(out / "sft"))
-            trained = train_sft(sft)
+            trained = train_sft(sft, store=store, reporter=reporter)
             results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
             results["expert_success"] = _round(demos)
-            results["train_s"] = _train_seconds(trained)
+            results["train_s"] = trained.train_s
             finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:],
                    train_s=results["train_s"], epochs=sft.epochs)
 
@@ -508,10 +519,10 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         stage = f"{recipe.algorithm}-{r}"
         if state.done(stage):
             continue
-        steps = (recipe.grpo if recipe.algorithm == "grpo" else recipe.ppo).max_steps
-        with shown(stage, f"{recipe.algorithm.upper()} round {r} ({steps} steps)",
-                   success=_update_success(store, r, recipe.algorithm) if view is not None else None):
-            checkpoint, results = _grpo_round(recipe, state.checkpoint, train_tasks, eval_tasks, store, out, r)
+        steps = getattr(recipe, recipe.algorithm).max_steps
+        with shown(stage, f"{recipe.algorithm.upper()} round {r} ({steps} steps)"):
+            checkpoint, results = _rl_round(recipe, state.checkpoint, train_tasks, eval_tasks, store, out, r,
+                                            reporter)
             finish(stage, checkpoint=checkpoint, results=results, train_s=results["train_s"])
 
     # Stage "sft-more": the compute-matched baseline, SFT continued from the SFT checkpoint for GRPO's time.
@@ -526,9 +537,9 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         with shown("sft-more", f"more SFT from the SFT checkpoint: {epochs} epochs (GRPO trained {grpo_s:.0f} s)"):
             more = recipe.sft.to_recipe(seed=recipe.seed, model=sft_record["checkpoint"], store=str(store.path),
                                         where=where, output_dir=str(out / "sft-more"), epochs=epochs)
-            trained = train_sft(more)
+            trained = train_sft(more, store=store, reporter=reporter)
             results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft-more", round=0)
-            results["train_s"] = _train_seconds(trained)
+            results["train_s"] = trained.train_s
             results["note"] = (f"SFT checkpoint + {epochs} more epochs (GRPO trained {grpo_s:.0f} s = "
                                f"{grpo_s / epoch_s:.1f} SFT epochs)")
             finish("sft-more", checkpoint=None, results=results, train_s=results["train_s"])
@@ -541,8 +552,7 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
             runs = [out] if any(next(out.rglob(name), None) for name in RUN_LOGS) else []
             write_report(store, out / "report", results=out / "results.json", runs=runs)
         except Exception as exc:  # noqa: BLE001 - said out loud, never silently
-            if view is not None:
-                view.print(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
+            reporter.log(f"[red]could not write the report[/]: {type(exc).__name__}: {exc}")
     return results_so_far()
 
 
@@ -565,33 +575,16 @@ def demo_success(store) -> float | None:
     return rows[0]["success_rate"] if rows else None
 
 
-def _train_seconds(trained) -> float:
-    """The trainer's own training time (TRL's train_runtime), else the whole call's."""
-    return round(float(trained.metrics.get("train_runtime") or trained.duration_s), 1)
-
-
-def _update_success(store, round_: int, algorithm: str = "grpo") -> Callable[[], float | None]:
-    """Success so far of the GRPO (or PPO) rollouts of `round` (the trainer stores each step's rows)."""
-    from omrl.schema import SUCCESS_SQL
-    from omrl.store.query import quote_literal
-
-    def success() -> float | None:
-        rows = store.sql(f"SELECT {SUCCESS_SQL} FROM trajectories WHERE round = {int(round_)} AND "
-                         f"source = {quote_literal('collected:' + algorithm)}").to_pylist()
-        return rows[0]["success_rate"] if rows else None
-
-    return success
-
-
-def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_tasks: list, store, out: Path,
-                r: int) -> tuple[str, dict[str, Any]]:
-    """One round: [collect -> [annotate ->] filter ->] GRPO or PPO [-> SFT on the best] -> held-out eval."""
+def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_tasks: list, store, out: Path,
+              r: int, reporter: Reporter = QUIET) -> tuple[str, dict[str, Any]]:
+    """One round: [collect -> [annotate ->] filter ->] the update step (the TRAINERS entry `recipe.algorithm`)
+    [-> SFT on the best] -> held-out eval."""
     import time
 
     from omrl.store.query import quote_literal
     from omrl.tasks import write_tasks
-    from omrl.train.grpo import train_grpo
     from omrl.train.sft import train_sft
+    from omrl.train.trainer import TRAINERS
 
     round_dir = out / f"round-{r}"
     run_id = f"round-{r}"
@@ -609,7 +602,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
                                               drop_flat=recipe.filter.drop_flat,
                                               reward_recipe=recipe.filter_reward)
         grpo_tasks = [t for t in tasks if t.id in informative]
-        per_step = (recipe.grpo if recipe.algorithm == "grpo" else recipe.ppo).tasks_per_step
+        per_step = getattr(recipe, recipe.algorithm).tasks_per_step
         if len(grpo_tasks) < per_step:  # too few informative groups: an update step needs full steps
             grpo_tasks = tasks
         tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
@@ -618,19 +611,12 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
     else:
         tasks_file = recipe.train_tasks
     started = time.monotonic()
-    if recipe.algorithm == "ppo":
-        from omrl.recipes import to_dict
-        from omrl.train.ppo import train_ppo
-
-        rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, r)}
-        ppo = recipe.ppo.to_recipe(seed=recipe.seed + r, rollout=rollout, model=checkpoint, tasks=tasks_file,
-                                   output_dir=str(round_dir / "ppo"), store=str(store.path), round=r)
-        checkpoint = str(train_ppo(ppo).checkpoint)
-    else:
-        grpo = grpo_recipe(recipe, {"model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / "grpo"),
-                                    "store": str(store.path), "round": r}, round=r)
-        checkpoint = str(train_grpo(grpo))
-        extra.update(online_reward_totals(Path(grpo.output_dir) / "omrl_grpo.json"))
+    update = update_recipe(recipe, recipe.algorithm, {
+        "model": checkpoint, "tasks": tasks_file, "output_dir": str(round_dir / recipe.algorithm),
+        "store": str(store.path), "round": r}, round=r)
+    trained = TRAINERS.load(recipe.algorithm).train(update, store=store, reporter=reporter)
+    checkpoint = str(trained.checkpoint)
+    extra.update(online_reward_totals(trained))
     if recipe.filter.sft_best and recipe.collect.enabled:
         from omrl.train.rft import select_best
 
@@ -644,7 +630,7 @@ def _grpo_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_
         if sum(selection.kept.values()):
             best = recipe.sft_best.to_recipe(seed=recipe.seed + r, model=checkpoint, store=str(kept),
                                              output_dir=str(round_dir / "sft_best"))
-            checkpoint = str(train_sft(best).checkpoint)
+            checkpoint = str(train_sft(best, reporter=reporter).checkpoint)
     train_s = round(time.monotonic() - started, 1)
     results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"{recipe.algorithm}-{r}", round=r)
     results.update(extra, train_s=train_s)
@@ -668,11 +654,9 @@ def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: in
             "judge_calls": stats.calls if stats else 0, "judge_cache_hits": stats.cache_hits if stats else 0}
 
 
-def online_reward_totals(record_path: Path) -> dict[str, Any]:
-    """Judge calls, cache hits, cost and dropped rollouts of a GRPO run's online reward ({} without one)."""
-    if not record_path.is_file():
-        return {}
-    summary = json.loads(record_path.read_text()).get("reward_summary")
+def online_reward_totals(trained: Any) -> dict[str, Any]:
+    """Judge calls, cache hits, cost and dropped rollouts of an update step's online reward ({} without one)."""
+    summary = trained.details.get("reward_summary")
     if not summary:
         return {}
     judges = summary["judges"].values()

@@ -2,11 +2,13 @@
 
     result = train_ppo(PPORecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
                                  output_dir="runs/ppo", store="runs/ppo-store", level="turn"))
+    result.checkpoint, result.history[-1]["reward"]           # an omrl.train.trainer.TrainResult
 
 Each step:
-1. Rollouts: `tasks_per_step` tasks x `samples_per_task` episodes played by omrl.rollout.play_episodes
-   (the one episode runner) with an HFPolicy wrapping the live model; their rows are appended to the
-   store (run `<run_name>/round-<round>/step-<step>`, source `collected:ppo`), as GRPO's are.
+1. Rollouts: `tasks_per_step` tasks x `samples_per_task` episodes played by the RL trainers' one rollout
+   step (omrl/train/rollout_step.py: omrl.rollout.play_episodes, storing, the all-failed stop) with an
+   HFPolicy wrapping the live model; their rows are appended to the store (run
+   `<run_name>/round-<round>/step-<step>`, source `collected:ppo`), as GRPO's are.
 2. Token traces (omrl.policies.hf.token_trace): the model's tokens (env_mask 1) and the environment's
    and template's tokens between turns (0). Each turn's reward goes on the turn's last trainable token;
    a reward the turns do not carry (the episode's reward minus theirs) on the last trainable token.
@@ -31,8 +33,9 @@ episode's seed depends on (seed, task, sample) only, so the episodes are those o
 only its own rows; GAE is per episode, on the process that played it; whitening, explained variance and
 the token means of the losses are over the whole batch (sums all-reduced), and the policy and critic are
 one DDP module (accelerate's prepare), so every process applies the same averaged gradient. Logged metrics
-are over all processes' samples; the main process prints, saves the checkpoint and writes omrl_ppo.json
-(with each process's parameter digest: equal digests show the copies stayed identical).
+are over all processes' samples; the main process reports, saves the checkpoint and writes omrl_ppo.json
+(with each process's parameter digest: equal digests show the copies stayed identical). The TrainResult's
+`history` is the per-step log (the same on every process), `details` the processes' count and digests.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.progress import QUIET, Reporter
 from omrl.rollout import RolloutSettings
 from omrl.train import ppo_update
+from omrl.train.trainer import Trainer, TrainResult
 
 CRITICS = ("head", "separate")
 
@@ -112,46 +117,26 @@ class PPORecipe:
             raise UsageError(f"critic_warmup_steps must be 0 or more, got {self.critic_warmup_steps}")
 
 
-@dataclass
-class PPOResult:
-    checkpoint: Path
-    log: list[dict[str, Any]]  # one entry per step (see `LOGGED`)
-    stored: int = 0  # rollout rows appended to the store
-    main: bool = True  # this is the main process (the one that reports, when several run)
-
-
 LOGGED = ("policy_loss", "value_loss", "explained_variance", "clip_fraction", "value_clip_fraction", "approx_kl",
           "entropy", "reward", "success", "kl_ref")
 
 
 # ---------------------------------------------------------------- rollouts
 
-def _play(recipe: PPORecipe, model: Any, tokenizer: Any, tasks: list[Any], pool: Any, step: int,
-          run_id: str, rng: random.Random, procs: Any) -> list[Any]:
-    import asyncio
-
-    from omrl.policies.hf import HFPolicy
-    from omrl.rollout import episode_seed, play_episodes
-
+def _jobs(recipe: PPORecipe, tasks: list[Any], rng: random.Random, procs: Any) -> list[tuple[Any, int]]:
+    """This process's share of the step's (task, sample) episodes: `tasks_per_step` tasks drawn by `rng`
+    (every process draws the same: the batch is played once), `samples_per_task` each."""
     chosen = rng.sample(tasks, recipe.tasks_per_step)
-    # Every process draws the same tasks (same rng) and plays its share: the batch is played once.
-    jobs = procs.share([(task, sample) for task in chosen for sample in range(recipe.samples_per_task)])
-    base = recipe.rollout
-    settings = replace(base, seed=episode_seed(base.seed, f"ppo/round-{recipe.round}", step),
-                       concurrency=max(base.concurrency, len(jobs)))
-    options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
-    policy = HFPolicy(model, tokenizer, name=f"{recipe.run_name}@round{recipe.round}", **options)
-    metadata = {"ppo_step": step, "ppo_round": recipe.round, "ppo_process": procs.rank}
-    return asyncio.run(play_episodes(jobs, pool.make, policy, settings, run_id=run_id, round=recipe.round,
-                                     source="collected:ppo", metadata=metadata, pool=pool))
+    return procs.share([(task, sample) for task in chosen for sample in range(recipe.samples_per_task)])
 
 
 # ---------------------------------------------------------------- the run
 
-def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
-    """Run PPO as the recipe says (one process, or each process of `accelerate launch`/`torchrun` its share);
-    return the checkpoint folder and the per-step log (the same on every process)."""
-    import asyncio
+def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
+              reporter: Reporter | None = None) -> TrainResult:
+    """Run PPO as the recipe says (one process, or each process of `accelerate launch`/`torchrun` its share),
+    its rollouts into `store` (default the recipe's), its steps shown by `reporter` (the main process's);
+    return the checkpoint and the per-step log (the same on every process): omrl.train.trainer's contract."""
     import copy
 
     import torch
@@ -159,14 +144,14 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.rollout import EnvPool, env_factory, env_pool
     from omrl.tasks import load_tasks
-    from omrl.train.rollout_func import free_run_prefix
+    from omrl.train.rollout_step import RolloutStep
 
     if isinstance(recipe, dict):
         from omrl.recipes import from_dict
 
         recipe = from_dict(PPORecipe, recipe, where="ppo")
+    started = time.monotonic()
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if len(tasks) < recipe.tasks_per_step:
         raise UsageError(f"{recipe.tasks}: {len(tasks)} tasks"
@@ -196,36 +181,25 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    store = None
-    prefix = f"{recipe.run_name}/round-{recipe.round}"
-    if recipe.store:
-        from omrl.store import Store
-
-        if procs.main:
-            store = Store.create(recipe.store, exist_ok=True)
-            prefix = free_run_prefix(store, prefix)
-        # One prefix for all, chosen before any process stores this run's rows (they would look like an earlier run's).
-        prefix = procs.from_main(prefix)
-        if store is None:
-            store = Store.create(recipe.store, exist_ok=True)
-    # Reusable engines (JVMs, game interpreters) are kept across steps: started once, not every step
-    # (inside omrl.rollout.shared_engines(), the block's pool, kept for the calls after this run too).
-    pool, owned = env_pool(recipe.rollout.env, recipe.rollout.env_options)
-    pool = pool or EnvPool(env_factory(recipe.rollout.env, recipe.rollout.env_options))
+    reporter = (reporter or QUIET) if procs.main else QUIET  # the main process reports for all
+    rollouts = RolloutStep(recipe, "ppo", store=store, reporter=reporter, processes=procs)
+    reporter.start("ppo", total=recipe.max_steps)
     try:
-        log, stored, statuses = _steps(recipe, model, reference, optimizer, scheduler, policy, tokenizer, tasks, pool,
-                                       store, prefix, pad_id, procs)
+        log = _steps(recipe, model, reference, optimizer, scheduler, policy, tokenizer, tasks, rollouts, pad_id,
+                     procs, reporter)
     finally:
-        if owned:
-            asyncio.run(pool.close())
+        rollouts.close()
+        reporter.finish()
     digests = procs.gather(ppo_update.digest(accelerator.unwrap_model(model)))
-    shares = procs.gather({"stored": stored, "statuses": statuses})
+    shares = procs.gather({"stored": rollouts.stored, "statuses": rollouts.statuses})
     stored = sum(s["stored"] for s in shares)
     totals: dict[str, int] = {}
     for share in shares:
         for status, n in share["statuses"].items():
             totals[status] = totals.get(status, 0) + n
     out = Path(recipe.output_dir)
+    summary = {"stored": stored, "statuses": totals, "run_prefix": rollouts.run_prefix}
+    processes = {"count": procs.count, "parameter_sha256": digests}
     if procs.main:
         out.mkdir(parents=True, exist_ok=True)
         policy.save_pretrained(str(out))
@@ -237,39 +211,39 @@ def train_ppo(recipe: PPORecipe | dict[str, Any]) -> PPOResult:
         if critic.trunk is not None:
             critic.trunk.save_pretrained(str(critic_dir))
         (out / "omrl_ppo.json").write_text(json.dumps({
-            "recipe": asdict(recipe), "log": log,
-            "rollouts": {"stored": stored, "statuses": totals, "run_prefix": prefix},
-            "processes": {"count": procs.count, "parameter_sha256": digests}}, indent=1, default=str))
+            "recipe": asdict(recipe), "log": log, "rollouts": summary, "processes": processes},
+            indent=1, default=str))
     accelerator.wait_for_everyone()  # no process returns before the checkpoint is on disk
-    return PPOResult(checkpoint=out, log=log, stored=stored, main=procs.main)
+    last = log[-1] if log else {}
+    return TrainResult("ppo", out, steps=len(log), wall_s=time.monotonic() - started, history=log,
+                       rollouts=summary, details={"processes": processes}, main=procs.main,
+                       summary=f"{len(log)} steps, {stored} rollouts stored; last reward {last.get('reward')}, "
+                               f"success {last.get('success')}")
 
 
 def _steps(recipe: PPORecipe, model: Any, reference: Any, optimizer: Any, scheduler: Any, policy: Any, tokenizer: Any,
-           tasks: list[Any], pool: Any, store: Any, prefix: str, pad_id: int, procs: Any
-           ) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
-    """The PPO steps: play, store, update; returns the per-step log, rows stored and episode statuses."""
+           tasks: list[Any], rollouts: Any, pad_id: int, procs: Any, reporter: Reporter) -> list[dict[str, Any]]:
+    """The PPO steps: play and store (`rollouts`, omrl.train.rollout_step), update; returns the per-step log."""
     import torch
+
+    from omrl.policies.hf import HFPolicy
 
     rng = random.Random(f"ppo-{recipe.seed}")
     generator = torch.Generator().manual_seed(recipe.seed)
     log: list[dict[str, Any]] = []
-    stored = 0
-    statuses: dict[str, int] = {}
     for step in range(recipe.max_steps):
         started = time.monotonic()
-        episodes = _play(recipe, policy, tokenizer, tasks, pool, step, f"{prefix}/step-{step:05d}", rng, procs)
+        jobs = _jobs(recipe, tasks, rng, procs)
+        settings = rollouts.settings(step, len(jobs))
+        options = {"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}
+        episodes = rollouts.run(step, jobs, HFPolicy(policy, tokenizer, name=rollouts.policy_name, **options)).episodes
         played = time.monotonic() - started
-        if store is not None and episodes:
-            store.append([e.row for e in episodes])  # this process's own episodes (the store's lock orders appends)
-            stored += len(episodes)
-        for episode in episodes:
-            statuses[episode.status] = statuses.get(episode.status, 0) + 1
         batch, failed = ppo_update.episodes_to_batch(episodes, pad_id)
-        trainable = int(procs.sum(torch.tensor(0 if batch is None else batch.mask.shape[0])))
-        if trainable == 0:
+        trainable = procs.total(0 if batch is None else batch.mask.shape[0])
+        if trainable == 0:  # every rollout ended, none with a reward and a token to train on
             first = episodes[0].row if episodes else {"status": "none", "error": "no episodes"}
-            raise RuntimeError(f"PPO step {step}: all {len(episodes)} rollouts failed; first error "
-                               f"({first['status']}): {first['error']}")
+            raise RuntimeError(f"PPO step {step}: none of {len(episodes)} rollouts has a reward and a sampled "
+                               f"token; first ({first['status']}): {first['error']}")
         stats = ppo_update.update(recipe, model, reference, optimizer,
                                   batch if batch is not None else ppo_update.empty_batch(pad_id), generator, procs,
                                   train_policy=step >= recipe.critic_warmup_steps)
@@ -280,15 +254,20 @@ def _steps(recipe: PPORecipe, model: Any, reference: Any, optimizer: Any, schedu
                      torch.tensor(played))), 3), "step_s": round(time.monotonic() - started, 3)}
         scheduler.step()
         log.append(stats)
-        if procs.main and not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0
-                                                or step == recipe.max_steps - 1):
-            print(f"ppo step {step}: " + ", ".join(f"{k} {_fmt(stats.get(k))}" for k in LOGGED
-                                                   if k != "kl_ref" or recipe.beta > 0), flush=True)
-
-    return log, stored, statuses
+        reporter.advance(1, reward=stats.get("reward"), policy_loss=stats.get("policy_loss"))
+        if not recipe.quiet and (step % max(recipe.logging_steps, 1) == 0 or step == recipe.max_steps - 1):
+            reporter.log(f"ppo step {step}: " + ", ".join(f"{k} {_fmt(stats.get(k))}" for k in LOGGED
+                                                          if k != "kl_ref" or recipe.beta > 0))
+    return log
 
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+TRAINER = Trainer("ppo", PPORecipe, train_ppo, """PPO for multi-turn agents: a critic, GAE over tokens or turns (env tokens skipped), rollouts stored.
+
+    Example:  omrl train ppo --recipe recipes/ppo_grid.yaml level=turn max_steps=20
+    """)

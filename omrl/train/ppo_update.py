@@ -134,6 +134,12 @@ class Processes:
         """`tensor` summed over the processes (a new tensor; no gradient)."""
         return self._reduce(tensor, "SUM")
 
+    def total(self, n: int) -> int:
+        """The integer `n` summed over the processes."""
+        import torch
+
+        return int(self.sum(torch.tensor(n)))
+
     def max(self, tensor: Any) -> Any:
         return self._reduce(tensor, "MAX")
 

@@ -2,25 +2,31 @@
 
     result = train_rft(RFTRecipe(model="runs/sft", tasks="datasets/tasks/grid_train.jsonl",
                                  output_dir="runs/rft", rollout=RolloutSettings(env="grid")))
+    result.checkpoint, result.rollouts["attempts"], result.rollouts["kept"]   # an omrl.train.trainer.TrainResult
 
 The attempts land in the store (round `round`, run `run_id`), the kept ones in a filtered sibling store
 whose omrl.json records the selection (omrl.curate.filter_store), so the SFT set can be rebuilt.
 With `reward_recipe` the attempts are annotated first (omrl.annotate.runner.annotate_with_recipe: the
 recipe's metrics and judges, then its combined reward, every score stored; resumable) and ranked by it.
+The TrainResult is the SFT stage's (steps, history, metrics) with `rollouts`: attempts, kept, dropped,
+success_rate, mean_reward of the collection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.progress import Reporter
 from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.sft import SFTRecipe
+from omrl.train.trainer import Trainer, TrainResult
 
 SFTSection = section(SFTRecipe, "SFTSection", ("model", "store", "output_dir", "where", "seed"),
                      "The SFT settings of a stage (omrl/train/sft.py); the run sets model, store, output_dir, "
@@ -54,16 +60,6 @@ class RFTRecipe:
     sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings (see omrl.train.sft)"})
 
 
-@dataclass
-class RFTResult:
-    checkpoint: Path
-    attempts: int
-    kept: int
-    dropped: dict[str, int]
-    success_rate: float | None
-    mean_reward: float | None
-
-
 def checkpoint_policy(model: str, settings) -> Any:
     """The HFPolicy playing checkpoint `model` (batched), with the rollout settings' token budget."""
     from omrl.policies.hf import HFPolicy
@@ -95,26 +91,26 @@ def select_best(source, out: str | Path, *, where: str, threshold: float, keep_p
     return filter_store(source, out, options)
 
 
-def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
-    """Collect, select the best of each group, SFT on them; returns the checkpoint and the counts."""
+def train_rft(recipe: RFTRecipe | dict[str, Any], *, store: Any = None,
+              reporter: Reporter | None = None) -> TrainResult:
+    """Collect into `store` (default the recipe's, else output_dir/store), select the best of each group, SFT
+    on them, the collection and the SFT steps shown by `reporter`; omrl.train.trainer's contract."""
     from omrl.recipes import from_dict, to_dict
-    from omrl.store import Store
     from omrl.store.query import quote_literal
     from omrl.tasks import load_tasks
     from omrl.train.sft import train_sft
+    from omrl.train.trainer import open_store
 
     if isinstance(recipe, dict):
         recipe = from_dict(RFTRecipe, recipe)
+    started = time.monotonic()
     out = Path(recipe.output_dir)
-    store = Store.create(recipe.store or out / "store")
+    store = open_store(store, recipe.store or out / "store")
     tasks = load_tasks(recipe.tasks, split=recipe.split)
     if not tasks:
         raise UsageError(f"{recipe.tasks}: no tasks")
-    from omrl.progress import terminal_reporter
-
-    with terminal_reporter() as reporter:
-        collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
-                                       round=recipe.round, run_id=recipe.run_id, reporter=reporter)
+    collected = collect_with_model(recipe.model, tasks, store, recipe.rollout, samples=recipe.samples,
+                                   round=recipe.round, run_id=recipe.run_id, reporter=reporter)
     where = f"run_id = {quote_literal(recipe.run_id)} AND round = {int(recipe.round)}"
     annotated = None
     if recipe.reward_recipe is not None:
@@ -135,16 +131,22 @@ def train_rft(recipe: RFTRecipe | dict[str, Any]) -> RFTResult:
                          f"({collected.total} attempts, success rate {collected.success_rate}); lower threshold")
     sft = recipe.sft.to_recipe(seed=recipe.seed, model=recipe.model, store=str(kept_path),
                                output_dir=str(out / "checkpoint"))
-    trained = train_sft(sft)
-    result = RFTResult(checkpoint=trained.checkpoint, attempts=collected.total, kept=kept,
-                       dropped=dict(selection.dropped), success_rate=collected.success_rate,
-                       mean_reward=collected.mean_reward)
-    (out / "omrl_rft.json").write_text(json.dumps({"recipe": to_dict(recipe), "attempts": result.attempts,
-                                                   "kept": kept, "dropped": result.dropped,
-                                                   "success_rate": result.success_rate,
-                                                   "mean_reward": result.mean_reward,
+    trained = train_sft(sft, reporter=reporter)
+    rollouts = {"attempts": collected.total, "kept": kept, "dropped": dict(selection.dropped),
+                "success_rate": collected.success_rate, "mean_reward": collected.mean_reward}
+    (out / "omrl_rft.json").write_text(json.dumps({"recipe": to_dict(recipe), **rollouts,
                                                    "annotate": annotated.table() if annotated else None,
                                                    "judge": vars(annotated.judge) if annotated and annotated.judge
                                                    else None,
-                                                   "checkpoint": str(result.checkpoint)}, indent=1))
-    return result
+                                                   "checkpoint": str(trained.checkpoint)}, indent=1))
+    return replace(trained, trainer="rft", wall_s=time.monotonic() - started, rollouts=rollouts,
+                   summary=f"{collected.total} attempts (success {collected.success_rate}), kept {kept}")
+
+
+TRAINER = Trainer("rft", RFTRecipe, train_rft, """Rejection-sampling fine-tuning: N attempts per task, [annotate,] keep the best above a threshold, SFT.
+
+    With reward_recipe=RECIPE the attempts are first annotated by its metrics and judges and ranked by its
+    combined reward.
+
+    Example:  omrl train rft --recipe recipes/rft_grid.yaml samples=8 threshold=1.0
+    """)

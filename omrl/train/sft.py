@@ -1,6 +1,7 @@
 """Supervised fine-tuning on stored trajectories with TRL's SFTTrainer.
 
     result = train_sft(SFTRecipe(model="runs/tiny", store="runs/demos", output_dir="runs/sft"))
+    result.checkpoint, result.losses, result.details["train_tokens"]   # an omrl.train.trainer.TrainResult
 
 The bridge pre-tokenizes the store (loss only on trainable assistant turns, long trajectories split at turn
 boundaries) and feeds it in token-budget batches: examples of nearly equal length, as many per batch as fit in
@@ -10,6 +11,8 @@ batches. The loss is a mean over the trained tokens of each optimizer step (TRL/
 instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches of
 `batch_size` (only when every assistant turn is trainable: TRL's masks cannot leave one out).
 Runs unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed; see docs/training.md).
+The TrainResult's `details`: the bridge report (`bridge`), `train_tokens` (real, non-pad tokens fed on this
+process, all epochs), `padded_tokens` (fed including padding), `fed_padding_fraction`, `batches`, `world_size`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.progress import Reporter
+from omrl.train.trainer import Trainer, TrainResult
 
 
 @dataclass
@@ -81,23 +86,6 @@ class SFTRecipe:
             trl_config(self)
 
 
-@dataclass
-class SFTResult:
-    checkpoint: Path
-    report: dict[str, Any]
-    losses: list[float]
-    train_tokens: int  # real (non-pad) tokens fed to the model on this process, all epochs
-    duration_s: float
-    metrics: dict[str, Any] = field(default_factory=dict)
-    padded_tokens: int = 0  # tokens fed including padding
-    batches: int = 0
-
-    @property
-    def fed_padding_fraction(self) -> float | None:
-        """Pad share of the batches actually fed to the model."""
-        return None if not self.padded_tokens else 1 - self.train_tokens / self.padded_tokens
-
-
 def _devices(recipe: SFTRecipe) -> tuple[bool, bool]:
     import torch
 
@@ -142,15 +130,16 @@ def trl_config(recipe: SFTRecipe, **extra: Any):
     ), recipe.trl, owned=("gradient_checkpointing",))
 
 
-def build_dataset(recipe: SFTRecipe, tokenizer):
-    """(train dataset, bridge report) as the recipe's batching mode wants it."""
+def build_dataset(recipe: SFTRecipe, tokenizer, store: Any = None):
+    """(train dataset, bridge report) of `store` (default the recipe's) as the recipe's batching mode wants it."""
     from omrl.train.bridge import BridgeReport, chat_dataset, load_rows, sft_dataset
 
+    store = store if store is not None else recipe.store
     if recipe.batching == "bridge":
-        return sft_dataset(recipe.store, tokenizer, where=recipe.where, max_length=recipe.max_length,
+        return sft_dataset(store, tokenizer, where=recipe.where, max_length=recipe.max_length,
                            overflow=recipe.overflow, mask_source=recipe.mask_source)
     report = BridgeReport()
-    rows = load_rows(recipe.store, recipe.where, report=report)
+    rows = load_rows(store, recipe.where, report=report)
     for row in rows:
         for message in row.get("messages") or []:
             if message["role"] == "assistant" and message.get("trainable") is False:
@@ -203,14 +192,17 @@ def bridge_trainer_class():
     return BridgeSFTTrainer
 
 
-def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
-    """Run SFT as the recipe says; save model + tokenizer (+ omrl_sft.json) to output_dir."""
+def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
+              reporter: Reporter | None = None) -> TrainResult:
+    """Run SFT as the recipe says on `store` (an open Store or a path; default the recipe's), its steps shown by
+    `reporter`; save model + tokenizer (+ omrl_sft.json) to output_dir (omrl.train.trainer's contract)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
     from omrl.recipes import from_dict, to_dict
+    from omrl.train.reporting import reporter_callback
 
     if isinstance(recipe, dict):
         recipe = from_dict(SFTRecipe, recipe)
@@ -218,7 +210,7 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     model = AutoModelForCausalLM.from_pretrained(recipe.model)
-    dataset, report = build_dataset(recipe, tokenizer)
+    dataset, report = build_dataset(recipe, tokenizer, store)
     peft_config = None
     if recipe.lora.enabled:
         from peft import LoraConfig
@@ -228,7 +220,8 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
                                  target_modules=targets[0] if targets == ["all-linear"] else targets,
                                  task_type="CAUSAL_LM")
     kwargs = dict(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
-                  peft_config=peft_config)
+                  peft_config=peft_config,
+                  callbacks=[reporter_callback(reporter, "sft")] if reporter is not None else None)
     if recipe.batching == "bridge":
         from omrl.train.bridge import default_token_budget
 
@@ -241,7 +234,11 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
     else:
         trainer = SFTTrainer(**kwargs)
     counter = trainer.data_collator = CountingCollator(trainer.data_collator)
-    output = trainer.train()
+    try:
+        output = trainer.train()
+    finally:
+        if reporter is not None:
+            reporter.finish()
     out = Path(recipe.output_dir)
     trained = trainer.model
     if recipe.lora.enabled and recipe.lora.merge:
@@ -250,15 +247,32 @@ def train_sft(recipe: SFTRecipe | dict[str, Any]) -> SFTResult:
         out.mkdir(parents=True, exist_ok=True)
         trained.save_pretrained(out)
         tokenizer.save_pretrained(out)
-    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    result = SFTResult(checkpoint=out, report=report.to_dict(), losses=losses, train_tokens=counter.real,
-                       duration_s=time.monotonic() - started, metrics=dict(output.metrics),
-                       padded_tokens=counter.padded, batches=counter.batches)
+    history = [e for e in trainer.state.log_history if "loss" in e]
+    losses = [e["loss"] for e in history]
+    details = {"bridge": report.to_dict(), "train_tokens": counter.real, "padded_tokens": counter.padded,
+               "fed_padding_fraction": 1 - counter.real / counter.padded if counter.padded else None,
+               "batches": counter.batches, "world_size": trainer.args.world_size}
+    result = TrainResult("sft", out, steps=int(trainer.state.global_step), wall_s=time.monotonic() - started,
+                         history=history, metrics=dict(output.metrics), details=details,
+                         summary=f"bridge: {_bridge_summary(details['bridge'])}\nfinal loss "
+                                 f"{losses[-1] if losses else float('nan'):.4f}")
     if trainer.is_world_process_zero():
-        record = {"recipe": to_dict(recipe), "bridge": result.report, "losses": losses,
-                  "train_tokens": result.train_tokens, "padded_tokens": result.padded_tokens,
-                  "fed_padding_fraction": result.fed_padding_fraction, "batches": result.batches,
-                  "duration_s": result.duration_s, "metrics": result.metrics,
+        record = {"recipe": to_dict(recipe), "bridge": details["bridge"], "losses": losses,
+                  "train_tokens": counter.real, "padded_tokens": counter.padded,
+                  "fed_padding_fraction": details["fed_padding_fraction"], "batches": counter.batches,
+                  "duration_s": result.wall_s, "metrics": result.metrics,
                   "world_size": trainer.args.world_size}
         (out / "omrl_sft.json").write_text(json.dumps(record, indent=1, default=str))
     return result
+
+
+def _bridge_summary(report: dict[str, Any]) -> str:
+    from omrl.train.bridge import BridgeReport
+
+    return BridgeReport(**report).summary()
+
+
+TRAINER = Trainer("sft", SFTRecipe, train_sft, """Supervised fine-tuning (TRL SFTTrainer) on a store's trainable assistant turns.
+
+    Example:  omrl train sft --recipe recipes/sft_tiny.yaml store=runs/demos where="success"
+    """)
