@@ -15,8 +15,8 @@ registering one name the first found wins; `omrl plugins` shows which package pr
 Every named kind in omrl is a Registry, built-ins declared as plugins declare theirs (name -> target):
 environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), metrics
 (omrl.annotate.metrics.METRICS), policies (omrl.policies.POLICIES), judge modes
-(omrl.annotate.judge.JUDGE_MODES) and the CLI's verbs (omrl.cli.main.COMMANDS). The last two have no
-entry-point group: only omrl provides them.
+(omrl.annotate.judge.JUDGE_MODES), trainers (omrl.train.trainer.TRAINERS) and the CLI's verbs
+(omrl.cli.main.COMMANDS). The last three have no entry-point group: only omrl provides them.
 """
 
 from __future__ import annotations
