@@ -163,3 +163,46 @@ def test_omrl_train_prints_the_results_summary_and_shows_no_trl_logs(tmp_path):
     assert result.exit_code == 0, result.output
     assert "final loss" in result.output and f"checkpoint {tmp_path / 'sft'}" in result.output
     assert "{'loss'" not in result.output  # TRL's printer is off: omrl's reporter shows the steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_iterate_runs_its_update_step_through_the_registered_trainer(tmp_path, monkeypatch, algorithm):
+    """An iterate round hands its update step to TRAINERS[algorithm].train: the section's recipe for the round,
+    the run's store and its reporter (the real trainers are trained above; here only the call is caught)."""
+    import dataclasses
+    import importlib
+    from pathlib import Path
+
+    from omrl.models import cached_tiny_model
+    from omrl.recipes import load_recipe
+    from omrl.store import Store
+    from omrl.train.iterate import IterateRecipe, run_iterate
+
+    tasks = Path(__file__).resolve().parents[1] / "datasets" / "tasks"
+    config = load_recipe({
+        "output_dir": str(tmp_path / "run"), "model": str(cached_tiny_model(hidden=32)), "rounds": 1,
+        "train_tasks": str(tasks / "grid_train.jsonl"), "eval_tasks": str(tasks / "grid_eval.jsonl"),
+        "algorithm": algorithm, "rollout": {"env": "grid", "max_turns": 2, "max_new_tokens": 4},
+        "demos": {"enabled": False}, "collect": {"enabled": False}, "eval": {"tasks": 1, "samples": 1, "greedy": False},
+    }, IterateRecipe)
+    module = importlib.import_module(f"omrl.train.{algorithm}")
+    calls = []
+
+    class Caught(RuntimeError):
+        pass
+
+    def caught(recipe, *, store=None, reporter=None):
+        calls.append((recipe, store, reporter))
+        raise Caught
+
+    monkeypatch.setattr(module, "TRAINER", dataclasses.replace(module.TRAINER, train=caught))
+    seen = Seen()
+    with pytest.raises(Caught):
+        run_iterate(config, reporter=seen)
+    (recipe, store, reporter), = calls
+    assert type(recipe) is TRAINERS.load(algorithm).recipe
+    assert (recipe.round, recipe.seed, recipe.output_dir) == (1, 1, str(tmp_path / "run" / "round-1" / algorithm))
+    assert recipe.rollout.seed == config.rollout.seed + 1 == 1  # the run's rollout section, seeded for round 1
+    assert isinstance(store, Store) and store.path == Path(tmp_path / "run" / "store") and reporter is seen
+    assert any(f"{algorithm}-1" in line for line in seen.logs)  # the stage's start was told to the reporter

@@ -73,13 +73,12 @@ TRAINERS = Registry("trainer", None, {
 })
 
 
-def open_store(store: Any, recipe_store: Any, create: bool = True) -> Any:
-    """The Store a trainer uses: `store` (an open Store or a path), else the recipe's path; None when neither."""
+def open_store(store: Any, recipe_store: Any) -> Any:
+    """The Store a trainer writes to: `store` (an open Store or a path), else the recipe's path (created when
+    missing); None when neither."""
     from omrl.store import Store
 
     target = store if store is not None else recipe_store
     if target is None or target == "":
         return None
-    if isinstance(target, Store):
-        return target
-    return Store.create(target, exist_ok=True) if create else Store(target)
+    return target if isinstance(target, Store) else Store.create(target, exist_ok=True)
