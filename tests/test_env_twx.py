@@ -70,6 +70,32 @@ def test_the_gold_path_wins_and_a_random_policy_does_not(tasks, pool, tmp_path):
     assert metrics["errors"] == 0 and metrics["episodes"] == 4 and metrics["success_rate"] == 0.0
 
 
+def test_gold_paths_depend_only_on_the_task(pool, tmp_path):
+    """Coin's and TWC's gold agents walk at random: the same path in two engines, in any order, and it wins."""
+    walks = (generate_tasks("twx", 6, seed=0, split="train", game="coin", step_limit=40,
+                            params="numLocations=6,includeDoors=0,numDistractorItems=0")
+             + generate_tasks("twx", 2, seed=0, split="train", game="twc", step_limit=40,
+                              params="numLocations=3,numItemsToPutAway=2"))
+
+    def gold(env, order):
+        paths = {}
+        for task in order:
+            env.reset(task)
+            paths[task.id] = env.expert_path()
+        return paths
+
+    shared, fresh = asyncio.run(pool.acquire()), make_env("twx")  # another engine: its own JVM and Python
+    try:
+        first = gold(shared, walks)
+        assert gold(fresh, walks[::-1]) == first == gold(shared, walks[3:] + walks[:3])
+    finally:
+        fresh.close()
+        asyncio.run(pool.release(shared, walks[0], reuse=True))
+    assert sum(len(path) > 3 for path in first.values()) >= 4  # walks, not the coin in the first room
+    metrics, _ = play(walks, make_policy("scripted"), tmp_path, pool, concurrency=2, run_id="walks")
+    assert metrics["errors"] == 0 and metrics["success_rate"] == 1.0
+
+
 def test_a_wrong_command_is_an_observation(tasks, pool):
     env = asyncio.run(pool.acquire())
     try:

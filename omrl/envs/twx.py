@@ -22,8 +22,9 @@ episode's reward is its final score (1.0 when won); success is the game's `tasks
 on success, on failure or after `step_limit` moves. Each turn's info holds the scorer's score,
 score_raw, success, failure, moves and `state`, a key of the game's state after the step (a digest of its
 room description and inventory: equal keys, the same situation; GRPO's step credit groups turns by it).
-`--policy scripted` plays the game's gold path; `--policy
-random` a random valid action each turn.
+`--policy scripted` plays the game's gold path, the same for the same task in every process (Coin's and TWC's
+gold agents walk at random, seeded here from the task: see _WALKING_AGENTS); `--policy random` a random
+valid action each turn.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ FOLD_SEEDS = {"train": range(0, 1000), "dev": range(10000, 11000), "test": range
 OBSERVATIONS = ("full", "brief")  # the game's whole text, or its first sentence (see the module doc)
 _FIRST_SENTENCE = re.compile(r"[^\n]*?[.!?](?=\s|$)|[^\n]+")
 DEFAULT_STEP_LIMIT = 150  # TextWorldExpress says 100, but a default CookingWorld gold path can be longer
+# Games whose gold agent walks at random. TextWorldExpress 1.1.0 draws that walk from an unseeded
+# scala.util.Random (`new Random()` in CoinGameGenerator's and TWCGameGenerator's mkGameWithGoldPath;
+# CookingWorld's is `new Random(seed)`), so its own gold path for the same game differs call to call
+# and process to process. omrl runs the same agent with a Random seeded from the task instead.
+_WALKING_AGENTS = {"coin": "CoinGoldAgent", "twc": "TWCGoldAgent"}
+_GOLD_ATTEMPTS = 50  # the package's generators try a walk this many times
 
 
 def canonical_params(params: Any) -> str:
@@ -92,15 +99,32 @@ class TwxEngine:
 
     def gold_path(self, game: str, params: str, seed: int, fold: str, step_limit: int,
                   commands: list[str]) -> list[str]:
-        """The game's gold path; the game is reset with it and `commands` (played so far) replayed, so the
-        episode goes on where it was (the games are deterministic per seed)."""
+        """The game's gold path, the same for the same game in every process (see _WALKING_AGENTS).
+
+        A game TextWorldExpress makes its gold path for is reset with it and `commands` (played so far)
+        replayed, so the episode goes on where it was (the games are deterministic per seed)."""
         self._load(game, params)
+        if game in _WALKING_AGENTS:
+            return self._walked_gold_path(game, params, seed, fold)
         self.env.envStepLimit = step_limit
         self.env.reset(seed=seed, gameFold=fold, generateGoldPath=True)
         gold = self.env.getGoldActionSequence()
         for command in commands:
             self.env.step(command)
         return list(gold)
+
+    def _walked_gold_path(self, game: str, params: str, seed: int, fold: str) -> list[str]:
+        """The package's gold agent walked on a fresh copy of the game with a Random seeded from the task."""
+        jvm = self.env._gateway.jvm
+        digest = hashlib.sha256(f"twx-gold|{game}|{params}|{fold}|{seed}".encode()).digest()
+        rng = jvm.scala.util.Random(int.from_bytes(digest[:8], "big", signed=True))  # a Java long
+        agent = getattr(jvm.textworldexpress.goldagent, _WALKING_AGENTS[game])
+        generator = self.env.server.gameGenerator()
+        for _ in range(_GOLD_ATTEMPTS):  # as the package's generators: a walk can give up (25 moves)
+            found = agent(generator.mkGame(seed, fold)).mkGoldPath(rng)  # a scala Tuple2 (success, path)
+            if found._1:
+                return list(found._2)
+        return []  # what the package answers when no attempt succeeds
 
     def step(self, command: str) -> dict[str, Any]:
         observation, reward, done, infos = self.env.step(command)
