@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> dict:
     from omrl.store import Store
     from omrl.tasks import load_tasks
     from omrl.train.compare import train_method
-    from omrl.train.iterate import IterateRecipe, IterateState, evaluate_checkpoint, run_iterate
+    from omrl.train.iterate import IterateState, run_iterate
+    from omrl.train.iterate_eval import evaluate_checkpoint
+    from omrl.train.iterate_recipe import IterateRecipe
 
     started = time.monotonic()
     out = Path(args.out)

@@ -26,7 +26,9 @@ def run_demo(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...
 
     from omrl.progress import terminal_reporter
     from omrl.recipes import load_recipe
-    from omrl.train.iterate import IterateRecipe, round_table, run_iterate
+    from omrl.train.iterate import run_iterate
+    from omrl.train.iterate_eval import round_table
+    from omrl.train.iterate_recipe import IterateRecipe
     from omrl.train.reporting import quiet_libraries
 
     config = load_recipe(recipe, IterateRecipe, list(overrides))

@@ -19,7 +19,6 @@ LONG_MODULES = {
                       "dataclasses: one unit until issue 27 settles whether the records stay",
     "omrl/store/search.py": "one text index: tokenising, building and searching share its on-disk format, and "
                             "its tests reach the parts as one module",
-    "omrl/train/iterate.py": "omrl/train is being reshaped by the trainer-contract work (issue 27, item 3)",
     "omrl/rollout.py": "the episode runner and rollout engine, one lifecycle (writer, env pool, episode work), "
                        "reshaped by the executor work (issue 27, item 4)",
     "omrl/report.py": "omrl report's sections (rounds, steps, agreement, benchmark) share its plotting helpers "

@@ -104,7 +104,7 @@ def test_bad_nested_settings_are_named(tmp_path):
 
 def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
     from omrl.recipes import RecipeError, describe
-    from omrl.train.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
     new = load_recipe({**base, "rollout": {"env": "math", "max_turns": 4, "max_new_tokens": 6}},
@@ -228,7 +228,8 @@ def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp
     from omrl.errors import UsageError
     from omrl.models import default_corpus, train_tokenizer
     from omrl.schema import Message, Trajectory
-    from omrl.train.iterate import TinySettings, demo_success, demo_texts
+    from omrl.train.iterate import demo_success, demo_texts
+    from omrl.train.iterate_recipe import TinySettings
 
     store = Store.create(tmp_path / "s")
     game = "You are in the scullery. Admissible commands: move widdershins, take doubloon"

@@ -259,7 +259,7 @@ def test_quickstart_hands_trl_the_same_config_values():
     """The demo's GRPO round and SFT stage reach TRL with the values the recipe has always given it."""
     pytest.importorskip("trl")
     from omrl.train.grpo import _trl_config
-    from omrl.train.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
     from omrl.train.sft import trl_config
 
     recipe = load_recipe(RECIPES / "quickstart.yaml", IterateRecipe)
@@ -307,7 +307,7 @@ def test_one_loader_names_file_and_dotted_key(tmp_path):
 def test_the_trl_section_is_passed_to_trl_and_checked_at_load_time():
     pytest.importorskip("trl")
     from omrl.train.grpo import _trl_config
-    from omrl.train.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
     from omrl.train.sft import SFTRecipe, trl_config
 
     sft = load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["trl.max_grad_norm=0.5", "trl.adam_beta2=0.99"])

@@ -93,7 +93,7 @@ def test_rl_progress_and_iterate_interval_use_the_one_definition(tmp_path):
 
     from omrl.progress import LineReporter
     from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate import success_ci95
+    from omrl.train.iterate_eval import success_ci95
     from omrl.train.rollout_step import RolloutStep
 
     shown = LineReporter(every_s=3600)

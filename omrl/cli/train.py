@@ -111,7 +111,9 @@ def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool, 
 
     Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2 [reward=recipes/reward.yaml]
     """
-    from omrl.train.iterate import IterateRecipe, round_table, run_iterate
+    from omrl.train.iterate import run_iterate
+    from omrl.train.iterate_eval import round_table
+    from omrl.train.iterate_recipe import IterateRecipe
 
     config = _load(recipe, overrides, IterateRecipe)
     if print_config:

@@ -84,7 +84,7 @@ def train_method(recipe: Any, method: str, settings: dict[str, Any], model: str,
     it, the method's own settings and then `settings`; rollouts seeded for round `round_` as iterate seeds one, stored
     in `store` under `run_name`. PPO plays GRPO's rollouts: its steps, tasks and samples per step, warmup.
     Returns {checkpoint, train_s, run_prefix (of the stored rollouts), method, settings, rollouts}."""
-    from omrl.train.iterate import update_recipe
+    from omrl.train.iterate_recipe import update_recipe
     from omrl.train.trainer import TRAINERS
 
     trainer, fixed = RL_METHODS[method]
@@ -126,7 +126,7 @@ class Comparison:
 
     def _recipe(self, seed: int):
         from omrl.recipes import load_recipe
-        from omrl.train.iterate import IterateRecipe
+        from omrl.train.iterate_recipe import IterateRecipe
 
         values = [f"output_dir={self.out / f'seed-{seed}'}", "rounds=0", f"seed={seed}", f"tiny.seed={seed}",
                   f"rollout.seed={seed}", f"baseline.expert={str(seed == self.seeds[0]).lower()}",
@@ -220,7 +220,7 @@ class Comparison:
         return self._record(f"seed{seed}/{split}/{name}", lambda: self._evaluate(seed, split, name, checkpoint))
 
     def _evaluate(self, seed: int, split: str, name: str, checkpoint: str | None) -> dict[str, Any]:
-        from omrl.train.iterate import eval_run_ids, evaluate_checkpoint, evaluate_expert, task_success
+        from omrl.train.iterate_eval import eval_run_ids, evaluate_checkpoint, evaluate_expert, task_success
 
         recipe, store = self.recipes[seed], self.stores[seed]
         tasks = self.dev if split == "dev" else self.test

@@ -1,7 +1,8 @@
 """Iterative training: [expert eval ->] base eval -> expert demos -> SFT -> eval -> rounds of (collect ->
 filter -> GRPO [-> SFT on the best] -> eval) [-> compute-matched more-SFT baseline -> eval], every
 stage's data in one store with its round number. The one orchestrator: the learning demo
-(recipes/quickstart.yaml, `omrl demo`) is an iterate recipe.
+(recipes/quickstart.yaml, `omrl demo`) is an iterate recipe (omrl/train/iterate_recipe.py); each stage's
+held-out evaluation is omrl/train/iterate_eval.py.
 
     results = run_iterate(load_recipe("recipes/quickstart.yaml", IterateRecipe))
 
@@ -40,183 +41,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
 from omrl.progress import QUIET, Reporter
-from omrl.recipes import section
-from omrl.rollout import RolloutSettings
-from omrl.train.grpo import GRPORecipe
-from omrl.train.ppo import PPORecipe
-from omrl.train.rft import SFTSection
-
-GRPOSection = section(GRPORecipe, "GRPOSection",
-                      ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
-                      "The GRPO settings of an iterate round (omrl/train/grpo.py); the run sets the checkpoint, "
-                      "tasks, folders, round, seed and rollout.")
-PPOSection = section(PPORecipe, "PPOSection",
-                     ("model", "tasks", "output_dir", "store", "round", "split", "seed", "rollout"),
-                     "The PPO settings of an iterate round with algorithm: ppo (omrl/train/ppo.py); the run sets "
-                     "the checkpoint, tasks, folders, round, seed and rollout.")
-ALGORITHMS = ("grpo", "ppo")  # the TRAINERS an iterate round's update step may be (each has its section)
-
-
-@dataclass
-class TinySettings:
-    hidden: int = field(default=128, metadata={"help": "hidden size of the tiny model"})
-    layers: int = field(default=2, metadata={"help": "transformer layers"})
-    seed: int = field(default=0, metadata={"help": "seed of the random initial weights"})
-    vocab_size: int = field(default=1024, metadata={"help": "BPE vocabulary size of the tokenizer trained on the spot"})
-    corpus: str = field(default="default", metadata={
-        "help": "what the tokenizer is trained on: default (chat format and the shipped environments' words) or "
-                "demos (that plus the text of the expert demonstrations, collected first: the game's own words "
-                "become single tokens, so observations are short)"})
-
-    def __post_init__(self) -> None:
-        if self.corpus not in ("default", "demos"):
-            raise UsageError(f"tiny.corpus must be default or demos, got {self.corpus!r}")
-
-
-@dataclass
-class DemoSettings:
-    enabled: bool = field(default=True, metadata={"help": "collect scripted-expert demos and SFT on them first"})
-    tasks: int = field(default=0, metadata={"help": "how many training tasks get demos (0 = all)"})
-    samples: int = field(default=1, metadata={"help": "expert episodes per task"})
-    only_success: bool = field(default=True, metadata={"help": "SFT only on demos that reached the goal"})
-
-
-@dataclass
-class CollectSettings:
-    enabled: bool = field(default=True, metadata={
-        "help": "collect and filter before each GRPO round; false: GRPO on the whole training file"})
-    tasks: int = field(default=64, metadata={"help": "training tasks attempted per round (0 = all)"})
-    samples: int = field(default=8, metadata={"help": "attempts per task: the group size"})
-
-
-@dataclass
-class FilterSettings:
-    drop_flat: bool = field(default=True, metadata={"help": "train GRPO only on tasks whose group is not flat"})
-    sft_best: bool = field(default=False, metadata={"help": "also SFT on the best attempt of each group"})
-    min_reward: float = field(default=1.0, metadata={"help": "reward an attempt needs to join the SFT set"})
-    reward_recipe: str | dict[str, Any] | None = field(default=None, metadata={
-        "help": "combined-reward recipe (omrl annotate) ranking attempts; None = the run's `reward` (else env reward)"})
-
-
-@dataclass
-class EvalSettings:
-    tasks: int = field(default=0, metadata={"help": "held-out tasks evaluated (0 = all)"})
-    samples: int = field(default=4, metadata={"help": "sampled episodes per task"})
-    temperature: float = field(default=1.0, metadata={"help": "temperature of the sampled evaluation"})
-    greedy: bool = field(default=True, metadata={"help": "also evaluate greedily (temperature 0, 1 episode)"})
-    concurrency: int = field(default=256, metadata={"help": "episodes in flight (one evaluation is one batch)"})
-    base_samples: int | None = field(default=None, metadata={
-        "help": "sampled episodes per task for the starting checkpoint (None = samples); an untrained model "
-                "plays to the turn limit: slow, and scores 0"})
-
-
-@dataclass
-class BaselineSettings:
-    expert: bool = field(default=False, metadata={
-        "help": "stage 'expert': the scripted expert's own held-out success (the imitation ceiling)"})
-    more_sft: bool = field(default=False, metadata={
-        "help": "stage 'sft-more': SFT from the SFT checkpoint for GRPO's wall time, evaluated like the rest"})
-    more_sft_epochs: int | None = field(default=None, metadata={
-        "help": "epochs of the more-SFT run; None = GRPO's measured seconds / the SFT run's seconds per epoch"})
-
-
-def _iterate_rollout():
-    return RolloutSettings(env="grid", max_turns=16, max_new_tokens=16, concurrency=64)
-
-
-@dataclass
-class IterateRecipe:
-    """Settings of an iterative run (the learning demo is one)."""
-
-    output_dir: str = field(metadata={"help": "run folder: checkpoints, store, state.json, results.json"})
-    train_tasks: str = field(metadata={"help": "training tasks file"})
-    eval_tasks: str = field(metadata={"help": "held-out tasks file"})
-    rollout: RolloutSettings = field(default_factory=_iterate_rollout, metadata={
-        "help": "how every stage plays episodes (omrl.rollout.RolloutSettings); round r seeds with seed + r"})
-    model: str | None = field(default=None, metadata={"help": "starting checkpoint; None = build the tiny model"})
-    tiny: TinySettings = field(default_factory=TinySettings, metadata={"help": "the tiny model, when model is None"})
-    store: str | None = field(default=None, metadata={"help": "store of every stage's data (default output_dir/store)"})
-    rounds: int = field(default=3, metadata={"help": "GRPO rounds"})
-    seed: int = field(default=0, metadata={"help": "seeds the training stages (rollout.seed: the episodes)"})
-    demos: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "expert demonstrations"})
-    sft: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the demo SFT"})
-    collect: CollectSettings = field(default_factory=CollectSettings, metadata={"help": "per-round collection"})
-    filter: FilterSettings = field(default_factory=FilterSettings, metadata={"help": "per-round selection"})
-    algorithm: str = field(default="grpo", metadata={
-        "help": "the update step of each round: grpo (the grpo section; step_credit there for GiGPO-style "
-                "step credit) or ppo (the ppo section: a critic and GAE); stages are named grpo-N or ppo-N"})
-    grpo: GRPOSection = field(default_factory=GRPOSection, metadata={
-        "help": "GRPO settings of each round (omrl.train.grpo); rollouts as the rollout section says"})
-    ppo: PPOSection = field(default_factory=PPOSection, metadata={
-        "help": "PPO settings of each round with algorithm: ppo (omrl.train.ppo); rollouts as the rollout section says"})
-    sft_best: SFTSection = field(default_factory=SFTSection, metadata={"help": "SFT settings of the best-of SFT"})
-    eval: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "held-out evaluation"})
-    baseline: BaselineSettings = field(default_factory=BaselineSettings, metadata={
-        "help": "reference rows: the expert, and compute-matched more SFT"})
-    threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads (None: torch's default); 1 is fastest for the tiny model on a busy box"})
-    report: bool = field(default=False, metadata={"help": "write the omrl report into output_dir/report at the end"})
-    reward: str | dict[str, Any] | None = field(default=None, metadata={
-        "help": "reward recipe (path or mapping, omrl/annotate/reward.py): its metrics and judges annotate each "
-                "round's collection (annotate stage), the filter ranks by it and GRPO trains on it online, "
-                "unless filter.reward_recipe / grpo.reward say otherwise; None: the env reward"})
-    ray: str | None = field(default=None, metadata={
-        "help": "play the collect and eval stages' episodes (demos, each round's collection, every held-out "
-                "evaluation) on a Ray cluster: auto (the running one), HOST:PORT or local (start one here), as "
-                "omrl collect --ray does, with the rollout section's ray_num_cpus / ray_resources / ray_workers "
-                "(each worker loads its own copy of the checkpoint: a low ray_num_cpus lets it batch many "
-                "episodes); the annotate stage's judges run there too; training stays in this process. None: every "
-                "stage in this process. Needs "
-                "`pip install omrl[ray]`"})
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        if self.algorithm == "ppo" and (self.reward is not None or self.grpo.reward is not None):
-            # PPO trains on the environment's reward; judged rewards reach GRPO and RFT only (for now).
-            raise UsageError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
-                             "or use algorithm: grpo")
-        if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
-            from omrl.distributed.ray_executor import require_ray
-
-            require_ray()
-        if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
-            from omrl.annotate.reward import load_reward_recipe
-
-            load_reward_recipe(self.reward)
-
-    @property
-    def filter_reward(self) -> str | dict[str, Any] | None:
-        """The recipe the round's annotate stage runs and its filter ranks by."""
-        return self.filter.reward_recipe if self.filter.reward_recipe is not None else self.reward
-
-
-def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
-    """The GRPORecipe of one round: the grpo section, the run's rollout section seeded for the round, `values`."""
-    return update_recipe(recipe, "grpo", values, round)
-
-
-def update_recipe(recipe: IterateRecipe, algorithm: str, values: dict[str, Any], round: int):
-    """The recipe of round `round`'s update step (`algorithm`: grpo or ppo): its section of the iterate recipe,
-    the run's rollout section seeded for the round, the run's reward where the section takes one, `values`."""
-    from omrl.recipes import to_dict
-
-    section = getattr(recipe, algorithm)
-    rollout = {**to_dict(recipe.rollout), "seed": _round_seed(recipe.rollout.seed, round)}
-    takes_reward = hasattr(section, "reward")  # GRPO trains on judged rewards; PPO on the env's
-    if takes_reward and section.reward is None and recipe.reward is not None and "reward" not in values:
-        values = {**values, "reward": recipe.reward}
-    return section.to_recipe(seed=recipe.seed + round, rollout=rollout, **values)
-
-
-def _round_seed(seed: int | None, round: int) -> int | None:
-    return None if seed is None else seed + round
+from omrl.train.iterate_eval import evaluate_checkpoint, evaluate_expert, rounded, stage_summary
+from omrl.train.iterate_recipe import IterateRecipe, round_seed, update_recipe
 
 
 class IterateState:
@@ -247,15 +78,6 @@ def _subset(tasks: list, n: int) -> list:
     return tasks if n <= 0 else tasks[:n]
 
 
-def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
-                        round: int, samples: int | None = None) -> dict[str, Any]:
-    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
-    from omrl.train.rft import checkpoint_policy  # the collect stage's too (rft.collect_with_model)
-
-    policy = checkpoint_policy(checkpoint, recipe.rollout)
-    return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
-
-
 def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int):
     """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run round-r,
     seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
@@ -264,133 +86,9 @@ def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r:
     from omrl.executor import executor_for
     from omrl.train.rft import collect_with_model
 
-    settings = replace(recipe.rollout, seed=_round_seed(recipe.rollout.seed, r))
+    settings = replace(recipe.rollout, seed=round_seed(recipe.rollout.seed, r))
     return collect_with_model(checkpoint, tasks, store, settings, samples=recipe.collect.samples, round=r,
                               run_id=f"round-{r}", executor=executor_for(recipe.ray))
-
-
-def evaluate_expert(recipe: IterateRecipe, tasks: list, store, stage: str = "expert") -> dict[str, Any]:
-    """The scripted expert's own held-out success (in the rollout's environment, its noise included)."""
-    from omrl.policies.scripted import ScriptedPolicy
-
-    row = _evaluate(recipe, ScriptedPolicy(), tasks, store, stage, 0, None, greedy=False)
-    noise = recipe.rollout.env_options.get("noise")
-    row["greedy_success"] = None
-    row["note"] = "scripted expert" + (f", {noise:.0%} random moves" if isinstance(noise, (int, float)) else "")
-    return row
-
-
-def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str, round: int,
-              samples: int | None, greedy: bool) -> dict[str, Any]:
-    import asyncio
-    from dataclasses import replace
-
-    from omrl.executor import executor_for
-    from omrl.rollout import evaluate
-
-    settings = recipe.eval
-    base = replace(recipe.rollout, concurrency=settings.concurrency)
-    k = samples or settings.samples
-    out: dict[str, Any] = {"stage": stage, "tasks": len(tasks), "samples": k}
-    modes = [("", settings.temperature, k)]
-    if greedy:
-        modes.append(("greedy_", 0.0, 1))
-    for prefix, temperature, n in modes:
-        _seed_torch(recipe.seed)
-        run_id = eval_run_id(stage, "greedy" if prefix else "sampled", temperature)
-        result = asyncio.run(evaluate(None, tasks, policy, store, samples=n, round=round, run_id=run_id,
-                                      settings=replace(base, temperature=temperature),
-                                      executor=executor_for(recipe.ray)))
-        metrics = next(iter(result.metrics.values()), {})
-        out[f"{prefix}success"] = _round(metrics.get("success_rate"))
-        out[f"{prefix}mean_reward"] = _round(metrics.get("mean_reward"))  # None when every episode failed
-        out[f"{prefix}episodes"] = metrics.get("episodes")
-        if not prefix:
-            out["success_ci95"] = success_ci95(store, run_id, round)
-    return out
-
-
-def eval_run_id(stage: str, mode: str, temperature: float) -> str:
-    """The run id of a stage's held-out evaluation in `mode` (sampled or greedy) at `temperature`."""
-    return f"eval-{stage}-{mode}_t{temperature:g}"
-
-
-def eval_run_ids(recipe: IterateRecipe, stage: str) -> dict[str, str]:
-    """{"sampled": run id, "greedy": run id} of the stage's evaluation as the recipe plays it."""
-    return {"sampled": eval_run_id(stage, "sampled", recipe.eval.temperature), "greedy": eval_run_id(stage, "greedy", 0.0)}
-
-
-def _seed_torch(seed: int) -> None:
-    import torch
-
-    torch.manual_seed(seed)
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
-
-
-def task_success(store, run_id: str, round_: int) -> dict[str, float]:
-    """Each task's success rate in one run (omrl.schema's definition), for the tasks with a known outcome."""
-    from omrl.schema import SUCCESS_SQL
-    from omrl.store.query import quote_literal
-
-    rates = store.sql(f"SELECT task_id, {SUCCESS_SQL} FROM trajectories WHERE run_id = {quote_literal(run_id)} "
-                      f"AND round = {int(round_)} GROUP BY task_id ORDER BY task_id").to_pylist()
-    return {r["task_id"]: r["success_rate"] for r in rates if r["success_rate"] is not None}
-
-
-def success_ci95(store, run_id: str, round_: int) -> float:
-    """Half-width of a 95% interval on success, counting tasks (not episodes) as the independent units."""
-    import math
-
-    means = list(task_success(store, run_id, round_).values())
-    if len(means) < 2:
-        return 0.0
-    mean = sum(means) / len(means)
-    var = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
-    return round(1.96 * math.sqrt(var / len(means)), 4)
-
-
-def round_table(results: list[dict[str, Any]]):
-    """A rich table of the per-stage results (columns that no stage has are left out)."""
-    from rich.table import Table
-
-    table = Table(title="held-out results (success: sampled at the eval temperature, +-95% over tasks)")
-    columns = [("stage", "stage"), ("tasks", "tasks"), ("success", "success"), ("success_ci95", "+-95%"),
-               ("mean_reward", "reward"), ("greedy_success", "greedy success"),
-               ("greedy_mean_reward", "greedy reward"), ("grpo_tasks", "grpo tasks"),
-               ("train_success", "train success"), ("judge_calls", "judge calls"),
-               ("judge_cost_usd", "judge $"), ("train_s", "train s"), ("minutes", "minutes")]
-    present = [(c, title) for c, title in columns if any(r.get(c) is not None for r in results)]
-    for c, title in present:
-        table.add_column(title, justify="left" if c == "stage" else "right")
-    for r in results:
-        table.add_row(*(_fmt(c, r.get(c)) for c, _ in present))
-    return table
-
-
-_PERCENT = {"success", "success_ci95", "greedy_success", "train_success"}
-
-
-def _fmt(column: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if column in _PERCENT:
-        return f"{value:.1%}"
-    if column in ("train_s", "minutes"):
-        return f"{value:.1f}"
-    if column == "judge_cost_usd":
-        return f"{value:.4f}"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def stage_summary(row: dict[str, Any]) -> str:
-    """One line: success (greedy), reward."""
-    greedy = row.get("greedy_success")
-    return (f"success {_fmt('success', row.get('success'))}"
-            + ("" if greedy is None else f" (greedy {greedy:.1%})")
-            + f", reward {_fmt('mean_reward', row.get('mean_reward'))}")
 
 
 def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
@@ -510,7 +208,7 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
                                        where=where, output_dir=str(out / "sft"))
             trained = train_sft(sft, store=store, reporter=reporter)
             results = evaluate_checkpoint(recipe, str(trained.checkpoint), eval_tasks, store, "sft", round=0)
-            results["expert_success"] = _round(demos)
+            results["expert_success"] = rounded(demos)
             results["train_s"] = trained.train_s
             finish("sft", checkpoint=str(trained.checkpoint), results=results, sft_losses=trained.losses[-3:],
                    train_s=results["train_s"], epochs=sft.epochs)
@@ -606,8 +304,8 @@ def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_ta
         if len(grpo_tasks) < per_step:  # too few informative groups: an update step needs full steps
             grpo_tasks = tasks
         tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
-        extra.update(grpo_tasks=len(grpo_tasks), train_success=_round(collected.success_rate),
-                     train_mean_reward=_round(collected.mean_reward), flat_groups=flat)
+        extra.update(grpo_tasks=len(grpo_tasks), train_success=rounded(collected.success_rate),
+                     train_mean_reward=rounded(collected.mean_reward), flat_groups=flat)
     else:
         tasks_file = recipe.train_tasks
     started = time.monotonic()
