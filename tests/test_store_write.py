@@ -79,10 +79,27 @@ def test_appends_and_compactions_cut_row_groups_by_bytes_and_read_back_exactly(t
         assert len(expected) > 2
     expected = to_table(first + second)
     assert store.read().sort_by("id").equals(expected.sort_by("id"))
+    groups = [_group_rows(part) for part in store.parts()]
     merged = store.compact()
-    meta = pq.read_metadata(merged)
-    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == row_group_sizes(pq.read_table(merged))
+    assert _group_rows(merged) == groups[0] + groups[1]  # groups of a useful size: spliced as they are
     assert store.read().sort_by("id").equals(expected.sort_by("id"))
+
+
+def _group_rows(part) -> list[int]:
+    meta = pq.read_metadata(part)
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def test_compacting_small_appends_cuts_row_groups_by_bytes_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_layout, "ROW_GROUP_BYTES", 64 * 1024)
+    store = Store.create(tmp_path / "s")
+    store.set_compact_policy(CompactPolicy(small_parts=0))
+    rows = _rows([3000] * 40)
+    for i in range(0, 40, 4):  # ten parts of one small row group each: below a quarter of the target
+        store.append(rows[i:i + 4])
+    merged = store.compact()
+    assert _group_rows(merged) == row_group_sizes(pq.read_table(merged)) and len(_group_rows(merged)) < 10
+    assert store.read().sort_by("id").equals(to_table(rows).sort_by("id"))
 
 
 def test_statistics_are_written_for_top_level_columns_only(tmp_path):

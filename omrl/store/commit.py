@@ -19,9 +19,19 @@ import pyarrow as pa
 
 from omrl.durable import is_stale
 from omrl.errors import UsageError
-from omrl.schema import SCHEMA_VERSION, utcnow
+from omrl.schema import SCHEMA_VERSION, SCHEMAS, utcnow
+from omrl.store import layout
 from omrl.store.card import card_configs, card_parts, dataset_card, replace_card_configs
-from omrl.store.layout import SIDE_DIR, SIDE_KINDS, part_of_side, side_path, side_tables, write_parquet
+from omrl.store.layout import (
+    SIDE_DIR,
+    SIDE_KINDS,
+    SIDE_SCHEMAS,
+    part_of_side,
+    side_path,
+    side_tables,
+    stamped,
+    write_parquet,
+)
 from omrl.store.manifest import (
     MANIFEST,
     TABLES,
@@ -34,6 +44,7 @@ from omrl.store.manifest import (
     with_listing,
 )
 from omrl.store.parts import LISTED_KEY, StoreReader, _Scan
+from omrl.store.splice import Footer, splice, spliceable
 
 # Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
 _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
@@ -56,6 +67,12 @@ class PartIndex:
 
 
 PART_INDEXES: list[PartIndex] = []
+
+
+def _part_name() -> str:
+    """A new part's name: time first so parts sort in write order; pid and random suffix keep concurrent
+    writers apart."""
+    return f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
 
 
 class StoreWriter(StoreReader):
@@ -93,10 +110,8 @@ class StoreWriter(StoreReader):
         files first, and return its listing record; callers hold the write lock and commit it with the
         manifest whose `store_id` they pass (None: the one omrl.json has)."""
         store_id = store_id or self.manifest.get("store_id") or ""
-        directory = self.table_dir(table)
-        # Time first so parts sort in write order; pid and random suffix keep concurrent writers apart.
-        name = f"part-{utcnow().strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
-        final = directory / name
+        name = _part_name()
+        final = self.table_dir(table) / name
         data = data.replace_schema_metadata({**(data.schema.metadata or {}), **(metadata or {}),
                                              LISTED_KEY: store_id.encode()})
         sides = {}
@@ -107,6 +122,57 @@ class StoreWriter(StoreReader):
                 sides[kind] = self._write_file(side_path(final, kind), side, 1 << 20)
         # Row groups sized by bytes (layout.ROW_GROUP_BYTES), for appends and compactions alike.
         return PartRecord(name, data.num_rows, self._write_file(final, data), sides)
+
+    def _splice_sources(self, parts: list[Path], table: str) -> tuple[list[Footer], dict[str, pa.Table]] | None:
+        """The parts' footers and side tables when a compaction can splice them (omrl.store.splice: same
+        current schema, row groups averaging a quarter of layout.ROW_GROUP_BYTES encoded or more, every side
+        file there and matching); None when their rows must be decoded and written again."""
+        footers = [Footer(self.storage.read_bytes(part), str(part)) for part in parts]
+        if not spliceable(footers, SCHEMAS[table], layout.ROW_GROUP_BYTES // 4):
+            return None
+        sides: dict[str, pa.Table] = {}
+        if table == "trajectories":
+            for kind in SIDE_KINDS:
+                pieces = []
+                for part in parts:
+                    side = side_path(part, kind)
+                    try:
+                        size = self.storage.stat(side).st_size
+                    except FileNotFoundError:
+                        return None
+                    if not self._side_matches(side, part.name, self._footer(part).num_rows, size):
+                        return None
+                    try:
+                        piece = self._read_parquet(side)
+                    except Exception:  # damaged (`store check` says so): built again from the rows
+                        return None
+                    if not piece.schema.equals(SIDE_SCHEMAS[kind], check_metadata=False):
+                        return None  # an older side file: built again from the rows
+                    pieces.append(piece)
+                sides[kind] = pa.concat_tables(pieces)
+        return footers, sides
+
+    def _write_spliced(self, sources: tuple[list[Footer], dict[str, pa.Table]], table: str,
+                       metadata: dict[bytes, bytes], *, store_id: str) -> PartRecord:
+        """`_write_part` for a splice: the parts' row groups copied as they are (`_splice_sources`), under a
+        footer with the schema and metadata `_write_part` would have written; their side tables concatenated."""
+        footers, sides = sources
+        name = _part_name()
+        final = self.table_dir(table) / name
+        rows = sum(footer.value(3) for footer in footers)  # FileMetaData.num_rows
+        schema = SCHEMAS[table]
+        schema = schema.with_metadata({**(schema.metadata or {}), **metadata, LISTED_KEY: store_id.encode()})
+        records = {kind: self._write_file(side_path(final, kind), stamped(side, name, rows), 1 << 20)
+                   for kind, side in sides.items()}
+        written: list[FileRecord] = []
+
+        def write(sink) -> None:
+            hashing = HashingFile(sink)
+            splice(footers, schema, hashing.write)
+            written.append(hashing.record())
+
+        self.storage.write_new(final, write)
+        return PartRecord(name, rows, written[-1], records)
 
     def _write_file(self, path: Path, data: pa.Table, row_group_rows: int | None = None) -> FileRecord:
         """Write one Parquet file new and whole (store_layout.write_parquet); its size and hash as written."""

@@ -180,12 +180,17 @@ def tool_calls_table(data: pa.Table) -> pa.Table:
 
 
 SIDE_BUILDERS = {"tool_calls": tool_calls_table}
+SIDE_SCHEMAS = {"tool_calls": TOOL_CALLS_SCHEMA}
 
 
 def side_tables(data: pa.Table, part_name: str) -> dict[str, pa.Table]:
     """The side tables of a trajectories part, each stamped with the part's name and row count."""
-    stamp = {SIDE_OF_KEY: part_name.encode(), SIDE_ROWS_KEY: str(data.num_rows).encode()}
-    return {kind: build(data).replace_schema_metadata(stamp) for kind, build in SIDE_BUILDERS.items()}
+    return {kind: stamped(build(data), part_name, data.num_rows) for kind, build in SIDE_BUILDERS.items()}
+
+
+def stamped(side: pa.Table, part_name: str, part_rows: int) -> pa.Table:
+    """A side table marked as belonging to the part `part_name` of `part_rows` rows (`side_matches`)."""
+    return side.replace_schema_metadata({SIDE_OF_KEY: part_name.encode(), SIDE_ROWS_KEY: str(part_rows).encode()})
 
 
 def side_matches(side: Path, part_name: str, part_rows: int) -> bool:

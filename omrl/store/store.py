@@ -284,9 +284,14 @@ class Store(StoreWriter):
                         part_index.complete(self)
                 return None
             # Merge outside the write lock: appends go on meanwhile, as new parts this one does not replace.
-            data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])
-            if duplicated:
-                data = _first_of_each_id(data)
+            # Parts of the current schema with row groups of a useful size are spliced (their pages copied,
+            # omrl.store.splice); others are decoded and written again, as are parts holding repeated ids.
+            spliced = None if duplicated else self._splice_sources(parts, table)
+            data = None
+            if spliced is None:
+                data = pa.concat_tables([conform(self._read_parquet(p), table) for p in parts])
+                if duplicated:
+                    data = _first_of_each_id(data)
             names = {p.name for p in parts}
             with self._lock("write"):
                 manifest = self._upgraded(self.manifest)
@@ -295,15 +300,18 @@ class Store(StoreWriter):
                     raise StoreError(f"{self.table_dir(table)}: parts changed during the compaction; nothing "
                                      "compacted, run it again")
                 at = next(i for i, r in enumerate(records) if r.name in names)
-                merged = self._write_part(data, table, {REPLACES_KEY: json.dumps(sorted(names)).encode()},
-                                          store_id=manifest["store_id"])
+                replaces = {REPLACES_KEY: json.dumps(sorted(names)).encode()}
+                if spliced is None:
+                    merged = self._write_part(data, table, replaces, store_id=manifest["store_id"])
+                else:
+                    merged = self._write_spliced(spliced, table, replaces, store_id=manifest["store_id"])
                 kept = [r for r in records if r.name not in names]
                 kept.insert(at, merged)  # where the first merged part was: rows keep their order
                 self._commit(manifest, {table: kept}, wrote_part=True)
                 for p in parts:
                     self._remove_part(p)
             new = self.table_dir(table) / merged.name
-            del data  # the index reads the part (a row group's texts at a time): no need to hold every row
+            del data, spliced  # the index reads the part (a row group's texts at a time): no need to hold every row
             if table == "trajectories" and index:
                 for part_index in PART_INDEXES:
                     part_index.compacted(self, new)
