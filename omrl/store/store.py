@@ -265,6 +265,7 @@ class Store(StoreWriter):
         them; without `wait`, a compaction another process is running already makes this one return None.
         The merged part gets its search index; without `policy`, parts left as they are get theirs too.
         With `index` false no index is built (searches scan the part until omrl.store.search.build_missing).
+        Parts whose row groups are already of a useful size are spliced (pages copied, omrl.store.splice).
         """
         with self._lock(f"compact-{table}", wait=wait) as locked:
             if not locked:
