@@ -35,8 +35,11 @@ the part and its index, a part rewritten since) is scanned with the same rules i
 Measured by benchmarks/search_bench.py (2,000 store_bench trajectories, one compacted part): ids-only
 searches 85-380x faster than the scan, full hits with snippets 2-3x (their text is read) or 24x for a
 rare phrase; the index is 0.30x the part's bytes without positions (the default; 0.89x with them,
-POSITIONS) and builds in about twice the part's write time. A document per message instead of per distinct text: 1.8x the bytes, 2.3x
-the build time.
+POSITIONS). The build reads a part a row group at a time (the next one decompressed meanwhile) and
+tokenises in small chunks, so tantivy's thread indexes while Python reads and tokenises the next
+(store_bench --n 100000: 0.82x the time of writing the JSONL; on a 5,000-row part 0.71 s, against 1.09 s
+when the part was read whole first and tokenised in 64 MB chunks). A document per message instead of per
+distinct text: 1.8x the bytes, 2.3x the build time.
 
 Why tantivy (maintained, Rust, wheels for every platform): positions and phrase queries, fast fields, a
 compact term dictionary. DuckDB's fts extension cannot be installed offline, and its index lives in a
@@ -55,7 +58,8 @@ import threading
 import uuid
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,8 +96,10 @@ SNIPPET_CHARS = 160
 # tantivy's writer: one thread for a part of the usual size (the index is built at compaction and repair,
 # often on shared cores; two threads write two segments, slower to build below this many texts).
 TANTIVY_HEAP_BYTES = 64_000_000
-TWO_THREADS_TEXTS = 200_000
-TOKENISE_CHUNK_BYTES = 64 * 1024 * 1024
+TWO_THREADS_BYTES = 160_000_000  # about 200,000 texts of store_bench's corpus
+# Small chunks keep both cores busy: tantivy's thread indexes one chunk while Python tokenises the next
+# (store_bench, 5,000 rows: 64 MB chunks 1.09 s, 4 MB 0.82 s, 1 MB 0.81 s).
+TOKENISE_CHUNK_BYTES = 4 * 1024 * 1024
 LOADED_CACHE = 32  # opened indexes kept per process (a viewer searches the same parts again and again)
 _FIELD = "tokens"
 _TEXT = "text"  # fast field: the document's text number, the key of messages.parquet
@@ -272,8 +278,44 @@ def message_texts(part: Path, rows: np.ndarray, positions: np.ndarray) -> list[s
 
 def part_messages(part: Path) -> tuple[_Messages, int]:
     """A whole part's messages and its number of rows."""
-    table, rows = _read_rows(part)
-    return _flatten(table, rows), table.num_rows
+    messages = _joined(list(_row_group_messages(part)))
+    return messages, len(messages.ids)
+
+
+def _row_group_messages(part: Path) -> Iterator[_Messages]:
+    """A part's messages a row group at a time (rows numbered in the part, texts numbered in the group):
+    an index build hands each group's texts to tantivy while it reads the next."""
+    file = pq.ParquetFile(part, read_dictionary=_CONTENT)
+    first = 0
+    groups = file.metadata.num_row_groups
+    # The next group is read (decompressed, outside the GIL) while the caller works on this one.
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        ahead = reader.submit(file.read_row_group, 0, columns=_COLUMNS) if groups else None
+        for group in range(groups):
+            table = ahead.result()
+            if group + 1 < groups:
+                ahead = reader.submit(file.read_row_group, group + 1, columns=_COLUMNS)
+            yield _flatten(table, np.arange(first, first + table.num_rows, dtype=np.int64))
+            first += table.num_rows
+    if first == 0:  # no rows: the schema's empty messages
+        yield _flatten(file.read(columns=_COLUMNS), np.zeros(0, dtype=np.int64))
+
+
+def _joined(pieces: list[_Messages]) -> _Messages:
+    """Row groups' messages as one part's: texts numbered on from one group to the next, as `_flatten`
+    numbers the chunks of a table that holds them all."""
+    text_offsets = np.cumsum([0, *[len(piece.dictionary) for piece in pieces]])
+    row_offsets = np.cumsum([0, *[len(piece.ids) for piece in pieces]])
+    return _Messages(
+        row=np.concatenate([np.zeros(0, np.int64), *[piece.row for piece in pieces]]),
+        local=np.concatenate([np.zeros(0, np.int64), *[piece.local + offset
+                                                       for piece, offset in zip(pieces, row_offsets, strict=False)]]),
+        position=np.concatenate([np.zeros(0, np.int32), *[piece.position for piece in pieces]]),
+        role=pa.concat_arrays([piece.role for piece in pieces]) if pieces else pa.array([], pa.string()),
+        text_id=np.concatenate([np.zeros(0, np.int64), *[np.where(piece.text_id >= 0, piece.text_id + offset, -1)
+                                                         for piece, offset in zip(pieces, text_offsets, strict=False)]]),
+        dictionary=pa.concat_arrays([piece.dictionary for piece in pieces]) if pieces else pa.array([], pa.string()),
+        ids=pa.concat_arrays([piece.ids for piece in pieces]) if pieces else pa.array([], pa.string()))
 
 
 # ASCII bytes: letters lower-cased, digits and underscore kept, every other byte a space
@@ -368,30 +410,44 @@ def _chunks(texts: pa.Array, chunk_bytes: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _write_tantivy(folder: Path, texts: pa.Array) -> np.ndarray:
-    """Index each distinct text with a token as one document; returns which texts have one. The texts are
-    tokenised a chunk at a time, so a big compaction never holds all its terms as Python strings."""
+def _content_bytes(part: Path) -> int:
+    """Uncompressed bytes of a part's message content as stored (its distinct texts, dictionary-encoded)."""
+    metadata = pq.ParquetFile(part).metadata
+    paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    at = paths.index(_CONTENT[0])
+    return sum(metadata.row_group(g).column(at).total_uncompressed_size for g in range(metadata.num_row_groups))
+
+
+def _write_tantivy(folder: Path, dictionaries: Iterable[pa.Array], text_bytes: int) -> np.ndarray:
+    """Index each distinct text with a token as one document, its number counted on across `dictionaries`;
+    returns which texts have one. The texts are tokenised a small chunk at a time, so tantivy's own thread
+    indexes one chunk while this one reads and tokenises the next, and no big compaction holds all its terms
+    as Python strings."""
     import tantivy
 
     index = tantivy.Index(_schema(POSITIONS), path=str(folder), reuse=False)
     index.register_tokenizer(_ANALYZER, analyzer())
-    text_bytes = int(pc.sum(pc.binary_length(texts)).as_py() or 0)
     # One segment for the usual part (a smaller heap flushes many segments that then merge); bounded for huge ones.
     heap = min(max(TANTIVY_HEAP_BYTES, 2 * text_bytes), 8 * TANTIVY_HEAP_BYTES)
-    threads = 2 if len(texts) >= TWO_THREADS_TEXTS and (os.cpu_count() or 1) > 1 else 1
+    threads = 2 if text_bytes >= TWO_THREADS_BYTES and (os.cpu_count() or 1) > 1 else 1
     writer = index.writer(heap_size=heap * threads, num_threads=threads)
-    indexed = np.zeros(len(texts), dtype=bool)
-    for start, stop in _chunks(texts, TOKENISE_CHUNK_BYTES):
-        for text_id, terms in enumerate(token_texts(texts.slice(start, stop - start)), start):
-            if terms and not terms.isspace():  # "" or only separators: no token, never a hit
-                indexed[text_id] = True
-                doc = tantivy.Document()
-                doc.add_text(_FIELD, terms)
-                doc.add_unsigned(_TEXT, text_id)  # add_unsigned: a plain int would be an i64, refused by the u64 field
-                writer.add_document(doc)
+    indexed = []
+    text_id = 0
+    for texts in dictionaries:
+        has_token = np.zeros(len(texts), dtype=bool)
+        for start, stop in _chunks(texts, TOKENISE_CHUNK_BYTES):
+            for at, terms in enumerate(token_texts(texts.slice(start, stop - start)), start):
+                if terms and not terms.isspace():  # "" or only separators: no token, never a hit
+                    has_token[at] = True
+                    doc = tantivy.Document()
+                    doc.add_text(_FIELD, terms)
+                    doc.add_unsigned(_TEXT, text_id + at)  # add_unsigned: a plain int is an i64, refused by the u64 field
+                    writer.add_document(doc)
+        indexed.append(has_token)
+        text_id += len(texts)
     writer.commit()  # syncs tantivy's own files
     writer.wait_merging_threads()
-    return indexed
+    return np.concatenate([np.zeros(0, dtype=bool), *indexed])
 
 
 def build_index(part: Path) -> Path:
@@ -403,11 +459,19 @@ def build_index(part: Path) -> Path:
 
     part = Path(part)
     final = index_path(part)
-    messages, num_rows = part_messages(part)
     temp = part.with_name(f"{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     temp.mkdir()
     try:
-        indexed = _write_tantivy(temp, messages.dictionary)
+        pieces: list[_Messages] = []
+
+        def dictionaries() -> Iterator[pa.Array]:
+            for piece in _row_group_messages(part):
+                pieces.append(piece)
+                yield piece.dictionary
+
+        indexed = _write_tantivy(temp, dictionaries(), _content_bytes(part))
+        messages = _joined(pieces)
+        num_rows = len(messages.ids)
         _write_tables(temp, messages, indexed)
         meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
                 "part_bytes": part.stat().st_size, "rows": int(num_rows), "texts": int(indexed.sum()),
