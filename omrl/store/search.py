@@ -297,7 +297,7 @@ def _row_group_messages(part: Path) -> Iterator[_Messages]:
                 ahead = reader.submit(file.read_row_group, group + 1, columns=_COLUMNS)
             yield _flatten(table, np.arange(first, first + table.num_rows, dtype=np.int64))
             first += table.num_rows
-    if first == 0:  # no rows: the schema's empty messages
+    if groups == 0:  # a part without row groups: the schema's empty messages
         yield _flatten(file.read(columns=_COLUMNS), np.zeros(0, dtype=np.int64))
 
 
