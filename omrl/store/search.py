@@ -60,7 +60,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -301,10 +301,13 @@ def _row_group_messages(part: Path) -> Iterator[_Messages]:
         yield _flatten(file.read(columns=_COLUMNS), np.zeros(0, dtype=np.int64))
 
 
-def _joined(pieces: list[_Messages]) -> _Messages:
+def _joined(pieces: list[_Messages], text_counts: list[int] | None = None) -> _Messages:
     """Row groups' messages as one part's: texts numbered on from one group to the next, as `_flatten`
-    numbers the chunks of a table that holds them all."""
-    text_offsets = np.cumsum([0, *[len(piece.dictionary) for piece in pieces]])
+    numbers the chunks of a table that holds them all. `text_counts`: each group's number of texts, where
+    the pieces no longer hold them (an index build hands them to tantivy and keeps only the numbers: the
+    result's dictionary is then empty)."""
+    counts = text_counts if text_counts is not None else [len(piece.dictionary) for piece in pieces]
+    text_offsets = np.cumsum([0, *counts])
     row_offsets = np.cumsum([0, *[len(piece.ids) for piece in pieces]])
     return _Messages(
         row=np.concatenate([np.zeros(0, np.int64), *[piece.row for piece in pieces]]),
@@ -463,14 +466,16 @@ def build_index(part: Path) -> Path:
     temp.mkdir()
     try:
         pieces: list[_Messages] = []
+        text_counts: list[int] = []
 
         def dictionaries() -> Iterator[pa.Array]:
             for piece in _row_group_messages(part):
-                pieces.append(piece)
+                text_counts.append(len(piece.dictionary))
+                pieces.append(replace(piece, dictionary=piece.dictionary.slice(0, 0)))  # texts go to tantivy only
                 yield piece.dictionary
 
         indexed = _write_tantivy(temp, dictionaries(), _content_bytes(part))
-        messages = _joined(pieces)
+        messages = _joined(pieces, text_counts)
         num_rows = len(messages.ids)
         _write_tables(temp, messages, indexed)
         meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
