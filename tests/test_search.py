@@ -257,6 +257,20 @@ def test_token_texts_of_an_arrow_array_equal_the_tokeniser():
         [e.split() for e in expected]
 
 
+def test_long_tokens_are_found_at_every_offset_and_length():
+    """Tokens of 60-140 word bytes after 0-40 bytes of other text, beside texts of every length: each long
+    one is cut as `tokenize` cuts it, wherever it falls against the 32-byte blocks the fast check reads."""
+    import pyarrow as pa
+
+    texts = [("a b" * 20)[:offset] + " " + "K" * length + (" tail" if length % 2 else "")
+             for offset in range(41) for length in range(60, 141, 7)]
+    texts += ["z" * n for n in range(100)]  # short and long single-token texts, back to back
+    texts += ["w" * 31 + " " + "w" * 33]  # space-free stretches across the block edges, no long token
+    expected = [[S.index_term(t) for t in S.tokenize(text)] for text in texts]
+    for array in (pa.array(texts), pa.array(texts, pa.large_string()), pa.array(["pad", *texts]).slice(1)):
+        assert [t.split() for t in S.token_texts(array)] == expected
+
+
 @pytest.mark.parametrize("positions", [False, True])
 def test_phrases_with_and_without_positions(corpus, monkeypatch, positions):
     monkeypatch.setattr(S, "POSITIONS", positions)
