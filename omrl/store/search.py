@@ -36,10 +36,11 @@ Measured by benchmarks/search_bench.py (2,000 store_bench trajectories, one comp
 searches 85-380x faster than the scan, full hits with snippets 2-3x (their text is read) or 24x for a
 rare phrase; the index is 0.30x the part's bytes without positions (the default; 0.89x with them,
 POSITIONS). The build reads a part a row group at a time (the next one decompressed meanwhile) and
-tokenises in small chunks, so tantivy's thread indexes while Python reads and tokenises the next
-(store_bench --n 100000: 0.82x the time of writing the JSONL; on a 5,000-row part 0.71 s, against 1.09 s
-when the part was read whole first and tokenised in 64 MB chunks). A document per message instead of per
-distinct text: 1.8x the bytes, 2.3x the build time.
+tokenises in small chunks, so tantivy's thread indexes while Python reads and tokenises the next: on a
+5,000-row part 0.71 s, against 1.09 s when the part was read whole first and tokenised in 64 MB chunks;
+at store_bench --n 100000 about as long as writing the JSONL (index_ratio 0.82, 1.25, 0.99, 1.08 in four
+runs on one VM as this build took shape), most of it tantivy's own indexing of ~1 GB of distinct text.
+A document per message instead of per distinct text: 1.8x the bytes, 2.3x the build time.
 
 Why tantivy (maintained, Rust, wheels for every platform): positions and phrase queries, fast fields, a
 compact term dictionary. DuckDB's fts extension cannot be installed offline, and its index lives in a
