@@ -300,6 +300,26 @@ CREATOR = textwrap.dedent(
 )
 
 
+def test_a_store_created_between_the_checks_of_create_is_opened(tmp_path, monkeypatch):
+    """The window the process race hits: another process renames its new store in after create found no
+    manifest and before it checked the folder for foreign files. create opens that store."""
+    import omrl.store.store as store_module
+
+    target = tmp_path / "s"
+    real = store_module._refuse_foreign
+
+    def racing(root):
+        monkeypatch.setattr(store_module, "_refuse_foreign", real)
+        Store.create(root).append([{"id": "theirs", "task_id": "t"}])  # the other process, finished meanwhile
+        real(root)
+
+    monkeypatch.setattr(store_module, "_refuse_foreign", racing)
+    assert Store.create(target).count() == 1
+    monkeypatch.setattr(store_module, "_refuse_foreign", racing)
+    with pytest.raises(StoreError, match="already holds a store"):
+        Store.create(tmp_path / "t", exist_ok=False)
+
+
 def test_processes_racing_to_create_one_store_all_succeed(tmp_path):
     target = tmp_path / "parent" / "s"
     procs = [subprocess.Popen([sys.executable, "-c", CREATOR, str(target), f"p{i}"], stderr=subprocess.PIPE)

@@ -95,12 +95,13 @@ class Store(StoreWriter):
         if not storage.local:
             return cls._create_remote(root, storage, exist_ok, description, lineage)
         if (root / MANIFEST).is_file():
-            if not exist_ok:
-                raise StoreError(f"{root} already holds a store")
-            store = cls(root)
-            store._sync_card()
-            return store
-        _refuse_foreign(root)
+            return cls._open_created(root, exist_ok)
+        try:
+            _refuse_foreign(root)
+        except StoreError:
+            if (root / MANIFEST).is_file():  # a racing process renamed its new store in since the check above
+                return cls._open_created(root, exist_ok)
+            raise
         staging = _new_staging(root, "creating")
         try:
             cls._lay_out(LOCAL, staging, root.name, description, lineage)
@@ -116,6 +117,15 @@ class Store(StoreWriter):
             # A racing process created it first: that is the store the caller asked for.
         fsync_path(root.parent)
         return cls(root)
+
+    @classmethod
+    def _open_created(cls, root: Path, exist_ok: bool) -> Store:
+        """The store already at `root`, for `create` (refused unless exist_ok)."""
+        if not exist_ok:
+            raise StoreError(f"{root} already holds a store")
+        store = cls(root)
+        store._sync_card()
+        return store
 
     @classmethod
     def _create_remote(cls, root: S3Path, storage: Storage, exist_ok: bool, description: str,
