@@ -10,8 +10,8 @@ JSONL, what a user would otherwise keep, / every byte of the store on disk, side
 included) >= 1.0 (size_vs_zstd3_without_index: the same without the index); append_ratio (the appends /
 writing the JSONL) <= 1.5; compact_ratio (the `compact` that merges them, without the search index / writing
 the JSONL) <= 1.0; index_ratio (building the search index afterwards, timed apart / writing the JSONL)
-<= 1.0; query_speedup_min (smallest plain-Python-over-JSONL time / store time over the four queries) >= 20 and query_speedup_min_duckdb_jsonl (the same against DuckDB
-reading the JSONL) >= 10. Also printed: size_ratio (JSONL bytes / store bytes) beside zstd_long_ratio
+<= 1.0; query_speedup_min (smallest plain-Python-over-JSONL time / store time over the four queries) >= 20
+and query_speedup_min_duckdb_jsonl (the same against DuckDB reading the JSONL) >= 10. Also printed: size_ratio (JSONL bytes / store bytes) beside zstd_long_ratio
 (`zstd -19 --long=27` of the same JSONL: the bound), write_ratio (appends + compact + index / JSONL).
 Writing the JSONL (the baseline of the ratios) runs 3 times and each query 3 times; the medians count. The
 store's answers must equal both baselines' by value (floats to 1e-9; word_search: the same trajectory ids;
