@@ -317,7 +317,7 @@ def _no_text_reads(monkeypatch) -> list:
         raise AssertionError("an indexed search read a whole part")
 
     monkeypatch.setattr(S, "message_texts", recorded)
-    monkeypatch.setattr(S, "_read_rows", refused)
+    monkeypatch.setattr(S, "_row_group_messages", refused)  # the one reader of a whole part
     return calls
 
 

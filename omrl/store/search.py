@@ -218,7 +218,7 @@ def _flatten(table: pa.Table, rows: np.ndarray) -> _Messages:
     """`table` (id, messages with role and content) as messages; `rows` are its rows' numbers in the part.
 
     Each chunk's texts are numbered apart, from the chunk's own dictionary when its content is
-    dictionary-encoded (a row group as `_read_rows` reads it), so a text repeated in two chunks has two
+    dictionary-encoded (a row group as `_row_group_messages` reads it), so a text repeated in two chunks has two
     numbers: both are indexed, both are hits."""
     parents, positions, roles, text_ids, dictionaries = [], [], [], [], []
     first_row = texts = 0
@@ -254,15 +254,6 @@ def _row_groups(file: pq.ParquetFile, rows: np.ndarray) -> tuple[list[int], np.n
     first_read = np.cumsum(np.concatenate([[0], np.diff(starts)[groups]]))[:-1]  # each group's first row read
     at = np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)
     return groups.tolist(), first_read[at] + rows - starts[groups][at]
-
-
-def _read_rows(part: Path) -> tuple[pa.Table, np.ndarray]:
-    """The id, role and content of every row of a part, and the rows' numbers. Content comes a row group
-    at a time as Parquet's dictionary of it: each distinct text is decoded once, none is hashed again."""
-    file = pq.ParquetFile(part, read_dictionary=_CONTENT)
-    groups = [file.read_row_group(i, columns=_COLUMNS) for i in range(file.metadata.num_row_groups)]
-    table = pa.concat_tables(groups) if groups else file.read(columns=_COLUMNS)
-    return table, np.arange(table.num_rows, dtype=np.int64)
 
 
 def message_texts(part: Path, rows: np.ndarray, positions: np.ndarray) -> list[str | None]:
@@ -308,16 +299,16 @@ def _joined(pieces: list[_Messages], text_counts: list[int] | None = None) -> _M
     the pieces no longer hold them (an index build hands them to tantivy and keeps only the numbers: the
     result's dictionary is then empty)."""
     counts = text_counts if text_counts is not None else [len(piece.dictionary) for piece in pieces]
-    text_offsets = np.cumsum([0, *counts])
-    row_offsets = np.cumsum([0, *[len(piece.ids) for piece in pieces]])
+    text_offsets = np.cumsum([0, *counts])[:-1]
+    row_offsets = np.cumsum([0, *[len(piece.ids) for piece in pieces]])[:-1]
     return _Messages(
         row=np.concatenate([np.zeros(0, np.int64), *[piece.row for piece in pieces]]),
         local=np.concatenate([np.zeros(0, np.int64), *[piece.local + offset
-                                                       for piece, offset in zip(pieces, row_offsets, strict=False)]]),
+                                                       for piece, offset in zip(pieces, row_offsets, strict=True)]]),
         position=np.concatenate([np.zeros(0, np.int32), *[piece.position for piece in pieces]]),
         role=pa.concat_arrays([piece.role for piece in pieces]) if pieces else pa.array([], pa.string()),
         text_id=np.concatenate([np.zeros(0, np.int64), *[np.where(piece.text_id >= 0, piece.text_id + offset, -1)
-                                                         for piece, offset in zip(pieces, text_offsets, strict=False)]]),
+                                                         for piece, offset in zip(pieces, text_offsets, strict=True)]]),
         dictionary=pa.concat_arrays([piece.dictionary for piece in pieces]) if pieces else pa.array([], pa.string()),
         ids=pa.concat_arrays([piece.ids for piece in pieces]) if pieces else pa.array([], pa.string()))
 
@@ -695,8 +686,7 @@ def _indexed_hits(part: Path, opened: _Opened, query: Query) -> pa.Table:
 def _scanned_hits(part: Path, query: Query, snippets: bool) -> pa.Table:
     """The hits of one part found by reading and checking every message (the reference the index is
     tested against, and what a part without an index gets)."""
-    table, rows = _read_rows(part)
-    messages = _flatten(table, rows)
+    messages, _ = part_messages(part)
     has_text = messages.text_id >= 0
     verdicts = np.zeros(len(messages.dictionary), dtype=bool)
     for text_id in np.unique(messages.text_id[has_text]):  # each distinct text checked once

@@ -112,11 +112,10 @@ class Store(StoreWriter):
                 raise
             if not (root / MANIFEST).is_file():
                 raise StoreError(f"{root} exists, is not empty and is not an omrl store") from None
-            if not exist_ok:
-                raise StoreError(f"{root} already holds a store") from None
-            # A racing process created it first: that is the store the caller asked for.
-        fsync_path(root.parent)
-        return cls(root)
+        else:
+            fsync_path(root.parent)
+            return cls(root)
+        return cls._open_created(root, exist_ok)  # a racing process created it first: the store asked for
 
     @classmethod
     def _open_created(cls, root: Path, exist_ok: bool) -> Store:
