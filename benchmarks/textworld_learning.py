@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
 TEST_TASKS = ROOT / "datasets" / "tasks" / "twx_coin_test.jsonl"
-LR_GRID = "1e-4,3e-4,1e-3"
-PPO_GRID = "ppo_epochs=1,whiten_advantages=false,critic_warmup_steps=4"
-CREDIT_WEIGHTS = "0.5,2"
+LR_GRID = "5e-4,1e-3"
+PPO_GRID = "ppo_epochs=1,whiten_advantages=false"
+CREDIT_WEIGHTS = "2"
 QUICK = ["demos.tasks=12", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",
          "grpo.samples_per_task=2", "grpo.warmup_steps=0", "ppo.minibatches=1", "eval.tasks=3", "eval.samples=1",
          "tiny.hidden=32", "tiny.vocab_size=600", "rollout.max_turns=4", "rollout.concurrency=4",
