@@ -10,8 +10,8 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
    the gold paths, in OUT/seed-s, whose store receives every run of that seed.
 2. Tuning, seed 0, on the dev games: every RL method starts from seed 0's SFT checkpoint and plays the same
    rollouts (grpo.max_steps x tasks_per_step x samples_per_task; PPO takes GRPO's numbers). The grid, small
-   and stated in the output: the learning rates of --lr-grid for all four; then for PPO, one at a time from the
-   best so far, each change of --ppo-grid (kept when it scores better); then for step credit the weights of
+   and stated in the output: the learning rates of --lr-grid for GRPO and step credit, of --ppo-lr-grid for PPO
+   (8 optimizer steps per batch to GRPO's 1); then for PPO, one at a time from the best so far, each change of --ppo-grid (kept when it scores better); then for step credit the weights of
    --credit-weights (weight 0 is GRPO at the same rate: the ablation). A run's dev score is the mean of its
    sampled and greedy success; the best wins (the first in grid order on a tie).
 3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run), evaluated once on
@@ -45,13 +45,16 @@ sys.path.insert(0, str(ROOT))
 RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
 TEST_TASKS = ROOT / "datasets" / "tasks" / "twx_coin_test.jsonl"
 LR_GRID = "5e-4,1e-3"
+PPO_LR_GRID = "1e-4,3e-4"  # PPO takes ppo_epochs x minibatches optimizer steps per batch (8), GRPO one: at 5e-4 and
+                           # 1e-3 its turn-level runs collapsed to 0% success within 32 steps (12 at 1e-3)
 PPO_GRID = "ppo_epochs=1,whiten_advantages=false"
 CREDIT_WEIGHTS = "2"
 QUICK = ["demos.tasks=12", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",
          "grpo.samples_per_task=2", "grpo.warmup_steps=0", "ppo.minibatches=1", "eval.tasks=3", "eval.samples=1",
          "tiny.hidden=32", "tiny.vocab_size=600", "rollout.max_turns=4", "rollout.concurrency=4",
          "eval.concurrency=4"]
-QUICK_ARGS = ["--lr-grid", "5e-4", "--ppo-grid", "ppo_epochs=1", "--credit-weights", "2", "--test-tasks", "3"]
+QUICK_ARGS = ["--lr-grid", "5e-4", "--ppo-lr-grid", "5e-4", "--ppo-grid", "ppo_epochs=1", "--credit-weights", "2",
+              "--test-tasks", "3"]
 
 
 def _parse_grid(text: str) -> list[tuple[str, Any]]:
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="runs/textworld_learning", help="run folder (resumes)")
     parser.add_argument("--quick", action="store_true", help="tiny budgets and grids: checks the path, not the numbers")
     parser.add_argument("--seeds", default="0,1", help="seeds (each: its own base model, SFT and RL runs)")
-    parser.add_argument("--lr-grid", default=LR_GRID, help="learning rates tried for every RL method")
+    parser.add_argument("--lr-grid", default=LR_GRID, help="learning rates tried for GRPO and GRPO + step credit")
+    parser.add_argument("--ppo-lr-grid", default=PPO_LR_GRID, help="learning rates tried for the PPO methods")
     parser.add_argument("--ppo-grid", default=PPO_GRID, help="PPO changes tried one at a time after the rate")
     parser.add_argument("--credit-weights", default=CREDIT_WEIGHTS, help="step-credit weights tried after the rate")
     parser.add_argument("--prepare-seed", type=int, default=None,
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     if len(set(seeds)) != len(seeds):
         raise SystemExit("--seeds: distinct integers, e.g. 0,1")
     grids = {"learning_rate": [float(x) for x in args.lr_grid.split(",") if x.strip()],
+             "ppo_learning_rate": [float(x) for x in args.ppo_lr_grid.split(",") if x.strip()],
              "ppo": _parse_grid(args.ppo_grid),
              "step_credit.weight": [float(x) for x in args.credit_weights.split(",") if x.strip()]}
     test = load_tasks(TEST_TASKS)[: args.test_tasks or None]
@@ -140,8 +145,8 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     sft = {first: bench.prepare(first)}  # the other seeds' after tuning (--prepare-seed may make them meanwhile)
     chosen, tuning = {}, {}
     for method in methods:
-        chosen[method], tuning[method] = tune(bench, first, method, grids["learning_rate"], grids["ppo"],
-                                              grids["step_credit.weight"])
+        rates = grids["ppo_learning_rate" if method.startswith("ppo") else "learning_rate"]
+        chosen[method], tuning[method] = tune(bench, first, method, rates, grids["ppo"], grids["step_credit.weight"])
     tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
     trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
     tests["expert"][first] = bench.evaluate(first, "test", "expert", None)
@@ -269,7 +274,8 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "eval": {"samples": recipe.eval.samples, "temperature": recipe.eval.temperature, "greedy": 1},
         "model": {"hidden": recipe.tiny.hidden, "layers": recipe.tiny.layers, "vocab_size": recipe.tiny.vocab_size},
         "rollouts_per_rl_method": bench.rollouts,
-        "grid": {"learning_rate": grids["learning_rate"], "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
+        "grid": {"learning_rate": grids["learning_rate"], "ppo_learning_rate": grids["ppo_learning_rate"],
+                 "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
                  "step_credit.weight": [1.0, *grids["step_credit.weight"]],
                  "selection": "dev games, seed 0: mean of sampled and greedy success"},
         "methods": methods,
