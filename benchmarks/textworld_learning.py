@@ -1,7 +1,7 @@
 """Learning on a TextWorld-family game: SFT, more SFT, GRPO, GRPO with step credit and PPO (token- and turn-level
 GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two seeds, held-out test games.
 
-    nice -n 10 python benchmarks/textworld_learning.py             # the full run (hours on 2 busy cores; resumes)
+    nice -n 10 python benchmarks/textworld_learning.py             # the full run (~110 min of runs on 2 idle cores; resumes)
     python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
     python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
 
