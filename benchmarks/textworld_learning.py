@@ -1,7 +1,7 @@
 """Learning on a TextWorld-family game: SFT, more SFT, GRPO, GRPO with step credit and PPO (token- and turn-level
 GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two seeds, held-out test games.
 
-    nice -n 10 python benchmarks/textworld_learning.py             # the full run (~110 min of runs on 2 idle cores; resumes)
+    nice -n 10 python benchmarks/textworld_learning.py             # the full run (~110 min of runs, 2 idle cores)
     python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
     python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
 
@@ -11,9 +11,10 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
 2. Tuning, seed 0, on the dev games: every RL method starts from seed 0's SFT checkpoint and plays the same
    rollouts (grpo.max_steps x tasks_per_step x samples_per_task; PPO takes GRPO's numbers). The grid, small
    and stated in the output: the learning rates of --lr-grid for GRPO and step credit, of --ppo-lr-grid for PPO
-   (8 optimizer steps per batch to GRPO's 1); then for PPO, one at a time from the best so far, each change of --ppo-grid (kept when it scores better); then for step credit the weights of
-   --credit-weights (weight 0 is GRPO at the same rate: the ablation). A run's dev score is the mean of its
-   sampled and greedy success; the best wins (the first in grid order on a tie).
+   (8 optimizer steps per batch to GRPO's 1); then for PPO, one at a time from the best so far, each change of
+   --ppo-grid (kept when it scores better); then for step credit the weights of --credit-weights (weight 0
+   is GRPO at the same rate: the ablation). A run's dev score is the mean of its sampled and greedy success;
+   the best wins (the first in grid order on a tie).
 3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run), evaluated once on
    the test games, sampled (eval.samples per game at temperature 1) and greedy; SFT; more SFT (the SFT run
    continued for as many epochs as the RL methods' mean training time buys); the expert.
