@@ -146,7 +146,8 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     sft = {first: bench.prepare(first)}  # the other seeds' after tuning (--prepare-seed may make them meanwhile)
     chosen, tuning = {}, {}
     for method in methods:
-        rates = grids["ppo_learning_rate" if method.startswith("ppo") else "learning_rate"]
+        trainer = RL_METHODS[method][0]  # as tune() tells PPO from GRPO
+        rates = grids["ppo_learning_rate" if trainer == "ppo" else "learning_rate"]
         chosen[method], tuning[method] = tune(bench, first, method, rates, grids["ppo"], grids["step_credit.weight"])
     tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
     trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
