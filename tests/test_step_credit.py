@@ -20,6 +20,7 @@ from omrl.train.step_credit import (
     store_in_turns,
     token_advantages,
     turn_states,
+    visited_states,
 )
 
 
@@ -86,6 +87,27 @@ def test_an_outside_episode_reward_lands_on_the_last_turn():
     assert episodes[0].states == [RESET_STATE, "a"] and episodes[0].group == "g"
     with pytest.raises(ValueError, match="rewards"):
         episodes_from_rows(ROWS, rewards=[1.0])
+
+
+def test_the_visited_anchor_tells_a_first_visit_from_a_return():
+    # A search game: both episodes stand in the kitchen twice. e0 goes west, comes back and then north to the
+    # coin; e1 goes north at once. By state alone all four kitchen turns are one step group; by state and
+    # visited set, e0's return to the kitchen is its own group, and the first visits compare e0's "west"
+    # with e1's "north".
+    rows = [{"id": "e0", "group_id": "g", "reward": 1.0,
+             "turns": [turn("kitchen"), turn("pantry"), turn("kitchen"), turn("coin", 1.0)]},
+            {"id": "e1", "group_id": "g", "reward": 1.0, "turns": [turn("kitchen"), turn("coin", 1.0)]}]
+    by_state = credit_rows(rows, StepCreditSettings(gamma=0.5, scale_std=False))
+    assert by_state.step_group_sizes == [[2, 3, 1, 3], [2, 3]]
+    visited = credit_rows(rows, StepCreditSettings(gamma=0.5, scale_std=False, anchor="visited"))
+    assert visited.step_group_sizes == [[2, 2, 1, 1], [2, 2]]
+    assert visited.step_groups[0][1] == visited.step_groups[1][1] != visited.step_groups[0][3]
+    # first kitchen visit: e0 (west) returns 0.5**2 = 0.25, e1 (north) 1.0 -> mean 0.625
+    assert visited.step_advantages[0][1] == pytest.approx(-0.375) and visited.step_advantages[1][1] == pytest.approx(0.375)
+    assert visited.episode_advantages == [0.0, 0.0]  # both found the coin: only the steps tell them apart
+    assert visited_states(["A", None, "B"]) == [("A", ()), None, None]  # after an unknown state, unknown
+    with pytest.raises(ValueError, match="anchor"):
+        StepCreditSettings(anchor="history")
 
 
 def test_turn_values_spread_over_each_turns_trainable_tokens_only():

@@ -6,7 +6,8 @@ environment state form a step group, and each step is compared with the others o
 
 - Episode advantage: the GRPO group advantage of the episode's reward (omrl.train.advantages).
 - Step return: the discounted sum of the turn rewards from that turn on, gamma per turn.
-- Step group: (episode group, state the turn acts from). A state of None is a group of its own.
+- Step group: (episode group, anchor the turn acts from: the state, or with `anchor: visited` the state and
+  the set of states before it). An anchor of None is a group of its own.
 - Step advantage: the group advantage of the step returns within the step group (0 for a group of one
   or a flat group: nothing to compare).
 - An episode without a reward (failed, or a missing judge score) is left out of every group and gets
@@ -34,6 +35,7 @@ from omrl.errors import UsageError
 from omrl.train.advantages import group_advantages
 
 RESET_STATE = "<reset>"
+ANCHORS = ("state", "visited")
 
 
 @dataclass
@@ -47,6 +49,14 @@ class StepCreditSettings:
         "help": "discount per turn of the step returns that step groups compare (GiGPO's default)"})
     scale_std: bool = field(default=True, metadata={
         "help": "divide step advantages by their step group's std (false: r - mean, Dr. GRPO style)"})
+    anchor: str = field(default="state", metadata={
+        "help": "what makes two steps comparable: state (the environment's state, GiGPO's anchor) or visited "
+                "(that state and the set of states the episode saw before it: for partially observed games, "
+                "where the right move depends on what was already searched)"})
+
+    def __post_init__(self) -> None:
+        if self.anchor not in ANCHORS:
+            raise UsageError(f"step_credit.anchor: one of {', '.join(ANCHORS)}, got {self.anchor!r}")
 
 
 @dataclass
@@ -139,9 +149,24 @@ def _info(turn: dict[str, Any]) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float | None] | None = None
-                       ) -> list[EpisodeSteps]:
-    """One EpisodeSteps per stored row: its group_id, the states its turns act from, its turn rewards.
+def visited_states(states: Sequence[Hashable | None]) -> list[Hashable | None]:
+    """Each state paired with the set of states before it in the episode (sorted): the anchor `visited`.
+    After an unknown state (None) the set is unknown too: None from there on."""
+    out: list[Hashable | None] = []
+    seen: set[str] = set()
+    for state in states:
+        if state is None or (out and out[-1] is None):
+            out.append(None)
+            continue
+        out.append((state, tuple(sorted(seen))))
+        seen.add(repr(state))
+    return out
+
+
+def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float | None] | None = None,
+                       anchor: str = "state") -> list[EpisodeSteps]:
+    """One EpisodeSteps per stored row: its group_id, the anchors its turns act from (`anchor`:
+    StepCreditSettings.anchor), its turn rewards.
 
     `rewards` (default: each row's reward) is the episode reward GRPO trains on, e.g. a combined judge
     score; what the turn rewards do not account for is added to the last turn, so with gamma 1 the
@@ -154,8 +179,9 @@ def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float |
         turn_rewards = [float(t.get("reward") or 0.0) for t in row.get("turns") or []]
         if reward is not None and turn_rewards:
             turn_rewards[-1] += float(reward) - sum(turn_rewards)
+        states = turn_states(row)
         out.append(EpisodeSteps(str(row.get("group_id") or row.get("task_id")), reward, turn_rewards,
-                                turn_states(row)))
+                                visited_states(states) if anchor == "visited" else states))
     return out
 
 
@@ -163,7 +189,7 @@ def credit_rows(rows: Sequence[dict[str, Any]], settings: StepCreditSettings | N
                 rewards: Sequence[float | None] | None = None) -> StepCredit:
     """Step credit of a batch of stored rows (one or more whole GRPO groups) as `settings` say."""
     settings = settings or StepCreditSettings()
-    return step_credit(episodes_from_rows(rows, rewards), gamma=settings.gamma, weight=settings.weight,
+    return step_credit(episodes_from_rows(rows, rewards, settings.anchor), gamma=settings.gamma, weight=settings.weight,
                        scale_std=settings.scale_std)
 
 
