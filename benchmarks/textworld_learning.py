@@ -288,9 +288,47 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "step_credit_vs_grpo_points": {mode: gain("grpo_step_credit", "grpo", mode) for mode in ("sampled", "greedy")},
         "step_credit_diagnostics": runs["diagnostics"],
         "step_credit_weight_ablation": ablation,
+        "greedy_failures": {m: greedy_failures(bench, m) for m in ("sft", "sft_more", *RL_METHODS)},
         "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),
         "load_mean": round(sum(loads) / len(loads), 1) if loads else None, "cores": os.cpu_count(),
     }
+
+
+# How greedy episodes fail, from the game's state key after each turn (omrl/envs/twx.py): a turn "stalls" when
+# the state it led to is the one before it (a move into a wall, look, inventory); a failed episode "loops" when
+# its last 4 turns led to at most 2 states (stuck in one room, or back and forth between two).
+GREEDY_FAILURES_SQL = """
+WITH t AS (
+  SELECT trajectory_id, "index" AS k, json_extract_string(info, '$.state') AS state,
+         lag(json_extract_string(info, '$.state')) OVER (PARTITION BY trajectory_id ORDER BY "index") AS before,
+         count(*) OVER (PARTITION BY trajectory_id) - "index" AS from_end
+  FROM turns WHERE run_id = {run}
+), e AS (
+  SELECT tr.id, tr.success, count(DISTINCT t.state) FILTER (WHERE t.from_end <= 4) AS last_states
+  FROM trajectories tr JOIN t ON t.trajectory_id = tr.id WHERE tr.run_id = {run} GROUP BY tr.id, tr.success
+)
+SELECT (SELECT count(*) FROM e) AS episodes, (SELECT count(*) FROM e WHERE NOT success) AS failed,
+       (SELECT count(*) FROM e WHERE NOT success AND last_states <= 2) AS failed_looping,
+       (SELECT count(*) FROM t WHERE before IS NOT NULL) AS moves,
+       (SELECT count(*) FROM t WHERE state = before) AS stalled
+"""
+
+
+def greedy_failures(bench, name: str) -> list[dict[str, Any]]:
+    """Per seed, how the greedy test episodes of `name` fail: failed share, the share of failures that loop
+    between two states, the share of turns that stall (GREEDY_FAILURES_SQL)."""
+    from omrl.store.query import quote_literal
+    from omrl.train.iterate_eval import eval_run_ids
+
+    out = []
+    for seed in bench.seeds:
+        run = eval_run_ids(bench.recipes[seed], f"test-{name}")["greedy"]
+        row = bench.stores[seed].sql(GREEDY_FAILURES_SQL.format(run=quote_literal(run))).to_pylist()[0]
+        episodes, failed, moves = row["episodes"], row["failed"], row["moves"]
+        out.append({"seed": seed, "failed": round(failed / episodes, 4) if episodes else None,
+                    "failures_looping": round(row["failed_looping"] / failed, 4) if failed else None,
+                    "turns_stalled": round(row["stalled"] / moves, 4) if moves else None})
+    return out
 
 
 def _report(store, out: Path, recipe, benchmark: Path | None = None) -> None:

@@ -79,6 +79,13 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
     # every game starts in the same room: the first turns of a group always share a step group
     assert diagnostics["share_in_step_group"] > 0
     assert {a["weight"] for a in line["step_credit_weight_ablation"]} == {0.0, 1.0, 2.0}
+    # how greedy episodes fail, from the stored turns: the failed share is the table's greedy success, mirrored
+    for name in ("sft", "sft_more", *RL):
+        failures = line["greedy_failures"][name]
+        assert [f["seed"] for f in failures] == [0, 1]
+        for f, seed_row in zip(failures, line["methods"][name]["per_seed"], strict=True):
+            assert f["failed"] == pytest.approx(1 - seed_row["greedy"], abs=1e-4), name
+            assert all(f[k] is None or 0.0 <= f[k] <= 1.0 for k in ("failures_looping", "turns_stalled"))
     # the file: the line plus per-step training success of every final RL run, both seeds
     saved = json.loads((out / "benchmark.json").read_text())
     assert {k: v for k, v in saved.items() if k != "curves"} == line
