@@ -13,8 +13,8 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
    and stated in the output: the learning rates of --lr-grid for GRPO and step credit, of --ppo-lr-grid for PPO
    (8 optimizer steps per batch to GRPO's 1); then for PPO, one at a time from the best so far, each change of
    --ppo-grid (kept when it scores better); then for step credit the weights of --credit-weights (weight 0
-   is GRPO at the same rate: the ablation). A run's dev score is the mean of its sampled and greedy success;
-   the best wins (the first in grid order on a tie).
+   is GRPO at the same rate: the ablation), then the anchors of --credit-anchors. A run's dev score is the mean
+   of its sampled and greedy success; the best wins (the first in grid order on a tie).
 3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run), evaluated once on
    the test games, sampled (eval.samples per game at temperature 1) and greedy; SFT; more SFT (the SFT run
    continued for as many epochs as the RL methods' mean training time buys); the expert.
@@ -50,12 +50,13 @@ PPO_LR_GRID = "1e-4,3e-4"  # PPO takes ppo_epochs x minibatches optimizer steps 
                            # 1e-3 its turn-level runs collapsed to 0% success within 32 steps (12 at 1e-3)
 PPO_GRID = "ppo_epochs=1,whiten_advantages=false"
 CREDIT_WEIGHTS = "2"
+CREDIT_ANCHORS = "visited"  # the state and the rooms seen before it: the right move depends on what was searched
 QUICK = ["demos.tasks=12", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",
          "grpo.samples_per_task=2", "grpo.warmup_steps=0", "ppo.minibatches=1", "eval.tasks=3", "eval.samples=1",
          "tiny.hidden=32", "tiny.vocab_size=600", "rollout.max_turns=4", "rollout.concurrency=4",
          "eval.concurrency=4"]
 QUICK_ARGS = ["--lr-grid", "5e-4", "--ppo-lr-grid", "5e-4", "--ppo-grid", "ppo_epochs=1", "--credit-weights", "2",
-              "--test-tasks", "3"]
+              "--credit-anchors", "visited", "--test-tasks", "3"]
 
 
 def _parse_grid(text: str) -> list[tuple[str, Any]]:
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ppo-lr-grid", default=PPO_LR_GRID, help="learning rates tried for the PPO methods")
     parser.add_argument("--ppo-grid", default=PPO_GRID, help="PPO changes tried one at a time after the rate")
     parser.add_argument("--credit-weights", default=CREDIT_WEIGHTS, help="step-credit weights tried after the rate")
+    parser.add_argument("--credit-anchors", default=CREDIT_ANCHORS,
+                        help="step-credit anchors (step_credit.anchor) tried after the weights")
     parser.add_argument("--prepare-seed", type=int, default=None,
                         help="only make this seed's expert, base and SFT (a second process beside the main call)")
     parser.add_argument("--helper", action="store_true",
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     grids = {"learning_rate": [float(x) for x in args.lr_grid.split(",") if x.strip()],
              "ppo_learning_rate": [float(x) for x in args.ppo_lr_grid.split(",") if x.strip()],
              "ppo": _parse_grid(args.ppo_grid),
-             "step_credit.weight": [float(x) for x in args.credit_weights.split(",") if x.strip()]}
+             "step_credit.weight": [float(x) for x in args.credit_weights.split(",") if x.strip()],
+             "step_credit.anchor": [x.strip() for x in args.credit_anchors.split(",") if x.strip()]}
     test = load_tasks(TEST_TASKS)[: args.test_tasks or None]
     bench = Comparison(out, RECIPE, (QUICK if args.quick else []) + list(args.overrides), seeds, test)
     if args.prepare_seed is not None:
@@ -148,7 +152,8 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     for method in methods:
         trainer = RL_METHODS[method][0]  # as tune() tells PPO from GRPO
         rates = grids["ppo_learning_rate" if trainer == "ppo" else "learning_rate"]
-        chosen[method], tuning[method] = tune(bench, first, method, rates, grids["ppo"], grids["step_credit.weight"])
+        chosen[method], tuning[method] = tune(bench, first, method, rates, grids["ppo"], grids["step_credit.weight"],
+                                              grids["step_credit.anchor"])
     tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
     trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
     tests["expert"][first] = bench.evaluate(first, "test", "expert", None)
@@ -263,7 +268,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
     ablation = [{"weight": p["settings"].get("step_credit", {}).get("weight", 1.0) if method != "grpo" else 0.0,
                  "learning_rate": rate, **{k: p[k] for k in ("dev_sampled", "dev_greedy", "dev_score")}}
                 for method in ("grpo", "grpo_step_credit") for p in tuning[method]
-                if p["settings"]["learning_rate"] == rate]
+                if p["settings"]["learning_rate"] == rate and p["stage"] != "step_credit.anchor"]
     records = bench.state.data["stages"]
     loads = [r["load"] for r in records if r.get("load") is not None]
     iterate_s = sum(stage.get("seconds", 0.0) for s in seeds
@@ -279,6 +284,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "grid": {"learning_rate": grids["learning_rate"], "ppo_learning_rate": grids["ppo_learning_rate"],
                  "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
                  "step_credit.weight": [1.0, *grids["step_credit.weight"]],
+                 "step_credit.anchor": ["state", *grids["step_credit.anchor"]],
                  "selection": "dev games, seed 0: mean of sampled and greedy success"},
         "methods": methods,
         "best_rl_method": best_rl,

@@ -46,7 +46,8 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
         row = line["methods"][name]
         assert len(row["per_seed"]) == 2 and len(row["wall_s"]) == 2 and all(w > 0 for w in row["wall_s"])
     # every RL method: the same rollouts, its grid with dev scores, its choice one of the grid's points
-    sizes = {"grpo": 1, "grpo_step_credit": 2, "ppo_token": 2, "ppo_turn": 2}  # quick: 1 rate, +1 PPO change or weight
+    sizes = {"grpo": 1, "grpo_step_credit": 3, "ppo_token": 2, "ppo_turn": 2}  # quick: 1 rate, +1 PPO change, or
+    # +1 weight and +1 anchor
     for name in RL:
         row = line["methods"][name]
         assert row["training_rollouts"] == line["rollouts_per_rl_method"]
@@ -78,7 +79,10 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
         assert 0.0 <= diagnostics[key] <= 1.0
     # every game starts in the same room: the first turns of a group always share a step group
     assert diagnostics["share_in_step_group"] > 0
-    assert {a["weight"] for a in line["step_credit_weight_ablation"]} == {0.0, 1.0, 2.0}
+    assert sorted(a["weight"] for a in line["step_credit_weight_ablation"]) == [0.0, 1.0, 2.0]
+    anchored = [p for p in line["methods"]["grpo_step_credit"]["grid"] if p["stage"] == "step_credit.anchor"]
+    assert [p["settings"]["step_credit"]["anchor"] for p in anchored] == ["visited"]
+    assert line["grid"]["step_credit.anchor"] == ["state", "visited"]
     # how greedy episodes fail, from the stored turns: the failed share is the table's greedy success, mirrored
     for name in ("sft", "sft_more", *RL):
         failures = line["greedy_failures"][name]

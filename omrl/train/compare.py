@@ -23,7 +23,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,15 @@ class LoadMeter:
 
 
 def label(settings: dict[str, Any]) -> str:
-    """A short run name for a grid point: lr3e-4, lr3e-4-ppo_epochs1, lr3e-4-weight2."""
+    """A short run name for a grid point: lr3e-4, lr3e-4-ppo_epochs1, lr3e-4-weight2, lr3e-4-weight1-anchorvisited."""
     parts = []
     for key, value in settings.items():
         if key == "learning_rate":
             parts.append(f"lr{value:g}")
         elif key == "step_credit":
             parts.append(f"weight{value['weight']:g}")
+            if value.get("anchor", "state") != "state":
+                parts.append(f"anchor{value['anchor']}")
         elif key != "level":
             parts.append(f"{key}{str(value).lower()}")
     return "-".join(parts)
@@ -262,13 +264,14 @@ def dev_score(record: dict[str, Any]) -> float:
 
 
 def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_grid: list[tuple[str, Any]],
-         credit_weights: list[float]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         credit_weights: list[float], credit_anchors: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The method's chosen settings and its grid (every point with its dev success and training time).
 
     Each point is a run from the seed's SFT checkpoint scored on the dev split (dev_score). First every learning
     rate of `lr_grid`; then, for PPO, each (key, value) of `ppo_grid` added to the best so far, one at a time,
     kept when it scores better (a coordinate search: 1 + len(ppo_grid) more runs, not a product); then, for step
-    credit, each weight of `credit_weights` at the best so far. The first best in this order wins a tie."""
+    credit, each weight of `credit_weights` at the best so far, then each anchor of `credit_anchors` (step_credit.anchor)
+    at the best so far. The first best in this order wins a tie."""
     grid: list[dict[str, Any]] = []
 
     def point(settings: dict[str, Any], stage: str) -> float:
@@ -297,6 +300,11 @@ def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_gr
         for weight in credit_weights:
             settings = {**best, "step_credit": {**fixed, "weight": weight}}
             score = point(settings, "step_credit.weight")
+            if score > best_score:
+                best, best_score = settings, score
+        for anchor in credit_anchors:
+            settings = {**best, "step_credit": {**fixed, **best.get("step_credit", {}), "anchor": anchor}}
+            score = point(settings, "step_credit.anchor")
             if score > best_score:
                 best, best_score = settings, score
     return best, grid
