@@ -46,8 +46,9 @@ sys.path.insert(0, str(ROOT))
 RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
 TEST_TASKS = ROOT / "datasets" / "tasks" / "twx_coin_test.jsonl"
 LR_GRID = "5e-4,1e-3"
-PPO_LR_GRID = "1e-4,3e-4"  # PPO takes ppo_epochs x minibatches optimizer steps per batch (8), GRPO one: at 5e-4 and
-                           # 1e-3 its turn-level runs collapsed to 0% success within 32 steps (12 at 1e-3)
+# PPO takes ppo_epochs x minibatches optimizer steps per batch (8), GRPO one: at 5e-4 and 1e-3 its turn-level runs
+# collapsed to 0% success within 32 steps, and from the converged SFT so did a token-level one at 3e-4 (unwhitened)
+PPO_LR_GRID = "3e-5,1e-4,3e-4"
 PPO_GRID = "ppo_epochs=1,whiten_advantages=false"
 CREDIT_WEIGHTS = "2"
 CREDIT_ANCHORS = "visited"  # the state and the rooms seen before it: the right move depends on what was searched
