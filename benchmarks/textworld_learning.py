@@ -1,7 +1,7 @@
 """Learning on a TextWorld-family game: SFT, more SFT, GRPO, GRPO with step credit and PPO (token- and turn-level
 GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two seeds, held-out test games.
 
-    nice -n 10 python benchmarks/textworld_learning.py             # the full run (~110 min of runs, 2 idle cores)
+    nice -n 10 python benchmarks/textworld_learning.py             # the full run (~130 min of runs, 2 idle cores)
     python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
     python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
 
@@ -296,6 +296,8 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "step_credit_diagnostics": runs["diagnostics"],
         "step_credit_weight_ablation": ablation,
         "greedy_failures": {m: greedy_failures(bench, m) for m in ("sft", "sft_more", *RL_METHODS)},
+        "return_moves": return_moves(bench, first, {"sft": sft[first]["checkpoint"],
+                                                    **{m: trained[m][0]["checkpoint"] for m in ("sft_more", *RL_METHODS)}}),
         "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),
         "load_mean": round(sum(loads) / len(loads), 1) if loads else None, "cores": os.cpu_count(),
     }
@@ -336,6 +338,57 @@ def greedy_failures(bench, name: str) -> list[dict[str, Any]]:
                     "failures_looping": round(row["failed_looping"] / failed, 4) if failed else None,
                     "turns_stalled": round(row["stalled"] / moves, 4) if moves else None})
     return out
+
+
+def return_moves(bench, seed: int, checkpoints: dict[str, str]) -> dict[str, Any]:
+    """Does a policy use the episode's history? In SFT's sampled test episodes of `seed`, at each episode's first
+    return to a room: every checkpoint's mean probability of the move made there on the first visit, in the first
+    visit's context and in the return's (equal: the move depends on the room alone, and greedy play can loop)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omrl.store.query import quote_literal
+    from omrl.train.iterate_eval import eval_run_ids
+
+    run = eval_run_ids(bench.recipes[seed], "test-sft")["sampled"]
+    rows = bench.stores[seed].sql(f"SELECT messages FROM trajectories WHERE run_id = {quote_literal(run)} "
+                                  "ORDER BY id").to_pylist()
+    cases = []  # (messages, index of the first visit's move, index of the return's reply)
+    for row in rows:
+        messages, first_move = row["messages"], {}
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant" or not (message["content"] or "").startswith("move"):
+                continue
+            room = next((line for line in (messages[k - 1]["content"] or "").splitlines()
+                         if line.startswith("You are in")), None)
+            if room in first_move:
+                cases.append((messages, first_move[room], k))
+                break
+            if room is not None:
+                first_move[room] = k
+    out: dict[str, Any] = {"seed": seed, "episodes": len(rows), "returns": len(cases)}
+    for name, checkpoint in checkpoints.items():
+        policy = (AutoModelForCausalLM.from_pretrained(checkpoint).eval(), AutoTokenizer.from_pretrained(checkpoint))
+        first = [_reply_probability(*policy, m[:i], m[i]["content"]) for m, i, _ in cases]
+        back = [_reply_probability(*policy, m[:j], m[i]["content"]) for m, i, j in cases]
+        out[name] = {"first_visit": round(sum(first) / len(first), 4), "return": round(sum(back) / len(back), 4)
+                     } if cases else None
+    return out
+
+
+def _reply_probability(model, tokenizer, messages: list[dict[str, Any]], reply: str) -> float:
+    """The model's probability of answering `messages` with `reply` and its end-of-turn token."""
+    import math
+
+    import torch
+
+    from omrl.messages import to_chat_template
+
+    prompt = tokenizer.apply_chat_template(to_chat_template(messages), tokenize=False, add_generation_prompt=True)
+    start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = tokenizer(prompt + reply + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+    return math.exp(sum(float(logp[i - 1, ids[i]]) for i in range(start, len(ids))))
 
 
 def _report(store, out: Path, recipe, benchmark: Path | None = None) -> None:

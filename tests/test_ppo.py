@@ -137,6 +137,25 @@ def test_critic_warmup_steps_train_only_the_critic(tmp_path):
         PPORecipe(output_dir="x", critic_warmup_steps=-1, **common)
 
 
+@pytest.mark.slow
+def test_target_kl_stops_a_batch_s_updates_once_the_policy_has_moved(tmp_path):
+    model = sturdy_mover(tmp_path / "mover")
+    tasks = write_tasks([grid_task((x, 3), (x - 1, 3)) for x in range(2, 8)], tmp_path / "tasks.jsonl")
+    common = {"model": str(model), "tasks": str(tasks), "rollout": RolloutSettings(env="grid", max_turns=1,
+                                                                                   max_new_tokens=4),
+              "tasks_per_step": 4, "samples_per_task": 8, "ppo_epochs": 2, "minibatches": 2, "learning_rate": 1e-2,
+              "level": "token", "max_steps": 1, "quiet": True}
+    free = train_ppo(PPORecipe(output_dir=str(tmp_path / "free"), **common))
+    assert free.history[0]["updates"] == 4 and free.history[0]["approx_kl"] > 1e-4
+    # the first minibatch is measured before any step (KL 0) and steps; the next sees the moved policy and stops
+    guarded = train_ppo(PPORecipe(output_dir=str(tmp_path / "guarded"), target_kl=1e-9, **common))
+    assert guarded.history[0]["updates"] == 1
+    loose = train_ppo(PPORecipe(output_dir=str(tmp_path / "loose"), target_kl=1e6, **common))
+    assert loose.history[0]["updates"] == 4
+    with pytest.raises(ValueError, match="target_kl"):
+        PPORecipe(output_dir="x", model="m", tasks="t", target_kl=0.0)
+
+
 def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     from types import SimpleNamespace
 

@@ -90,6 +90,12 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
         for f, seed_row in zip(failures, line["methods"][name]["per_seed"], strict=True):
             assert f["failed"] == pytest.approx(1 - seed_row["greedy"], abs=1e-4), name
             assert all(f[k] is None or 0.0 <= f[k] <= 1.0 for k in ("failures_looping", "turns_stalled"))
+    # whether the final policies use the history: at returns to a room in SFT's sampled test episodes of seed 0
+    moves = line["return_moves"]
+    assert moves["seed"] == 0 and moves["episodes"] == 3 * 1 and 0 <= moves["returns"] <= moves["episodes"]
+    for name in ("sft", "sft_more", *RL):
+        assert (moves[name] is None) == (moves["returns"] == 0), name
+        assert moves[name] is None or all(0.0 < p <= 1.0 for p in moves[name].values()), name
     # the file: the line plus per-step training success of every final RL run, both seeds
     saved = json.loads((out / "benchmark.json").read_text())
     assert {k: v for k, v in saved.items() if k != "curves"} == line

@@ -99,6 +99,9 @@ class PPORecipe:
     beta: float = field(default=0.0, metadata={"help": "KL-to-reference penalty in the reward; 0 loads no reference"})
     whiten_advantages: bool = field(default=True, metadata={"help": "whiten advantages over trainable tokens"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient-norm clipping"})
+    target_kl: float | None = field(default=None, metadata={
+        "help": "stop a batch's remaining updates once a minibatch's approximate KL to the rollout policy exceeds "
+                "1.5 x target_kl (null: every epoch and minibatch runs)"})
     seed: int = field(default=0, metadata={"help": "seeds torch, the task draw and minibatches (rollout.seed: episodes)"})
     logging_steps: int = field(default=1, metadata={"help": "print every N steps (everything is logged to JSON)"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
@@ -115,6 +118,8 @@ class PPORecipe:
             raise UsageError("ppo_epochs, minibatches, tasks_per_step and samples_per_task must be at least 1")
         if self.critic_warmup_steps < 0:
             raise UsageError(f"critic_warmup_steps must be 0 or more, got {self.critic_warmup_steps}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise UsageError(f"target_kl must be above 0 (or null), got {self.target_kl}")
 
 
 LOGGED = ("policy_loss", "value_loss", "explained_variance", "clip_fraction", "value_clip_fraction", "approx_kl",

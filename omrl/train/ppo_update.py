@@ -241,7 +241,9 @@ def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch
             procs: Processes, train_policy: bool = True) -> dict[str, float]:
     """`ppo_epochs` passes of clipped PPO over this process's episodes; statistics over all processes'.
     With train_policy False (critic warm-up) only the critic's parameters move: the policy's gradients,
-    from the value loss through a shared trunk included, are dropped before each optimizer step."""
+    from the value loss through a shared trunk included, are dropped before each optimizer step. With
+    recipe.target_kl set, the batch's updates stop before the step of the first minibatch whose approximate
+    KL to the rollout policy (over all processes) exceeds 1.5 x target_kl."""
     import torch
 
     from omrl.train.gae import explained_variance, gae, masked_whiten
@@ -269,7 +271,10 @@ def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch
 
     shares: dict[str, float] = {}  # this process's shares of each update's batch means, summed over updates
     grad_norms: list[float] = []
+    stopped = False
     for _ in range(recipe.ppo_epochs):
+        if stopped:
+            break
         order = torch.randperm(mask.shape[0], generator=generator)
         # Exactly `minibatches` chunks on every process (some may be empty), so all join the same all-reduces.
         for rows in torch.tensor_split(order, recipe.minibatches):
@@ -284,6 +289,10 @@ def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch
             policy_loss, value_loss, stats = ppo_losses(
                 logp, old_logp[rows], advantages[rows], m, values, old_values[rows], returns[rows], vm,
                 recipe.clip_range, recipe.clip_range_value, counts=(tokens, value_tokens))
+            if train_policy and recipe.target_kl is not None and \
+                    float(procs.sum(torch.tensor(stats["approx_kl"]))) > 1.5 * recipe.target_kl:
+                stopped = True  # every process sees the same all-reduced KL: all stop at this minibatch
+                break
             mean_entropy = (entropy * m).sum() / tokens
             loss = recipe.vf_coef * value_loss
             if train_policy:
