@@ -49,7 +49,7 @@ LR_GRID = "5e-4,1e-3"
 # PPO takes ppo_epochs x minibatches optimizer steps per batch (8), GRPO one: at 5e-4 and 1e-3 its turn-level runs
 # collapsed to 0% success within 32 steps, and from the converged SFT so did a token-level one at 3e-4 (unwhitened)
 PPO_LR_GRID = "3e-5,1e-4,3e-4"
-PPO_GRID = "ppo_epochs=1,whiten_advantages=false"
+PPO_GRID = "ppo_epochs=1,whiten_advantages=false,target_kl=0.02"  # target_kl: a stop at 1.5 x 0.02 approx. KL
 CREDIT_WEIGHTS = "2"
 CREDIT_ANCHORS = "visited"  # the state and the rooms seen before it: the right move depends on what was searched
 QUICK = ["demos.tasks=12", "sft.epochs=1", "sft.batch_size=8", "grpo.max_steps=2", "grpo.tasks_per_step=2",

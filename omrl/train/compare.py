@@ -311,7 +311,8 @@ def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_gr
 
 
 TUNABLE = {"grpo": ("learning_rate", "step_credit"),
-           "ppo": ("level", "learning_rate", "ppo_epochs", "minibatches", "whiten_advantages", "critic_warmup_steps")}
+           "ppo": ("level", "learning_rate", "ppo_epochs", "minibatches", "whiten_advantages", "critic_warmup_steps",
+                   "target_kl")}
 
 
 def tuned_settings(recipe: Any, method: str, chosen: dict[str, Any]) -> dict[str, Any]:
