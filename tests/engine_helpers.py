@@ -39,6 +39,17 @@ def running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def gone_within(pids: list[int], seconds: float = 10.0) -> bool:
+    """True once none of `pids` is running; False if some still run after `seconds`. A SIGKILLed JVM takes a
+    moment to tear its threads down, longer on a loaded machine: checking at once races with that."""
+    deadline = time.monotonic() + seconds
+    while any(running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def marked_processes(marker: str) -> list[int]:
     """Running processes whose environment holds OMRL_TEST_MARKER=marker (a command and all it started)."""
     needle = f"OMRL_TEST_MARKER={marker}".encode()

@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from omrl.render import render_trajectory
 from omrl.rollout import RolloutSettings, collect, play_episodes
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
+from tests.engine_helpers import gone_within, running
 
 pytestmark = pytest.mark.skipif(unavailable(env_class("bfcl")) is not None,
                                 reason="bfcl-eval is not installed (make test installs it)")
@@ -262,7 +262,7 @@ def test_a_call_past_its_time_limit_ends_the_episode_and_the_engine_is_replaced(
         pids = env.engine.engine_pids()
         slow = env.step(Action(tool="power", arguments={"base": 10, "exponent": 10 ** 9}))  # a huge integer
         assert slow.done and slow.info["error_type"] == "omrl:call_limit" and slow.info["success"] is False
-        assert not env.engine.alive() and not any(_running(pid) for pid in pids)
+        assert not env.engine.alive() and gone_within(pids)
         env.reset(task)
         assert env.engine.restarts == 1
         assert env.step(Action(tool="add", arguments={"a": 1, "b": 2})).observation == '{"result": 3}'
@@ -277,24 +277,13 @@ def test_the_engine_does_not_outlive_a_killed_omrl_process():
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:
         worker = int(parent.stdout.readline())
-        assert _running(worker)
+        assert running(worker)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 10
-        while _running(worker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(worker)
+        assert gone_within([worker])
     finally:
         parent.kill()
         parent.wait()
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def test_without_bfcl_eval_the_refusal_names_the_extra(monkeypatch):

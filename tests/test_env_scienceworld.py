@@ -16,6 +16,7 @@ from omrl.policies import make_policy
 from omrl.policies.scripted import action_reply
 from omrl.rollout import RolloutSettings, collect, play_episodes
 from omrl.store import Store
+from tests.engine_helpers import gone_within
 
 pytestmark = [pytest.mark.slow,  # the ScienceWorld simulator (Java)
               pytest.mark.skipif(unavailable(env_class("scienceworld")) is not None,
@@ -30,15 +31,7 @@ def env():
     yield environment
     pids = environment.engine.engine_pids()
     environment.close()
-    assert not any(_running(pid) for pid in pids)  # the JVM went with it
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
+    assert gone_within(pids)  # the JVM went with it
 
 
 def test_expert_plays_the_gold_path_to_completion():
