@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     from omrl.rollout import shared_engines
     from omrl.tasks import load_tasks
     from omrl.train.compare import Comparison, LoadMeter
+    from omrl.train.step_credit import ANCHORS
 
     started = time.monotonic()
     out = Path(args.out)
@@ -105,11 +106,14 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     if len(set(seeds)) != len(seeds):
         raise SystemExit("--seeds: distinct integers, e.g. 0,1")
+    anchors = [x.strip() for x in args.credit_anchors.split(",") if x.strip()]
+    if not set(anchors) <= set(ANCHORS):
+        raise SystemExit(f"--credit-anchors: a comma-separated list of {', '.join(ANCHORS)}, got {args.credit_anchors!r}")
     grids = {"learning_rate": [float(x) for x in args.lr_grid.split(",") if x.strip()],
              "ppo_learning_rate": [float(x) for x in args.ppo_lr_grid.split(",") if x.strip()],
              "ppo": _parse_grid(args.ppo_grid),
              "step_credit.weight": [float(x) for x in args.credit_weights.split(",") if x.strip()],
-             "step_credit.anchor": [x.strip() for x in args.credit_anchors.split(",") if x.strip()]}
+             "step_credit.anchor": anchors}
     test = load_tasks(TEST_TASKS)[: args.test_tasks or None]
     bench = Comparison(out, RECIPE, (QUICK if args.quick else []) + list(args.overrides), seeds, test)
     if args.prepare_seed is not None:

@@ -112,16 +112,20 @@ def test_multi_turn_ppo_turn_level_with_separate_critic_and_kl(tmp_path):
     assert again.rollouts["stored"] == 6 and len(Store(tmp_path / "store").ids()) == 18
 
 
+def one_step_left(tmp_path, tasks: int, **settings):
+    """The sturdy mover and PPORecipe settings for `tasks` one-turn grid tasks whose goal is one step left
+    (2 epochs of 2 minibatches, token level): (model path, settings with `settings` over them)."""
+    model = sturdy_mover(tmp_path / "mover")
+    path = write_tasks([grid_task((x, 3), (x - 1, 3)) for x in range(2, 2 + tasks)], tmp_path / "tasks.jsonl")
+    return model, {"model": str(model), "tasks": str(path), "quiet": True, "level": "token", "ppo_epochs": 2,
+                   "minibatches": 2, "rollout": RolloutSettings(env="grid", max_turns=1, max_new_tokens=4), **settings}
+
+
 @pytest.mark.slow
 def test_critic_warmup_steps_train_only_the_critic(tmp_path):
     from safetensors.torch import load_file
 
-    model = sturdy_mover(tmp_path / "mover")
-    tasks = write_tasks([grid_task((x, 3), (x - 1, 3)) for x in range(2, 6)], tmp_path / "tasks.jsonl")
-    common = {"model": str(model), "tasks": str(tasks), "rollout": RolloutSettings(env="grid", max_turns=1,
-                                                                                   max_new_tokens=4),
-              "tasks_per_step": 2, "samples_per_task": 4, "ppo_epochs": 2, "minibatches": 2, "learning_rate": 1e-3,
-              "level": "token", "quiet": True}
+    model, common = one_step_left(tmp_path, tasks=4, tasks_per_step=2, samples_per_task=4, learning_rate=1e-3)
     warm = train_ppo(PPORecipe(output_dir=str(tmp_path / "warm"), max_steps=2, critic_warmup_steps=2, **common))
     before, after = load_file(model / "model.safetensors"), load_file(warm.checkpoint / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)  # the policy did not move, not even its trunk
@@ -139,12 +143,7 @@ def test_critic_warmup_steps_train_only_the_critic(tmp_path):
 
 @pytest.mark.slow
 def test_target_kl_stops_a_batch_s_updates_once_the_policy_has_moved(tmp_path):
-    model = sturdy_mover(tmp_path / "mover")
-    tasks = write_tasks([grid_task((x, 3), (x - 1, 3)) for x in range(2, 8)], tmp_path / "tasks.jsonl")
-    common = {"model": str(model), "tasks": str(tasks), "rollout": RolloutSettings(env="grid", max_turns=1,
-                                                                                   max_new_tokens=4),
-              "tasks_per_step": 4, "samples_per_task": 8, "ppo_epochs": 2, "minibatches": 2, "learning_rate": 1e-2,
-              "level": "token", "max_steps": 1, "quiet": True}
+    _, common = one_step_left(tmp_path, tasks=6, tasks_per_step=4, samples_per_task=8, learning_rate=1e-2, max_steps=1)
     free = train_ppo(PPORecipe(output_dir=str(tmp_path / "free"), **common))
     assert free.history[0]["updates"] == 4 and free.history[0]["approx_kl"] > 1e-4
     # the first minibatch is measured before any step (KL 0) and steps; the next sees the moved policy and stops

@@ -114,3 +114,11 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
     timing = ("minutes_this_call", "load_this_call", "wall_minutes_total", "load_mean")
     assert {k: v for k, v in again.items() if k not in timing} == {k: v for k, v in line.items() if k not in timing}
 
+
+
+def test_an_unknown_step_credit_anchor_is_refused_before_any_run(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "textworld_learning.py"), "--quick",
+                             "--out", str(tmp_path / "run"), "--credit-anchors", "visited,history"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "--credit-anchors" in result.stderr and "history" in result.stderr
+    assert not (tmp_path / "run" / "benchmark_state.json").exists()
