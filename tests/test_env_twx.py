@@ -169,6 +169,31 @@ def test_brief_observations_and_state_keys(pool):
         TwxEnv(observation="short")
 
 
+def test_show_tried_lists_the_commands_already_sent_in_the_same_state():
+    coin = generate_tasks("twx", 1, seed=0, split="train", game="coin",
+                          params="numLocations=4,includeDoors=0,numDistractorItems=0", step_limit=12)[0]
+    env = make_env("twx", observation="brief", action_format="text", show_tried=True)
+    try:
+        first = env.reset(coin).observation
+        assert "Already tried" not in first
+        there = next(c for c in first.split("Admissible commands: ")[1].split(", ") if c.startswith("move "))
+        back = "move " + {"north": "south", "south": "north", "east": "west", "west": "east"}[there.split()[1]]
+        steps = [env.step(Action(text=command)) for command in ("look around", there, back, there)]
+        notes = [step.observation.split("\n\n") for step in steps]
+        assert notes[0][1] == "Already tried here: look around"  # the same room: the command it just sent
+        assert not any(part.startswith("Already tried") for part in notes[1])  # a room not seen before
+        assert notes[2][1] == f"Already tried here: look around, {there}"  # back home: both, in order, once
+        assert notes[3][1] == f"Already tried here: {back}"  # the other room: what was sent there
+        assert notes[3][-1].startswith("Admissible commands: ")  # the notes come before the commands
+        again = env.reset(coin).observation
+        assert again == first  # a new episode starts with no notes
+        assert "Already tried" not in env.step(Action(text=there)).observation
+    finally:
+        env.close()
+    with pytest.raises(UsageError, match="show_tried must be true or false"):
+        TwxEnv(show_tried="no")
+
+
 def test_splits_are_the_package_folds_disjoint_and_generation_is_deterministic(tasks, pool):
     seeds = {split: draw_seeds(1000, 0, split, "coin") for split in TwxEnv.splits}
     for split, drawn in seeds.items():

@@ -22,6 +22,9 @@ episode's reward is its final score (1.0 when won); success is the game's `tasks
 on success, on failure or after `step_limit` moves. Each turn's info holds the scorer's score,
 score_raw, success, failure, moves and `state`, a key of the game's state after the step (a digest of its
 room description and inventory: equal keys, the same situation; GRPO's step credit groups turns by it).
+`show_tried=true` adds the commands already sent in the current state ("Already tried here: move north"),
+keyed by that state, after the game's text: the notes an agent would keep, so that a policy need not recall
+the whole history to avoid repeating itself (a partially observed search such as Coin otherwise loops).
 `--policy scripted` plays the game's gold path, the same for the same task in every process (Coin's and TWC's
 gold agents walk at random, seeded here from the task: see _WALKING_AGENTS); `--policy random` a random
 valid action each turn.
@@ -51,6 +54,11 @@ DEFAULT_STEP_LIMIT = 150  # TextWorldExpress says 100, but a default CookingWorl
 # and process to process. omrl runs the same agent with a Random seeded from the task instead.
 _WALKING_AGENTS = {"coin": "CoinGoldAgent", "twc": "TWCGoldAgent"}
 _GOLD_ATTEMPTS = 50  # the package's generators try a walk this many times
+
+
+def _state_key(infos: dict[str, Any]) -> str:
+    """A key of the game's situation: a digest of its room description and inventory (equal keys, same state)."""
+    return hashlib.sha256(f"{infos['look']}\n{infos['inventory']}".encode()).hexdigest()[:16]
 
 
 def canonical_params(params: Any) -> str:
@@ -95,7 +103,8 @@ class TwxEngine:
         self.env.envStepLimit = step_limit
         # Without the gold path: generating it costs several times the reset itself, and only the expert needs it.
         observation, infos = self.env.reset(seed=seed, gameFold=fold, generateGoldPath=False)
-        return {"observation": observation, "task": infos["taskDescription"], "actions": list(infos["validActions"])}
+        return {"observation": observation, "task": infos["taskDescription"], "actions": list(infos["validActions"]),
+                "state": _state_key(infos)}
 
     def gold_path(self, game: str, params: str, seed: int, fold: str, step_limit: int,
                   commands: list[str]) -> list[str]:
@@ -128,10 +137,9 @@ class TwxEngine:
 
     def step(self, command: str) -> dict[str, Any]:
         observation, reward, done, infos = self.env.step(command)
-        state = hashlib.sha256(f"{infos['look']}\n{infos['inventory']}".encode()).hexdigest()[:16]
         return {"observation": observation, "reward": reward, "done": done, "actions": list(infos["validActions"]),
                 "score": infos["score"], "score_raw": infos["scoreRaw"], "success": infos["tasksuccess"],
-                "failure": infos["taskfailure"], "moves": infos["numMoves"], "state": state}
+                "failure": infos["taskfailure"], "moves": infos["numMoves"], "state": _state_key(infos)}
 
     def describe(self, game: str, params: str, fold: str, seeds: list[int]) -> list[str]:
         """The task description of each seed's game (checks the params on the way)."""
@@ -207,10 +215,15 @@ class TwxEnv(textgame.CommandGame):
                 for game_seed, description in zip(seeds, descriptions, strict=True)]
 
     def __init__(self, action_format: str = "tool", show_actions: bool = True, observation: str = "full",
-                 call_timeout: float = 120.0) -> None:
+                 show_tried: bool = False, call_timeout: float = 120.0) -> None:
         super().__init__()
         self.action_format = textgame.check_action_format(action_format)
         self.show_actions = bool(show_actions)
+        if not isinstance(show_tried, bool):  # "false" as text would read as true
+            raise UsageError(f"twx show_tried must be true or false, got {show_tried!r}")
+        self.show_tried = show_tried
+        self.tried: dict[str, list[str]] = {}  # state key -> the commands sent in that state, in order
+        self.state = ""
         if observation not in OBSERVATIONS:
             raise UsageError(f"twx observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
         self.observation = observation
@@ -236,13 +249,18 @@ class TwxEnv(textgame.CommandGame):
         self.game_args, self.sent, self.gold = args, [], None
         self.commands = sorted(first["actions"])
         self.done = False
+        self.tried, self.state = {}, first["state"]
         text = f"{first['task']}\n\n{self._text(first['observation'])}"
         return Reset(observation=textgame.with_commands(text, self.commands if self.show_actions else None),
                      tools=textgame.tools_for(self.action_format),
                      system_prompt=textgame.system_prompt(self.action_format))
 
     def play(self, command: str) -> StepResult:
+        tried_here = self.tried.setdefault(self.state, [])
+        if command not in tried_here:
+            tried_here.append(command)
         result = self.engine.call("step", command)
+        self.state = result["state"]
         self.commands = sorted(result["actions"])
         self.done = bool(result["done"])
         info: dict[str, Any] = {"score": result["score"], "score_raw": result["score_raw"],
@@ -250,8 +268,10 @@ class TwxEnv(textgame.CommandGame):
                                 "state": result["state"], "note": f"score {result['score']:g}"}  # shown per turn by omrl show and the viewer
         if self.done:
             info["success"] = bool(result["success"])
-        observation = textgame.with_commands(self._text(result["observation"]),
-                                             None if self.done or not self.show_actions else self.commands)
+        text = self._text(result["observation"])
+        if self.show_tried and not self.done and self.tried.get(self.state):
+            text = f"{text}\n\nAlready tried here: {', '.join(self.tried[self.state])}"
+        observation = textgame.with_commands(text, None if self.done or not self.show_actions else self.commands)
         return StepResult(observation, float(result["reward"]), self.done, info)
 
     def _text(self, text: str) -> str:
