@@ -2,6 +2,7 @@
 GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two seeds, held-out test games.
 
     nice -n 10 python benchmarks/textworld_learning.py             # the full run (~130 min of runs, 2 idle cores)
+    python benchmarks/textworld_learning.py --final-steps 128      # tuned at 32 steps, final runs of 128
     python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
     python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
 
@@ -15,7 +16,8 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
    --ppo-grid (kept when it scores better); then for step credit the weights of --credit-weights (weight 0
    is GRPO at the same rate: the ablation), then the anchors of --credit-anchors. A run's dev score is the mean
    of its sampled and greedy success; the best wins (the first in grid order on a tie).
-3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run), evaluated once on
+3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run; with --final-steps N,
+   every seed trains N steps with them instead: the tuning budget, grpo.max_steps, stays), evaluated once on
    the test games, sampled (eval.samples per game at temperature 1) and greedy; SFT; more SFT (the SFT run
    continued for as many epochs as the RL methods' mean training time buys); the expert.
 4. Figures per method: the mean over seeds and a 95% interval over test games (each game's success averaged
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--so-far", action="store_true",
                         help="train nothing: print what the runs recorded in --out so far (a run cut short)")
     parser.add_argument("--test-tasks", type=int, default=0, help="test games (0: all of twx_coin_test.jsonl)")
+    parser.add_argument("--final-steps", type=int, default=0,
+                        help="training steps of the final runs (0: grpo.max_steps, the tuning runs' budget; more: "
+                             "every method tuned at that budget, then trained this long on every seed)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args((QUICK_ARGS if "--quick" in argv else []) + argv)
 
@@ -116,6 +121,10 @@ def main(argv: list[str] | None = None) -> dict:
              "step_credit.anchor": anchors}
     test = load_tasks(TEST_TASKS)[: args.test_tasks or None]
     bench = Comparison(out, RECIPE, (QUICK if args.quick else []) + list(args.overrides), seeds, test)
+    if args.final_steps < 0:
+        raise SystemExit("--final-steps: 0 (the recipe's grpo.max_steps) or a number of steps")
+    if args.final_steps and args.final_steps != bench.recipes[seeds[0]].grpo.max_steps:
+        bench.final = {"max_steps": args.final_steps}
     if args.prepare_seed is not None:
         if args.prepare_seed not in seeds:
             raise SystemExit("--prepare-seed: one of --seeds")
@@ -165,14 +174,16 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     for seed in reversed(seeds) if helper else seeds:
         sft[seed] = sft.get(seed) or bench.prepare(seed)
         tests["sft"][seed] = bench.evaluate(seed, "test", "sft", sft[seed]["checkpoint"])
-        for method in methods:
-            trained[method][seed] = bench.train(seed, method, chosen[method])
-            tests[method][seed] = bench.evaluate(seed, "test", method, trained[method][seed]["checkpoint"])
+        for method in methods:  # without bench.final, seed 0's final run is its tuning run
+            trained[method][seed] = bench.train(seed, method, {**chosen[method], **bench.final})
+            tests[method][seed] = bench.evaluate(seed, "test", bench.final_name(method),
+                                                 trained[method][seed]["checkpoint"])
         # more SFT: the RL methods' mean training time on this seed, in this seed's SFT epochs
         rl_seconds = sum(trained[m][seed]["train_s"] for m in RL_METHODS) / len(RL_METHODS)
         epoch_s = max(sft[seed]["train_s"] / max(sft[seed]["epochs"], 1), 1e-6)
         trained["sft_more"][seed] = bench.more_sft(seed, max(1, round(rl_seconds / epoch_s)), rl_seconds)
-        tests["sft_more"][seed] = bench.evaluate(seed, "test", "sft_more", trained["sft_more"][seed]["checkpoint"])
+        tests["sft_more"][seed] = bench.evaluate(seed, "test", bench.final_name("sft_more"),
+                                                 trained["sft_more"][seed]["checkpoint"])
     tests = {m: [by_seed[s] for s in seeds if s in by_seed] for m, by_seed in tests.items()}  # in seed order
     trained = {m: [by_seed[s] for s in seeds] for m, by_seed in trained.items()}
     credit_runs = zip(seeds, trained["grpo_step_credit"], strict=True)
@@ -196,8 +207,10 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
         bench.stores[seed] = Store(Path(recipe.output_dir) / "store")
 
     records = {r["stage"]: r for r in bench._fresh().data["stages"]}
-    tested = {name: {s: records[f"seed{s}/test/{name}"] for s in bench.seeds if f"seed{s}/test/{name}" in records}
-              for name in ("expert", "sft", "sft_more", *RL_METHODS)}
+    keys = {name: f"test/{bench.final_name(name) if name not in ('expert', 'sft') else name}"
+            for name in ("expert", "sft", "sft_more", *RL_METHODS)}
+    tested = {name: {s: records[f"seed{s}/{key}"] for s in bench.seeds if f"seed{s}/{key}" in records}
+              for name, key in keys.items()}
     methods = {name: {**summarise(list(by_seed.values())), "seeds": list(by_seed)}
                for name, by_seed in tested.items() if by_seed}
     sft_dev = {}
@@ -285,7 +298,8 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "seeds": seeds, "test_games": len(bench.test), "dev_games": len(bench.dev),
         "eval": {"samples": recipe.eval.samples, "temperature": recipe.eval.temperature, "greedy": 1},
         "model": {"hidden": recipe.tiny.hidden, "layers": recipe.tiny.layers, "vocab_size": recipe.tiny.vocab_size},
-        "rollouts_per_rl_method": bench.rollouts,
+        "rollouts_per_rl_method": trained["grpo"][0]["rollouts"], "rollouts_per_tuning_run": bench.rollouts,
+        "final_runs": bench.final or "the tuning budget",
         "grid": {"learning_rate": grids["learning_rate"], "ppo_learning_rate": grids["ppo_learning_rate"],
                  "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
                  "step_credit.weight": [1.0, *grids["step_credit.weight"]],
@@ -299,7 +313,8 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "step_credit_vs_grpo_points": {mode: gain("grpo_step_credit", "grpo", mode) for mode in ("sampled", "greedy")},
         "step_credit_diagnostics": runs["diagnostics"],
         "step_credit_weight_ablation": ablation,
-        "greedy_failures": {m: greedy_failures(bench, m) for m in ("sft", "sft_more", *RL_METHODS)},
+        "greedy_failures": {m: greedy_failures(bench, bench.final_name(m) if m != "sft" else m)
+                            for m in ("sft", "sft_more", *RL_METHODS)},
         "return_moves": return_moves(bench, first, {"sft": sft[first]["checkpoint"],
                                                     **{m: trained[m][0]["checkpoint"] for m in ("sft_more", *RL_METHODS)}}),
         "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),

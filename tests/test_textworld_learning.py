@@ -113,6 +113,23 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
     assert json.loads((out / "benchmark_state.json").read_text())["stages"] == stages
     timing = ("minutes_this_call", "load_this_call", "wall_minutes_total", "load_mean")
     assert {k: v for k, v in again.items() if k not in timing} == {k: v for k, v in line.items() if k not in timing}
+    # --final-steps: the same tuning, then final runs trained longer under their own names; SFT's and the
+    # expert's test records are kept
+    longer = _benchmark("--quick", "--out", str(out), "--final-steps", "3")
+    assert longer["rollouts_per_rl_method"] == 3 * 2 * 2 and longer["rollouts_per_tuning_run"] == 2 * 2 * 2
+    assert longer["final_runs"] == {"max_steps": 3} and line["final_runs"] == "the tuning budget"
+    for name in RL:
+        assert longer["methods"][name]["grid"] == line["methods"][name]["grid"]  # tuned once
+        assert longer["methods"][name]["training_rollouts"] == 3 * 2 * 2
+    added = [s["stage"] for s in json.loads((out / "benchmark_state.json").read_text())["stages"][len(stages):]]
+    for seed in (0, 1):
+        assert {f"seed{seed}/test/{name}-max_steps3" for name in (*RL, "sft_more")} <= set(added)
+        assert f"seed{seed}/train/sft_more-max_steps3" in added
+        assert sum(stage.startswith(f"seed{seed}/train/") for stage in added) == len(RL) + 1
+    assert not any(stage.endswith(("/test/sft", "/test/expert")) or "/dev/" in stage for stage in added)
+    assert longer["methods"]["sft"] == line["methods"]["sft"]
+    curves = json.loads((out / "benchmark.json").read_text())["curves"]
+    assert all(len(curve) == 3 for name in RL for curve in curves[name])  # a point per training step
 
 
 

@@ -102,7 +102,8 @@ def train_method(recipe: Any, method: str, settings: dict[str, Any], model: str,
     return {"checkpoint": str(trained.checkpoint), "train_s": round(time.monotonic() - started, 1),
             "run_prefix": trained.rollouts["run_prefix"],
             "method": method, "settings": {**fixed, **settings},
-            "rollouts": grpo.max_steps * grpo.tasks_per_step * grpo.samples_per_task}
+            "rollouts": run.get("max_steps", grpo.max_steps) * run.get("tasks_per_step", grpo.tasks_per_step)
+            * run.get("samples_per_task", grpo.samples_per_task)}
 
 
 class Comparison:
@@ -112,12 +113,16 @@ class Comparison:
     by one process (claims/KEY holds its pid; the others wait for its record) and the state file is re-read
     under a lock before each record is added, so no process's records are lost."""
 
-    def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any]) -> None:
-        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks."""
+    def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any],
+                 final: dict[str, Any] | None = None) -> None:
+        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks; `final`:
+        settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the recipe's
+        budget, trained longer), which then have their own names (final_name)."""
         from omrl.tasks import load_tasks
         from omrl.train.iterate import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
+        self.final = dict(final or {})
         self.state = IterateState(self.out / "benchmark_state.json")
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
         first = self.recipes[seeds[0]]
@@ -137,8 +142,14 @@ class Comparison:
 
     @property
     def rollouts(self) -> int:
+        """Rollouts of one tuning run (the recipe's GRPO budget)."""
         grpo = self.recipes[self.seeds[0]].grpo
         return grpo.max_steps * grpo.tasks_per_step * grpo.samples_per_task
+
+    def final_name(self, name: str) -> str:
+        """The name of a final run's records (an RL method's or sft_more's test, sft_more's training): `name`,
+        tagged with the `final` settings when there are any, so runs of another final budget are not reused."""
+        return f"{name}-{label(self.final)}" if self.final else name
 
     # ------------------------------------------------------------ stages
 
@@ -238,9 +249,10 @@ class Comparison:
 
     def more_sft(self, seed: int, epochs: int, rl_seconds: float) -> dict[str, Any]:
         """SFT continued from the seed's SFT checkpoint for `epochs` more epochs (the compute-matched baseline)."""
-        return self._record(f"seed{seed}/train/sft_more", lambda: self._more_sft(seed, epochs, rl_seconds))
+        name = self.final_name("sft_more")
+        return self._record(f"seed{seed}/train/{name}", lambda: self._more_sft(seed, epochs, rl_seconds, name))
 
-    def _more_sft(self, seed: int, epochs: int, rl_seconds: float) -> dict[str, Any]:
+    def _more_sft(self, seed: int, epochs: int, rl_seconds: float, name: str) -> dict[str, Any]:
         from omrl.train.iterate import IterateState, demo_where
         from omrl.train.sft import train_sft
 
@@ -248,7 +260,7 @@ class Comparison:
         sft = IterateState(Path(recipe.output_dir) / "state.json").done("sft")["checkpoint"]
         started = time.monotonic()
         more = recipe.sft.to_recipe(seed=recipe.seed, model=sft, store=str(self.stores[seed].path),
-                                    where=demo_where(recipe), output_dir=str(Path(recipe.output_dir) / "sft-more"),
+                                    where=demo_where(recipe), output_dir=str(Path(recipe.output_dir) / name.replace("_", "-")),
                                     epochs=epochs)
         checkpoint = str(train_sft(more).checkpoint)
         return {"checkpoint": checkpoint, "train_s": round(time.monotonic() - started, 1), "epochs": epochs,
