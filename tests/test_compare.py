@@ -63,3 +63,22 @@ def test_a_run_claimed_by_a_live_process_is_awaited_and_a_dead_ones_claim_taken_
     (tmp_path / "claims" / "seed0__train__y.pid").write_text(dead.stdout.strip())
     assert bench._record("seed0/train/y", lambda: {"value": "ours"})["value"] == "ours"
     assert not (tmp_path / "claims" / "seed0__train__y.pid").exists()
+
+
+def test_a_folder_recorded_with_another_recipe_is_refused_naming_the_change(tmp_path):
+    import pytest
+
+    from omrl.errors import UsageError
+
+    _bench(tmp_path)._record("seed0/train/a", lambda: {"value": 1})
+    # the same recipe, or one that differs only in how fast or loud a run is, resumes
+    Comparison(tmp_path, RECIPE, ["rollout.concurrency=4", "grpo.quiet=false", "threads=2"], [0], [])
+    with pytest.raises(UsageError, match=r"grpo\.learning_rate: 0\.0005 -> 0\.001.*new output folder"):
+        Comparison(tmp_path, RECIPE, ["grpo.learning_rate=0.001"], [0], [])
+    with pytest.raises(UsageError, match=r"rollout\.env_options\.show_tried: \(not set\) -> True"):
+        Comparison(tmp_path, RECIPE, ["rollout.env_options.show_tried=true"], [0], [])
+    # a seed added later is recorded, not refused; the records are kept
+    Comparison(tmp_path, RECIPE, [], [0, 1], [])
+    state = json.loads((tmp_path / "benchmark_state.json").read_text())
+    assert {"recipe-seed0", "recipe-seed1"} <= set(state) and state["recipe-seed1"]["seed"] == 1
+    assert [s["stage"] for s in state["stages"]] == ["seed0/train/a"]

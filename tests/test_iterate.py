@@ -81,6 +81,16 @@ def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
     flat_rows = lineage["counts"]["dropped"].get("flat_group", 0)
     assert results[-1]["flat_groups"] * 2 == flat_rows  # 2 samples per group
     assert lineage["counts"]["kept"] + flat_rows == 4 * 2  # the round's collection: 4 tasks x 2 samples
+    # started again with another recipe, it stops before any stage and names the change; the state is kept
+    from omrl.errors import UsageError
+
+    saved = (run / "state.json").read_text()
+    other = dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, learning_rate=0.123))
+    with pytest.raises(UsageError, match=r"grpo\.learning_rate: .* -> 0\.123"):
+        run_iterate(other)
+    assert (run / "state.json").read_text() == saved
+    # more rounds, or more threads, continue the run
+    assert [r["stage"] for r in run_iterate(dataclasses.replace(config, rounds=2, threads=1))][-1] == "grpo-2"
 
 
 def test_bad_nested_settings_are_named(tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import math
 import os
 import threading
@@ -125,6 +126,7 @@ class Comparison:
         self.final = dict(final or {})
         self.state = IterateState(self.out / "benchmark_state.json")
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
+        self._check_recipes()
         first = self.recipes[seeds[0]]
         self.dev = load_tasks(first.eval_tasks)[: first.eval.tasks or None]
         self.test = test
@@ -139,6 +141,17 @@ class Comparison:
                   f"rollout.seed={seed}", f"baseline.expert={str(seed == self.seeds[0]).lower()}",
                   "baseline.more_sft=false", "report=false"]
         return load_recipe(self.recipe_path, IterateRecipe, self.overrides + values)
+
+    def _check_recipes(self) -> None:
+        """Refuse to resume runs recorded with another recipe for a seed (IterateState.check_recipe); record this one."""
+        from omrl.recipes import to_dict
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "benchmark_state.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be adding a record
+            state = self._fresh()
+            for seed, recipe in self.recipes.items():
+                state.check_recipe(json.loads(json.dumps(to_dict(recipe), default=str)), key=f"recipe-seed{seed}")
 
     @property
     def rollouts(self) -> int:

@@ -31,9 +31,10 @@ held-out evaluations) plays its episodes on a Ray cluster through the executor i
 (omrl.executor.executor_for: a RayExecutor, the rollout section's ray_* knobs), and the annotate stage's judges run
 there as `omrl annotate --ray` does; training (and the online judging inside GRPO) stays in this process.
 
-Resume: `state.json` in output_dir lists finished stages with their checkpoint and results; a killed run
-started again skips them and continues from the last finished stage (collection inside a stage resumes
-too: trajectory ids are deterministic).
+Resume: `state.json` in output_dir lists finished stages with their checkpoint and results, and the recipe;
+a killed run started again skips them and continues from the last finished stage (collection inside a stage
+resumes too: trajectory ids are deterministic). Started again with a changed recipe it stops and names the
+change (IterateState.check_recipe): only more rounds, threads, concurrency and logging may change.
 """
 
 from __future__ import annotations
@@ -49,9 +50,28 @@ from omrl.progress import QUIET, Reporter
 from omrl.train.iterate_eval import evaluate_checkpoint, evaluate_expert, rounded, stage_summary
 from omrl.train.iterate_recipe import IterateRecipe, round_seed, update_recipe
 
+# Settings a resumed run may change: they change no recorded result (how fast or how loud a run is, where it
+# writes) or only add stages (more rounds, a baseline). Any other change refuses to resume (check_recipe).
+RESUMABLE_SETTINGS = {"threads", "report", "rounds", "output_dir", "store", "baseline"}
+RESUMABLE_LEAVES = {"concurrency", "quiet", "logging_steps"}
+
+
+def recipe_changes(before: Any, now: Any, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every setting (dotted key) whose value differs between two recipes as plain data
+    ('(not set)' where one lacks it, as in an env_options mapping), except RESUMABLE_SETTINGS (top level) and
+    RESUMABLE_LEAVES (at any depth)."""
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return [] if before == now else [f"{prefix.rstrip('.')}: {before} -> {now}"]
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        if not ((not prefix and key in RESUMABLE_SETTINGS) or key in RESUMABLE_LEAVES):
+            changes += recipe_changes(before.get(key, "(not set)"), now.get(key, "(not set)"), f"{prefix}{key}.")
+    return changes
+
 
 class IterateState:
-    """state.json: finished stages in order, each with its checkpoint and results; written atomically."""
+    """state.json: finished stages in order, each with its checkpoint and results, and the recipe they were made
+    with (check_recipe); written atomically."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -62,6 +82,24 @@ class IterateState:
 
     def finish(self, stage: str, **record: Any) -> None:
         self.data["stages"].append({"stage": stage, **record})
+        self._write()
+
+    def check_recipe(self, recipe: dict[str, Any], key: str = "recipe") -> None:
+        """Record `recipe` (plain data) under `key` as the one this state's stages are made with; refuse
+        (UsageError) to resume stages made with another, naming what changed: skipping them would mix two setups
+        in one result. A state recorded before recipes were kept is taken as made with this one."""
+        before = self.data.get(key)
+        changes = recipe_changes(before, recipe) if before is not None else []
+        if changes:
+            shown = "; ".join(changes[:8]) + (f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+            raise UsageError(f"{self.path} records stages made with another recipe ({shown}): use a new output "
+                             "folder, or put those settings back to resume")
+        if before != recipe:  # the first record, or changes that need no new stages
+            self.data[key] = recipe
+            self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1, default=str))
         os.replace(tmp, self.path)
@@ -126,9 +164,10 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         torch.set_num_threads(recipe.threads)
     out = Path(recipe.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    state = IterateState(out / "state.json")
+    state.check_recipe(json.loads(json.dumps(to_dict(recipe), default=str)))  # before anything is written
     (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=1))
     store = Store.create(recipe.store or out / "store")
-    state = IterateState(out / "state.json")
     train_tasks = load_tasks(recipe.train_tasks)
     eval_tasks = _subset(load_tasks(recipe.eval_tasks), recipe.eval.tasks)
     if not train_tasks or not eval_tasks:
