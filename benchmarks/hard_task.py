@@ -56,9 +56,10 @@ def main(argv: list[str] | None = None) -> dict:
     from omrl.store import Store
     from omrl.tasks import load_tasks
     from omrl.train.compare import train_method
-    from omrl.train.iterate import IterateState, run_iterate
+    from omrl.train.iterate import run_iterate
     from omrl.train.iterate_eval import evaluate_checkpoint
     from omrl.train.iterate_recipe import IterateRecipe
+    from omrl.train.run_state import IterateState
 
     started = time.monotonic()
     out = Path(args.out)

@@ -201,7 +201,7 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
     SFT on the seeds where both were tested; and the per-step training success of every recorded RL run."""
     from omrl.store import Store
     from omrl.train.compare import RL_METHODS, dev_score, paired_points, summarise, training_curve
-    from omrl.train.iterate import IterateState
+    from omrl.train.run_state import IterateState
 
     for seed, recipe in bench.recipes.items():
         bench.stores[seed] = Store(Path(recipe.output_dir) / "store")

@@ -38,7 +38,7 @@ def test_a_run_claimed_by_a_live_process_is_awaited_and_a_dead_ones_claim_taken_
     holder = textwrap.dedent(f"""
         import os, time
         from pathlib import Path
-        from omrl.train.iterate import IterateState
+        from omrl.train.run_state import IterateState
         claim = Path({str(tmp_path)!r}) / "claims" / "seed0__train__x.pid"
         claim.parent.mkdir(parents=True, exist_ok=True)
         claim.write_text(str(os.getpid()))

@@ -120,7 +120,7 @@ class Comparison:
         settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the recipe's
         budget, trained longer), which then have their own names (final_name)."""
         from omrl.tasks import load_tasks
-        from omrl.train.iterate import IterateState
+        from omrl.train.run_state import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
         self.final = dict(final or {})
@@ -169,7 +169,8 @@ class Comparison:
     def prepare(self, seed: int) -> dict[str, Any]:
         """Expert, base and SFT of one seed (omrl train iterate, resumable); its SFT record."""
         from omrl.store import Store
-        from omrl.train.iterate import IterateState, run_iterate
+        from omrl.train.iterate import run_iterate
+        from omrl.train.run_state import IterateState
 
         recipe = self.recipes[seed]
         state = Path(recipe.output_dir) / "state.json"
@@ -180,7 +181,7 @@ class Comparison:
 
     def _fresh(self):
         """The state file as it is now (other processes may have added records)."""
-        from omrl.train.iterate import IterateState
+        from omrl.train.run_state import IterateState
 
         self.state = IterateState(self.out / "benchmark_state.json")
         return self.state
@@ -234,7 +235,7 @@ class Comparison:
         return self._record(f"seed{seed}/train/{name}", lambda: self._train(seed, method, name, settings))
 
     def _train(self, seed: int, method: str, name: str, settings: dict[str, Any]) -> dict[str, Any]:
-        from omrl.train.iterate import IterateState
+        from omrl.train.run_state import IterateState
 
         recipe = self.recipes[seed]
         sft = IterateState(Path(recipe.output_dir) / "state.json").done("sft")["checkpoint"]
@@ -266,7 +267,8 @@ class Comparison:
         return self._record(f"seed{seed}/train/{name}", lambda: self._more_sft(seed, epochs, rl_seconds, name))
 
     def _more_sft(self, seed: int, epochs: int, rl_seconds: float, name: str) -> dict[str, Any]:
-        from omrl.train.iterate import IterateState, demo_where
+        from omrl.train.iterate import demo_where
+        from omrl.train.run_state import IterateState
         from omrl.train.sft import train_sft
 
         recipe = self.recipes[seed]
