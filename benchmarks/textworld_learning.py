@@ -240,7 +240,8 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
             curves.setdefault(key.split("/", 2)[2], []).append(training_curve(bench.stores[seed], r["run_prefix"]))
     loads = [r["load"] for r in records.values() if r.get("load") is not None]
     return {"benchmark": "textworld_learning", "complete": False, "seeds": bench.seeds,
-            "test_games": len(bench.test), "dev_games": len(bench.dev), "rollouts_per_rl_method": bench.rollouts,
+            "test_games": len(bench.test), "dev_games": len(bench.dev), "rollouts_per_tuning_run": bench.rollouts,
+            "final_runs": bench.final or "the tuning budget",
             "sft_dev": sft_dev, "dev_tuning": dev, "training": trains, "methods": methods,
             "greedy_gain_over_sft_points": gains,
             "wall_minutes_recorded": round(sum(r.get("seconds", 0.0) for r in records.values()) / 60, 1),

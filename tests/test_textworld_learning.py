@@ -130,6 +130,15 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
     assert longer["methods"]["sft"] == line["methods"]["sft"]
     curves = json.loads((out / "benchmark.json").read_text())["curves"]
     assert all(len(curve) == 3 for name in RL for curve in curves[name])  # a point per training step
+    # --so-far (a run cut short) reads the same records: the final runs' under their final names
+    partial = _benchmark("--quick", "--out", str(out), "--final-steps", "3", "--so-far")
+    assert partial["complete"] is False and partial["final_runs"] == {"max_steps": 3}
+    for name in ("sft", "sft_more", *RL):
+        assert partial["methods"][name]["seeds"] == [0, 1]
+        for mode in ("sampled", "greedy"):
+            assert partial["methods"][name][mode] == longer["methods"][name][mode], (name, mode)
+    assert partial["greedy_gain_over_sft_points"]["grpo"]["points"] == pytest.approx(
+        100 * (longer["methods"]["grpo"]["greedy"] - longer["methods"]["sft"]["greedy"]), abs=0.11)
 
 
 
