@@ -114,16 +114,15 @@ class Comparison:
     by one process (claims/KEY holds its pid; the others wait for its record) and the state file is re-read
     under a lock before each record is added, so no process's records are lost."""
 
-    def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any],
-                 final: dict[str, Any] | None = None) -> None:
-        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks; `final`:
-        settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the recipe's
-        budget, trained longer), which then have their own names (final_name)."""
+    def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any]) -> None:
+        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks. Set `final`
+        to settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the
+        recipe's budget, trained longer); those runs then have their own names (final_name)."""
         from omrl.tasks import load_tasks
         from omrl.train.run_state import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
-        self.final = dict(final or {})
+        self.final: dict[str, Any] = {}
         self.state = IterateState(self.out / "benchmark_state.json")
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
         self._check_recipes()
