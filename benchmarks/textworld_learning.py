@@ -207,8 +207,7 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
         bench.stores[seed] = Store(Path(recipe.output_dir) / "store")
 
     records = {r["stage"]: r for r in bench._fresh().data["stages"]}
-    keys = {name: f"test/{bench.final_name(name) if name not in ('expert', 'sft') else name}"
-            for name in ("expert", "sft", "sft_more", *RL_METHODS)}
+    keys = {name: f"test/{bench.final_name(name)}" for name in ("expert", "sft", "sft_more", *RL_METHODS)}
     tested = {name: {s: records[f"seed{s}/{key}"] for s in bench.seeds if f"seed{s}/{key}" in records}
               for name, key in keys.items()}
     methods = {name: {**summarise(list(by_seed.values())), "seeds": list(by_seed)}
@@ -314,8 +313,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "step_credit_vs_grpo_points": {mode: gain("grpo_step_credit", "grpo", mode) for mode in ("sampled", "greedy")},
         "step_credit_diagnostics": runs["diagnostics"],
         "step_credit_weight_ablation": ablation,
-        "greedy_failures": {m: greedy_failures(bench, bench.final_name(m) if m != "sft" else m)
-                            for m in ("sft", "sft_more", *RL_METHODS)},
+        "greedy_failures": {m: greedy_failures(bench, bench.final_name(m)) for m in ("sft", "sft_more", *RL_METHODS)},
         "return_moves": return_moves(bench, first, {"sft": sft[first]["checkpoint"],
                                                     **{m: trained[m][0]["checkpoint"] for m in ("sft_more", *RL_METHODS)}}),
         "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),

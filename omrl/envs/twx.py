@@ -256,9 +256,10 @@ class TwxEnv(textgame.CommandGame):
                      system_prompt=textgame.system_prompt(self.action_format))
 
     def play(self, command: str) -> StepResult:
-        tried_here = self.tried.setdefault(self.state, [])
-        if command not in tried_here:
-            tried_here.append(command)
+        if self.show_tried:
+            tried_here = self.tried.setdefault(self.state, [])
+            if command not in tried_here:
+                tried_here.append(command)
         result = self.engine.call("step", command)
         self.state = result["state"]
         self.commands = sorted(result["actions"])

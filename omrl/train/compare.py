@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import math
 import os
 import threading
@@ -143,14 +142,12 @@ class Comparison:
 
     def _check_recipes(self) -> None:
         """Refuse to resume runs recorded with another recipe for a seed (IterateState.check_recipe); record this one."""
-        from omrl.recipes import to_dict
-
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "benchmark_state.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be adding a record
             state = self._fresh()
             for seed, recipe in self.recipes.items():
-                state.check_recipe(json.loads(json.dumps(to_dict(recipe), default=str)), key=f"recipe-seed{seed}")
+                state.check_recipe(recipe, key=f"recipe-seed{seed}")
 
     @property
     def rollouts(self) -> int:
@@ -160,8 +157,9 @@ class Comparison:
 
     def final_name(self, name: str) -> str:
         """The name of a final run's records (an RL method's or sft_more's test, sft_more's training): `name`,
-        tagged with the `final` settings when there are any, so runs of another final budget are not reused."""
-        return f"{name}-{label(self.final)}" if self.final else name
+        tagged with the `final` settings when there are any, so runs of another final budget are not reused.
+        SFT and the expert train nothing in the final runs: their names stay."""
+        return f"{name}-{label(self.final)}" if self.final and name not in ("sft", "expert") else name
 
     # ------------------------------------------------------------ stages
 

@@ -105,7 +105,7 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
     out = Path(recipe.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = IterateState(out / "state.json")
-    state.check_recipe(json.loads(json.dumps(to_dict(recipe), default=str)))  # before anything is written
+    state.check_recipe(recipe)  # before anything is written
     (out / "recipe.json").write_text(json.dumps(to_dict(recipe), indent=1))
     store = Store.create(recipe.store or out / "store")
     train_tasks = load_tasks(recipe.train_tasks)

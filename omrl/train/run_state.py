@@ -45,10 +45,13 @@ class IterateState:
         self.data["stages"].append({"stage": stage, **record})
         self._write()
 
-    def check_recipe(self, recipe: dict[str, Any], key: str = "recipe") -> None:
-        """Record `recipe` (plain data) under `key` as the one this state's stages are made with; refuse
-        (UsageError) to resume stages made with another, naming what changed: skipping them would mix two setups
-        in one result. A state recorded before recipes were kept is taken as made with this one."""
+    def check_recipe(self, config: Any, key: str = "recipe") -> None:
+        """Record recipe `config` (a settings dataclass) under `key` as the one this state's stages are made with;
+        refuse (UsageError) to resume stages made with another, naming what changed: skipping them would mix two
+        setups in one result. A state recorded before recipes were kept is taken as made with this one."""
+        from omrl.recipes import to_dict
+
+        recipe = json.loads(json.dumps(to_dict(config), default=str))  # as the state file holds it
         before = self.data.get(key)
         changes = recipe_changes(before, recipe) if before is not None else []
         if changes:
