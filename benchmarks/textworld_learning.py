@@ -3,6 +3,7 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
 
     nice -n 10 python benchmarks/textworld_learning.py             # the full run (~130 min of runs, 2 idle cores)
     python benchmarks/textworld_learning.py --final-steps 128      # tuned at 32 steps, final runs of 128
+    python benchmarks/textworld_learning.py --final-steps 128 --tune-at-final   # tuned and run at 128 steps
     python benchmarks/textworld_learning.py --quick                # the CI smoke run: every stage, tiny budgets
     python benchmarks/textworld_learning.py grpo.max_steps=12      # key=value overrides of recipes/textworld_coin.yaml
 
@@ -17,7 +18,8 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
    is GRPO at the same rate: the ablation), then the anchors of --credit-anchors. A run's dev score is the mean
    of its sampled and greedy success; the best wins (the first in grid order on a tie).
 3. Final: each method's chosen settings on every seed (seed 0's tuning run is that run; with --final-steps N,
-   every seed trains N steps with them instead: the tuning budget, grpo.max_steps, stays), evaluated once on
+   every seed trains N steps with them instead: the tuning budget, grpo.max_steps, stays unless --tune-at-final
+   makes every tuning run N steps too, so seed 0's final runs are again its tuning runs), evaluated once on
    the test games, sampled (eval.samples per game at temperature 1) and greedy; SFT; more SFT (the SFT run
    continued for as many epochs as the RL methods' mean training time buys); the expert.
 4. Figures per method: the mean over seeds and a 95% interval over test games (each game's success averaged
@@ -96,7 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--test-tasks", type=int, default=0, help="test games (0: all of twx_coin_test.jsonl)")
     parser.add_argument("--final-steps", type=int, default=0,
                         help="training steps of the final runs (0: grpo.max_steps, the tuning runs' budget; more: "
-                             "every method tuned at that budget, then trained this long on every seed)")
+                             "every method tuned at grpo.max_steps, then trained this long on every seed)")
+    parser.add_argument("--tune-at-final", action="store_true",
+                        help="with --final-steps: every tuning run trains --final-steps steps too (the choice is made "
+                             "at the budget it is used at; tuning costs final-steps / grpo.max_steps times more)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args((QUICK_ARGS if "--quick" in argv else []) + argv)
 
@@ -125,6 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--final-steps: 0 (the recipe's grpo.max_steps) or a number of steps")
     if args.final_steps and args.final_steps != bench.recipes[seeds[0]].grpo.max_steps:
         bench.final = {"max_steps": args.final_steps}
+    if args.tune_at_final:
+        if not bench.final:
+            raise SystemExit("--tune-at-final: give --final-steps, more than grpo.max_steps")
+        bench.tuning_budget = bench.final
     if args.prepare_seed is not None:
         if args.prepare_seed not in seeds:
             raise SystemExit("--prepare-seed: one of --seeds")
@@ -167,7 +176,7 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
         trainer = RL_METHODS[method][0]  # as tune() tells PPO from GRPO
         rates = grids["ppo_learning_rate" if trainer == "ppo" else "learning_rate"]
         chosen[method], tuning[method] = tune(bench, first, method, rates, grids["ppo"], grids["step_credit.weight"],
-                                              grids["step_credit.anchor"])
+                                              grids["step_credit.anchor"], budget=bench.tuning_budget)
     tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
     trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
     tests["expert"][first] = bench.evaluate(first, "test", "expert", None)
@@ -241,6 +250,7 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
     return {"benchmark": "textworld_learning", "complete": False, "seeds": bench.seeds,
             "test_games": len(bench.test), "dev_games": len(bench.dev), "rollouts_per_tuning_run": bench.rollouts,
             "final_runs": bench.final or "the tuning budget",
+            "tuning_runs": bench.tuning_budget or "the recipe's budget",
             "sft_dev": sft_dev, "dev_tuning": dev, "training": trains, "methods": methods,
             "greedy_gain_over_sft_points": gains,
             "wall_minutes_recorded": round(sum(r.get("seconds", 0.0) for r in records.values()) / 60, 1),
@@ -300,6 +310,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "model": {"hidden": recipe.tiny.hidden, "layers": recipe.tiny.layers, "vocab_size": recipe.tiny.vocab_size},
         "rollouts_per_rl_method": trained["grpo"][0]["rollouts"], "rollouts_per_tuning_run": bench.rollouts,
         "final_runs": bench.final or "the tuning budget",
+        "tuning_runs": bench.tuning_budget or "the recipe's budget",
         "grid": {"learning_rate": grids["learning_rate"], "ppo_learning_rate": grids["ppo_learning_rate"],
                  "ppo": [f"{k}={v}" for k, v in grids["ppo"]],
                  "step_credit.weight": [1.0, *grids["step_credit.weight"]],

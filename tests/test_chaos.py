@@ -38,8 +38,8 @@ def test_killed_commands_lose_and_double_nothing(name, tmp_path):
     result = run_scenario(SMALL[name](), tmp_path, kills=2, seed=7)
     assert result.kills >= 1, result.to_dict()  # at least one kill landed while the command was working
     assert result.kills_in_write_phase == result.kills, result.to_dict()  # none before its first write
+    assert result.errors == [], result.errors  # first: an error says which check failed (a partial store's why)
     assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
-    assert result.errors == [], result.errors
     assert result.expected > 0
 
 
@@ -47,8 +47,8 @@ def test_a_killed_iterate_run_resumes_without_losing_or_doubling(tmp_path):
     pytest.importorskip("trl")
     result = run_scenario(iterate_scenario(), tmp_path, kills=1, seed=3)
     assert result.kills == 1, result.to_dict()
-    assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
     assert result.errors == [], result.errors
+    assert (result.lost, result.duplicated, result.partial) == (0, 0, 0), result.to_dict()
 
 
 def test_every_damaged_store_file_is_named_by_check(tmp_path):

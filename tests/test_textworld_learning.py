@@ -139,6 +139,19 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
             assert partial["methods"][name][mode] == longer["methods"][name][mode], (name, mode)
     assert partial["greedy_gain_over_sft_points"]["grpo"]["points"] == pytest.approx(
         100 * (longer["methods"]["grpo"]["greedy"] - longer["methods"]["sft"]["greedy"]), abs=0.11)
+    # --tune-at-final: the grid again, every point trained 3 steps and scored on dev under its own name; seed 0's
+    # final runs are tuning runs (some made by the call above already), so seed 0 trains nothing outside the grid
+    before = len(json.loads((out / "benchmark_state.json").read_text())["stages"])
+    tuned = _benchmark("--quick", "--out", str(out), "--final-steps", "3", "--tune-at-final")
+    assert tuned["tuning_runs"] == {"max_steps": 3} and longer["tuning_runs"] == "the recipe's budget"
+    assert tuned["rollouts_per_tuning_run"] == tuned["rollouts_per_rl_method"] == 3 * 2 * 2
+    stages = [s["stage"] for s in json.loads((out / "benchmark_state.json").read_text())["stages"]]
+    dev = {s.split("/", 2)[2] for s in stages[before:] if s.startswith("seed0/dev/")}
+    assert all(name.endswith("-max_steps3") for name in dev)
+    assert len(dev) == sum(len(tuned["methods"][name]["grid"]) for name in RL)
+    seed0_final = {s.split("/", 2)[2] for s in stages if s.startswith("seed0/train/") and s.endswith("-max_steps3")}
+    assert seed0_final - {"sft_more-max_steps3"} == dev
+    assert not any(stage.endswith(("/test/sft", "/test/expert")) for stage in stages[before:])
 
 
 

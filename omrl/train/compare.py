@@ -116,12 +116,14 @@ class Comparison:
     def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any]) -> None:
         """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks. Set `final`
         to settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the
-        recipe's budget, trained longer); those runs then have their own names (final_name)."""
+        recipe's budget, trained longer); those runs then have their own names (final_name). Set `tuning_budget` to
+        settings every tuning run trains with (e.g. `final`: tuned at the final budget; tune's `budget`)."""
         from omrl.tasks import load_tasks
         from omrl.train.run_state import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
         self.final: dict[str, Any] = {}
+        self.tuning_budget: dict[str, Any] = {}
         self.state = IterateState(self.out / "benchmark_state.json")
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
         self._check_recipes()
@@ -151,9 +153,9 @@ class Comparison:
 
     @property
     def rollouts(self) -> int:
-        """Rollouts of one tuning run (the recipe's GRPO budget)."""
+        """Rollouts of one tuning run (the recipe's GRPO budget, or tuning_budget's steps)."""
         grpo = self.recipes[self.seeds[0]].grpo
-        return grpo.max_steps * grpo.tasks_per_step * grpo.samples_per_task
+        return self.tuning_budget.get("max_steps", grpo.max_steps) * grpo.tasks_per_step * grpo.samples_per_task
 
     def final_name(self, name: str) -> str:
         """The name of a final run's records (an RL method's or sft_more's test, sft_more's training): `name`,
@@ -288,19 +290,22 @@ def dev_score(record: dict[str, Any]) -> float:
 
 
 def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_grid: list[tuple[str, Any]],
-         credit_weights: list[float], credit_anchors: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         credit_weights: list[float], credit_anchors: Sequence[str] = (),
+         budget: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The method's chosen settings and its grid (every point with its dev success and training time).
 
     Each point is a run from the seed's SFT checkpoint scored on the dev split (dev_score). First every learning
     rate of `lr_grid`; then, for PPO, each (key, value) of `ppo_grid` added to the best so far, one at a time,
     kept when it scores better (a coordinate search: 1 + len(ppo_grid) more runs, not a product); then, for step
     credit, each weight of `credit_weights` at the best so far, then each anchor of `credit_anchors` (step_credit.anchor)
-    at the best so far. The first best in this order wins a tie."""
+    at the best so far. The first best in this order wins a tie. `budget`: settings every point trains with and
+    that are not tuned (e.g. {"max_steps": 128}, tuning at a final budget); the chosen settings leave them out."""
     grid: list[dict[str, Any]] = []
 
     def point(settings: dict[str, Any], stage: str) -> float:
-        trained = bench.train(seed, method, settings)
-        evaluated = bench.evaluate(seed, "dev", f"{method}-{label(settings)}", trained["checkpoint"])
+        run = {**settings, **(budget or {})}  # the budget last: a final run of the chosen settings has this name
+        trained = bench.train(seed, method, run)
+        evaluated = bench.evaluate(seed, "dev", f"{method}-{label(run)}", trained["checkpoint"])
         score = dev_score(evaluated)
         grid.append({"stage": stage, "settings": settings, "dev_sampled": evaluated["results"]["success"],
                      "dev_greedy": evaluated["results"]["greedy_success"], "dev_score": round(score, 4),
