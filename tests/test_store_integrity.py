@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 from omrl.cli.main import cli
+from omrl.formats.importer import import_files
 from omrl.store import Store, StoreError
 from tests.cases.chaos import observe_trajectories
 
@@ -258,6 +259,23 @@ def test_a_writer_heals_a_card_left_stale_by_a_kill(tmp_path):
     assert observe_trajectories(store.path, final=True).partial is None
 
 
+def test_an_import_with_nothing_new_heals_a_card_left_stale_by_a_killed_import(tmp_path):
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                                        {"role": "assistant", "content": "a"}]}) + "\n"
+                              for i in range(3)))
+    store = Store.create(tmp_path / "s")
+    store.append(rows(2))  # a card listing parts by name (an empty store's lists a glob)
+    card = (store.path / "README.md").read_text()
+    import_files([source], store.path)
+    (store.path / "README.md").write_text(card)  # killed after its commit, before the card was rewritten
+    assert observe_trajectories(store.path, final=True).partial
+    (report,) = import_files([source], store.path)  # run again: every record is already there
+    assert report.status == "nothing new" and report.already_present == 3
+    seen = observe_trajectories(store.path, final=True)
+    assert seen.partial is None and len(seen.keys) == 5
+
+
 def test_check_reports_ids_stored_twice_and_compact_keeps_one_copy(tmp_path):
     store = Store.create(tmp_path / "s")
     store.append(rows(3))
@@ -352,6 +370,20 @@ def test_annotate_resumes_instead_of_doubling(store):
     assert store.count("annotations") == 12
     again = annotate(store, metrics=["num_turns"], redo=True)
     assert again.written["num_turns"] == 6 and store.count("annotations") == 18
+
+
+def test_an_annotate_with_nothing_left_heals_a_card_left_stale_by_a_killed_annotate(store):
+    from omrl.annotate.runner import annotate
+    from omrl.store.card import card_parts
+
+    annotate(store, metrics=["num_turns"])
+    card = (store.path / "README.md").read_text()
+    annotate(store, metrics=["exact_match"])
+    live = sorted(p.name for p in (store.path / "data" / "annotations").glob("part-*.parquet"))
+    assert len(live) == 2 and card_parts((store.path / "README.md").read_text())["annotations"] == live
+    (store.path / "README.md").write_text(card)  # killed after its commit, before the card was rewritten
+    assert annotate(store, metrics=["exact_match"]).already_done == {"exact_match": 6}  # nothing left to write
+    assert card_parts((store.path / "README.md").read_text())["annotations"] == live
 
 
 def test_an_appended_arrow_table_is_checked_like_rows(store):

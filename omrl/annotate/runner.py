@@ -234,6 +234,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     it. `redo` annotates everything again (the history keeps both; views show the latest).
     """
     store = store if isinstance(store, Store) else Store(store)
+    store.sync_card()  # a card left stale by a killed run is healed even when nothing is left to annotate
     loaded = [m if isinstance(m, NamedMetric) else load_metric(m) for m in metrics]
     recipe = load_reward_recipe(reward_recipe) if reward_recipe is not None else None
     summary = AnnotateSummary(run_id=run_id or f"annotate-{new_id()[:12]}")

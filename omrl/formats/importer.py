@@ -169,6 +169,7 @@ def import_files(paths: Iterable[str | Path], store: Store | str | Path, fmt: st
         store_root, storage = storage_for(store)  # a local folder or an s3:// prefix
         if storage.exists(store_root / MANIFEST):
             store = Store(store)
+            store.sync_card()  # a card left stale by a killed import is healed even when nothing is new
     existing = store.ids() if isinstance(store, Store) else set()
     reports: list[FileReport] = []
     batches: list[list[dict[str, Any]]] = []

@@ -221,8 +221,9 @@ class StoreWriter(StoreReader):
                     sides[kind] = file_record(self.storage.read_bytes(side))
         return PartRecord(part.name, rows, record, sides)
 
-    def _sync_card(self) -> None:
-        """Rewrite the card if a writer was killed between committing its part and rewriting the card."""
+    def sync_card(self) -> None:
+        """Rewrite the card if a writer was killed between committing its part and rewriting the card. Commands
+        that write to an existing store call it first: a rerun with nothing new to write still heals the card."""
         names = self._live_names(self.manifest)
         try:
             listed = card_parts(self._read_card() or "")

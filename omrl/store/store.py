@@ -123,7 +123,7 @@ class Store(StoreWriter):
         if not exist_ok:
             raise StoreError(f"{root} already holds a store")
         store = cls(root)
-        store._sync_card()
+        store.sync_card()
         return store
 
     @classmethod
@@ -138,7 +138,7 @@ class Store(StoreWriter):
             if not exist_ok:
                 raise StoreError(f"{root} already holds a store")
             store = cls(root)
-            store._sync_card()
+            store.sync_card()
             return store
         names = storage.list_names(root)
         if [n for n in names if n != "README.md"] or storage.list_names(root / "data" / TABLES[0]):
