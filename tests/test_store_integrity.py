@@ -259,6 +259,17 @@ def test_a_writer_heals_a_card_left_stale_by_a_kill(tmp_path):
     assert observe_trajectories(store.path, final=True).partial is None
 
 
+def test_an_append_with_every_row_present_heals_a_card_left_stale_by_a_kill(tmp_path):
+    store = Store.create(tmp_path / "s")
+    store.append(rows(2))
+    card = (store.path / "README.md").read_text()
+    store.append(rows(2, start=2))
+    (store.path / "README.md").write_text(card)  # killed after the rename, before the card was rewritten
+    assert store.append(rows(2, start=2), skip_existing=True).skipped == 2  # the rerun: nothing new
+    seen = observe_trajectories(store.path, final=True)
+    assert seen.partial is None and len(seen.keys) == 4
+
+
 def test_an_import_with_nothing_new_heals_a_card_left_stale_by_a_killed_import(tmp_path):
     source = tmp_path / "chats.jsonl"
     source.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"},

@@ -240,7 +240,8 @@ class Store(StoreWriter):
                                  f"(e.g. {', '.join(sample)}); nothing written")
             if skipped:
                 data = data.filter(pc.invert(present))
-            if data.num_rows == 0:
+            if data.num_rows == 0:  # all there: still heal a card a killed writer left stale (sync_card)
+                self._rewrite_card(self._live_names(manifest))
                 return Appended(None, 0, skipped)
             record = self._write_part(data, table, metadata, store_id=manifest["store_id"])
             self._commit(manifest, {table: [*scan.records, record]}, wrote_part=True)
