@@ -180,19 +180,20 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     tests: dict[str, dict[int, Any]] = {m: {} for m in ("expert", "sft", "sft_more", *RL_METHODS)}
     trained: dict[str, dict[int, Any]] = {m: {} for m in (*RL_METHODS, "sft_more")}
     tests["expert"][first] = bench.evaluate(first, "test", "expert", None)
+    final = {m: {**chosen[m], **bench.final} for m in RL_METHODS}
+    names = {"sft": "sft", "sft_more": bench.final_name("sft_more"),  # of the test records, per method
+             **{m: bench.run_name(m, final[m]) for m in RL_METHODS}}
     for seed in reversed(seeds) if helper else seeds:
         sft[seed] = sft.get(seed) or bench.prepare(seed)
         tests["sft"][seed] = bench.evaluate(seed, "test", "sft", sft[seed]["checkpoint"])
         for method in methods:  # without bench.final, seed 0's final run is its tuning run
-            trained[method][seed] = bench.train(seed, method, {**chosen[method], **bench.final})
-            tests[method][seed] = bench.evaluate(seed, "test", bench.final_name(method),
-                                                 trained[method][seed]["checkpoint"])
+            trained[method][seed] = bench.train(seed, method, final[method])
+            tests[method][seed] = bench.evaluate(seed, "test", names[method], trained[method][seed]["checkpoint"])
         # more SFT: the RL methods' mean training time on this seed, in this seed's SFT epochs
         rl_seconds = sum(trained[m][seed]["train_s"] for m in RL_METHODS) / len(RL_METHODS)
         epoch_s = max(sft[seed]["train_s"] / max(sft[seed]["epochs"], 1), 1e-6)
         trained["sft_more"][seed] = bench.more_sft(seed, max(1, round(rl_seconds / epoch_s)), rl_seconds)
-        tests["sft_more"][seed] = bench.evaluate(seed, "test", bench.final_name("sft_more"),
-                                                 trained["sft_more"][seed]["checkpoint"])
+        tests["sft_more"][seed] = bench.evaluate(seed, "test", names["sft_more"], trained["sft_more"][seed]["checkpoint"])
     tests = {m: [by_seed[s] for s in seeds if s in by_seed] for m, by_seed in tests.items()}  # in seed order
     trained = {m: [by_seed[s] for s in seeds] for m, by_seed in trained.items()}
     credit_runs = zip(seeds, trained["grpo_step_credit"], strict=True)
@@ -201,7 +202,7 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     curves = {m: [training_curve(bench.stores[s], r["run_prefix"]) for s, r in zip(seeds, trained[m], strict=True)]
               for m in RL_METHODS}
     return {"sft": sft, "chosen": chosen, "tuning": {m: tuning[m] for m in RL_METHODS}, "tests": tests,
-            "trained": trained, "diagnostics": diagnostics, "curves": curves}
+            "trained": trained, "names": names, "diagnostics": diagnostics, "curves": curves}
 
 
 def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
@@ -216,9 +217,17 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
         bench.stores[seed] = Store(Path(recipe.output_dir) / "store")
 
     records = {r["stage"]: r for r in bench._fresh().data["stages"]}
-    keys = {name: f"test/{bench.final_name(name)}" for name in ("expert", "sft", "sft_more", *RL_METHODS)}
-    tested = {name: {s: records[f"seed{s}/{key}"] for s in bench.seeds if f"seed{s}/{key}" in records}
-              for name, key in keys.items()}
+    tested = {name: {s: records[f"seed{s}/test/{bench.final_name(name)}"] for s in bench.seeds
+                     if f"seed{s}/test/{bench.final_name(name)}" in records} for name in ("expert", "sft", "sft_more")}
+    for method in RL_METHODS:  # a test record named by a final-budget run of the method (the latest recorded)
+        tested[method] = {}
+        for key, record in records.items():
+            seed, split, name = key.split("/", 2)
+            run = records.get(f"{seed}/train/{name}", {})
+            if split == "test" and run.get("method") == method and int(seed[4:]) in bench.seeds and \
+                    run["settings"].get("max_steps") == bench.final.get("max_steps"):
+                tested[method][int(seed[4:])] = record
+        tested[method] = {s: tested[method][s] for s in bench.seeds if s in tested[method]}
     methods = {name: {**summarise(list(by_seed.values())), "seeds": list(by_seed)}
                for name, by_seed in tested.items() if by_seed}
     sft_dev = {}
@@ -324,7 +333,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
         "step_credit_vs_grpo_points": {mode: gain("grpo_step_credit", "grpo", mode) for mode in ("sampled", "greedy")},
         "step_credit_diagnostics": runs["diagnostics"],
         "step_credit_weight_ablation": ablation,
-        "greedy_failures": {m: greedy_failures(bench, bench.final_name(m)) for m in ("sft", "sft_more", *RL_METHODS)},
+        "greedy_failures": {m: greedy_failures(bench, runs["names"][m]) for m in ("sft", "sft_more", *RL_METHODS)},
         "return_moves": return_moves(bench, first, {"sft": sft[first]["checkpoint"],
                                                     **{m: trained[m][0]["checkpoint"] for m in ("sft_more", *RL_METHODS)}}),
         "wall_minutes_total": round((sum(r.get("seconds", 0.0) for r in records) + iterate_s) / 60, 1),

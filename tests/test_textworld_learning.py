@@ -123,7 +123,11 @@ def test_quick_run_tunes_trains_evaluates_reports_and_resumes(tmp_path):
         assert longer["methods"][name]["training_rollouts"] == 3 * 2 * 2
     added = [s["stage"] for s in json.loads((out / "benchmark_state.json").read_text())["stages"][len(stages):]]
     for seed in (0, 1):
-        assert {f"seed{seed}/test/{name}-max_steps3" for name in (*RL, "sft_more")} <= set(added)
+        assert f"seed{seed}/test/sft_more-max_steps3" in added
+        for name in RL:  # a test record is named by the run tested: its method, chosen settings, final steps
+            trains = {s.split("/", 2)[2] for s in added if s.startswith(f"seed{seed}/train/{name}-")}
+            tests = {s.split("/", 2)[2] for s in added if s.startswith(f"seed{seed}/test/{name}-")}
+            assert len(trains) == 1 and tests == trains and next(iter(trains)).endswith("-max_steps3"), name
         assert f"seed{seed}/train/sft_more-max_steps3" in added
         assert sum(stage.startswith(f"seed{seed}/train/") for stage in added) == len(RL) + 1
     assert not any(stage.endswith(("/test/sft", "/test/expert")) or "/dev/" in stage for stage in added)

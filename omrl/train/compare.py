@@ -157,10 +157,16 @@ class Comparison:
         grpo = self.recipes[self.seeds[0]].grpo
         return self.tuning_budget.get("max_steps", grpo.max_steps) * grpo.tasks_per_step * grpo.samples_per_task
 
+    @staticmethod
+    def run_name(method: str, settings: dict[str, Any]) -> str:
+        """The name of an RL run's records (its training, its dev and test evaluations): method and settings, so
+        a record is reused only for the checkpoint it was made from."""
+        return f"{method}-{label(settings)}"
+
     def final_name(self, name: str) -> str:
-        """The name of a final run's records (an RL method's or sft_more's test, sft_more's training): `name`,
-        tagged with the `final` settings when there are any, so runs of another final budget are not reused.
-        SFT and the expert train nothing in the final runs: their names stay."""
+        """The name of more SFT's records (its training and test): `name`, tagged with the `final` settings when
+        there are any, so runs of another final budget are not reused. SFT and the expert train nothing in the
+        final runs: their names stay. (An RL method's final records are named by run_name.)"""
         return f"{name}-{label(self.final)}" if self.final and name not in ("sft", "expert") else name
 
     # ------------------------------------------------------------ stages
@@ -230,7 +236,7 @@ class Comparison:
 
     def train(self, seed: int, method: str, settings: dict[str, Any]) -> dict[str, Any]:
         """One RL run from the seed's SFT checkpoint with `settings` (over the method's own and the recipe's)."""
-        name = f"{method}-{label(settings)}"
+        name = self.run_name(method, settings)
         return self._record(f"seed{seed}/train/{name}", lambda: self._train(seed, method, name, settings))
 
     def _train(self, seed: int, method: str, name: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -305,7 +311,7 @@ def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_gr
     def point(settings: dict[str, Any], stage: str) -> float:
         run = {**settings, **(budget or {})}  # the budget last: a final run of the chosen settings has this name
         trained = bench.train(seed, method, run)
-        evaluated = bench.evaluate(seed, "dev", f"{method}-{label(run)}", trained["checkpoint"])
+        evaluated = bench.evaluate(seed, "dev", bench.run_name(method, run), trained["checkpoint"])
         score = dev_score(evaluated)
         grid.append({"stage": stage, "settings": settings, "dev_sampled": evaluated["results"]["success"],
                      "dev_greedy": evaluated["results"]["greedy_success"], "dev_score": round(score, 4),
