@@ -210,7 +210,8 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
     the seeds that have one), each seed's SFT on the dev games, every dev-tuning point, and the greedy gains over
     SFT on the seeds where both were tested; and the per-step training success of every recorded RL run."""
     from omrl.store import Store
-    from omrl.train.compare import RL_METHODS, dev_score, paired_points, summarise, training_curve
+    from omrl.train.compare import RL_METHODS, dev_score, training_curve
+    from omrl.train.compare_figures import paired_points, summarise
     from omrl.train.run_state import IterateState
 
     for seed, recipe in bench.recipes.items():
@@ -268,7 +269,8 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
 
 def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) -> dict[str, Any]:
     """The benchmark's JSON line (without the curves) from its runs."""
-    from omrl.train.compare import RL_METHODS, paired_points, summarise, tuned_settings
+    from omrl.train.compare import RL_METHODS, tuned_settings
+    from omrl.train.compare_figures import paired_points, summarise
 
     seeds, first = bench.seeds, bench.seeds[0]
     recipe = bench.recipes[first]

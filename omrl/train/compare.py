@@ -1,12 +1,12 @@
 """Comparing learning methods fairly, from one SFT checkpoint per seed: every RL method plays the same rollouts,
-is tuned on a dev split from a small stated grid, and is evaluated once on held-out test tasks; figures are
-means over seeds with 95% intervals over tasks, differences paired per task.
+is tuned on a dev split from a small stated grid, and is evaluated once on held-out test tasks; figures
+(omrl.train.compare_figures) are means over seeds with 95% intervals over tasks, differences paired per task.
 
     compare = Comparison(out, recipe_path, overrides, seeds=[0, 1], test_tasks=load_tasks("test.jsonl"))
     sft = compare.prepare(0)                                   # expert, base, SFT (omrl train iterate, rounds 0)
     chosen, grid = tune(compare, 0, "grpo", [1e-4, 3e-4], [], [])
     run = compare.train(1, "grpo", chosen)                     # {"checkpoint", "train_s", "run_prefix", ...}
-    test = compare.evaluate(1, "test", "grpo", run["checkpoint"])
+    test = compare.evaluate(1, "test", compare.run_name("grpo", chosen), run["checkpoint"])
 
 A seed's runs share its iterate folder (OUT/seed-S) and store; every trained or evaluated run is recorded in
 OUT/benchmark_state.json as it finishes and skipped when asked again (a run cut off midway is redone).
@@ -358,46 +358,6 @@ def tuned_settings(recipe: Any, method: str, chosen: dict[str, Any]) -> dict[str
     section = to_dict(recipe.grpo if trainer == "grpo" else recipe.ppo)
     merged = {**section, **fixed, **chosen}
     return {k: merged[k] for k in TUNABLE[trainer] if merged.get(k) is not None}
-
-
-def interval(values: list[float]) -> float:
-    """Half-width of a normal 95% interval on the mean of `values` (0.0 for fewer than two)."""
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return 1.96 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-
-
-def per_game(records: list[dict[str, Any]], mode: str) -> dict[str, float]:
-    """Each test game's success averaged over seeds (games every seed has an outcome for)."""
-    tables = [r["per_task"].get(mode, {}) for r in records]
-    games = set.intersection(*(set(t) for t in tables)) if tables else set()
-    return {g: sum(t[g] for t in tables) / len(tables) for g in sorted(games)}
-
-
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean over seeds of sampled and greedy success, with 95% intervals over test games, and per seed."""
-    out: dict[str, Any] = {}
-    for mode, key in (("sampled", "success"), ("greedy", "greedy_success")):
-        seeds = [r["results"].get(key) for r in records]
-        if any(v is None for v in seeds):
-            out[mode] = out[f"{mode}_ci95"] = None
-            continue
-        out[mode] = round(sum(seeds) / len(seeds), 4)
-        out[f"{mode}_ci95"] = round(interval(list(per_game(records, mode).values())), 4)
-    out["per_seed"] = [{"sampled": r["results"].get("success"), "greedy": r["results"].get("greedy_success")}
-                       for r in records]
-    return out
-
-
-def paired_points(a: list[dict[str, Any]], b: list[dict[str, Any]], mode: str) -> dict[str, float | None]:
-    """a minus b in points, paired per test game (seed-averaged), with its 95% interval."""
-    pa, pb = per_game(a, mode), per_game(b, mode)
-    games = sorted(set(pa) & set(pb))
-    if not games:
-        return {"points": None, "ci95": None}
-    diffs = [pa[g] - pb[g] for g in games]
-    return {"points": round(100 * sum(diffs) / len(diffs), 1), "ci95": round(100 * interval(diffs), 1)}
 
 
 def training_curve(store, prefix: str) -> list[list[float]]:

@@ -95,14 +95,9 @@ def task_success(store, run_id: str, round_: int) -> dict[str, float]:
 
 def success_ci95(store, run_id: str, round_: int) -> float:
     """Half-width of a 95% interval on success, counting tasks (not episodes) as the independent units."""
-    import math
+    from omrl.train.compare_figures import interval
 
-    means = list(task_success(store, run_id, round_).values())
-    if len(means) < 2:
-        return 0.0
-    mean = sum(means) / len(means)
-    var = sum((m - mean) ** 2 for m in means) / (len(means) - 1)
-    return round(1.96 * math.sqrt(var / len(means)), 4)
+    return round(interval(list(task_success(store, run_id, round_).values())), 4)
 
 
 def round_table(results: list[dict[str, Any]]):
