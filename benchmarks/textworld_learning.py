@@ -225,8 +225,8 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
         for key, record in records.items():
             seed, split, name = key.split("/", 2)
             run = records.get(f"{seed}/train/{name}", {})
-            if split == "test" and run.get("method") == method and int(seed[4:]) in bench.seeds and \
-                    run["settings"].get("max_steps") == bench.final.get("max_steps"):
+            at_final = run.get("settings", {}).get("max_steps") == bench.final.get("max_steps")
+            if split == "test" and run.get("method") == method and at_final and int(seed[4:]) in bench.seeds:
                 tested[method][int(seed[4:])] = record
         tested[method] = {s: tested[method][s] for s in bench.seeds if s in tested[method]}
     methods = {name: {**summarise(list(by_seed.values())), "seeds": list(by_seed)}

@@ -116,7 +116,7 @@ class Comparison:
     def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any]) -> None:
         """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks. Set `final`
         to settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the
-        recipe's budget, trained longer); those runs then have their own names (final_name). Set `tuning_budget` to
+        recipe's budget, trained longer); those runs then have their own names (run_name, final_name). Set `tuning_budget` to
         settings every tuning run trains with (e.g. `final`: tuned at the final budget; tune's `budget`)."""
         from omrl.tasks import load_tasks
         from omrl.train.run_state import IterateState
