@@ -7,6 +7,7 @@ made when first asked for, so `omrl train --help` imports no trainer; iterate (t
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -45,6 +46,15 @@ def _print_config(config) -> None:
     console.print_json(json.dumps(to_dict(config), default=str))
 
 
+def _close_process_group() -> None:
+    """End a run of several processes (torchrun, accelerate launch) together: a process group left to the
+    interpreter's exit can abort a rank ("terminate called without an active exception")."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()
+        distributed.destroy_process_group()
+
+
 def trainer_command(name: str) -> click.Command:
     """`omrl train NAME`: load the registered trainer's recipe, train it with a reporter, print its summary."""
     from omrl.train.trainer import TRAINERS
@@ -60,6 +70,7 @@ def trainer_command(name: str) -> click.Command:
         libraries, reporter = _shown(verbose)
         with libraries, reporter:
             result = entry.train(config, reporter=reporter)
+        _close_process_group()
         if not result.main:  # several processes: the main one reports for all of them
             return
         for line in filter(None, result.summary.splitlines()):
