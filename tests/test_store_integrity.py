@@ -248,23 +248,25 @@ def test_a_compaction_killed_before_its_card_rewrite_is_finished_with_a_valid_ca
     assert seen.partial is None and len(seen.keys) == 6
 
 
-def test_a_writer_heals_a_card_left_stale_by_a_kill(tmp_path):
+def _store_with_stale_card(tmp_path: Path) -> Store:
+    """Two appends of 2 rows, the second killed after its rename, before the card was rewritten."""
     store = Store.create(tmp_path / "s")
     store.append(rows(2))
     card = (store.path / "README.md").read_text()
     store.append(rows(2, start=2))
-    (store.path / "README.md").write_text(card)  # killed after the rename, before the card was rewritten
+    (store.path / "README.md").write_text(card)
     assert observe_trajectories(store.path, final=True).partial
+    return store
+
+
+def test_a_writer_heals_a_card_left_stale_by_a_kill(tmp_path):
+    store = _store_with_stale_card(tmp_path)
     Store.create(store.path)  # the next writer opening the store
     assert observe_trajectories(store.path, final=True).partial is None
 
 
 def test_an_append_with_every_row_present_heals_a_card_left_stale_by_a_kill(tmp_path):
-    store = Store.create(tmp_path / "s")
-    store.append(rows(2))
-    card = (store.path / "README.md").read_text()
-    store.append(rows(2, start=2))
-    (store.path / "README.md").write_text(card)  # killed after the rename, before the card was rewritten
+    store = _store_with_stale_card(tmp_path)
     assert store.append(rows(2, start=2), skip_existing=True).skipped == 2  # the rerun: nothing new
     seen = observe_trajectories(store.path, final=True)
     assert seen.partial is None and len(seen.keys) == 4
