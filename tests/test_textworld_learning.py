@@ -165,3 +165,13 @@ def test_an_unknown_step_credit_anchor_is_refused_before_any_run(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "--credit-anchors" in result.stderr and "history" in result.stderr
     assert not (tmp_path / "run" / "benchmark_state.json").exists()
+
+
+def test_tune_at_final_without_a_longer_final_budget_is_refused_before_any_run(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "textworld_learning.py"), "--quick",
+                             "--out", str(tmp_path / "run"), "--tune-at-final"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "--tune-at-final: give --final-steps" in result.stderr
+    state = tmp_path / "run" / "benchmark_state.json"
+    assert not state.exists() or json.loads(state.read_text())["stages"] == []
+    assert not (tmp_path / "run" / "seed-0").exists()
