@@ -273,10 +273,13 @@ class SandboxView:
 
 def run_sandboxed(command: list[str], project: str | os.PathLike[str], limits: SandboxLimits = SandboxLimits(),
                   env: dict[str, str] | None = None, on_start: Callable[[Callable[[], None]], None] | None = None,
-                  probing: bool = False, view: SandboxView = SandboxView()) -> SandboxResult:
+                  probing: bool = False, view: SandboxView = SandboxView(),
+                  pass_fds: tuple[int, ...] = ()) -> SandboxResult:
     """Run `command` inside a bwrap sandbox on a copy of `project` (its cwd); the host folder is never written.
 
     `on_start(kill)` receives a function that kills the whole run (safe from any thread, idempotent).
+    `pass_fds` are host descriptors the command inherits under the same numbers (e.g. a pipe's write end for
+    a report the host reads); the caller keeps and closes them.
     Raises SandboxUnavailable when the sandbox does not work here, SandboxError when bwrap failed to start.
     """
     if not probing:
@@ -303,7 +306,7 @@ def run_sandboxed(command: list[str], project: str | os.PathLike[str], limits: S
             # bwrap's own environment is visible inside as /proc/1/environ: give it nothing worth reading.
             # _supervise closes the write ends (they are the child's), always; the read ends are closed here.
             return _supervise(argv, stdin=archive, limits=limits, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                              cwd="/", pass_fds=(started_w, info_w), started=started_r, info=info_r,
+                              cwd="/", pass_fds=(started_w, info_w, *pass_fds), started=started_r, info=info_r,
                               close_after_start=(started_w, info_w), on_start=on_start, sandboxed=True)
         finally:
             os.close(started_r)

@@ -7,7 +7,7 @@ where it shows something new; the scale figures (50 tasks, 6 real packages) are 
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import io
 import json
 import tarfile
@@ -21,39 +21,17 @@ from omrl import sandbox
 from omrl.cli.main import cli
 from omrl.envs import generate_tasks, make_env
 from omrl.envs.base import Action, InvalidTask
-from omrl.envs.swe import bugs
+from omrl.envs.swe import bugs, guard, packages
 from omrl.envs.toolenv import play_episode
+from omrl.errors import UsageError
 from omrl.store import Store
+from tests.cases.swe_hacks import HACKS, TINYCALC, build_sdist, run_swe_hacks
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 AVAILABLE, WHY = sandbox.sandbox_status()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")
 
-FILES = {
-    "PKG-INFO": "Metadata-Version: 2.1\nName: omrl-tinycalc\nVersion: 0.1\n",
-    "src/tinycalc/__init__.py": (
-        "def clamp(value, low, high):\n    \"\"\"value limited to [low, high].\"\"\"\n    if value < low:\n"
-        "        return low\n    if value > high:\n        return high\n    return value\n\n\n"
-        "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"),
-    "tests/test_calc.py": (
-        "from tinycalc import clamp, mean\n\n\ndef test_clamp_low():\n    assert clamp(-1, 0, 10) == 0\n\n\n"
-        "def test_clamp_high():\n    assert clamp(11, 0, 10) == 10\n\n\ndef test_clamp_inside():\n"
-        "    assert clamp(5, 0, 10) == 5\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n"),
-}
-
-
-def build_sdist(folder, files: dict[str, str], version: str) -> str:
-    """omrl-tinycalc-VERSION.tar.gz, deterministic (fixed times and order), so its cache entries are reused."""
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        for name, text in sorted(files.items()):
-            info = tarfile.TarInfo(f"omrl-tinycalc-{version}/{name}")
-            info.size, info.mtime, info.mode = len(text.encode()), 0, 0o644
-            tar.addfile(info, io.BytesIO(text.encode()))
-    path = folder / f"omrl-tinycalc-{version}.tar.gz"
-    with gzip.GzipFile(path, "wb", mtime=0) as out:
-        out.write(data.getvalue())
-    return str(path)
+FILES = TINYCALC
 
 
 @pytest.fixture(scope="module")
@@ -407,3 +385,89 @@ def test_real_swe_bench_lite_rows_are_refused_by_name_without_their_checkouts(tm
     with pytest.raises(InvalidTask, match="its tests are not pytest node ids"):
         env.reset(named)
     env.close()
+
+
+# ------------------------------------------------------------------------------------ a scorer that cannot be fooled
+
+
+def test_no_reward_hack_is_scored_and_the_honest_fix_still_is(tasks):
+    """Every hack of the catalogue (tests rewritten, conftest/sitecustomize hooks, a shadowed plugin, a config
+    that reroutes imports, printed or forged results, objects equal to anything, pytest patched) ends unresolved;
+    the honest fix resolves, also when it edits a test on the way (that edit is dropped and named)."""
+    results = run_swe_hacks(tasks[0])
+    assert results.tried == [h.name for h in HACKS] and len(results.tried) >= 12
+    assert results.scored == [], {name: results.details[name] for name in results.scored}
+    assert results.honest_resolved and results.honest_with_test_edit_resolved
+    assert "conftest.py" in results.details["conftest_root"]["dropped_from_patch"]
+    assert results.details["always_equal"]["forgery_signs"]
+
+
+def test_the_guard_drops_protected_sections_whatever_the_header_looks_like():
+    patch = ("diff --git a/src/pkg/core.py b/src/pkg/core.py\n--- a/src/pkg/core.py\n+++ b/src/pkg/core.py\n"
+             "@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+             'diff --git "a/tests/t\\303\\251st_x.py" "b/tests/t\\303\\251st_x.py"\n'
+             '--- "a/tests/t\\303\\251st_x.py"\n+++ "b/tests/t\\303\\251st_x.py"\n@@ -1 +1 @@\n-a\n+b\n'
+             "diff --git a/src/pkg/util.py b/src/pkg/conftest.py\nsimilarity index 100%\n"
+             "rename from src/pkg/util.py\nrename to src/pkg/conftest.py\n"
+             "diff --git a/src/pkg/__pycache__/core.cpython-311.pyc b/src/pkg/__pycache__/core.cpython-311.pyc\n"
+             "new file mode 100644\nGIT binary patch\nliteral 3\nKcmZ>\n\n"
+             "diff --git a/json.py b/json.py\nnew file mode 100644\n--- /dev/null\n+++ b/json.py\n@@ -0,0 +1 @@\n+x\n")
+    original = ["src/pkg/core.py", "src/pkg/util.py", "tests/tést_x.py", "setup.py"]
+    kept, dropped = guard.sanitise(patch, original)
+    assert kept.startswith("diff --git a/src/pkg/core.py") and kept.count("diff --git") == 1
+    assert dropped == sorted(["tests/tést_x.py", "src/pkg/conftest.py", "src/pkg/__pycache__/core.cpython-311.pyc",
+                              "json.py"])  # a new top-level module could shadow the stdlib's
+    assert guard.forgery_signs(kept) == [] and guard.forgery_signs("+import _pytest\n+ x = 1\n") == ["import _pytest"]
+
+
+def test_results_come_from_exactly_one_junit_report():
+    one = (b'<testsuites><testsuite><testcase classname="tests.test_a" name="test_x" file="tests/test_a.py"/>'
+           b'<testcase classname="tests.test_a.TestB" name="test_y[1-2]" file="tests/test_a.py"><failure/></testcase>'
+           b'</testsuite></testsuites>')
+    outcomes, error = packages.read_junit(one)
+    assert outcomes == {"tests/test_a.py::test_x": "PASSED", "tests/test_a.py::TestB::test_y[1-2]": "FAILED"}
+    assert error == ""
+    for report in (one + one, b"", None, b"PASSED tests/test_a.py::test_x"):
+        outcomes, error = packages.read_junit(report)
+        assert outcomes == {} and error
+
+
+def test_a_hostile_sdist_or_view_argument_is_one_line_not_a_traceback(tmp_path, tasks):
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        link = tarfile.TarInfo("evil-1.0/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../../../etc/passwd"
+        tar.addfile(link)
+    (tmp_path / "evil-1.0.tar.gz").write_bytes(data.getvalue())
+    with pytest.raises(UsageError, match="cannot unpack it safely"):
+        packages.fetch(str(tmp_path / "evil-1.0.tar.gz"), progress=lambda _: None)
+    assert packages._safe_name("../../x y;rm -rf") == "x-y-rm-rf" and packages._safe_name("..") == "unnamed"
+    env = make_env("swe")
+    try:
+        env.reset(tasks[0])
+        for line in (float("nan"), float("-inf"), "Infinity", "abc", True):
+            step = env.step(Action(tool="view", arguments={"path": "src/tinycalc/__init__.py", "start_line": line}))
+            assert step.info["invalid_action"] and "start_line" in step.observation
+        step = env.step(Action(tool="view", arguments={"path": "src/tinycalc/__init__.py", "start_line": "9"}))
+        assert step.observation.split()[0] == "9"
+    finally:
+        env.close()
+
+
+def test_sdists_come_from_the_index_as_files_never_built(monkeypatch, tmp_path):
+    """The index's page (PEP 503 HTML here, a file:// index) names the file; it is fetched and hash-checked, and
+    pip (whose `download` would run the package's setup.py to read its metadata) is not asked for it."""
+    archive = build_sdist(tmp_path, {**FILES, "setup.py": "raise SystemExit('setup.py ran')\n"}, "0.3")
+    digest = hashlib.sha256(Path(archive).read_bytes()).hexdigest()
+    page = tmp_path / "index" / "omrl-tinycalc"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<a href="{Path(archive).as_uri()}#sha256={digest}">omrl-tinycalc-0.3.tar.gz'
+                                     "</a>", encoding="utf-8")
+    monkeypatch.setenv("OMRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(packages, "index_urls", lambda: [(tmp_path / "index").as_uri()])
+    got = packages._download("omrl-tinycalc", "0.3", progress=lambda _: None)
+    assert got.read_bytes() == Path(archive).read_bytes()
+    (page / "index.html").write_text(f'<a href="{Path(archive).as_uri()}#sha256={"0" * 64}">omrl-tinycalc-0.4.tar.gz'
+                                     "</a>", encoding="utf-8")
+    with pytest.raises(UsageError, match="no sdist of 0.5"):
+        packages._download("omrl-tinycalc", "0.5", progress=lambda _: None)

@@ -13,13 +13,14 @@ to turns.info.
 from __future__ import annotations
 
 import base64
+import math
 import random
 import shlex
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import omrl.envs.swe.guard as guard
 import omrl.envs.swe.packages as packages
 from omrl import sandbox, sandbox_limits
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
@@ -116,7 +117,7 @@ class SweEnv(ToolEnv):
         payload = task.payload
         self.task = task
         self.package = task_package(task.id, payload)
-        with tempfile.TemporaryDirectory(prefix="omrl-swe-") as work:
+        with packages.work_folder("omrl-swe-") as work:
             tree = Path(work) / "tree"
             shutil.copytree(self.package.source, tree, symlinks=True)
             (tree / ".omrl-bug.patch").write_text(payload.get("bug_patch") or "", encoding="utf-8")
@@ -161,7 +162,7 @@ class SweEnv(ToolEnv):
                                                                    "timed_out": result.timed_out})
 
     def tool_view(self, path: str, start_line: int = 1) -> StepResult:
-        start = max(1, int(start_line)) if isinstance(start_line, (int, float)) else 1
+        start = _line_number(start_line)
         script = (f"awk -v s={start} -v e={start + WINDOW - 1} 'NR>=s && NR<=e {{printf \"%6d  %s\\n\", NR, $0}} "
                   f"END {{printf \"(%d lines in all)\\n\", NR}}' {_path(path)}")
         result = self._run(script, 30)
@@ -194,6 +195,11 @@ class SweEnv(ToolEnv):
         self.done = True
         text = (f"Submitted. FAIL_TO_PASS {verdict['fail_to_pass']}, PASS_TO_PASS {verdict['pass_to_pass']}: "
                 + ("resolved." if verdict["resolved"] else "not resolved."))
+        if verdict.get("dropped_from_patch"):
+            text += " Not scored (tests, pytest configuration and start-up hooks stay original): " + \
+                ", ".join(verdict["dropped_from_patch"][:10]) + "."
+        if verdict.get("forgery_signs"):
+            text += " Refused: the patch reaches into the test runner or the interpreter."
         return StepResult(observation=text, reward=1.0 if verdict["resolved"] else 0.0, done=True,
                           info={"success": verdict["resolved"], **verdict, "model_patch": patch})
 
@@ -208,20 +214,33 @@ class SweEnv(ToolEnv):
 
 
 def evaluate_patch(payload: dict[str, Any], patch: str) -> dict[str, Any]:
-    """SWE-bench's resolved for `patch` on the task's buggy tree: applied in a fresh sandbox, every
-    FAIL_TO_PASS and PASS_TO_PASS test must pass."""
+    """SWE-bench's resolved for `patch` on the task's buggy tree, in a fresh sandbox: the patch without what
+    touches the tests, pytest's configuration or start-up hooks (guard.py: dropped, and restored from the
+    original inside the sandbox), then the task's test_patch; every FAIL_TO_PASS and PASS_TO_PASS test must pass
+    in pytest's own report (a test missing from it has failed). A patch with signs of forging (guard.forgery_signs)
+    is not resolved whatever the tests say."""
     package = task_package(str(payload.get("instance_id", "?")), payload)
     fail, keep = list(payload["FAIL_TO_PASS"]), list(payload["PASS_TO_PASS"])
+    cleaned, dropped = guard.sanitise(patch or "", guard.tree_files(package.source))
+    signs = guard.forgery_signs(cleaned)
     # SWE-bench's order: the model's patch, then the instance's test_patch (the tests the fix must pass)
-    patches = [p for p in (payload.get("bug_patch"), patch, payload.get("test_patch")) if p and p.strip()]
+    patches = [p for p in (payload.get("bug_patch"), cleaned) if p and p.strip()]
     run = packages.run_tests(package, package.source, tests=sorted({t.split("::")[0] for t in fail + keep}),
-                             per_test_timeout_s=float(payload.get("per_test_timeout_s", 10.0)), patches=patches)
+                             per_test_timeout_s=float(payload.get("per_test_timeout_s", 10.0)), patches=patches,
+                             test_patches=[payload.get("test_patch") or ""])
     passed = run.passed()
     fixed = sum(t in passed for t in fail)
     kept = sum(t in passed for t in keep)
-    return {"resolved": bool(fail) and fixed == len(fail) and kept == len(keep),
-            "fail_to_pass": f"{fixed}/{len(fail)}", "pass_to_pass": f"{kept}/{len(keep)}",
-            "patch_applied": "OMRL: the patch does not apply" not in run.output, "test_seconds": run.seconds}
+    verdict = {"resolved": bool(fail) and fixed == len(fail) and kept == len(keep) and not signs,
+               "fail_to_pass": f"{fixed}/{len(fail)}", "pass_to_pass": f"{kept}/{len(keep)}",
+               "patch_applied": "OMRL: the patch does not apply" not in run.output, "test_seconds": run.seconds}
+    if dropped or run.removed:
+        verdict["dropped_from_patch"] = sorted(set(dropped) | set(run.removed))
+    if signs:
+        verdict["forgery_signs"] = signs[:10]
+    if run.report_error:
+        verdict["report_error"] = run.report_error
+    return verdict
 
 
 def task_package(task_id: str, payload: dict[str, Any]) -> packages.Package:
@@ -268,6 +287,20 @@ def _path(path: Any) -> str:
     if not isinstance(path, str) or not path.strip() or "\0" in path:
         raise InvalidAction("path must be a non-empty string")
     return shlex.quote(path if path.startswith(("/", "./")) or path == "." else f"./{path}")
+
+
+def _line_number(value: Any) -> int:
+    """A model's start_line as a line number from 1 (null: 1; "12" as 12); NaN, infinities, booleans and words
+    are an invalid action, never a crash."""
+    if value is None:
+        return 1
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else math.nan
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise InvalidAction(f"start_line must be a line number (from 1), not {str(value)[:40]!r}")
+    return min(max(1, int(number)), 1 << 31)
 
 
 def _cap(text: str) -> str:

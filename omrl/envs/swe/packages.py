@@ -3,15 +3,20 @@ environment (wheels only, installed outside the sandbox), and test runs inside t
 
 Cache layout (under OMRL_CACHE_DIR, default ~/.cache/omrl): swe/sdists/ (what pip downloaded), swe/src/NAME-VERSION/
 (the unpacked tree, never modified), swe/envs/NAME-VERSION/ (pytest, pytest-timeout and the package's declared
-and test dependencies, `pip install --target`, wheels only: no package code runs while installing). Fetching an
-sdist is `pip download`, which prepares its metadata with the package's build backend, as any pip does.
+and test dependencies, `pip install --target`, wheels only: no package code runs while installing). An sdist is
+fetched from pip's configured package index as a file, never built: none of its code runs on this machine.
 Tests always run in omrl.sandbox: a copy of the tree at /tmp/project, the environment read-only at ENV_INSIDE.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.parser
+import fcntl
+import functools
 import hashlib
+import html
+import json
 import os
 import re
 import shutil
@@ -19,15 +24,19 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from omrl import sandbox
 from omrl.errors import UsageError
 
 ENV_INSIDE = "/opt/omrl-env"      # where the package's test environment is shown inside the sandbox
 TEST_TOOLS = ("pytest>=7", "pytest-timeout>=2")
-_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL) (\S+)", re.MULTILINE)
 _TEST_EXTRAS = ("test", "tests", "testing", "dev")
 
 
@@ -74,8 +83,8 @@ def fetch(spec: str, progress=print, env: bool = True) -> Package:
     if not source.is_dir():
         _unpack(archive, source)
     info = _metadata(source)
-    name = name or info.get("Name") or top.rsplit("-", 1)[0]
-    version = info.get("Version") or top.rsplit("-", 1)[-1]
+    name = _safe_name(name or info.get("Name") or top.rsplit("-", 1)[0])  # the sdist's own words: task ids
+    version = _safe_name(info.get("Version") or top.rsplit("-", 1)[-1])
     package = Package(name, version, source, cache_dir() / "envs" / f"{top}-{digest[:12]}", digest)
     if env and not (package.env / ".omrl-complete").exists():
         progress(f"{package.key}: installing its test environment (wheels only)")
@@ -130,25 +139,100 @@ def checkout_head(folder: Path) -> str | None:
 
 
 def _download(name: str, version: str, progress) -> Path:
+    """The sdist file of NAME==VERSION, fetched once from the package index as a file: nothing in it runs on
+    this machine (`pip download` would run its build backend to read its metadata)."""
     folder = cache_dir() / "sdists"
     folder.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[-_.]+", "[-_.]", name)
-    found = [p for p in folder.iterdir() if re.fullmatch(f"(?i){stem}-{re.escape(version)}\\.(tar\\.gz|zip)", p.name)]
+    wanted = re.compile(f"(?i){stem}-{re.escape(version)}\\.(tar\\.gz|zip)")
+    found = [p for p in folder.iterdir() if wanted.fullmatch(p.name)]
     if found:
         return found[0]
-    progress(f"{name}=={version}: pip download (sdist)")
-    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-                             "-d", str(folder), f"{name}=={version}"], capture_output=True, text=True, timeout=900)
-    found = [p for p in folder.iterdir() if re.fullmatch(f"(?i){stem}-{re.escape(version)}\\.(tar\\.gz|zip)", p.name)]
-    if result.returncode != 0 or not found:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise UsageError(f"cannot download the sdist of {name}=={version}: {' / '.join(tail) or 'no file'}")
-    return found[0]
+    progress(f"{name}=={version}: downloading its sdist from the package index")
+    tried = []
+    for index in index_urls():
+        try:
+            files = _index_files(index, name)
+        except (OSError, ValueError) as exc:
+            tried.append(f"{index}: {exc}")
+            continue
+        for filename, url, sha256 in files:
+            if wanted.fullmatch(filename) and "/" not in filename and not filename.startswith("."):
+                return _fetch_file(url, folder / filename, sha256)
+        tried.append(f"{index}: no sdist of {version}")
+    raise UsageError(f"cannot download the sdist of {name}=={version}: {' / '.join(tried)[-400:] or 'no index'}")
+
+
+def index_urls() -> list[str]:
+    """pip's configured index and extra indexes (PIP_INDEX_URL, pip config), in pip's order; PyPI by default."""
+    result = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            timeout=60)
+    settings = dict(re.findall(r"^(?:global|download|install|:env:)\.([a-z-]+)='(.*)'$", result.stdout, re.M))
+    main = os.environ.get("PIP_INDEX_URL") or settings.get("index-url") or "https://pypi.org/simple"
+    extra = (os.environ.get("PIP_EXTRA_INDEX_URL") or settings.get("extra-index-url") or "").split()
+    return list(dict.fromkeys([main, *extra]))
+
+
+_JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+_LINK = re.compile(r"""<a\s[^>]*href=["']([^"']+)["'][^>]*>([^<]+)</a>""", re.IGNORECASE)
+
+
+def _index_files(index: str, name: str) -> list[tuple[str, str, str]]:
+    """(filename, absolute url, sha256 or "") of a project's files on a simple index (PEP 691 JSON or PEP 503 HTML)."""
+    project = re.sub(r"[-_.]+", "-", name).lower()
+    page = index.rstrip("/") + f"/{project}/"
+    if page.startswith("file:"):  # a folder index, as pip reads one: its index.html, else its files
+        folder = Path(urllib.request.url2pathname(urllib.parse.urlparse(page).path))
+        if not (folder / "index.html").is_file():
+            return [(p.name, p.as_uri(), "") for p in sorted(folder.iterdir()) if p.is_file()]
+        page, body, kind = (folder / "index.html").as_uri(), (folder / "index.html").read_text("utf-8", "replace"), ""
+    else:
+        request = urllib.request.Request(page, headers={"Accept": f"{_JSON_TYPE}, text/html;q=0.1"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read(32 << 20).decode("utf-8", "replace")
+            kind = response.headers.get("Content-Type", "")
+    if _JSON_TYPE in kind or body.lstrip().startswith("{"):
+        files = json.loads(body).get("files", [])
+        return [(f["filename"], urllib.parse.urljoin(page, f["url"]), (f.get("hashes") or {}).get("sha256", ""))
+                for f in files if isinstance(f, dict) and "filename" in f and "url" in f]
+    found = []
+    for href, text in _LINK.findall(body):
+        url, _, fragment = urllib.parse.urljoin(page, html.unescape(href)).partition("#")
+        sha256 = fragment[len("sha256="):] if fragment.startswith("sha256=") else ""
+        found.append((html.unescape(text).strip(), url, sha256))
+    return found
+
+
+def _fetch_file(url: str, target: Path, sha256: str) -> Path:
+    """`url` saved as `target` (written aside, then renamed), checked against the index's sha256 when it gives one."""
+    staging = target.with_name(f".{target.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=300) as response, open(staging, "wb") as out:
+            while chunk := response.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if sha256 and digest.hexdigest() != sha256.lower():
+            raise UsageError(f"{target.name}: its sha256 is not the one the package index gives; not used")
+        os.replace(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)
+    return target
+
+
+def _safe_name(text: str) -> str:
+    """A name or version from an sdist's metadata as it may go into task ids and paths: [A-Za-z0-9._+-], at most
+    100 characters, never empty or dots only."""
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-")[:100]
+    return cleaned if cleaned.strip(".") else "unnamed"
 
 
 def _top_folder(archive: Path) -> str:
-    with tarfile.open(archive) as tar:
-        names = {member.name.split("/")[0] for member in tar.getmembers()}
+    try:
+        with tarfile.open(archive) as tar:
+            names = {member.name.split("/")[0] for member in tar.getmembers()}
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise UsageError(f"{archive.name}: not a readable sdist ({exc})") from None
     if len(names) != 1:
         raise UsageError(f"{archive.name}: an sdist has one top folder, this one has {len(names)}")
     return names.pop()
@@ -158,8 +242,11 @@ def _unpack(archive: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(staging, filter="data")  # refuses links and paths that point outside
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise UsageError(f"{archive.name}: cannot unpack it safely ({exc})") from None
         (top,) = list(staging.iterdir())
         os.replace(top, target)
     finally:
@@ -243,7 +330,8 @@ def _mkdir(path: Path) -> Path:
 
 @dataclass
 class TestRun:
-    """One pytest run in the sandbox: the outcome of each test (node id -> PASSED/FAILED/ERROR/...), timing."""
+    """One pytest run in the sandbox: the outcome of each test (node id -> PASSED/FAILED/ERROR/SKIPPED/XFAIL, read
+    from pytest's own JUnit report, never from the output), timing, what the guard removed before it ran."""
 
     outcomes: dict[str, str] = field(default_factory=dict)
     returncode: int | None = None
@@ -251,43 +339,188 @@ class TestRun:
     per_test_timeouts: int = 0
     seconds: float = 0.0
     output: str = ""
+    report_error: str = ""  # why the report could not be read (then every test counts as not run)
+    removed: list[str] = field(default_factory=list)  # protected files the guard removed inside the sandbox
 
     def passed(self) -> set[str]:
         return {test for test, outcome in self.outcomes.items() if outcome in ("PASSED", "XFAIL")}
 
 
-def pytest_command(tests: list[str] | None = None, per_test_timeout_s: float = 10.0) -> list[str]:
+def pytest_command(tests: list[str] | None = None, per_test_timeout_s: float = 10.0,
+                   report_fd: int | None = None) -> list[str]:
     """pytest as the sandbox runs it: the package's own addopts ignored (they may name plugins not installed),
-    one line per test outcome, a per-test time limit (pytest-timeout, signal method)."""
+    one line per test outcome, a per-test time limit (pytest-timeout, signal method), and with `report_fd` its
+    JUnit report (xunit1: each case names its file) written to that inherited descriptor."""
+    report = ["--junitxml", f"/proc/self/fd/{report_fd}", "-o", "junit_family=xunit1", "-o", "junit_logging=no"] \
+        if report_fd is not None else []
     return ["python3", "-m", "pytest", "-q", "-rA", "--tb=line", "--no-header", "-p", "no:cacheprovider",
             "-o", "addopts=", "-p", "pytest_timeout", f"--timeout={per_test_timeout_s:g}",
-            "--timeout-method=signal", "--color=no", *(tests or [])]
+            "--timeout-method=signal", "--color=no", *report, *(tests or [])]
+
+
+# The patches, applied in order inside the sandbox (one that does not apply fails the run), the guard's sweep
+# between the agent's patches and the task's test patches, then pytest.
+_APPLY = ('for p in "$@"; do case "$p" in .omrl-*.patch) git apply --whitespace=nowarn "$p" || '
+          "{ echo 'OMRL: the patch does not apply'; exit 97; }; rm -f \"$p\"; shift;; "
+          '.omrl-sweep) rm -f .omrl-sweep; python3 -I -S -c "$OMRL_SWEEP" "$OMRL_ORIGINAL" "$(cat .omrl-files)" '
+          '"$(cat .omrl-guard)" || { echo "OMRL: the guard failed"; exit 98; }; rm -f .omrl-files .omrl-guard; '
+          'shift;; *) break;; esac; done; exec "$@"')
+ORIGINAL_INSIDE = "/opt/omrl-original"  # the untouched tree, read-only, for the guard to restore from
+MAX_REPORT_BYTES = 32 << 20
 
 
 def run_tests(package: Package, tree: Path, tests: list[str] | None = None, per_test_timeout_s: float = 10.0,
-              timeout_s: float = 300.0, patches: list[str] = (), memory_mb: int = 2048) -> TestRun:
-    """Run the package's tests (or the node ids or files `tests`) on `tree` inside the sandbox; `patches` are
-    first applied in order with `git apply`, inside the sandbox too (one that does not apply fails the run)."""
-    command = pytest_command(tests, per_test_timeout_s)
-    with tempfile.TemporaryDirectory(prefix="omrl-swe-run-") as work:
-        project = Path(work) / "project"
-        shutil.copytree(tree, project, symlinks=True)
-        names = []
-        for i, patch in enumerate(patches):
-            names.append(f".omrl-{i}.patch")
-            (project / names[-1]).write_text(patch, encoding="utf-8")
-        if names:
-            script = ('for p in "$@"; do case "$p" in .omrl-*.patch) git apply --whitespace=nowarn "$p" || '
-                      "{ echo 'OMRL: the patch does not apply'; exit 97; }; rm -f \"$p\"; shift;; *) break;; esac; "
-                      'done; exec "$@"')
-            command = ["/bin/sh", "-c", script, "sh", *names, *command]
-        result = sandbox.run_sandboxed(
-            command, project, sandbox.SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=128,
-                                                    disk_mb=512, max_output_bytes=8 << 20),
-            env={"PYTHONPATH": f"{ENV_INSIDE}:{sandbox.PROJECT_DIR}/src:{sandbox.PROJECT_DIR}", "PYTHONHASHSEED": "0",
-                 "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},  # only the plugin named: pytest_timeout
-            view=sandbox.SandboxView(binds=((str(package.env), ENV_INSIDE),)))
-    outcomes = {test: outcome for outcome, test in _RESULT.findall(result.output)}
+              timeout_s: float = 300.0, patches: list[str] = (), memory_mb: int = 2048,
+              test_patches: list[str] | None = None) -> TestRun:
+    """Run the package's tests (or the node ids or files `tests`) on `tree` inside the sandbox. `patches` are
+    first applied in order with `git apply`, inside the sandbox too (one that does not apply fails the run).
+    With `test_patches` (a list, even empty: scoring an agent's patch) the guard then restores the tree's tests,
+    pytest configuration and start-up hooks from the original (omrl.envs.swe.guard) before they are applied."""
+    from omrl.envs.swe import guard
+
+    sweep_stale_work_folders()
+    report_r, report_w = os.pipe()
+    if os.geteuid() == 0:  # the sandbox's user opens it by /proc/self/fd: a pipe is its creator's, mode 0600
+        os.fchown(report_w, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
+    command = pytest_command(tests, per_test_timeout_s, report_fd=report_w)
+    reader = _ReportReader(report_r)
+    env = {"PYTHONPATH": f"{ENV_INSIDE}:{sandbox.PROJECT_DIR}/src:{sandbox.PROJECT_DIR}", "PYTHONHASHSEED": "0",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # only the plugin named: pytest_timeout
+           "PYTHONPYCACHEPREFIX": "/tmp/omrl-pycache"}  # compiled files from elsewhere than the tree's __pycache__
+    binds = [(str(package.env), ENV_INSIDE)]
+    try:
+        with work_folder("omrl-swe-run-") as work:
+            project = Path(work) / "project"
+            shutil.copytree(tree, project, symlinks=True)
+            names = []
+            for i, patch in enumerate(patches):
+                names.append(f".omrl-{i}.patch")
+                (project / names[-1]).write_text(patch, encoding="utf-8")
+            if test_patches is not None:
+                names.append(".omrl-sweep")
+                (project / ".omrl-sweep").write_text("", encoding="utf-8")
+                (project / ".omrl-files").write_text(json.dumps(guard.tree_files(tree)), encoding="utf-8")
+                (project / ".omrl-guard").write_text(Path(guard.__file__).read_text(encoding="utf-8"), encoding="utf-8")
+                env.update({"OMRL_SWEEP": guard.SWEEP, "OMRL_ORIGINAL": ORIGINAL_INSIDE})
+                binds.append((str(tree), ORIGINAL_INSIDE))
+                for i, patch in enumerate(p for p in test_patches if p and p.strip()):
+                    names.append(f".omrl-test-{i}.patch")
+                    (project / names[-1]).write_text(patch, encoding="utf-8")
+            if names:
+                command = ["/bin/sh", "-c", _APPLY, "sh", *names, *command]
+            result = sandbox.run_sandboxed(
+                command, project, sandbox.SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=128,
+                                                        disk_mb=512, max_output_bytes=8 << 20),
+                env=env, view=sandbox.SandboxView(binds=tuple(binds)), pass_fds=(report_w,))
+    finally:
+        os.close(report_w)
+        report = reader.result()
+    outcomes, error = read_junit(report)
     timeouts = len(re.findall(r"Timeout \(?>", result.output))  # pytest-timeout: "Failed: Timeout (>2.0s) ..."
-    return TestRun(outcomes, result.returncode, result.timed_out, timeouts,
-                   round(result.elapsed_s, 3), result.output)
+    removed = re.findall(r"^OMRL: removed (.+)$", result.output, re.MULTILINE)
+    return TestRun(outcomes, result.returncode, result.timed_out, timeouts, round(result.elapsed_s, 3),
+                   result.output, error, removed)
+
+
+class _ReportReader:
+    """Reads the report pipe on a thread (pytest would block on a full pipe), up to MAX_REPORT_BYTES."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.data, self.overflow = fd, bytearray(), False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 1 << 16):
+                if len(self.data) + len(chunk) > MAX_REPORT_BYTES:
+                    self.overflow = True
+                    continue  # keep draining so the writer never blocks
+                self.data += chunk
+        finally:
+            os.close(self.fd)
+
+    def result(self) -> bytes | None:
+        """The bytes written, once every writer has closed the pipe; None when past the cap."""
+        self.thread.join()
+        return None if self.overflow else bytes(self.data)
+
+
+def read_junit(report: bytes | None) -> tuple[dict[str, str], str]:
+    """(node id -> outcome, error) from pytest's xunit1 report. Anything but exactly one well-formed report (none,
+    two documents written to the pipe, past the size cap) gives no outcomes and says why."""
+    if report is None:
+        return {}, f"the test report is over {MAX_REPORT_BYTES >> 20} MB"
+    if not report.strip():
+        return {}, "pytest wrote no test report"
+    try:
+        root = ElementTree.fromstring(report)
+    except ElementTree.ParseError as exc:
+        return {}, f"the test report is not one XML document ({exc})"
+    outcomes: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        test = _node_id(case.get("file") or "", case.get("classname") or "", case.get("name") or "")
+        outcome = _outcome(case)
+        if _RANK[outcome] >= _RANK.get(outcomes.get(test, "PASSED"), 0):
+            outcomes[test] = outcome
+    return outcomes, ""
+
+
+_RANK = {"PASSED": 0, "XFAIL": 0, "SKIPPED": 1, "FAILED": 2, "ERROR": 3}
+
+
+def _outcome(case: ElementTree.Element) -> str:
+    if case.find("error") is not None:
+        return "ERROR"
+    if case.find("failure") is not None:
+        return "FAILED"
+    skipped = case.find("skipped")
+    if skipped is not None:
+        return "XFAIL" if skipped.get("type") == "pytest.xfail" else "SKIPPED"
+    return "PASSED"
+
+
+def _node_id(file: str, classname: str, name: str) -> str:
+    """pytest's node id back from a JUnit case: the file, the classes after its dotted module path, the name."""
+    module = re.sub(r"\.py$", "", file).replace("/", ".")
+    classes = classname[len(module) + 1:].split(".") if classname.startswith(module + ".") else []
+    return "::".join([file, *classes, name]) if file else f"{classname}::{name}"
+
+
+@contextlib.contextmanager
+def work_folder(prefix: str):
+    """A temporary folder under the system's temp folder, locked while in use, so that a later process can
+    tell it from one a killed run left (sweep_stale_work_folders removes those)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    lock = os.open(folder / ".omrl-lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(lock)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@functools.cache
+def sweep_stale_work_folders() -> list[str]:
+    """Once per process: remove the work folders of SWE runs that were killed (their lock is free); the names."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob("omrl-swe-*"):
+        lock_path = folder / ".omrl-lock"
+        if not folder.is_dir() or folder.is_symlink() or not lock_path.is_file():
+            continue
+        if time.time() - lock_path.stat().st_mtime < 60:  # just made: its owner may not hold the lock yet
+            continue
+        try:
+            lock = os.open(lock_path, os.O_RDWR)
+        except OSError:
+            continue  # removed meanwhile by its owner
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # in use by a live run
+        finally:
+            os.close(lock)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder.name)
+    return removed
