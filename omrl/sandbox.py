@@ -552,11 +552,23 @@ def _supervise(argv: list[str], *, stdin, limits: SandboxLimits, env: dict[str, 
 
 # ---------------------------------------------------------------------------- a long-lived shell
 
-# Runs as the sandbox's command: bash reading NUL-separated (token, command) pairs from fd 3 (our pipe), each
+# Runs as the sandbox's command: bash reading NUL-separated (command, token) pairs from fd 3 (our pipe), each
 # command eval'd in the one shell (cwd, variables, functions and background jobs persist; `declare` makes a
 # local, as inside any function) with /dev/null as its input, followed by a line with the token and its exit
-# status. A fresh token per command: the agent cannot end a command's output early by printing a marker it
-# would have to guess. SIGUSR1 (sent at a timeout) abandons the rest of the command line with status 124.
+# status. SIGUSR1 (sent at a timeout) abandons the rest of the command line with status 124.
+# Why the token comes after the command and is read only once the command is over: while the command runs,
+# the token of its end is in no variable (`set`, `declare -p`), argument or environment of the shell, and fd 3
+# is closed for the command (`3<&-`), so `cat <&3` cannot read the token (or the commands after it) either;
+# a fresh 128-bit token per command leaves nothing to guess from earlier ones. Residual risk, deliberate only:
+# to restore fd 3 afterwards, bash keeps a copy of it at a descriptor >= 10 (10 in this loop; close-on-exec and
+# closed in subshells) while the command runs, so a builtin of the shell itself (`read -u 10`) can take the
+# waiting token from the pipe and print the marker early. Opening /proc/$$/fd/10 from a child is refused when
+# omrl runs as root (the pipe belongs to a host user the sandbox's user is not), but may work when omrl runs as
+# an ordinary user, as the sandbox's user then maps to the pipe's owner. Either way it gains no more than any
+# command has over the shell it runs in (it can redefine `printf` or `read` for the loop): a say in what later
+# outputs show. So callers must not trust the shell's output once an agent's command ran in it (the os env
+# computes expected answers before the first one). The loop notices a stolen token when it reads the next
+# command in its place: the shell exits and the next command gets a fresh one.
 _SHELL_LOOP = r"""exec 3<&0 0</dev/null
 __omrl_run() {
   trap 'trap - USR1; return 124' USR1
@@ -565,9 +577,13 @@ __omrl_run() {
   trap - USR1
   return $__omrl_status
 }
-while IFS= read -r -d '' __omrl_token <&3 && IFS= read -r -d '' __omrl_command <&3; do
-  __omrl_run "$__omrl_command"
-  printf '\n%s %d\n' "$__omrl_token" "$?"
+while IFS= read -r -d '' __omrl_command <&3; do
+  __omrl_run "$__omrl_command" 3<&-
+  __omrl_status=$?
+  IFS= read -r -d '' __omrl_token <&3 || break
+  case $__omrl_token in __omrl_done_*) ;; *) exit 125 ;; esac
+  printf '\n%s %d\n' "$__omrl_token" "$__omrl_status"
+  unset __omrl_token
 done
 """
 _SHELL_MARKER = "omrl-sandbox-shell"
@@ -687,13 +703,13 @@ class SandboxShell:
                 self.start()
             if "\0" in command:
                 raise UsageError("a shell command cannot contain a NUL character")
-            token = f"__omrl_done_{os.urandom(8).hex()}"
+            token = f"__omrl_done_{os.urandom(16).hex()}"
             marker = re.compile(rb"\n" + token.encode() + rb" (\d+)\n")
             before = set(self._inside())
             start = time.monotonic()
             output = _Tail(max_output_bytes or self.limits.max_output_bytes)
             try:
-                self.process.stdin.write(token.encode() + b"\0" + command.encode("utf-8", "replace") + b"\0")
+                self.process.stdin.write(command.encode("utf-8", "replace") + b"\0" + token.encode() + b"\0")
                 self.process.stdin.flush()
             except OSError:
                 self.close()

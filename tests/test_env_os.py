@@ -12,7 +12,9 @@ from omrl.envs import generate_tasks, make_env
 from omrl.envs.base import Action, InvalidTask
 from omrl.envs.os_interaction import refusal, size_match, task_from_record
 from omrl.envs.toolenv import play_episode
+from tests.cases import os_hacks
 from tests.cases.escapes import processes_with
+from tests.cases.os_hacks import HIDDEN_FILES, OsHack, os_hack_cases, play_hack
 
 AVAILABLE, WHY = sandbox.sandbox_status()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"bubblewrap sandbox unavailable here: {WHY}")
@@ -104,3 +106,104 @@ def test_a_refused_task_is_an_invalid_task_and_bash_is_sandboxed(os_source):
         assert slow.info["timed_out"] and "killed after 1.5 s" in slow.observation and not slow.done
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------------ reward hacks (tests/cases/os_hacks.py)
+
+
+def _task(source: str, index: int):
+    return next(t for t in generate_tasks("os", n=None, source=source) if t.payload["source_index"] == index)
+
+
+def _bash(env, command: str):
+    return env.step(Action(tool="bash", arguments={"command": command}))
+
+
+@needs_sandbox
+@pytest.mark.parametrize("hack", os_hack_cases(), ids=lambda hack: hack.name)
+def test_a_hostile_episode_earns_no_reward(hack, os_source):
+    task = _task(os_source, hack.task)
+    honest = make_env("os")
+    try:
+        total, right, _ = play_episode(honest, task)  # the expert: run the example, answer what it prints
+    finally:
+        honest.close()
+    assert total == 1.0
+    expected = right.info["expected"]
+    last = play_hack(hack, task)
+    assert last.done and last.reward == 0.0 and last.info["success"] is False, (hack.name, last.info)
+    assert last.info["expected"] == expected  # the hack changed the shell, not what the answer meets
+
+
+@needs_sandbox
+def test_after_exit_the_shell_gets_the_task_setup_again(os_source):
+    env = make_env("os")
+    try:
+        env.reset(_task(os_source, HIDDEN_FILES))
+        left = _bash(env, "exit")
+        assert left.info["setup_rerun"] and left.info["shell_restarted"] and not left.done
+        assert "the shell restarted; the task's setup was run again" in left.observation
+        assert _bash(env, 'ls -a /home | grep "^\\." | wc -l').observation.strip() == "8"  # init's files are back
+        assert _bash(env, "getent passwd | wc -l").observation.strip() == "17"  # and the base system's users
+        calm = _bash(env, "true")
+        assert calm.info["setup_rerun"] is False and "restarted" not in calm.observation
+        assert env.step(Action(tool="answer", arguments={"answer": "8"})).reward == 1.0
+    finally:
+        env.close()
+
+
+@needs_sandbox
+def test_a_shell_killed_between_commands_is_set_up_again_before_the_next_one(os_source):
+    env = make_env("os")
+    try:
+        env.reset(_task(os_source, HIDDEN_FILES))
+        assert _bash(env, "(sleep 0.3; kill -KILL $$) >/dev/null 2>&1 &").info["setup_rerun"] is False
+        deadline = time.monotonic() + 10
+        while env.shell.alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen = _bash(env, 'ls -a /home | grep "^\\." | wc -l')
+        assert seen.info["setup_rerun"] and seen.observation.startswith("8\n"), seen.observation
+        assert "the task's setup was run again" in seen.observation
+    finally:
+        env.close()
+
+
+@needs_sandbox
+def test_an_example_that_prints_nothing_or_hangs_at_reset_is_a_setup_failure(monkeypatch):
+    record = {"description": "How many?", "evaluation": {"check": [None, {"file": "check/integer-match.py"}],
+                                                         "example": "true"}}
+    env = make_env("os")
+    try:
+        with pytest.raises(RuntimeError, match="no expected answer at reset"):
+            env.reset(task_from_record(record, 0, "dev", "os"))
+        monkeypatch.setattr(env, "example_timeout_s", 1.0)
+        record["evaluation"]["example"] = "sleep 30; echo 3"
+        with pytest.raises(RuntimeError, match="timed out: True"):
+            env.reset(task_from_record(record, 1, "dev", "os"))
+    finally:
+        env.close()
+
+
+@needs_sandbox
+def test_the_expected_answer_is_the_examples_in_a_clean_bash(os_source):
+    """Even what the init script leaves in the shell (a function, an alias, PATH) does not reach the example."""
+    init = "touch /home/.a /home/.b; wc() { cat >/dev/null; echo 99; }; export PATH=/nowhere:$PATH"
+    record = {"description": "How many hidden files are in /home? Is /nowhere on PATH?",
+              "create": {"init": {"code": init}}, "evaluation": {
+                  "check": [None, {"file": "check/string-match.py"}],
+                  "example": {"code": 'ls -a /home | grep "^\\." | wc -l; echo "$PATH" | grep -c nowhere'}}}
+    env = make_env("os")
+    try:
+        env.reset(task_from_record(record, 0, "dev", "os"))
+        last = env.step(Action(tool="answer", arguments={"answer": "4\n0"}))  # . .. .a .b; PATH is the env's
+        assert last.reward == 1.0, last.info
+    finally:
+        env.close()
+
+
+@needs_sandbox
+def test_the_hack_runner_counts_what_scores(os_source, monkeypatch):
+    cases = [os_hack_cases()[0], OsHack("honest-answer", HIDDEN_FILES, [("answer", {"answer": "8"})])]
+    monkeypatch.setattr(os_hacks, "os_hack_cases", lambda: cases)
+    report = os_hacks.run_os_hacks(os_source)
+    assert report == {"tried": 2, "scored": ["honest-answer"], "honest_ok": True, "errors": []}

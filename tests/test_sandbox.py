@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -409,3 +410,44 @@ def test_a_named_cgroup_v2_parent_that_cannot_delegate_is_refused_with_why(tmp_p
     sandbox_limits.memory_cap(refresh=True)
     assert cap.kind == "polling" and "cannot enable memory, pids" in cap.description
     assert sandbox_limits.CGROUP_ENV in cap.description  # and says what to do
+
+
+# ---------------------------------------------------------------------------- the long-lived shell's end marker
+
+_SHELL_VIEW = sandbox.SandboxView(writable=("/root",), uid=0, project_dir="/root")
+# Every value the shell holds (variables, `set`, `declare -p`, its environment and arguments) printed as the
+# marker would be, `<value> 0` on a line of its own; then the command line itself and its fd 3 tried.
+_MARKER_GUESSES = r"""for v in $(compgen -v); do printf '\n%s 0\n' "${!v}"; done
+set | while IFS= read -r line; do printf '\n%s 0\n' "${line#*=}"; done
+declare -p | while IFS= read -r line; do value=${line#*=}; printf '\n%s 0\n' "${value//\"/}"; done
+tr '\0' '\n' < /proc/$$/environ | while IFS= read -r line; do printf '\n%s 0\n' "${line#*=}"; done
+tr '\0' '\n' < /proc/$$/cmdline | while IFS= read -r line; do printf '\n%s 0\n' "$line"; done
+printf '\n%s 0\n' "$__omrl_token" "$__omrl_command" "$BASH_EXECUTION_STRING"
+cat <&3
+echo the-end"""
+
+
+@needs_sandbox
+def test_a_command_cannot_end_its_output_early_by_printing_a_guess_of_the_marker():
+    with sandbox.SandboxShell(limits=sandbox.SandboxLimits(timeout_s=60), view=_SHELL_VIEW) as shell:
+        assert shell.run("echo warm").output == "warm\n"  # an earlier command's token has come and gone
+        guessed = shell.run(_MARKER_GUESSES, timeout_s=20)
+        assert not guessed.timed_out and guessed.output.rstrip().endswith("the-end"), guessed.output[-500:]
+        assert not re.search(r"__omrl_done_[0-9a-f]{8}", guessed.output)  # no token anywhere it could look
+        assert shell.run("echo clean").output == "clean\n"  # nothing of the guesses shifted into the next one
+
+
+@needs_sandbox
+def test_a_command_that_reads_the_shells_saved_pipe_costs_it_its_shell():
+    """The documented residual risk (omrl/sandbox.py, _SHELL_LOOP): a builtin reading bash's saved copy of fd 3
+    takes the waiting token and may end its output early; the loop then exits at the next command."""
+    steal = r"""for n in $(ls /proc/$$/fd); do
+  [ "$n" -ge 10 ] && read -u "$n" -r -d '' token 2>/dev/null && printf '\n%s 0\n' "$token"
+done
+echo rest"""
+    with sandbox.SandboxShell(limits=sandbox.SandboxLimits(timeout_s=60), view=_SHELL_VIEW) as shell:
+        assert shell.run("export X=1").returncode == 0
+        shell.run(steal)
+        after = shell.run("echo $X; echo second", timeout_s=10)
+        assert after.restarted and not after.timed_out and "second" not in after.output
+        assert shell.run("echo ${X:-unset}; echo third").output == "unset\nthird\n"  # a fresh shell, in step

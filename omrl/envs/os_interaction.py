@@ -7,11 +7,21 @@ The task's init script runs first, then its start script (its background process
 sandbox), then the agent's `bash` calls, until `answer` (or `commit`, for tasks checked by state).
 
 Evaluation as AgentBench defines it: `match` compares the answer with the expected text; `check` is a list
-where null runs the task's example script in the same sandbox and appends its output to the parameters,
-and each checker then judges (answer, expected): integer-match, string-match and size-match are omrl's own
-implementations of AgentBench's checkers of those names. Tasks that need what this sandbox cannot give (a
-script file the data does not ship, `su` to another user, the network) are refused by name: generation
-leaves them out and lists why, and reset raises InvalidTask.
+where null runs the task's example script and appends its output to the parameters, and each checker then
+judges (answer, expected): integer-match, string-match and size-match are omrl's own implementations of
+AgentBench's checkers of those names. One difference, on purpose: AgentBench runs the example after the
+agent acted, omrl before. At reset, right after the base system, init and start scripts and before the
+agent's first command, the example runs in a fresh bash with a clean environment (`env -i`, no profile or
+rc files), and its output is the expected answer; so deleting the data, or redefining the commands the
+example uses (functions, aliases, PATH, traps, `enable -n`, BASH_ENV), cannot change what the answer is
+compared with. An example that prints nothing or does not finish at reset is a setup failure (env_error),
+never a score. (A check task whose answer depends on the agent's changes would need AgentBench's order; the
+dev file has none.) When the shell ends during an episode (`exit`, a kill, its memory cap), the new shell
+gets the task's setup again (base system, init, start) before the agent sees it: the observation says so
+and the step's info has setup_rerun.
+
+Tasks that need what this sandbox cannot give (a script file the data does not ship, `su` to another user,
+the network) are refused by name: generation leaves them out and lists why, and reset raises InvalidTask.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import json
 import logging
 import random
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +87,7 @@ class OsEnv(ToolEnv):
     name = "os"
     tools = TOOLS
     splits = ("dev",)
+    example_timeout_s = 60.0  # the example script's time at reset, when it computes a check task's expected answer
 
     @classmethod
     def resource_limits(cls) -> str:
@@ -122,29 +134,52 @@ class OsEnv(ToolEnv):
         reason = refusal(task.payload)
         if reason:
             raise InvalidTask(f"os task {task.id!r} needs {reason}")
-        self.task = task
-        home = {"HOME": "/root", "USER": "root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"
-                + sandbox.base_env()["PATH"]}
-        self.shell = sandbox.SandboxShell(limits=self.limits, env=home, view=sandbox.SandboxView(
+        self.task, self._expected = task, None
+        self.shell = sandbox.SandboxShell(limits=self.limits, env=_shell_env(), view=sandbox.SandboxView(
             writable=("/root", "/home", "/etc", "/var"), uid=0, project_dir="/root"))
+        self._set_up()
+        self._expected = self._expected_answer()  # before the agent's first command: see the module docstring
+        self._plan = _expert_plan(task.payload)
+        return Reset(observation=task.payload.get("description") or task.instruction, tools=list(TOOLS),
+                     system_prompt=SYSTEM_PROMPT)
+
+    def _set_up(self) -> None:
+        """Run the base system, then the task's init and start scripts, in the shell; raises when one fails."""
         groups = "".join(f"{name}:x:{gid}:\n" for name, gid in (g.split(":") for g in _GROUPS.split()))
         self._setup(f"cat > /etc/passwd <<'OMRL_EOF'\n{_PASSWD}OMRL_EOF\ncat > /etc/group <<'OMRL_EOF'\n{groups}"
                     "OMRL_EOF\nsed 's/:x:.*/:*:19000:0:99999:7:::/' /etc/passwd > /etc/shadow\n"
                     "sed 's/:x:.*/:*::/' /etc/group > /etc/gshadow\necho sandbox > /etc/hostname\n"
                     "mkdir -p /var/tmp /var/log\ncd /root", "the base system")
-        payload = task.payload
+        payload = self.task.payload
         if payload.get("init"):
             self._setup(payload["init"], "the init script")
         if payload.get("start"):
             self._setup(payload["start"], "the start script", timeout_s=10)
-        self._plan = _expert_plan(payload)
-        return Reset(observation=payload.get("description") or task.instruction, tools=list(TOOLS),
-                     system_prompt=SYSTEM_PROMPT)
 
     def _setup(self, script: str, what: str, timeout_s: float = 60.0) -> None:
         result = self.shell.run(script, timeout_s=timeout_s)
         if result.timed_out or result.restarted:
             raise RuntimeError(f"os task {self.task.id!r}: {what} did not finish: {result.output[-300:]}")
+
+    def _expected_answer(self) -> str | None:
+        """The example's output for a check task with a null entry (None otherwise); call it only while no
+        agent command has run in the shell. Raises RuntimeError when the example prints nothing or hangs."""
+        payload = self.task.payload
+        if payload.get("match") is not None or None not in (payload.get("check") or []):
+            return None
+        # The shell is still the task's own here, so it may start the clean bash; the clean bash keeps the
+        # example from what the init and start scripts may have left in the shell's variables or functions.
+        result = self.shell.run(clean_bash(payload["example"]), timeout_s=self.example_timeout_s)
+        if result.timed_out or result.restarted or not result.output.strip():
+            raise RuntimeError(f"os task {self.task.id!r}: the example script gave no expected answer at reset "
+                               f"(exit status {result.returncode}, timed out: {result.timed_out}): "
+                               f"{result.output[-300:]!r}")
+        return result.output
+
+    def _restart(self) -> None:
+        """A fresh shell with the task's setup run again (the old one ended: `exit`, a kill, its memory cap)."""
+        self.shell.close()
+        self._set_up()
 
     def close(self) -> None:
         super().close()
@@ -159,7 +194,13 @@ class OsEnv(ToolEnv):
             raise InvalidAction("command must be a non-empty string")
         if "\0" in command:
             raise InvalidAction("the command contains a NUL character")
+        rerun = not self.shell.alive  # it died between commands (a background kill): not a bare shell either
+        if rerun:
+            self._restart()
         result = self.shell.run(command, timeout_s=self.command_timeout_s)
+        if result.restarted:  # the command ended the shell: the next command must meet the task's system again
+            self._restart()
+            rerun = True
         self._last_output = text = result.output
         if len(text) > MAX_OBSERVATION_CHARS:
             text = text[:MAX_OBSERVATION_CHARS // 2] + "\n...(cut)...\n" + text[-MAX_OBSERVATION_CHARS // 2:]
@@ -167,9 +208,11 @@ class OsEnv(ToolEnv):
             text += f"\n(killed after {self.command_timeout_s:g} s)"
         elif result.returncode:
             text += f"\n(exit status {result.returncode})"
+        if rerun:
+            text += "\n(the shell restarted; the task's setup was run again)"
         return StepResult(observation=text or "(no output)",
                           info={"returncode": result.returncode, "timed_out": result.timed_out,
-                                "shell_restarted": result.restarted})
+                                "shell_restarted": result.restarted, "setup_rerun": rerun})
 
     def tool_answer(self, answer: str) -> StepResult:
         if not isinstance(answer, str):
@@ -180,7 +223,7 @@ class OsEnv(ToolEnv):
         return self._finish(None)
 
     def _finish(self, answer: str | None) -> StepResult:
-        passed, details = evaluate(self.task.payload, answer, self.shell)
+        passed, details = evaluate(self.task.payload, answer, self._expected)
         self.done = True
         return StepResult(observation="Correct." if passed else "Wrong.", reward=1.0 if passed else 0.0,
                           done=True, info={"success": passed, **details})
@@ -192,6 +235,7 @@ class OsEnv(ToolEnv):
         return Action(tool="answer", arguments={"answer": self._last_output.strip()})
 
     _last_output = ""  # the last bash command's whole output: the expert answers with its example's
+    _expected: str | None = None  # the example's output at reset, for check tasks
 
 
 # ------------------------------------------------------------------------ tasks, refusals, evaluation
@@ -244,17 +288,33 @@ def refusal(payload: dict[str, Any]) -> str | None:
     return None
 
 
-def evaluate(payload: dict[str, Any], answer: str | None, shell: sandbox.SandboxShell) -> tuple[bool, dict]:
-    """(passed, details) as AgentBench judges the task: match, or the check list run in the same shell."""
+def _shell_env() -> dict[str, str]:
+    """What the task's shell starts with besides the sandbox's base environment."""
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:" + sandbox.base_env()["PATH"]
+    return {"HOME": "/root", "USER": "root", "PATH": path}
+
+
+def clean_bash(script: str) -> str:
+    """A command line running `script` in a new bash with only HOME, USER, PATH and LANG (no profile, no rc):
+    nothing the calling shell defined (functions, aliases, traps, options, BASH_ENV) reaches it."""
+    env = _shell_env()
+    return (f"/usr/bin/env -i HOME={env['HOME']} USER={env['USER']} PATH={shlex.quote(env['PATH'])} LANG=C.UTF-8 "
+            f"/bin/bash --noprofile --norc -c {shlex.quote(script)}")
+
+
+def evaluate(payload: dict[str, Any], answer: str | None, expected: str | None) -> tuple[bool, dict]:
+    """(passed, details) as AgentBench judges the task: match, or the check list with `expected` (the example's
+    output, computed at reset) in place of its null entry."""
     if payload.get("match") is not None:
         return (answer is not None and answer.strip() == str(payload["match"]).strip()), {"checker": "match"}
     params = [answer if answer is not None else ""]
     details: dict[str, Any] = {}
     for item in payload["check"]:
         if item is None:
-            result = shell.run(payload["example"], timeout_s=60)
-            params.append(result.output)
-            details["expected"] = result.output.strip()[:200]
+            if expected is None:
+                raise RuntimeError("a check task's expected answer was not computed at reset")
+            params.append(expected)
+            details["expected"] = expected.strip()[:200]
             continue
         name = Path(item["file"]).name
         details["checker"] = name
