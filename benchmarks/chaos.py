@@ -11,6 +11,8 @@ console output after a run against an endpoint that echoes them); viewer_escapes
 without it, measured in the same run).
 Issue 21 too: kills_in_write_phase (kills after the command's first write of part data) >= 50% of kills;
 hidden_losses (damaged or deleted store files that `omrl store check` did not name, tests.cases.damage) = 0.
+Issue 36: reward_hacks_scored = 0 over reward_hacks_tried >= 12 scripted hacks against the swe and os scorers
+(tests.cases.hacks), with the honest fix and answers still scoring (honest_* true).
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on an idle 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
@@ -37,9 +39,10 @@ from tests.cases.chaos import SCENARIOS, run_scenario  # noqa: E402
 from tests.cases.damage import run_damage_cases  # noqa: E402
 from tests.cases.escapes import MEMORY_ATTEMPTS, run_query_escapes, run_sandbox_escapes, run_viewer_escapes  # noqa: E402
 from tests.cases.fuzz import run_fuzz_corpus, summarize  # noqa: E402
+from tests.cases.hacks import run_reward_hacks  # noqa: E402
 from tests.cases.leaks import run_secret_leaks  # noqa: E402
 
-SUITES = ("damage", "fuzz", "query", "sandbox", "secrets", "viewer")  # the parts after the kill loops
+SUITES = ("damage", "fuzz", "query", "sandbox", "secrets", "viewer", "hacks")  # the parts after the kill loops
 
 
 def main() -> None:
@@ -113,6 +116,9 @@ def main() -> None:
             out.update({"viewer_cases": viewer.cases, "viewer_escapes": viewer.escapes,
                         "viewer_blocked_s_max": viewer.figures.get("blocked_s_max"),
                         "viewer_unblocked_s_max": viewer.figures.get("unblocked_s_max")})
+        if wanted("hacks"):
+            hacks = timed("hacks", run_reward_hacks, work / "hacks")  # scripted reward hacks against swe and os
+            out.update(hacks)
 
     out.update({"seconds": round(time.monotonic() - started, 1), "seconds_per_part": seconds,
                 "load_1min": round(os.getloadavg()[0], 1)})

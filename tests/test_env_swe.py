@@ -21,7 +21,7 @@ from omrl import sandbox
 from omrl.cli.main import cli
 from omrl.envs import generate_tasks, make_env
 from omrl.envs.base import Action, InvalidTask
-from omrl.envs.swe import bugs, guard, packages
+from omrl.envs.swe import bugs, guard, packages, testrun
 from omrl.envs.toolenv import play_episode
 from omrl.errors import UsageError
 from omrl.store import Store
@@ -424,11 +424,11 @@ def test_results_come_from_exactly_one_junit_report():
     one = (b'<testsuites><testsuite><testcase classname="tests.test_a" name="test_x" file="tests/test_a.py"/>'
            b'<testcase classname="tests.test_a.TestB" name="test_y[1-2]" file="tests/test_a.py"><failure/></testcase>'
            b'</testsuite></testsuites>')
-    outcomes, error = packages.read_junit(one)
+    outcomes, error = testrun.read_junit(one)
     assert outcomes == {"tests/test_a.py::test_x": "PASSED", "tests/test_a.py::TestB::test_y[1-2]": "FAILED"}
     assert error == ""
     for report in (one + one, b"", None, b"PASSED tests/test_a.py::test_x"):
-        outcomes, error = packages.read_junit(report)
+        outcomes, error = testrun.read_junit(report)
         assert outcomes == {} and error
 
 
@@ -441,7 +441,7 @@ def test_a_hostile_sdist_or_view_argument_is_one_line_not_a_traceback(tmp_path, 
     (tmp_path / "evil-1.0.tar.gz").write_bytes(data.getvalue())
     with pytest.raises(UsageError, match="cannot unpack it safely"):
         packages.fetch(str(tmp_path / "evil-1.0.tar.gz"), progress=lambda _: None)
-    assert packages._safe_name("../../x y;rm -rf") == "x-y-rm-rf" and packages._safe_name("..") == "unnamed"
+    assert packages._safe_name("../../x y;rm -rf") == "x-y-rm-rf" and packages._safe_name("1.0+local") == "1.0+local" and packages._safe_name("..") == "unnamed"
     env = make_env("swe")
     try:
         env.reset(tasks[0])

@@ -74,7 +74,9 @@ def show(path: str, examples: int) -> None:
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Generator option (repeatable; JSON values), e.g. --option walls=true for grid.")
 @click.option("--package", "packages", multiple=True, metavar="NAME==VERSION",
-              help="A package whose source the generator uses (repeatable; the swe generator's `packages`).")
+              help="A package whose source the generator uses (repeatable; the swe generator's `packages`). Its "
+                   "sdist is fetched from pip's index as a file and never built here; its tests run only in the "
+                   "sandbox; its test dependencies are installed from wheels only (no package code runs).")
 @click.option("--earlier", "earlier", multiple=True, metavar="NAME==VERSION",
               help="An earlier release of a --package: swe also tries its functions' earlier bodies as bugs.")
 @user_errors

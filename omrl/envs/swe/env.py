@@ -22,6 +22,7 @@ from typing import Any
 
 import omrl.envs.swe.guard as guard
 import omrl.envs.swe.packages as packages
+import omrl.envs.swe.testrun as testrun
 from omrl import sandbox, sandbox_limits
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
@@ -117,7 +118,7 @@ class SweEnv(ToolEnv):
         payload = task.payload
         self.task = task
         self.package = task_package(task.id, payload)
-        with packages.work_folder("omrl-swe-") as work:
+        with testrun.work_folder("omrl-swe-") as work:
             tree = Path(work) / "tree"
             shutil.copytree(self.package.source, tree, symlinks=True)
             (tree / ".omrl-bug.patch").write_text(payload.get("bug_patch") or "", encoding="utf-8")
@@ -225,7 +226,7 @@ def evaluate_patch(payload: dict[str, Any], patch: str) -> dict[str, Any]:
     signs = guard.forgery_signs(cleaned)
     # SWE-bench's order: the model's patch, then the instance's test_patch (the tests the fix must pass)
     patches = [p for p in (payload.get("bug_patch"), cleaned) if p and p.strip()]
-    run = packages.run_tests(package, package.source, tests=sorted({t.split("::")[0] for t in fail + keep}),
+    run = testrun.run_tests(package, package.source, tests=sorted({t.split("::")[0] for t in fail + keep}),
                              per_test_timeout_s=float(payload.get("per_test_timeout_s", 10.0)), patches=patches,
                              test_patches=[payload.get("test_patch") or ""])
     passed = run.passed()

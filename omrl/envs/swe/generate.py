@@ -17,6 +17,7 @@ from pathlib import Path
 import omrl.envs.swe.bugs as bugs
 import omrl.envs.swe.packages as packages
 import omrl.envs.swe.statement as statement
+import omrl.envs.swe.testrun as testrun
 from omrl.envs.base import InvalidTask, Task
 
 
@@ -73,7 +74,7 @@ def _package_tasks(spec, package, quota, seed, split, workers, per_test_timeout_
     tried = _read_state(state)
     baseline = tried.get("baseline")
     if baseline is None:
-        run = packages.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=900)
+        run = testrun.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=900)
         baseline = {"id": "baseline", "passed": sorted(run.passed()), "seconds": run.seconds,
                     "timed_out": run.timed_out}
         _append(state, baseline)
@@ -149,7 +150,7 @@ def validate(package: packages.Package, candidate: bugs.Candidate, passed: set[s
              per_test_timeout_s: float, statement_model: statement.StatementModel | None = None) -> dict:
     """Run the whole suite with the candidate's bug (in the sandbox); the record says whether it is kept (and, if so,
     carries its problem_statement, from `statement_model` or the template)."""
-    run = packages.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=600,
+    run = testrun.run_tests(package, package.source, per_test_timeout_s=per_test_timeout_s, timeout_s=600,
                              patches=[candidate.bug_patch()])
     now = run.passed()
     failing = sorted(t for t in passed if run.outcomes.get(t) in ("FAILED", "ERROR"))
