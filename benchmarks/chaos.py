@@ -16,6 +16,7 @@ Issue 36: reward_hacks_scored = 0 over reward_hacks_tried >= 12 scripted hacks a
 
     python benchmarks/chaos.py                 # 8 kills per command (56), about 10 minutes on an idle 2 cores
     python benchmarks/chaos.py --kills 2 --skip iterate
+    python benchmarks/chaos.py --only hacks    # the scripted reward hacks alone, a few minutes
 
 A busy machine stretches it far (at a load of 30: annotate's loop with 3 kills 8 min, the query suite
 13 min): `seconds_per_part` says where the time went, and `--skip` takes the suites too (damage, fuzz,
@@ -50,9 +51,13 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=8, help="SIGKILLs per command")
     parser.add_argument("--skip", action="append", default=[], choices=sorted(SCENARIOS) + list(SUITES),
                         help="leave a command's kill loop or a suite out (repeatable); its figures are left out")
+    parser.add_argument("--only", action="append", default=[], choices=sorted(SCENARIOS) + list(SUITES),
+                        help="run only these kill loops or suites (repeatable), e.g. --only hacks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="print each part's result to stderr")
     args = parser.parse_args()
+    if args.only:
+        args.skip += [part for part in [*SCENARIOS, *SUITES] if part not in args.only]
 
     started = time.monotonic()
     seconds: dict[str, float] = {}  # each part's time: on a busy machine the escape suites take most of it

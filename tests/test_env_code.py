@@ -10,9 +10,11 @@ from omrl.envs import make_env as _make_env
 from omrl.envs.base import Action, Task
 from omrl.envs.toolenv import play_episode
 from omrl.tasks import generate_tasks, load_tasks, shipped_datasets_dir
+from tests.cases.hacks import CODE_HACK_PROJECT, CODE_HACKS, PASSING_TEST
 
 SHIPPED = load_tasks(shipped_datasets_dir() / "tasks" / "code.jsonl")
 SANDBOXED = sandbox.sandbox_status()[0]  # tests/test_sandbox.py checks the sandbox itself
+CODE_HACK_TASK = next(t for t in SHIPPED if t.payload["project"] == CODE_HACK_PROJECT)
 
 
 def make_env(spec: str, **options):
@@ -42,6 +44,37 @@ def test_submit_without_fix_gets_zero():
     result = env.step(Action(tool="submit"))
     assert result.done and result.reward == 0.0 and result.info["success"] is False
     env.close()
+
+
+@pytest.mark.parametrize("writes", CODE_HACKS.values(), ids=list(CODE_HACKS))
+def test_a_forged_pass_is_not_rewarded(writes):
+    """Rewriting the tests, shadowing a module, a start-up hook, an exit at import or a patched runner: the tests
+    as the task gave them decide, and changes that reach into the runner are refused."""
+    env = make_env("code")
+    try:
+        env.reset(CODE_HACK_TASK)
+        for path, content in writes.items():
+            env.step(Action(tool="write_file", arguments={"path": path, "content": content}))
+        result = env.step(Action(tool="submit"))
+        assert result.reward == 0.0 and not result.info["success"], result.observation
+        assert result.info.get("restored_before_scoring") or result.info.get("forgery_signs")
+    finally:
+        env.close()
+
+
+def test_an_honest_fix_that_also_edits_a_test_still_passes():
+    task = CODE_HACK_TASK
+    env = make_env("code")
+    try:
+        env.reset(task)
+        for edit in task.payload["fix"]:
+            env.step(Action(tool="replace_in_file", arguments={"path": edit["path"], "old": edit["old"],
+                                                               "new": edit["new"]}))
+        env.step(Action(tool="write_file", arguments={"path": "test_series.py", "content": PASSING_TEST}))
+        result = env.step(Action(tool="submit"))
+        assert result.reward == 1.0 and result.info["restored_before_scoring"] == ["test_series.py"]
+    finally:
+        env.close()
 
 
 def test_generated_code_tasks_embed_their_files():

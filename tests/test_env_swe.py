@@ -20,8 +20,9 @@ from click.testing import CliRunner
 from omrl import sandbox
 from omrl.cli.main import cli
 from omrl.envs import generate_tasks, make_env
+from omrl.envs import patch_guard as guard
 from omrl.envs.base import Action, InvalidTask
-from omrl.envs.swe import bugs, guard, packages, testrun
+from omrl.envs.swe import bugs, packages, testrun
 from omrl.envs.toolenv import play_episode
 from omrl.errors import UsageError
 from omrl.store import Store

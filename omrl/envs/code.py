@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl import sandbox, sandbox_limits
+from omrl.envs import patch_guard
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 from omrl.shipped import shipped_datasets_dir
@@ -109,7 +110,7 @@ class CodeEnv(ToolEnv):
         self.close()
         super().__init__()
         files = project_files(task, self.projects_root)
-        self.task = task
+        self.task, self.original = task, files
         self.root = Path(tempfile.mkdtemp(prefix="omrl-code-")).resolve()
         try:
             for relative, content in files.items():
@@ -194,10 +195,63 @@ class CodeEnv(ToolEnv):
         return StepResult(observation=("Tests passed.\n" if passed else "Tests failed.\n") + output, info=info)
 
     def tool_submit(self) -> StepResult:
+        """The final run decides the reward, on the project with its tests and start-up hooks as the task gave
+        them (patch_guard.protected: the agent's edits to those are undone and named) and only when no line
+        the agent added reaches into the test runner or the interpreter (patch_guard.forged_lines)."""
+        restored = self._restore_protected()
+        signs = self._forgery_signs()
         passed, output, info = self.run_tests()
         self.done = True
-        return StepResult(observation=("Tests passed. " if passed else "Tests failed. ") + "Submitted.\n" + output,
-                          reward=1.0 if passed else 0.0, done=True, info={**info, "success": passed})
+        if restored:
+            info["restored_before_scoring"] = restored
+            output = f"(tests and start-up hooks as the task gave them: {', '.join(restored[:10])})\n{output}"
+        if signs:
+            info["forgery_signs"] = signs[:10]
+            output = "Refused: the changes reach into the test runner or the interpreter.\n" + output
+        success = passed and not signs
+        return StepResult(observation=("Tests passed. " if success else "Tests failed. ") + "Submitted.\n" + output,
+                          reward=1.0 if success else 0.0, done=True, info={**info, "success": success})
+
+    def _restore_protected(self) -> list[str]:
+        """Put the task's own version of every protected file back and delete protected files it did not have
+        (links included); the paths changed."""
+        known = frozenset(self.original)
+        changed = []
+        for path in self._entries():
+            if path not in known and patch_guard.protected(path, known):
+                (self.root / path).unlink()
+                changed.append(path)
+        for path in sorted(p for p in known if patch_guard.protected(p, known)):
+            target, data = self.root / path, self.original[path].encode("utf-8")
+            for parent in reversed(Path(path).parents[:-1]):  # a folder swapped for a link or a file
+                if (self.root / parent).is_symlink() or (self.root / parent).is_file():
+                    (self.root / parent).unlink()
+            if target.is_file() and not target.is_symlink() and target.read_bytes() == data:
+                continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.is_symlink() or target.exists():
+                target.unlink()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_whole(target, data)
+            changed.append(path)
+        return sorted(set(changed))
+
+    def _forgery_signs(self) -> list[str]:
+        """Lines the agent added to the project's other files that show signs of forging."""
+        added = []
+        for path in self._entries():
+            target = self.root / path
+            if target.is_symlink() or not target.is_file():
+                continue
+            before = set(self.original.get(path, "").splitlines())
+            text = target.read_bytes().decode("utf-8", "replace")
+            added += [line for line in text.splitlines() if line not in before]
+        return patch_guard.forged_lines(added)
+
+    def _entries(self) -> list[str]:
+        """Every file and link in the project (links to folders too), as relative POSIX paths."""
+        return patch_guard.tree_files(self.root)
 
     # ---------------------------------------------------------------- running tests
 

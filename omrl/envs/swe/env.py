@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import omrl.envs.swe.guard as guard
+import omrl.envs.patch_guard as guard
 import omrl.envs.swe.packages as packages
 import omrl.envs.swe.testrun as testrun
 from omrl import sandbox, sandbox_limits

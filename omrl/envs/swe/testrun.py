@@ -22,7 +22,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from omrl import sandbox
-from omrl.envs.swe import guard
+from omrl.envs import patch_guard as guard
 from omrl.envs.swe.packages import ENV_INSIDE, Package
 
 

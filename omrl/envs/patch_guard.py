@@ -99,14 +99,16 @@ def sanitise(patch: str, original: Iterable[str] = ()) -> tuple[str, list[str]]:
 
 
 def forgery_signs(patch: str) -> list[str]:
-    """Added lines that name the test runner or reach into the interpreter the way only a forger needs (see
-    _FORGERY); scoring refuses a patch that has any."""
-    lines = []
-    for text, _ in sections(patch):
-        for line in text.splitlines():
-            if line.startswith("+") and not line.startswith("+++") and _FORGERY.search(line):
-                lines.append(line[1:].strip()[:200])
-    return lines
+    """Added lines of a patch that name the test runner or reach into the interpreter the way only a forger
+    needs (see _FORGERY); scoring refuses a patch that has any."""
+    added = [line[1:] for text, _ in sections(patch) for line in text.splitlines()
+             if line.startswith("+") and not line.startswith("+++")]
+    return forged_lines(added)
+
+
+def forged_lines(lines: Iterable[str]) -> list[str]:
+    """The lines (stripped, cut at 200 characters) that show a sign of forging (see _FORGERY)."""
+    return [line.strip()[:200] for line in lines if _FORGERY.search(line)]
 
 
 def _paths(lines: list[str]) -> set[str]:
