@@ -245,14 +245,19 @@ class RunGroup:
     def over(self, root_pid: int) -> bool:
         return False  # the kernel holds the cap
 
+    def oom_killed(self) -> bool:
+        """Whether the cap has killed something in the group so far (readable until finish())."""
+        events = _read_text(os.path.join(self.folders[0], "memory.events" if self.v2 else "memory.oom_control"))
+        kills = re.search(r"^oom_kill (\d+)$", events, re.MULTILINE)
+        return bool(kills and int(kills.group(1)))
+
     def finish(self) -> tuple[float | None, bool]:
         """(peak MB, whether the cap killed something); then kills what is left inside and removes the group."""
         memory = self.folders[0]
         peak = _read_int(os.path.join(memory, "memory.peak" if self.v2 else "memory.max_usage_in_bytes"))
-        events = _read_text(os.path.join(memory, "memory.events" if self.v2 else "memory.oom_control"))
-        kills = re.search(r"^oom_kill (\d+)$", events, re.MULTILINE)
+        killed = self.oom_killed()
         self._remove()
-        return (round(peak / (1 << 20), 1) if peak is not None else None), bool(kills and int(kills.group(1)))
+        return (round(peak / (1 << 20), 1) if peak is not None else None), killed
 
     def _remove(self) -> None:
         for folder in self.folders:

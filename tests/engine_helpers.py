@@ -71,6 +71,16 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def jvm_caps_seen(engine: Any) -> tuple[str, int]:
+    """(JAVA_TOOL_OPTIONS in the environment of the JVM an EngineWorker started, the heap ceiling the JVM
+    itself reports in MB): what -Xmx reached the JVM, read from it."""
+    java = [p for p in engine.engine_pids()[1:] if "java" in command_line(p).split(" ")[0]]
+    assert len(java) == 1, [command_line(p) for p in engine.engine_pids()]
+    environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{java[0]}/environ").read_bytes().split(b"\0")
+                   if b"=" in item)
+    return environ.get(b"JAVA_TOOL_OPTIONS", b"").decode(), engine.call("max_heap_mb")
+
+
 def kill_collect_mid_run(argv: list[str], cwd: Path, engine_word: str, timeout: float = 240.0) -> tuple[list[int], list[int]]:
     """Start `omrl ARGV`, wait until an engine process whose command line holds `engine_word` runs, SIGKILL
     the command; returns (the engine pids seen, the marked processes still running 10 s later)."""

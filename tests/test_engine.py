@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from omrl.envs import engine_memory
+from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.engine import EngineCrashed, EngineError, EngineWorker, GuardedProcess
+from omrl.sandbox_limits import MemoryCap, memory_cap
 from tests.engine_helpers import running
 
 ECHO = "omrl.testing.engines:EchoEngine"
@@ -124,10 +128,112 @@ def test_guarded_process_reports_how_it_ended():
     process = GuardedProcess([sys.executable, "-c", "import sys; sys.stderr.write('bye\\n'); sys.exit(5)"])
     process.process.wait(30)
     assert process.exit_status() == "exited with code 5"
-    process._reader.join(5)
+    process._readers[0].join(5)
     assert process.stderr_tail() == "bye"
     process.close()
     killed = GuardedProcess([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
     killed.process.wait(30)
     assert killed.exit_status() == "was killed by signal 15 (SIGTERM)"
     killed.close()
+
+
+def test_a_piped_stdout_is_read_and_closed_with_the_process():
+    """chromedriver's stdout: read into a tail (a pipe left unread fills), closed by close() (no unclosed file)."""
+    process = GuardedProcess([sys.executable, "-c", "print('listening on 9515', flush=True); import time; time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in process.stdout_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.stdout_tail() == "listening on 9515" and process.stderr_tail() == ""
+    finally:
+        process.close()
+    assert process.process.stdout.closed and process.process.stderr.closed
+
+
+CAP_MB, HOG_MB = 200, 400  # an echo engine (python and a child) holds about 40 MB of its own
+
+
+@pytest.fixture(params=["host", "polling"])
+def hold(request, monkeypatch):
+    """How engines' memory caps are held: as this host allows (a cgroup where one can be made), and by polling."""
+    if request.param == "polling":
+        monkeypatch.setattr(engine_memory, "memory_cap", lambda: MemoryCap("polling", "forced by the test"))
+    return request.param
+
+
+@pytest.mark.parametrize("in_child", [False, True], ids=["engine", "its-child"])
+def test_an_engine_over_its_memory_cap_is_killed_and_replaced(hold, in_child):
+    capped = EngineWorker(ECHO, {"with_child": True}, name="echo", memory_mb=CAP_MB)
+    try:
+        assert (capped.memory.group is None) == (hold == "polling" or memory_cap().kind == "polling")
+        pids = capped.call("pids")
+        started = time.monotonic()
+        with pytest.raises(EngineCrashed, match=f"memory cap of {CAP_MB} MB") as crash:
+            capped.call("hog", HOG_MB, 60, in_child)  # held for a minute unless the cap kills it
+        assert time.monotonic() - started < 30, crash.value
+        assert wait_gone(pids) == [] and not capped.alive() and capped.over_memory()
+        assert capped.ensure() is True and capped.restarts == 1
+        assert capped.call("echo", 2) == 2 and not capped.over_memory()
+        capped.call("hog", CAP_MB // 4, 0.1, in_child)  # below the cap: nothing happens
+        assert capped.alive()
+    finally:
+        capped.close()
+
+
+def test_an_uncapped_engine_holds_what_it_likes():
+    engine = EngineWorker(ECHO, name="echo")
+    try:
+        assert engine.memory is None
+        engine.call("hog", HOG_MB, 0.6)  # longer than one poll
+        assert engine.alive() and not engine.over_memory()
+    finally:
+        engine.close()
+
+
+class HoggingEnv:
+    """A reusable environment on a capped echo engine; a task whose id starts with "hog" makes it pass its cap."""
+
+    name = "hogging"
+    reusable = True
+
+    def __init__(self) -> None:
+        self.engine = EngineWorker(ECHO, {"with_child": True}, name="echo", memory_mb=CAP_MB)
+        self.task: Task | None = None
+
+    def reset(self, task: Task) -> Reset:
+        self.engine.ensure()
+        self.task = task
+        return Reset(observation="go")
+
+    def step(self, action: Action) -> StepResult:
+        assert self.task is not None
+        if self.task.id.startswith("hog"):
+            self.engine.call("hog", HOG_MB, 60, True)
+        return StepResult("done", 1.0, True, {"success": True})
+
+    def expert_action(self) -> Action:
+        return Action(text="go")
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def test_an_episode_whose_engine_passes_its_cap_is_an_env_error_and_the_rest_go_on():
+    from omrl.policies import make_policy
+    from omrl.rollout import EnvPool, RolloutSettings, play_episodes
+
+    pool = EnvPool(HoggingEnv)
+    jobs = [(Task(id=name, instruction="go"), 0) for name in ("calm-1", "hog-1", "calm-2")]
+    settings = RolloutSettings(env="hogging", max_turns=2, concurrency=1)
+
+    async def run():
+        try:
+            return await play_episodes(jobs, HoggingEnv, make_policy("scripted"), settings, run_id="cap", pool=pool)
+        finally:
+            await pool.close()
+
+    episodes = asyncio.run(run())
+    assert [e.status for e in episodes] == ["ok", "env_error", "ok"]
+    assert f"memory cap of {CAP_MB} MB" in episodes[1].row["error"]
+    assert pool.made == 2  # the engine over its cap went with its instance; a new one played the last

@@ -13,6 +13,7 @@ import base64
 import http.server
 import json
 import os
+import socket
 import struct
 import sys
 import threading
@@ -225,6 +226,36 @@ def test_no_network_beyond_the_task_pages(env, tasks):
     # browser's proxy flags the loopback fetch and the image do arrive (checked by hand)
 
 
+WEBRTC_STUN = """
+const done = arguments[arguments.length - 1], port = arguments[0], candidates = [];
+const peer = new RTCPeerConnection({iceServers: [{urls: 'stun:127.0.0.1:' + port}]});
+peer.onicecandidate = event => { if (event.candidate) candidates.push(event.candidate.candidate); };
+peer.createDataChannel('probe');  // something to negotiate: ICE gathering (and the STUN request) starts
+peer.createOffer().then(offer => peer.setLocalDescription(offer))
+  .then(() => setTimeout(() => { peer.close(); done(candidates); }, 3000), error => done(['failed: ' + error]));
+"""
+
+
+def test_webrtc_sends_no_udp_past_the_network_cut(env, tasks):
+    """A page's RTCPeerConnection asks a STUN server at a UDP port on 127.0.0.1 where the test listens."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(3.0)
+    try:
+        env.reset(task_of(tasks, "click-button"))
+        candidates = env.engine.driver.execute_async_script(WEBRTC_STUN, listener.getsockname()[1])
+        try:
+            datagram, sender = listener.recvfrom(2048)  # 3 s more, after the page's own 3 s
+        except TimeoutError:
+            datagram, sender = b"", None
+    finally:
+        listener.close()
+    assert datagram == b"", f"a {len(datagram)}-byte datagram from {sender} reached the listener"
+    # Without CHROMIUM_PREFS the page gathers udp host candidates and its STUN request arrives (checked by
+    # reverting it: 20 bytes from the candidate's port).
+    assert not any(" udp " in c for c in candidates), candidates
+
+
 def test_screenshots_are_stored_beside_the_turn(env, tasks):
     env.screenshots = True
     try:
@@ -256,6 +287,18 @@ def test_tasks_generate_by_seed_with_disjoint_splits(tasks, tmp_path):
     assert not {t.payload["seed"] for t in train} & {t.payload["seed"] for t in tasks}
     with pytest.raises(ValueError, match="unknown MiniWoB task"):
         MiniWoBEnv.generate_tasks(2, tasks="click-nothing")
+
+
+def test_tasks_generate_leaves_no_file_unclosed(tmp_path):
+    """The browser that reads the utterances closes its driver's output pipe (it warned of an unclosed file)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-m", "omrl", "tasks", "generate",
+                           "miniwob", "--n", "1", "--option", "tasks=click-test-2", "--out", str(tmp_path / "w.jsonl")],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "unclosed" not in done.stderr and "ResourceWarning" not in done.stderr, done.stderr[-2000:]
 
 
 def test_a_crashed_browser_is_an_env_error_and_is_replaced(tasks):

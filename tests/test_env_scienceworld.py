@@ -16,7 +16,7 @@ from omrl.policies import make_policy
 from omrl.policies.scripted import action_reply
 from omrl.rollout import RolloutSettings, collect, play_episodes
 from omrl.store import Store
-from tests.engine_helpers import gone_within
+from tests.engine_helpers import gone_within, jvm_caps_seen
 
 pytestmark = [pytest.mark.slow,  # the ScienceWorld simulator (Java)
               pytest.mark.skipif(unavailable(env_class("scienceworld")) is not None,
@@ -118,3 +118,26 @@ def test_without_the_package_or_java_the_refusal_says_what_to_install(monkeypatc
     assert "omrl[scienceworld]" in scienceworld.SciWorldEnv.unavailable()
     with pytest.raises(EnvSpecError, match="cannot run here: needs the scienceworld package"):
         make_env("scienceworld")
+
+
+def test_the_jvm_heap_and_the_engine_memory_are_capped_by_options(env):
+    from omrl.envs.scienceworld import SciWorldEnv
+
+    options, heap = jvm_caps_seen(env.engine)
+    assert options.endswith("-Xmx1024m") and 900 <= heap <= 1024, (options, heap)
+    assert env.engine.memory is not None and env.engine.memory.mb == 1024 + 512
+    limits = SciWorldEnv.resource_limits()
+    assert "jvm_heap_mb=1024" in limits and "memory_mb=1536" in limits and "x 1536 MB" in limits
+    small = make_env("scienceworld", jvm_heap_mb=256, memory_mb=0)
+    try:
+        options, heap = jvm_caps_seen(small.engine)
+        assert options.endswith("-Xmx256m") and heap <= 256 and small.engine.memory is None
+    finally:
+        small.close()
+    uncapped = make_env("scienceworld", jvm_heap_mb=0, memory_mb=0)  # the JVM's own default: a quarter of memory
+    try:
+        assert "-Xmx" not in jvm_caps_seen(uncapped.engine)[0] and uncapped.engine.memory is None
+    finally:
+        uncapped.close()
+    with pytest.raises(ValueError, match="memory_mb must be a whole number"):
+        make_env("scienceworld", memory_mb="lots")

@@ -16,7 +16,7 @@ from omrl.render import render_trajectory
 from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_episodes
 from omrl.store import Store
 from omrl.tasks import write_tasks
-from tests.engine_helpers import ROOT, KillingPolicy, kill_collect_mid_run, require_env
+from tests.engine_helpers import ROOT, KillingPolicy, jvm_caps_seen, kill_collect_mid_run, require_env
 
 pytestmark = pytest.mark.slow  # the TextWorldExpress engine (Java)
 
@@ -135,6 +135,26 @@ def test_an_engine_killed_mid_episode_is_env_error_and_the_episode_is_stored(tas
     assert broken["num_turns"] == 2  # the turns before the kill are kept, and the call it failed on:
     assert broken["messages"][-1]["role"] == "assistant" and "env.step" in broken["error"]
     assert by_status["ok"]["success"] is True  # the next episode got a new engine
+
+
+def test_the_jvm_heap_and_the_engine_memory_are_capped_by_options(pool):
+    env = asyncio.run(pool.acquire())
+    try:
+        options, heap = jvm_caps_seen(env.engine)
+        assert options.endswith("-Xmx512m") and 450 <= heap <= 512, (options, heap)
+        assert env.engine.memory is not None and env.engine.memory.mb == 512 + 512
+    finally:
+        asyncio.run(pool.release(env, None, reuse=True))
+    limits = TwxEnv.resource_limits()
+    assert "jvm_heap_mb=512" in limits and "memory_mb=1024" in limits
+    small = make_env("twx", jvm_heap_mb=128, memory_mb=2048)
+    try:
+        options, heap = jvm_caps_seen(small.engine)
+        assert options.endswith("-Xmx128m") and heap <= 128 and small.engine.memory.mb == 2048
+    finally:
+        small.close()
+    with pytest.raises(ValueError, match="jvm_heap_mb must be a whole number"):
+        make_env("twx", jvm_heap_mb=-1)
 
 
 def test_brief_observations_and_state_keys(pool):

@@ -26,6 +26,11 @@ What omrl guarantees for every engine started here:
 - Packages that launch their own engine (textworld_express and scienceworld start a JVM with py4j's
   `launch_gateway`) run inside an EngineWorker: their engine is a child of the worker, in the group the
   guard kills.
+- Memory is bounded per engine (omrl/envs/engine_memory.py): `jvm_env(heap_mb)` caps a JVM's heap, and
+  `EngineWorker(memory_mb=N)` caps the worker with all it started (the JVM, heap and all), held by a cgroup
+  where this host allows one, else by polling. An engine past its cap is killed, the call in flight raises
+  EngineCrashed saying so (its episode is stored as env_error) and `ensure()` starts a new engine; a command
+  then holds at most engines x memory_mb in engines.
 
 EngineWorker runs `python -m omrl.envs.engine FD`: a loop that builds one object from "module:callable"
 and calls its methods for the parent over a socket pair (pickled messages; the worker is our own child
@@ -46,6 +51,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from omrl.envs.engine_memory import EngineMemory
 from omrl.errors import OmrlError
 from omrl.plugins import load_target
 
@@ -98,8 +104,8 @@ class _Tail:
 class GuardedProcess:
     """One engine process under a guard: killed with its whole process group by close() or when omrl dies.
 
-    `keep_fds` are passed on to the engine; stdin and stdout default to /dev/null; stderr is read by a
-    thread that keeps its last 8 KB (`stderr_tail()`).
+    `keep_fds` are passed on to the engine; stdin and stdout default to /dev/null; stderr (and stdout when
+    it is subprocess.PIPE) is read by a thread that keeps its last 8 KB (`stderr_tail()`, `stdout_tail()`).
     """
 
     def __init__(self, argv: list[str], *, keep_fds: tuple[int, ...] = (), env: dict[str, str] | None = None,
@@ -121,16 +127,22 @@ class GuardedProcess:
             raise
         finally:
             os.close(read_end)
-        # The reader holds the stream and the tail, not self: a forgotten GuardedProcess is collected
-        # (and its engine killed by __del__) even while its reader still runs.
-        self._tail = _Tail()
-        self._reader = threading.Thread(target=self._tail.read, args=(self.process.stderr,),
-                                        name=f"{self.name}-stderr", daemon=True)
-        self._reader.start()
+        # The readers hold the streams and the tails, not self: a forgotten GuardedProcess is collected
+        # (and its engine killed by __del__) even while its readers still run.
+        self._tail, self._out_tail = _Tail(), _Tail()
+        streams = [(self._tail, self.process.stderr, "stderr"), (self._out_tail, self.process.stdout, "stdout")]
+        self._readers = [threading.Thread(target=tail.read, args=(stream,), name=f"{self.name}-{what}", daemon=True)
+                         for tail, stream, what in streams if stream is not None]
+        for reader in self._readers:
+            reader.start()
 
     def stderr_tail(self, lines: int = 8) -> str:
         """The last lines the engine wrote to stderr."""
         return self._tail.last_lines(lines)
+
+    def stdout_tail(self, lines: int = 8) -> str:
+        """The last lines the engine wrote to stdout (empty unless it was started with stdout=subprocess.PIPE)."""
+        return self._out_tail.last_lines(lines)
 
     @property
     def pid(self) -> int:
@@ -154,15 +166,28 @@ class GuardedProcess:
             return f"was killed with its guard (signal {-code})"
         return f"exited with code {code}"
 
-    def engine_pids(self) -> list[int]:
-        """The processes of the engine's group (the engine first), from /proc; empty when it is gone."""
+    def _leader(self) -> int | None:
+        """The engine's pid (its group's id), the guard's only child; None when it is gone."""
         try:
             children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
         except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def kill_engine(self) -> None:
+        """SIGKILL the engine's process group now, from any thread; the guard then exits with its status.
+
+        The guard reaps the engine only after killing its group, so the group id cannot be another's yet."""
+        leader = self._leader()
+        if leader is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, signal.SIGKILL)
+
+    def engine_pids(self) -> list[int]:
+        """The processes of the engine's group (the engine first), from /proc; empty when it is gone."""
+        leader = self._leader()
+        if leader is None:
             return []
-        if not children:
-            return []
-        leader = int(children[0])
         found = [leader]
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) != leader:
@@ -188,9 +213,11 @@ class GuardedProcess:
         except subprocess.TimeoutExpired:  # a stuck guard: killing it kills the engine (PDEATHSIG)
             self.process.kill()
             self.process.wait()
-        self._reader.join(timeout=1.0)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
+        for reader in self._readers:
+            reader.join(timeout=1.0)
+        for stream in (self.process.stderr, self.process.stdout):
+            if stream is not None:
+                stream.close()
 
     def __del__(self) -> None:  # a forgotten engine still goes when its owner is collected
         if getattr(self, "_watch", None) is not None:
@@ -212,28 +239,40 @@ class EngineWorker:
 
     `call(method, ...)` runs one of its methods there and returns the result; the engine's exceptions
     come back as EngineError, its death or silence as EngineCrashed. One call at a time (a lock).
+    `memory_mb` (0: none) caps the memory of the engine process with everything it started; an engine past
+    it is killed and the call in flight raises EngineCrashed saying so.
     """
 
     def __init__(self, target: str, kwargs: dict[str, Any] | None = None, *, name: str | None = None,
-                 env: dict[str, str] | None = None, start_timeout: float = 180.0, call_timeout: float = 120.0
-                 ) -> None:
+                 env: dict[str, str] | None = None, start_timeout: float = 180.0, call_timeout: float = 120.0,
+                 memory_mb: int = 0) -> None:
         self.target, self.kwargs, self.env = target, dict(kwargs or {}), dict(env or {})
         self.name = name or target
         self.start_timeout, self.call_timeout = start_timeout, call_timeout
+        self.memory_mb = int(memory_mb)
         self.restarts = 0
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self.process: GuardedProcess | None = None
+        self.memory: EngineMemory | None = None
         self._start()
 
     def _start(self) -> None:
+        self.memory = EngineMemory(self.memory_mb, self.name) if self.memory_mb > 0 else None
         ours, theirs = socket.socketpair()
+        argv = [sys.executable, "-m", "omrl.envs.engine", str(theirs.fileno())]
         try:
-            self.process = GuardedProcess([sys.executable, "-m", "omrl.envs.engine", str(theirs.fileno())],
-                                          keep_fds=(theirs.fileno(),), env=_worker_env(self.env), name=self.name)
+            self.process = GuardedProcess(self.memory.wrap(argv) if self.memory else argv, keep_fds=(theirs.fileno(),),
+                                          env=_worker_env(self.env), name=self.name)
+        except BaseException:
+            ours.close()
+            self.close()
+            raise
         finally:
             theirs.close()
         self._conn = Connection(ours.detach())
+        if self.memory is not None:
+            self.memory.watch(self.process)
         started = time.monotonic()
         try:
             self._request(("start", self.target, self.kwargs), self.start_timeout, "start")
@@ -242,8 +281,14 @@ class EngineWorker:
             raise
         self.start_s = time.monotonic() - started
 
+    def over_memory(self) -> bool:
+        """Whether this engine's memory cap killed it or something it started (its JVM, for instance)."""
+        return self.memory is not None and self.memory.exceeded()
+
     def alive(self) -> bool:
-        return self._conn is not None and self.process is not None and self.process.alive()
+        """The engine process runs, whole: nothing of it was killed for its memory cap."""
+        return (self._conn is not None and self.process is not None and self.process.alive()
+                and not self.over_memory())
 
     def ensure(self) -> bool:
         """Start a new engine process when the current one is gone; True when it did."""
@@ -274,6 +319,11 @@ class EngineWorker:
             raise EngineCrashed(self._died(what)) from None
         if reply[0] == "ok":
             return reply[1]
+        if self.over_memory():  # the cap killed what the engine started (its JVM), and the engine said so
+            assert self.memory is not None
+            self.process.close()
+            raise EngineCrashed(f"the {self.name} engine's {what} failed and it was killed: "
+                                f"{self.memory.describe()}; it said {reply[1]}: {reply[2][:500]}")
         raise EngineError(f"the {self.name} engine's {what} raised {reply[1]}: {reply[2]}")
 
     def _died(self, what: str) -> str:
@@ -281,7 +331,8 @@ class EngineWorker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.process.wait(2.0)
         tail = self.process.stderr_tail()
-        return (f"the {self.name} engine {self.process.exit_status()} during {what}"
+        memory = f": {self.memory.describe()}" if self.memory is not None and self.over_memory() else ""
+        return (f"the {self.name} engine {self.process.exit_status()} during {what}{memory}"
                 + (f"; its last output: {tail}" if tail else ""))
 
     def engine_pids(self) -> list[int]:
@@ -292,6 +343,8 @@ class EngineWorker:
         """Kill the engine process and everything it started; idempotent, safe during a call."""
         if self.process is not None:
             self.process.close()  # first: a call blocked in another thread then ends with EOF
+        if self.memory is not None:
+            self.memory.finish()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -28,6 +28,11 @@ gold path (asked for the first time the expert acts); gold paths are up to ~180 
 The simulator's JVM runs inside an engine process (omrl.envs.engine.EngineWorker) that never outlives omrl
 (SIGKILL included); environments are reusable, so one JVM plays episode after episode. A JVM that dies
 mid-episode makes the episode an env_error, and the episode runner replaces that environment.
+Memory: the JVM's heap is capped (`--env-option jvm_heap_mb=1024`, its -Xmx) and so is the engine process
+with its JVM (`memory_mb`, default the heap + 512 MB); an engine past its cap is killed, its episode stored
+as env_error and the engine replaced, so collect holds at most episodes in flight x memory_mb in engines
+(`omrl envs` says how the cap is held here; 0 turns either off). Uncapped, each JVM grows towards a quarter
+of the host's memory: the simulator allocates on every step and the JVM collects only when its heap is full.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 from omrl.envs import textgame
 from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.engine import EngineWorker
+from omrl.envs.engine_memory import jvm_caps, jvm_env, jvm_limits
 from omrl.errors import UsageError
 
 ENGINE = "omrl.envs.scienceworld:SciWorldEngine"
@@ -52,6 +58,7 @@ START_TIMEOUT_S = 300.0  # the JVM's start: a few seconds on a quiet machine, mu
 # Making a gold path searches the task (mendelian genetics: over 2 minutes at a load of 40 on 2 cores).
 GOLD_TIMEOUT_S = 1200.0
 STEP_LIMIT = 1_000_000  # the simulator's own move limit is never what ends an episode here: max_turns is
+JVM_HEAP_MB = 1024  # the simulator's heap; gold paths of the largest task types are made well within it
 
 
 class SciWorldEngine:
@@ -114,8 +121,18 @@ class SciWorldEngine:
                          "dev": list(self.env.get_variations_dev()), "test": list(self.env.get_variations_test())}
         return out
 
+    def max_heap_mb(self) -> int:
+        """The JVM's own ceiling on its heap, in MB (what -Xmx gave, less a survivor space)."""
+        return int(self.env._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()) >> 20
+
     def close(self) -> None:
         self.env.close()
+
+
+def _engine(heap_mb: int, memory_mb: int, call_timeout: float) -> EngineWorker:
+    """A simulator in an engine process, its JVM's heap and the engine's memory capped (0: no cap)."""
+    return EngineWorker(ENGINE, name="scienceworld", env=jvm_env(heap_mb), memory_mb=memory_mb,
+                        start_timeout=START_TIMEOUT_S, call_timeout=call_timeout)
 
 
 @cache
@@ -126,7 +143,7 @@ def variation_table() -> dict[str, dict[str, Any]]:
     path = home / "omrl" / "scienceworld" / str(textgame.installed_version("scienceworld")) / "variations.json"
     if path.exists():
         return json.loads(path.read_text())
-    engine = EngineWorker(ENGINE, name="scienceworld", start_timeout=START_TIMEOUT_S, call_timeout=600.0)
+    engine = _engine(*jvm_caps("scienceworld", JVM_HEAP_MB, None), call_timeout=600.0)
     try:
         table = engine.call("variations")
     finally:
@@ -155,6 +172,11 @@ class SciWorldEnv(textgame.CommandGame):
         if shutil.which("java") is None:
             return "needs Java to run the simulator: make system-deps (or apt-get install openjdk-17-jre-headless)"
         return None
+
+    @classmethod
+    def resource_limits(cls) -> str:
+        """The default caps of each environment's simulator, and how the engine's is held on this host."""
+        return jvm_limits(*jvm_caps("scienceworld", JVM_HEAP_MB, None))
 
     @classmethod
     def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", tasks: Any = None,
@@ -192,10 +214,12 @@ class SciWorldEnv(textgame.CommandGame):
 
     fallback = "look around"  # the expert's command once its gold path is played out
 
-    def __init__(self, action_format: str = "tool") -> None:
+    def __init__(self, action_format: str = "tool", jvm_heap_mb: int = JVM_HEAP_MB, memory_mb: int | None = None
+                 ) -> None:
         super().__init__()
         self.action_format = textgame.check_action_format(action_format)
-        self.engine = EngineWorker(ENGINE, name="scienceworld", start_timeout=START_TIMEOUT_S, call_timeout=120.0)
+        self.jvm_heap_mb, self.memory_mb = jvm_caps("scienceworld", jvm_heap_mb, memory_mb)
+        self.engine = _engine(self.jvm_heap_mb, self.memory_mb, call_timeout=120.0)
 
     def reset(self, task: Task) -> Reset:
         payload = task.payload

@@ -3,7 +3,10 @@
 Needs `pip install 'omrl[twx]'` (textworld-express) and Java 11+ (`make system-deps` installs
 openjdk-17-jre-headless). Each environment instance owns one TextWorldExpress JVM, started by the
 package through py4j inside an omrl engine process (omrl/envs/engine.py): it is reused across
-episodes (`reusable`), replaced when it dies, and never outlives the command.
+episodes (`reusable`), replaced when it dies, and never outlives the command. Its heap is capped
+(`jvm_heap_mb=512`, the JVM's -Xmx) and so is the engine process with its JVM (`memory_mb`, default the
+heap + 512 MB): an engine past its cap is killed, its episode stored as env_error and the engine replaced
+(0 turns either off; `omrl envs` says how the cap is held here).
 
 Tasks: `omrl tasks generate twx --split test --option game=coin --option params=numLocations=5`.
 Games: cookingworld (default), coin, twc, mapreader, arithmetic, sorting, simonsays, peckingorder.
@@ -54,6 +57,7 @@ DEFAULT_STEP_LIMIT = 150  # TextWorldExpress says 100, but a default CookingWorl
 # and process to process. omrl runs the same agent with a Random seeded from the task instead.
 _WALKING_AGENTS = {"coin": "CoinGoldAgent", "twc": "TWCGoldAgent"}
 _GOLD_ATTEMPTS = 50  # the package's generators try a walk this many times
+JVM_HEAP_MB = 512  # a TextWorldExpress JVM settles near 300 MB resident when its heap is left to grow
 
 
 def _state_key(infos: dict[str, Any]) -> str:
@@ -150,6 +154,10 @@ class TwxEngine:
             out.append(infos["taskDescription"])
         return out
 
+    def max_heap_mb(self) -> int:
+        """The JVM's own ceiling on its heap, in MB (what -Xmx gave, less a survivor space)."""
+        return int(self.env._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()) >> 20
+
     def close(self) -> None:
         self.env.close()
 
@@ -163,10 +171,13 @@ def draw_seeds(n: int, seed: int, split: str, game: str) -> list[int]:
     return seeds[:n]
 
 
-def _engine():
+def _engine(heap_mb: int = JVM_HEAP_MB, memory_mb: int | None = None):
+    """A TextWorldExpress engine process, its JVM's heap and its memory capped (0: no cap)."""
     from omrl.envs.engine import EngineWorker
+    from omrl.envs.engine_memory import jvm_caps, jvm_env
 
-    return EngineWorker("omrl.envs.twx:TwxEngine", name="twx")
+    heap_mb, memory_mb = jvm_caps("twx", heap_mb, memory_mb)
+    return EngineWorker("omrl.envs.twx:TwxEngine", name="twx", env=jvm_env(heap_mb), memory_mb=memory_mb)
 
 
 class TwxEnv(textgame.CommandGame):
@@ -184,6 +195,13 @@ class TwxEnv(textgame.CommandGame):
         if shutil.which("java") is None:
             return "needs Java 11+ on PATH (apt-get install openjdk-17-jre-headless, or make system-deps)"
         return None
+
+    @classmethod
+    def resource_limits(cls) -> str:
+        """The default caps of each instance's JVM and engine process, and how the latter is held here."""
+        from omrl.envs.engine_memory import jvm_caps, jvm_limits
+
+        return jvm_limits(*jvm_caps("twx", JVM_HEAP_MB, None))
 
     @classmethod
     def generate_tasks(cls, n: int, seed: int = 0, split: str = "train", game: str = "cookingworld",
@@ -215,7 +233,8 @@ class TwxEnv(textgame.CommandGame):
                 for game_seed, description in zip(seeds, descriptions, strict=True)]
 
     def __init__(self, action_format: str = "tool", show_actions: bool = True, observation: str = "full",
-                 show_tried: bool = False, call_timeout: float = 120.0) -> None:
+                 show_tried: bool = False, call_timeout: float = 120.0, jvm_heap_mb: int = JVM_HEAP_MB,
+                 memory_mb: int | None = None) -> None:
         super().__init__()
         self.action_format = textgame.check_action_format(action_format)
         self.show_actions = bool(show_actions)
@@ -228,7 +247,7 @@ class TwxEnv(textgame.CommandGame):
             raise UsageError(f"twx observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
         self.observation = observation
         self.fallback = "look around"
-        self.engine = _engine()
+        self.engine = _engine(jvm_heap_mb, memory_mb)
         self.engine.call_timeout = float(call_timeout)
         self.game_args: tuple[Any, ...] = ()
         self.gold: list[str] | None = None  # fetched when the expert is first asked

@@ -1,4 +1,4 @@
-"""A stand-in engine for tests of omrl.envs.engine: answers, raises, dies, hangs, starts a child process."""
+"""A stand-in engine for tests of omrl.envs.engine: answers, raises, dies, hangs, holds memory, starts a child process."""
 
 from __future__ import annotations
 
@@ -31,6 +31,18 @@ class EchoEngine:
 
     def hang(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def hog(self, mb: int, seconds: float, in_child: bool = False) -> None:
+        """Hold `mb` MB (written, so resident) for `seconds`, here or in a child process (as a JVM would)."""
+        if in_child:
+            holder = f"import time; held = b'x' * ({int(mb)} << 20); time.sleep({float(seconds)})"
+            code = subprocess.run([sys.executable, "-c", holder]).returncode
+            if code != 0:
+                raise RuntimeError(f"the child holding {mb} MB ended with code {code}")
+            return
+        held = b"x" * (int(mb) << 20)
+        time.sleep(seconds)
+        del held
 
     def pids(self) -> list[int]:
         """This process's pid, then its child's (when it has one)."""

@@ -11,7 +11,8 @@
   browser they watch is gone (tested with the rest).
 - No network beyond the task pages: the pages are file:// URLs; every http(s) and WebSocket request goes
   to a proxy address where nothing listens (loopback included), host names resolve to nothing, WebRTC
-  may not use UDP, and Chromium's background services (updates, sync, metrics, safe browsing) are off.
+  may not use UDP (a profile preference, CHROMIUM_PREFS), and Chromium's background services (updates, sync,
+  metrics, safe browsing) are off.
 - Selenium Manager (which looks up and downloads drivers over the internet) never runs: selenium talks
   to the chromedriver started here as a remote end (webdriver.Remote), with the driver's path given
   explicitly; its statistics are switched off (SE_AVOID_STATS) should anything in the process call it.
@@ -24,7 +25,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -41,8 +41,13 @@ CHROMIUM_FLAGS = (
     "--disable-breakpad", "--disable-features=OptimizationGuideModelDownloading,OptimizationHints,Translate,"
     "MediaRouter,AutofillServerCommunication,CertificateTransparencyComponentUpdater",
     f"--proxy-server={DEAD_PROXY}", "--proxy-bypass-list=<-loopback>", "--host-resolver-rules=MAP * ~NOTFOUND",
-    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--mute-audio", "--hide-scrollbars",
+    "--mute-audio", "--hide-scrollbars",
 )
+# WebRTC's UDP is switched off by the profile's preference, not a flag: with only
+# --force-webrtc-ip-handling-policy=disable_non_proxied_udp, Chromium 156 still gathered host candidates and
+# sent a page's STUN request to a UDP port on 127.0.0.1, past the dead proxy. With the preference, WebRTC may
+# only go through the proxy (TCP, to where nothing listens) and gathers no candidate at all.
+CHROMIUM_PREFS = {"webrtc.ip_handling_policy": "disable_non_proxied_udp"}
 
 
 def chromium_path() -> str | None:
@@ -78,6 +83,7 @@ class Browser:
             self.process, port = start_chromedriver(chromedriver, start_timeout)
             options = webdriver.ChromeOptions()
             options.binary_location = chromium
+            options.add_experimental_option("prefs", CHROMIUM_PREFS)
             for flag in (*CHROMIUM_FLAGS, f"--window-size={window[0]},{window[1]}", f"--user-data-dir={self.profile}"):
                 options.add_argument(flag)
             url = f"http://127.0.0.1:{port}"
@@ -125,13 +131,13 @@ def start_chromedriver(chromedriver: str, timeout: float) -> tuple[GuardedProces
     deadline = time.monotonic() + timeout
     for _ in range(DRIVER_TRIES):
         port = _free_port()
+        # Its stdout is read (and closed with it) by the guarded process: left unread, the pipe would fill.
         process = GuardedProcess([chromedriver, f"--port={port}"], stdout=subprocess.PIPE, name="chromedriver")
-        ready = _line_seen(process.process.stdout, b"started successfully on port")
-        while time.monotonic() < deadline and not ready.is_set() and process.alive():
+        while time.monotonic() < deadline and not _ready(process) and process.alive():
             if "bind() failed" in process.stderr_tail():
                 break
-            ready.wait(0.1)
-        if ready.is_set() and process.alive() and "bind() failed" not in process.stderr_tail():
+            time.sleep(0.1)
+        if _ready(process) and process.alive() and "bind() failed" not in process.stderr_tail():
             return process, port
         problems.append(f"port {port}: {process.exit_status()}, {process.stderr_tail(2) or 'no output'}")
         process.close()
@@ -146,15 +152,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _line_seen(stream: Any, needle: bytes) -> threading.Event:
-    """An event set when `needle` shows in a line of `stream` or the stream ends; a thread drains it meanwhile."""
-    seen = threading.Event()
-
-    def read() -> None:
-        for line in iter(stream.readline, b""):
-            if needle in line:
-                seen.set()
-        seen.set()
-
-    threading.Thread(target=read, name="chromedriver-stdout", daemon=True).start()
-    return seen
+def _ready(process: GuardedProcess) -> bool:
+    """Whether chromedriver said it listens (its first lines: nothing else is printed before)."""
+    return "started successfully on port" in process.stdout_tail(20)
