@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from omrl.durable import staged_folder
 from omrl.errors import UsageError
 from omrl.messages import arguments_value, to_openai, tool_call_parts
-from omrl.store import Store, StoreError
+from omrl.store import MANIFEST, Store, StoreError
 
 EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "swebench-predictions",
                   "jsonl")
@@ -67,8 +67,7 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
     fmt = fmt or guess_format(out)
     if fmt not in EXPORT_FORMATS:
         raise UsageError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
-    if out.exists() and not overwrite and (out.is_file() or any(out.iterdir())):
-        raise StoreError(f"{out} already exists; choose another --out or pass --overwrite")
+    refuse_unsafe_output(store, out, fmt, overwrite)
     rows = store.select(where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
@@ -85,6 +84,75 @@ def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = N
         tmp.unlink(missing_ok=True)  # a failed or interrupted export leaves no half-written temporary behind
         raise
     return ExportResult(out, fmt, rows.num_rows)
+
+
+def refuse_unsafe_output(store: Store, out: Path, fmt: str, overwrite: bool) -> None:
+    """Refuse an --out that would write into or over a store or someone's files, each with one line.
+
+    Never inside a store (the source or any other folder holding omrl.json, the output and its parents
+    checked), never a store except an earlier parquet export that --overwrite replaces (not the source),
+    never a folder holding a store; a file for the JSONL formats, not a folder; and, without --overwrite,
+    nothing that exists and is not empty. With --overwrite, traces replace only an earlier traces export
+    (parquet's Store.staged applies the same rule to stores)."""
+    here = out.resolve()
+    for folder in here.parents:
+        if (folder / MANIFEST).is_file():
+            raise StoreError(f"--out {out} is inside the store {folder}: the export would write into it; give a "
+                             "path outside any store")
+    if (here / MANIFEST).is_file():
+        _refuse_store_output(store, out, fmt, overwrite)
+    writes_folder = fmt in FOLDER_FORMATS
+    if out.exists() and out.is_dir() != writes_folder:
+        raise StoreError(f"--out {out} is a {'file' if writes_folder else 'folder'}; --format {fmt} writes "
+                         f"{'a folder' if writes_folder else 'one file'}: give another path")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not overwrite:
+        raise StoreError(f"{out} already exists; choose another --out or pass --overwrite")
+    if out.is_dir():
+        _refuse_folder_holding_a_store(out, here)
+    if fmt == "traces" and not _is_traces_export(out):
+        raise StoreError(f"--out {out} is not empty and is not an earlier traces export (README.md and sessions/ "
+                         "only): --overwrite would delete it; give a new or empty folder")
+
+
+FOLDER_FORMATS = ("parquet", "traces")
+
+
+def _refuse_store_output(store: Store, out: Path, fmt: str, overwrite: bool) -> None:
+    """`out` holds a store: only an earlier parquet export that is not the source may be replaced (--overwrite)."""
+    source = store.path.resolve() if isinstance(store.path, Path) else None
+    if out.resolve() == source:
+        raise StoreError(f"--out {out} is the store being exported: the export would replace it; give another path")
+    if fmt != "parquet":
+        raise StoreError(f"--out {out} is a store: --format {fmt} would replace its files; give a path outside "
+                         "any store")
+    if overwrite and not _is_export(out):
+        raise StoreError(f"--out {out} is a store that is not an earlier export: --overwrite replaces only an "
+                         "export (its omrl.json lineage starts with export); give another path")
+
+
+def _is_export(root: Path) -> bool:
+    """Whether the store at `root` was made by `omrl export` (its lineage starts with an export)."""
+    from omrl.store.manifest import parse_manifest
+
+    try:
+        lineage = parse_manifest((root / MANIFEST).read_bytes(), str(root / MANIFEST)).get("lineage") or []
+    except StoreError:  # a damaged manifest: not known to be an export, so not replaced
+        return False
+    return bool(lineage) and isinstance(lineage[0], dict) and lineage[0].get("op") == "export"
+
+
+def _refuse_folder_holding_a_store(out: Path, here: Path) -> None:
+    for folder, _dirs, files in os.walk(out):
+        if MANIFEST in files and Path(folder).resolve() != here:
+            raise StoreError(f"--out {out} holds the store {folder}: --overwrite would delete it; give another folder")
+
+
+def _is_traces_export(out: Path) -> bool:
+    """Whether a folder is what a traces export writes: README.md and sessions/ and nothing else."""
+    names = {child.name for child in out.iterdir()}
+    return names <= {"README.md", "sessions"} and (out / "README.md").is_file()
 
 
 def _export_traces(store: Store, rows: pa.Table, out: Path, where: str | None) -> ExportResult:

@@ -12,6 +12,11 @@ A target is "module" or "module:attribute" (the attribute may be dotted). Target
 used, so listing stays cheap. A plugin never replaces a built-in of the same name, and of two plugins
 registering one name the first found wins; `omrl plugins` shows which package provides each name.
 
+A broken plugin never takes the others down: a package whose entry points cannot be read, or a plugin whose
+import or `detect()` raises anything while omrl looks through all of them (`omrl envs`, format detection), is
+named in one warning line (PluginWarning: the plugin, its package and entry point, the error's first line)
+and skipped. Asking for a broken plugin by name is one error line (Registry.load, Registry.create).
+
 Every named kind in omrl is a Registry, built-ins declared as plugins declare theirs (name -> target):
 environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), metrics
 (omrl.annotate.metrics.METRICS), policies (omrl.policies.POLICIES), judge modes
@@ -22,11 +27,13 @@ environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), me
 from __future__ import annotations
 
 import importlib
+import re
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from omrl.errors import UsageError
+from omrl.errors import OmrlError, UsageError
 
 BUILTIN_PROVIDER = "omrl"
 
@@ -39,6 +46,22 @@ class Entry:
     target: str  # "module" or "module:attribute"
     provider: str  # "omrl" for built-ins, else the distribution that registered it
     summary: str = ""  # one line known without importing the target (the CLI's verbs); "" for plugins
+
+
+class PluginWarning(UserWarning):
+    """An installed plugin that cannot be read, loaded or asked: it is skipped, the others stay usable."""
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def warn_skipped(what: str, exc: BaseException) -> None:
+    """Say in one line that a broken plugin (`what` names it and its entry point) is skipped, and why."""
+    # stacklevel=1: one place, so the "default" filter shows each message once however often it is met
+    warnings.warn(f"skipping {what}: {error_line(exc)}", PluginWarning, stacklevel=1)
 
 
 class Registry:
@@ -74,12 +97,42 @@ class Registry:
         return self.entries().get(name)
 
     def load(self, name: str) -> Any:
-        """The object a registered name stands for; an unknown name or a failing import raises self.error."""
+        """The object a registered name stands for; an unknown name or a failing import raises self.error.
+
+        A plugin's import failing in any way (its module raising RuntimeError, say) is self.error too: it is
+        the package's fault, not omrl's. A built-in's import failing on anything but ImportError is a bug
+        in omrl and keeps its traceback."""
         entry = self.get(name)
         if entry is None:
             raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
-        return load_target(entry.target, self.error, f"{self.kind} {name!r}" + (
-            f" (from package {entry.provider})" if entry.provider != BUILTIN_PROVIDER else ""))
+        plugin = entry.provider != BUILTIN_PROVIDER
+        what = f"{self.kind} {name!r}" + (f" (from package {entry.provider})" if plugin else "")
+        return load_target(entry.target, self.error, what, failures=(Exception,) if plugin else (ImportError,))
+
+    def create(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the factory a name stands for; a plugin's factory failing with anything but omrl's own errors
+        raises self.error naming the plugin and the error in one line, not a traceback."""
+        factory = self.load(name)
+        if name in self.builtins:
+            return factory(*args, **kwargs)
+        try:
+            return factory(*args, **kwargs)
+        except OmrlError:
+            raise
+        except Exception as exc:
+            raise self.error(f"{self.kind} {name!r} ({self._plugin(name)}) failed: {error_line(exc)}") from None
+
+    def skip(self, name: str, exc: BaseException) -> None:
+        """Warn in one line that plugin `name` is skipped because of `exc`: the plugin, its entry point and the
+        error (for a failed load, the import's own error rather than load's wrapping of it)."""
+        cause = exc.__context__ if isinstance(exc, self.error) and exc.__context__ is not None else exc
+        warn_skipped(f"plugin {self.kind} {name!r} ({self._plugin(name)})", cause)
+
+    def _plugin(self, name: str) -> str:
+        entry = self.get(name)
+        if entry is None:
+            return "no longer registered"
+        return f'package {entry.provider}, entry point "{name} = {entry.target}" in {self.group}'
 
 
 def _builtin(name: str, value: str | tuple[str, str]) -> Entry:
@@ -87,14 +140,19 @@ def _builtin(name: str, value: str | tuple[str, str]) -> Entry:
     return Entry(name, target, BUILTIN_PROVIDER, summary)
 
 
-def load_target(target: str, error: type[Exception] = UsageError, what: str | None = None) -> Any:
-    """Import "module" or "module:attribute.path"; failures raise `error` naming `what` (default: the target)."""
+def load_target(target: str, error: type[Exception] = UsageError, what: str | None = None,
+                failures: tuple[type[BaseException], ...] = (ImportError,)) -> Any:
+    """Import "module" or "module:attribute.path"; failures raise `error` naming `what` (default: the target).
+
+    failures: the exceptions of the import that become `error` (others propagate)."""
     what = what or repr(target)
     module_name, _, attribute = target.partition(":")
     try:
         value: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise error(f"cannot import {module_name!r} for {what}: {exc}") from None
+    except failures as exc:
+        raise error(f"cannot import {module_name!r} for {what}: {error_line(exc)}") from None
     for part in filter(None, attribute.split(".")):
         if not hasattr(value, part):
             raise error(f"{what}: module {module_name!r} has no {attribute!r}")
@@ -104,11 +162,27 @@ def load_target(target: str, error: type[Exception] = UsageError, what: str | No
 
 @cache
 def entry_points(group: str) -> tuple[Entry, ...]:
-    """The entry points installed packages declare in `group`, as Entries (read once per process)."""
-    from importlib.metadata import entry_points as installed
+    """The entry points installed packages declare in `group`, as Entries (read once per process).
 
-    return tuple(Entry(point.name, point.value, point.dist.name if point.dist is not None else "?")
-                 for point in installed(group=group))
+    Read package by package (the first of a name found on the path wins, as importlib.metadata decides):
+    a package whose entry points cannot be read is named in a warning and skipped, not the whole group."""
+    from importlib.metadata import distributions
+
+    found, seen = [], set()
+    for dist in distributions():
+        try:
+            name = dist.name or "?"  # None: no metadata at all; its entry points still count
+            points = dist.entry_points.select(group=group)
+        except Exception as exc:  # undecodable metadata, a malformed entry_points.txt: that package's fault only
+            where = getattr(dist, "_path", None)  # the .dist-info folder, when the name cannot be read
+            warn_skipped(f"the installed package at {where}: its metadata or entry points cannot be read", exc)
+            continue
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen and name != "?":
+            continue
+        seen.add(key)
+        found += [Entry(point.name, point.value, name) for point in points]
+    return tuple(found)
 
 
 # Every pluggable kind: its registry, found where the kind lives (imported only when listed).

@@ -122,6 +122,59 @@ def test_a_failed_export_leaves_no_files_behind(store, tmp_path, monkeypatch):
     assert list((tmp_path / "out").iterdir()) == []  # neither the export nor its temporary file
 
 
+def _files(root) -> dict[str, bytes]:
+    """Every file under `root` (hidden ones too) with its bytes: what an export must leave alone."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out, fmt, overwrite, message", [
+    ("src", "traces", True, "--out {tmp}/src is the store being exported"),  # deleted the whole store
+    ("src/omrl.json", None, True, "--out {tmp}/src/omrl.json is inside the store {tmp}/src"),  # broke it
+    ("src/omrl.json", "openai", False, "is inside the store {tmp}/src"),
+    ("src", "parquet", True, "--out {tmp}/src is the store being exported"),
+    ("src", "parquet", False, "--out {tmp}/src is the store being exported"),
+    ("src/data", "traces", True, "--out {tmp}/src/data is inside the store {tmp}/src"),
+    ("src/new-export", "parquet", False, "is inside the store {tmp}/src"),
+    ("other", "parquet", True, "--out {tmp}/other is a store that is not an earlier export"),
+    ("other", "traces", True, "--out {tmp}/other is a store: --format traces would replace its files"),
+    ("other/rows.jsonl", None, False, "is inside the store {tmp}/other"),
+    (".", "traces", True, "holds the store"),
+    (".", "parquet", True, "holds the store"),
+    ("mine", "traces", True, "--out {tmp}/mine is not empty and is not an earlier traces export"),
+    ("mine", "openai", True, "--out {tmp}/mine is a folder; --format openai writes one file"),
+], ids=["traces over the source", "jsonl over its manifest", "openai over its manifest", "parquet over the source",
+        "parquet onto the source", "traces into its data", "parquet inside it", "parquet over another store",
+        "traces over another store", "jsonl inside another store", "traces over a folder holding stores",
+        "parquet over a folder holding stores", "traces over a foreign folder", "openai over a folder"])
+def test_export_never_writes_into_or_over_a_store_or_a_foreign_folder(store, tmp_path, out, fmt, overwrite, message):
+    """The output, its parents and what it holds are checked for a store manifest before anything is written."""
+    other = Store.create(tmp_path / "other")
+    other.append([make_trajectory(7).to_row()])
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine\n")
+    before = _files(tmp_path)
+    args = ["export", str(store.path), "--out", str(tmp_path / out)] + (["--format", fmt] if fmt else []) + (
+        ["--overwrite"] if overwrite else [])
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1, result.output
+    assert message.format(tmp=tmp_path) in result.output
+    assert _files(tmp_path) == before  # nothing written, nothing removed
+    assert Store(store.path).count() == 4 and Store(other.path).count() == 1
+    with pytest.raises(StoreError):
+        export_store(store, tmp_path / out, fmt, overwrite=overwrite)
+
+
+def test_overwrite_replaces_an_earlier_export_of_the_same_kind(store, tmp_path):
+    """What --overwrite is for: an earlier traces export, an earlier parquet export (a store, not the source)."""
+    export_store(store, tmp_path / "traces", "traces")
+    export_store(store, tmp_path / "traces", "traces", where="success", overwrite=True)
+    assert len(list((tmp_path / "traces" / "sessions").rglob("*.jsonl"))) == 2
+    export_store(store, tmp_path / "ds", "parquet")
+    assert export_store(store, tmp_path / "ds", "parquet", where="success", overwrite=True).trajectories == 2
+    assert Store(tmp_path / "ds").count() == 2 and Store(store.path).count() == 4
+
+
 # ---------------------------------------------------------------- push to a local fake Hub
 
 

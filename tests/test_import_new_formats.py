@@ -64,6 +64,80 @@ def test_openhands_xml_calls_in_openai_messages_and_plain_text_left_alone(tmp_pa
     assert row["messages"][3]["tool_calls"] == [] and "<function=x>" in row["messages"][3]["content"]
 
 
+def test_openhands_xml_blocks_are_those_the_non_greedy_pattern_finds():
+    """The one-pass scanner finds exactly the blocks `<function=NAME>(.*?)</function>` found, on text that mixes
+    unclosed, nested and stray tags."""
+    import random
+    import re
+
+    from omrl.formats.common import XML_FUNCTION, xml_blocks
+
+    pattern = re.compile(r"<function=([^<>\s]+)>(.*?)</function>", re.S)
+    pieces = ["<function=f>", "<function=g>", "</function>", "<parameter=p>", "</parameter>", "x", "\n", "<", ">",
+              "<function=", " "]
+    rng = random.Random(7)
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+        expected = [(m.group(1), m.group(2), m.start(), m.end()) for m in pattern.finditer(text)]
+        assert list(xml_blocks(text, XML_FUNCTION, "</function>")) == expected, text
+
+
+def import_in_child(path: Path, seconds: int = 120) -> list[list[list]]:
+    """Import `path` in a child process killed after `seconds`: per row, [role, [call names]] per message.
+
+    The bound is generous on purpose (no test asserts time): a one-pass import of a few MB takes seconds,
+    a quadratic one did not finish in minutes; a child can be killed where a thread stuck in C could not."""
+    import os
+    import subprocess
+    import sys
+
+    import omrl
+
+    code = ("import json, sys\nfrom omrl.formats.importer import load_trajectories\n"
+            "print(json.dumps([[[m['role'], [c['name'] for c in m['tool_calls']]] for m in row['messages']]\n"
+            "                  for row in load_trajectories(sys.argv[1])]))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(omrl.__file__).resolve().parents[1])}
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                              timeout=seconds, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"importing {path.name} ({path.stat().st_size:,} bytes) did not finish in {seconds} s")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_2mb_of_hostile_openhands_markup_is_parsed_in_one_pass(tmp_path):
+    """Unclosed <function= openers, unclosed <parameter= openers inside a call, and openers nested in names:
+    each used to rescan the rest of the text (200 KB: 45 s; 2 MB never finished)."""
+    size = 700_000
+    unclosed = ("<function=f>\n<parameter=p>x" * (size // 26))[:size]
+    params = "<function=f>" + ("<parameter=p>x" * (size // 14)) + "</function>"
+    nested = "<function=g>" + ("<parameter=<function=" * (size // 21)) + "</function>"
+    record = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": unclosed},
+                           {"role": "user", "content": "and?"}, {"role": "assistant", "content": params},
+                           {"role": "user", "content": "and?"}, {"role": "assistant", "content": nested}]}
+    path = _write(tmp_path / "hostile.jsonl", record)
+    assert path.stat().st_size > 2_000_000
+    [row] = import_in_child(path)
+    assert row == [["user", []], ["assistant", []], ["user", []], ["assistant", ["f"]], ["user", []],
+                   ["assistant", ["g"]]]
+
+
+def test_openhands_markup_past_the_limit_is_refused_naming_file_and_record(tmp_path, monkeypatch):
+    from omrl.formats import common
+
+    monkeypatch.setattr(common, "XML_TEXT_LIMIT", 1000)
+    record = {"conversations": [{"from": "human", "value": "go"}, {"from": "gpt", "value": "<function=f>" * 200}]}
+    path = _write(tmp_path / "big.json", [record])
+    with pytest.raises(FormatError, match=r"big\.json record 0 conversations\[1\]: an assistant message of 2,400 "
+                                          r"characters holds <function=\.\.\.> markup; tool calls are parsed from at "
+                                          r"most 1,000"):
+        load_trajectories(path)
+    result = CliRunner().invoke(cli, ["import", str(path), "--store", str(tmp_path / "s")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "big.json record 0 conversations[1]" in result.output and _parts(tmp_path / "s") == []
+
+
 # ---------------------------------------------------------------- ADP standardized
 
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from test_roundtrip import hand_made_rows, rl_row
 
 from omrl.cli.main import cli
+from omrl.formats.common import FormatError
 from omrl.formats.importer import load_trajectories
 from omrl.store import Store
 
@@ -271,3 +272,108 @@ def test_omrl_to_otel_to_omrl_keeps_token_ids_and_logprobs_exactly(tmp_path):
     spans = line["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert [s["name"] for s in spans] == ["invoke_agent omrl", "chat m", "execute_tool add", "execute_tool echo",
                                           "execute_tool get", "chat m"]
+
+
+# ---------------------------------------------------------------- hostile traces
+
+
+TRACE = "ab" * 16
+
+
+def _span(i: int, parent: int | None, attrs: dict, start: str | None = None) -> dict:
+    """An OTLP JSON span with hex ids (span i has id i + 1) and string attributes."""
+    span = {"traceId": TRACE, "spanId": f"{i + 1:016x}", "name": f"s{i}", "startTimeUnixNano": start or str(10 + i),
+            "endTimeUnixNano": str(11 + i), "attributes": [{"key": k, "value": {"stringValue": v}}
+                                                          for k, v in attrs.items()]}
+    if parent is not None:
+        span["parentSpanId"] = f"{parent + 1:016x}"
+    return span
+
+
+def _trace_file(path, spans: list[dict]):
+    path.write_text(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}))
+    return path
+
+
+AGENT = {"gen_ai.operation.name": "invoke_agent", "gen_ai.input.messages": json.dumps([genai("user", {
+    "type": "text", "content": "hi"})])}
+
+
+def _hostile(shape: str, n: int) -> list[dict]:
+    """An agent span and n - 1 more: a chain each the child of the one before (the last a model call), or
+    n - 1 model calls each with a new input message, or n - 1 tool results, all children of the agent."""
+    spans = [_span(0, None, AGENT, start="1")]
+    for i in range(1, n):
+        if shape == "chain":
+            spans.append(_span(i, i - 1, {}))
+        elif shape == "chats":
+            spans.append(_span(i, 0, {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(
+                [genai("user", {"type": "text", "content": f"u{i}"})]), "gen_ai.output.messages": json.dumps(
+                [genai("assistant", {"type": "text", "content": f"a{i}"})])}))
+        else:
+            spans.append(_span(i, 0, {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": f"c{i}",
+                                      "gen_ai.tool.call.result": "r"}))
+    if shape == "chain":  # the only message content, at the bottom of the chain
+        spans[-1]["attributes"] += [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}}]
+    return spans
+
+
+@pytest.mark.parametrize("shape", ["chain", "chats", "tools"])
+def test_20000_span_traces_import_in_one_pass(tmp_path, shape):
+    """A 20,000-span parent chain (each span's agent was looked up by walking to the top: 214 s), 20,000 model
+    calls and 20,000 tool results (each compared with the whole conversation so far) import in linear time."""
+    from test_import_new_formats import import_in_child
+
+    [row] = import_in_child(_trace_file(tmp_path / f"{shape}.json", _hostile(shape, 20_000)))
+    expected = {"chain": 2, "chats": 1 + 2 * 19_999, "tools": 1 + 19_999}[shape]
+    assert len(row) == expected and row[0] == ["user", []]
+
+
+def test_a_trace_past_the_span_limit_is_refused_naming_file_and_record(tmp_path, monkeypatch):
+    from omrl.formats import otel_spans
+
+    monkeypatch.setattr(otel_spans, "MAX_TRACE_SPANS", 10)
+    path = tmp_path / "wide.jsonl"
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}) + "\n"
+                            for span in _hostile("tools", 11)))
+    with pytest.raises(FormatError, match=rf"wide\.jsonl record 10: trace {TRACE} has more than 10 spans"):
+        load_trajectories(path)
+    ten = tmp_path / "ten.jsonl"
+    ten.write_text("".join(path.read_text().splitlines(keepends=True)[:10]))
+    assert len(load_trajectories(ten)) == 1  # at the limit: imported
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("startTimeUnixNano", "9" * 400, r"startTimeUnixNano: '9{20}'\.\.\. \(400 characters\) is too long"),
+    ("startTimeUnixNano", str(2**64), r"startTimeUnixNano: 18446744073709551616 is out of range for a span time"),
+    ("startTimeUnixNano", 10**400, r"startTimeUnixNano: 10{19}\.\.\. \(401 digits\) is out of range"),
+    ("endTimeUnixNano", "-5", r"endTimeUnixNano: -5 is out of range for a span time"),
+    ("intValue", "9" * 400, r"attribute 'n': '9{20}'\.\.\. \(400 characters\) is too long for an integer"),
+    ("intValue", str(2**63), r"attribute 'n': 9223372036854775808 is out of range for an int64"),
+    ("doubleValue", "abc", r"attribute 'n': not a number \('abc'\)"),
+], ids=["400-digit time", "time past 2**64", "400-digit JSON number", "negative time", "400-digit int",
+        "int past int64", "double not a number"])
+def test_out_of_range_numbers_are_one_located_line(tmp_path, field, value, message):
+    """A 400-digit time overflowed far from its span (a traceback); numbers OTLP cannot hold are refused where read."""
+    span = _span(0, None, AGENT, start="1")
+    if field.endswith("UnixNano"):
+        span[field] = value
+    else:
+        span["attributes"].append({"key": "n", "value": {field: value}})
+    path = _trace_file(tmp_path / "t.json", [span])
+    with pytest.raises(FormatError, match=r"t\.json record 0 resourceSpans\[0\] scopeSpans\[0\] spans\[0\] " + message):
+        load_trajectories(path)
+    result = CliRunner().invoke(cli, ["import", str(path), "--store", str(tmp_path / "s")])
+    assert result.exit_code == 1 and "Traceback" not in result.output and "t.json record 0" in result.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_an_sdk_span_time_past_2554_is_one_located_line(tmp_path):
+    """The SDK's ISO times reach the year 9999, and a negative offset beyond: refused where read, not overflowed later."""
+    span = {"name": "agent", "context": {"trace_id": "0x" + TRACE, "span_id": "0x" + "11" * 8}, "parent_id": None,
+            "start_time": "9999-12-31T23:59:59.123456789-23:59", "end_time": "9999-12-31T23:59:59-23:59",
+            "attributes": dict(AGENT)}
+    path = tmp_path / "sdk.jsonl"
+    path.write_text(json.dumps(span) + "\n")
+    with pytest.raises(FormatError, match=r"sdk\.jsonl record 0 start_time: \d+ is out of range for a span time"):
+        load_trajectories(path)

@@ -124,6 +124,120 @@ def test_every_named_kind_is_one_registry_and_the_unpluggable_ones_take_no_plugi
     with pytest.raises(UsageError, match="unknown judge mode 'best'"):
         judge_mode("best")
 
+@pytest.fixture
+def broken_plugins(tmp_path, monkeypatch):
+    """Packages as pip leaves them: `mixed-plugin`, whose plugins fail in every way a package's code can (a
+    module raising at import, an environment whose unavailable() raises, a detect() and a policy factory
+    that raise) beside good ones; `malformed`, whose entry_points.txt cannot be parsed; and `undecodable`,
+    whose METADATA is not UTF-8."""
+    (tmp_path / "boom_module.py").write_text('raise RuntimeError("boom at import")\n')
+    (tmp_path / "mixed_plugin.py").write_text(textwrap.dedent('''
+        from omrl.envs.base import Reset, StepResult
+
+        class GoodEnv:
+            """A good plugin environment."""
+            def reset(self, task):
+                return Reset(observation="go")
+            def step(self, action):
+                return StepResult(observation="done", reward=1.0, done=True)
+            def close(self):
+                pass
+
+        class BadCheckEnv(GoodEnv):
+            """Its check fails."""
+            @classmethod
+            def unavailable(cls):
+                raise KeyError("no config file")
+
+        def convert(record, ctx):
+            raise ValueError("not used")
+
+        def detect(record):
+            raise TypeError("detect broke")
+
+        def policy(arg, **options):
+            raise RuntimeError("factory broke")
+    '''))
+    (tmp_path / "good_format.py").write_text("def convert(record, ctx):\n    raise ValueError('not used')\n"
+                                             "def detect(record):\n    return 'good_log' in record\n")
+    for name, points in [("mixed_plugin", """
+        [omrl.envs]
+        boom = boom_module:Env
+        bad-check = mixed_plugin:BadCheckEnv
+        good = mixed_plugin:GoodEnv
+        [omrl.formats]
+        bad-detect = mixed_plugin
+        boom-format = boom_module
+        good-log = good_format
+        [omrl.policies]
+        bad-factory = mixed_plugin:policy
+    """), ("malformed", "[omrl.envs]\nthis line has no equals sign\n")]:
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(textwrap.dedent(points))
+    undecodable = tmp_path / "undecodable-1.0.dist-info"
+    undecodable.mkdir()
+    (undecodable / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: caf\xe9\nVersion: 1.0\n")
+    (undecodable / "entry_points.txt").write_text("[omrl.envs]\nz = mixed_plugin:GoodEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.entry_points.cache_clear()
+    yield tmp_path
+    plugins.entry_points.cache_clear()
+    for module in ("mixed_plugin", "good_format", "boom_module"):
+        sys.modules.pop(module, None)
+
+
+def test_omrl_envs_names_each_broken_plugin_in_one_line_and_lists_the_rest(broken_plugins):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+    from omrl.envs import ENVIRONMENTS
+
+    result = CliRunner().invoke(cli, ["envs"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "good" in result.stdout and "A good plugin environment" in result.stdout
+    assert all(name in result.stdout for name in ENVIRONMENTS.builtins)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 4, result.stderr  # one line for each broken package or plugin, nothing else
+    packages = sorted(line for line in lines if line.startswith("warning: skipping the installed package"))
+    unreadable = "warning: skipping the installed package at {}: its metadata or entry points cannot be read: {}"
+    assert len(packages) == 2 and packages[0].startswith(unreadable.format(
+        broken_plugins / "malformed-1.0.dist-info", "TypeError: ")) and packages[1].startswith(unreadable.format(
+            broken_plugins / "undecodable-1.0.dist-info", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9"))
+    assert sorted(line for line in lines if line.startswith("warning: skipping plugin")) == [
+        "warning: skipping plugin environment 'bad-check' (package mixed-plugin, entry point \"bad-check = "
+        "mixed_plugin:BadCheckEnv\" in omrl.envs): KeyError: 'no config file'",
+        "warning: skipping plugin environment 'boom' (package mixed-plugin, entry point \"boom = boom_module:Env\" "
+        "in omrl.envs): RuntimeError: boom at import",
+    ], result.stderr
+    assert "boom" not in result.stdout and "bad-check" not in result.stdout
+
+
+@pytest.mark.filterwarnings("ignore::omrl.plugins.PluginWarning")  # the unreadable packages: tested above
+def test_a_broken_plugin_asked_for_by_name_is_one_error_line(broken_plugins):
+    with pytest.raises(EnvSpecError, match=r"^cannot import 'boom_module' for environment 'boom' \(from package "
+                                           r"mixed-plugin\): RuntimeError: boom at import$"):
+        make_env("boom")
+    assert make_env("good").reset(None).observation == "go"
+    with pytest.raises(UsageError, match=r"^policy 'bad-factory' \(package mixed-plugin, entry point \"bad-factory = "
+                                         r"mixed_plugin:policy\" in omrl.policies\) failed: RuntimeError: factory broke$"):
+        make_policy("bad-factory:x")
+    with pytest.raises(UsageError, match=r"cannot import 'boom_module' for format 'boom-format'.*RuntimeError"):
+        format_module("boom-format")
+
+
+def test_format_detection_skips_a_plugin_whose_import_or_detect_fails(broken_plugins):
+    with pytest.warns(plugins.PluginWarning) as caught:
+        assert detect_record({"good_log": 1}) == "good-log"
+    assert sorted(str(w.message) for w in caught if "installed package at" not in str(w.message)) == [
+        "skipping plugin format 'bad-detect' (package mixed-plugin, entry point \"bad-detect = mixed_plugin\" in "
+        "omrl.formats): TypeError: detect broke",
+        "skipping plugin format 'boom-format' (package mixed-plugin, entry point \"boom-format = boom_module\" in "
+        "omrl.formats): RuntimeError: boom at import"]
+    assert detect_record({"messages": []}) == "openai"  # built-ins never ask the plugins
+
+
 def _lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

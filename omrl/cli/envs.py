@@ -19,35 +19,50 @@ def envs(ctx: click.Context) -> None:
 
 
 @envs.command("list")
+@user_errors
 def list_() -> None:
     """List the environments: built-in and from installed plugins (also usable: --env package.module:ClassName).
 
     Each row says where it comes from, whether it runs here (else the missing extra or system package),
-    the splits its task generator knows and the resource limits in force.
+    the splits its task generator knows and the resource limits in force. A plugin that fails to load or
+    to answer is named in a warning line and left out; the others are listed.
 
     Example:  omrl envs list
     """
     from rich.table import Table
 
-    from omrl.envs import EnvSpecError, describe, env_class, registry, unavailable
+    from omrl.envs import ENVIRONMENTS, EnvSpecError, registry
 
     table = Table(title="environments")
     for column in ("name", "from", "runs here", "tasks", "description"):
         table.add_column(column, overflow="fold")
     for name, entry in sorted(registry().items()):
-        try:
-            cls = env_class(name)
-        except EnvSpecError as exc:
-            table.add_row(name, entry.provider, f"no: {exc}", "-", "")
+        if name in ENVIRONMENTS.builtins:
+            try:
+                table.add_row(*_row(name, entry.provider))
+            except EnvSpecError as exc:
+                table.add_row(name, entry.provider, f"no: {exc}", "-", "")
             continue
-        reason = unavailable(cls)
-        generator = callable(getattr(cls, "generate_tasks", None))
-        splits = ", ".join(getattr(cls, "splits", ()) or ()) or "any split"
-        limits = getattr(cls, "resource_limits", None)
-        text = describe(name) + (f" Limits: {limits()}" if callable(limits) and limits() else "")
-        table.add_row(name, entry.provider, "yes" if reason is None else f"no: {reason}",
-                      f"generate ({splits})" if generator else "import", text)
+        try:
+            table.add_row(*_row(name, entry.provider))
+        except Exception as exc:  # a plugin's code, not omrl's: whatever it raises, it is skipped, named
+            ENVIRONMENTS.skip(name, exc)
     console.print(table)
+
+
+def _row(name: str, provider: str) -> tuple[str, ...]:
+    """The table row of one environment; raises what loading it or asking it (unavailable, limits) raises."""
+    from omrl.envs import describe, env_class, unavailable
+
+    cls = env_class(name)
+    reason = unavailable(cls)
+    generator = callable(getattr(cls, "generate_tasks", None))
+    splits = ", ".join(getattr(cls, "splits", ()) or ()) or "any split"
+    limits = getattr(cls, "resource_limits", None)
+    shown = limits() if callable(limits) else None
+    text = describe(name) + (f" Limits: {shown}" if shown else "")
+    return (name, provider, "yes" if reason is None else f"no: {reason}",
+            f"generate ({splits})" if generator else "import", text)
 
 
 @envs.command()

@@ -19,7 +19,8 @@ from omrl.hub import EXPORT_FORMATS
                    "swebench-predictions: SWE-bench's {instance_id, model_name_or_path, model_patch} per swe episode. "
                    "Default: parquet for a folder, omrl rows for a .jsonl file.")
 @click.option("--where", help="SQL condition over the trajectories view, e.g. \"success AND env = 'math'\".")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an earlier export at --out (never a store, or a folder in or holding one).")
 @click.option("--push", "repo_id", help="Also upload the export to this Hub dataset repo (user/name).")
 @click.option("--private", is_flag=True, help="Create the Hub repo as private (with --push).")
 @user_errors

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl import readers
-from omrl.formats import format_module, format_names, plugin_formats
+from omrl.formats import FORMATS, format_module, format_names, plugin_formats
 from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
 from omrl.formats.otel_spans import is_span_record
 from omrl.formats.steps import step_list
@@ -40,11 +40,17 @@ def detect_record(record: Any) -> str | None:
 
 
 def _plugin_format(record: dict[str, Any]) -> str | None:
-    """The first installed plugin format whose `detect(record)` says yes (built-in formats come first)."""
+    """The first installed plugin format whose `detect(record)` says yes (built-in formats come first).
+
+    A plugin that cannot be imported, or whose detect() raises, is named in a warning and skipped: the
+    other formats still detect (one broken package must not stop every import)."""
     for name in plugin_formats():
-        detect = getattr(format_module(name), "detect", None)
-        if callable(detect) and detect(record):
-            return name
+        try:
+            detect = getattr(format_module(name), "detect", None)
+            if callable(detect) and detect(record):
+                return name
+        except Exception as exc:  # the plugin's code, not omrl's: whatever it raises
+            FORMATS.skip(name, exc)
     return None
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -86,9 +87,10 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     # Each span belongs to its nearest agent span: the root's (and those under no agent) make the
     # trajectory; a sub-agent's conversation is kept beside it, in the metadata.
     by_id = {s["span_id"]: s for s in spans}
+    agent_of = _nearest_agents(by_id, kinds)
     groups: dict[str | None, list[dict[str, Any]]] = {}
     for span in spans:
-        groups.setdefault(_agent_of(span, by_id, kinds), []).append(span)
+        groups.setdefault(agent_of[span["span_id"]], []).append(span)
     main = root["span_id"] if root else None
     messages, turns, status, error = _play(groups.get(main, []) + (groups.get(None, []) if main else []),
                                            kinds, root, own, where)
@@ -122,16 +124,26 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
                     created_at=_time(root["start"]) if root and root["start"] else None)
 
 
-def _agent_of(span: dict[str, Any], by_id: dict[str, Any], kinds: dict[str, Any]) -> str | None:
-    """The span id of the nearest agent span at or above `span`, or None."""
-    seen = set()
-    current: dict[str, Any] | None = span
-    while current is not None and current["span_id"] not in seen:
-        seen.add(current["span_id"])
-        if kinds[current["span_id"]] == "agent":
-            return current["span_id"]
-        current = by_id.get(current["parent_id"]) if current["parent_id"] else None
-    return None
+def _nearest_agents(by_id: dict[str, dict[str, Any]], kinds: dict[str, Any]) -> dict[str, str | None]:
+    """The span id of the nearest agent span at or above each span (None: under no agent), in time linear
+    in the number of spans: each chain is walked once, and what it found is remembered for every span on it.
+
+    A parent that is not in the trace ends a chain; so does a cycle of parents (malformed, but seen)."""
+    found: dict[str, str | None] = {}
+    for start in by_id:
+        chain: dict[str, None] = {}  # the spans walked from `start`, in order (a dict: a cycle is seen in O(1))
+        current: str | None = start
+        while current in by_id and current not in found and current not in chain and kinds[current] != "agent":
+            chain[current] = None
+            current = by_id[current]["parent_id"]
+        if current in found:
+            agent = found[current]
+        elif current in by_id and kinds[current] == "agent":  # never in `chain`: the walk stops at agents
+            agent = found[current] = current
+        else:  # the top, a parent outside the trace, or a cycle
+            agent = None
+        found.update(dict.fromkeys(chain, agent))
+    return found
 
 
 def _play(spans: list[dict[str, Any]], kinds: dict[str, Any], root: dict[str, Any] | None, own: dict[str, Any],
@@ -145,28 +157,28 @@ def _play(spans: list[dict[str, Any]], kinds: dict[str, Any], root: dict[str, An
         elif k in ("chat", "tool"):
             events.append((span["start"], 1 if k == "chat" else 2, k, span))
     events.sort(key=lambda e: (e[0], e[1]))
-    messages: list[dict[str, Any]] = []
+    conversation = Conversation()
     turns: list[dict[str, Any]] = []
     status, error = own.get("status") or "ok", own.get("error")
     for _, _, what, span in events:
         attrs, at = span["attributes"], f"{where} span {span['name']!r}"
         if what == "agent_in":
-            merge(messages, input_messages(attrs, at))
+            conversation.merge(input_messages(attrs, at))
         elif what == "agent_out":
-            merge(messages, output_messages(attrs, at))
+            conversation.merge(output_messages(attrs, at))
             if span is root:
-                merge(messages, [m for raw in _json_list(own.get("final_messages"), at)
-                                 for m in _split_tool_responses(_message(raw, at))])
+                conversation.merge([m for raw in _json_list(own.get("final_messages"), at)
+                                    for m in _split_tool_responses(_message(raw, at))])
                 if span["status"]["code"] == "ERROR" and status == "ok":
                     status, error = "env_error", span["status"]["message"] or "the agent span failed"
         elif what == "chat":
-            merge(messages, input_messages(attrs, at))
+            conversation.merge(input_messages(attrs, at))
             for reply in output_messages(attrs, at) or [message("assistant", None)]:
                 reply.pop("_responses", None)
                 finish = reply.pop("_finish", None)
                 if attrs.get(OMRL + "trainable") is not None:
                     reply["trainable"] = bool(attrs[OMRL + "trainable"])
-                messages.append(reply)
+                conversation.append(reply)
                 turns.append(_turn(span, len(turns), at))
                 if finish is not None and OMRL + "turn.info" not in attrs:  # omrl's own info says it already
                     turns[-1]["info"].setdefault("finish_reason", finish)
@@ -174,34 +186,62 @@ def _play(spans: list[dict[str, Any]], kinds: dict[str, Any], root: dict[str, An
                 status, error = "policy_error", span["status"]["message"] or "the model call failed"
         else:
             result = tool_result(attrs, at)
-            if result is not None and not (result["tool_call_id"] and any(
-                    m["role"] == "tool" and m["tool_call_id"] == result["tool_call_id"] for m in messages)):
-                messages.append(result)
+            if result is not None and not (result["tool_call_id"] and conversation.answered(result["tool_call_id"])):
+                conversation.append(result)
     for k, turn in enumerate(turns):
         if turn["done"] is None:
             turn["done"] = k == len(turns) - 1
-    return messages, turns, status, error
+    return conversation.messages, turns, status, error
 
 
-def merge(messages: list[dict[str, Any]], incoming: list[dict[str, Any]]) -> None:
-    """Add the messages of `incoming` (a model call's whole input, say) that `messages` lacks, in its order.
+class Conversation:
+    """The messages of one agent's spans as they are played, with each message's match key kept beside it
+    and counted: a span's messages are matched without recomputing every key of the conversation so far,
+    a message no earlier one matches costs no scan at all, and a tool result is checked in O(1)."""
 
-    Messages are matched in order (a tool result by its call id, others by role, text and call ids); a
-    run of new ones goes right before the next matched message, or at the end: a longer history extends
-    the conversation, a system prompt first seen on a model call goes before the user's message, and a
-    summary that replaced earlier turns goes where it first appeared."""
-    keys = [_key(m) for m in messages]
-    position, pending = 0, []
-    for m in incoming:
-        key = _key(m)
-        found = next((i for i in range(position, len(keys)) if keys[i] == key), None)
-        if found is None:
-            pending.append(m)
-            continue
-        messages[found:found] = pending
-        keys[found:found] = [_key(p) for p in pending]
-        position, pending = found + len(pending) + 1, []
-    messages.extend(pending)
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.keys: list[tuple] = []
+        self.counts: Counter[tuple] = Counter()  # key -> how many messages have it
+
+    def insert(self, at: int, new: list[dict[str, Any]]) -> None:
+        keys = [_key(m) for m in new]
+        self.messages[at:at] = new
+        self.keys[at:at] = keys
+        self.counts.update(keys)
+
+    def append(self, m: dict[str, Any]) -> None:
+        self.insert(len(self.messages), [m])
+
+    def answered(self, call_id: str) -> bool:
+        """Whether a tool message answering `call_id` is in the conversation."""
+        return self.counts[("tool", call_id)] > 0
+
+    def merge(self, incoming: list[dict[str, Any]]) -> None:
+        """Add the messages of `incoming` (a model call's whole input, say) that the conversation lacks, in its order.
+
+        Messages are matched in order (a tool result by its call id, others by role, text and call ids); a
+        run of new ones goes right before the next matched message, or at the end: a longer history extends
+        the conversation, a system prompt first seen on a model call goes before the user's message, and a
+        summary that replaced earlier turns goes where it first appeared."""
+        position, pending = 0, []
+        for m in incoming:
+            found = self._find(_key(m), position)
+            if found is None:
+                pending.append(m)
+                continue
+            self.insert(found, pending)
+            position, pending = found + len(pending) + 1, []
+        self.insert(len(self.messages), pending)
+
+    def _find(self, key: tuple, start: int) -> int | None:
+        """The first position at or after `start` holding `key`; a key no message has is answered without a scan."""
+        if not self.counts[key]:
+            return None
+        try:
+            return self.keys.index(key, start)
+        except ValueError:  # list.index's "not there": the key is only before `start`
+            return None
 
 
 def _key(m: dict[str, Any]) -> tuple:

@@ -29,6 +29,14 @@ from typing import Any
 from omrl.formats.common import BadRecord, FormatError, json_kind, list_field, read_records
 
 HEX_ID = re.compile(r"(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{32})")
+# OTLP's ranges: times are fixed64 nanoseconds since 1970 (up to the year 2554), integers int64.
+TIME_RANGE = range(0, 2**64)
+TIME_WHAT = "a span time (nanoseconds since 1970, up to the year 2554)"
+INT64 = range(-(2**63), 2**63)
+MAX_DIGITS = 40  # number text longer than this is refused unparsed (an int64 or a time needs 20)
+# The most spans one trace may have: far above real agent runs (a few thousand); a trace past it is refused,
+# naming the record that went over, before any of it is converted.
+MAX_TRACE_SPANS = 100_000
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK",
                 "STATUS_CODE_ERROR": "ERROR", "UNSET": "UNSET", "OK": "OK", "ERROR": "ERROR"}
 
@@ -51,7 +59,11 @@ def read_traces(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         if isinstance(value, BadRecord):
             raise FormatError(f"{path.name} {value.error}", value.reason)
         for span in spans_of(value, where):
-            traces.setdefault(span["trace_id"], []).append(span)
+            trace = traces.setdefault(span["trace_id"], [])
+            if len(trace) == MAX_TRACE_SPANS:
+                raise FormatError(f"{where}: trace {span['trace_id']} has more than {MAX_TRACE_SPANS:,} spans; "
+                                  "omrl imports traces of at most that many", "trace too large")
+            trace.append(span)
     for k, (trace_id, spans) in enumerate(traces.items()):
         spans.sort(key=lambda s: (s["start"], s["end"]))
         yield k, {"trace_id": trace_id, "spans": spans}
@@ -142,12 +154,32 @@ def span_id(value: Any, length: int, where: str, optional: bool = False) -> str 
 
 
 def _nanos(value: Any, where: str) -> int:
+    """A time in nanoseconds since 1970 (0 when absent); other values, or times out of OTLP's range, are a
+    FormatError naming `where` (a 400-digit time would otherwise overflow later, far from its span)."""
     if value in (None, ""):
         return 0
+    return _in_range(_integer(value, where, "a time in nanoseconds", "bad span time"), TIME_RANGE, where,
+                     TIME_WHAT, "bad span time")
+
+
+def _integer(value: Any, where: str, what: str, reason: str) -> int:
+    """An integer from a number or its text; longer text than any int64 needs is refused before it is parsed."""
+    if isinstance(value, str) and len(value) > MAX_DIGITS:
+        raise FormatError(f"{where}: {value[:20]!r}... ({len(value):,} characters) is too long for {what}", reason)
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise FormatError(f"{where}: not a time in nanoseconds ({str(value)[:40]!r})", "bad span time") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON number too big for a float (inf)
+        raise FormatError(f"{where}: not {what} ({str(value)[:40]!r})", reason) from None
+
+
+def _in_range(number: int, bounds: range, where: str, what: str, reason: str) -> int:
+    """`number` when `bounds` holds it, else a FormatError naming `where`."""
+    if number not in bounds:
+        digits = str(number)  # a JSON number is not held to MAX_DIGITS: show a long one cut
+        shown = digits if len(digits) <= MAX_DIGITS else f"{digits[:20]}... ({len(digits)} digits)"
+        raise FormatError(f"{where}: {shown} is out of range for {what} ({bounds.start} to {bounds.stop - 1})",
+                          reason)
+    return number
 
 
 def _iso_nanos(value: Any, where: str) -> int:
@@ -162,7 +194,18 @@ def _iso_nanos(value: Any, where: str) -> int:
     moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
     whole = int(moment.replace(microsecond=0).timestamp())
     fraction = re.search(r"\.(\d+)", value)  # datetime keeps microseconds; the text may hold nanoseconds
-    return whole * 10**9 + (int(fraction.group(1)[:9].ljust(9, "0")) if fraction else 0)
+    nanos = whole * 10**9 + (int(fraction.group(1)[:9].ljust(9, "0")) if fraction else 0)
+    return _in_range(nanos, TIME_RANGE, where, TIME_WHAT, "bad span time")
+
+
+def _double(number: Any, where: str) -> float | None:
+    """An OTLP double: a number, or its text ("NaN", "Infinity" too); other text is a FormatError naming `where`."""
+    if not isinstance(number, (int, float, str)):
+        return None
+    try:
+        return float(number)
+    except ValueError:
+        raise FormatError(f"{where}: not a number ({str(number)[:40]!r})", "bad attribute") from None
 
 
 def attributes(items: Any, where: str) -> dict[str, Any]:
@@ -183,11 +226,13 @@ def any_value(value: Any, where: str) -> Any:
         return value["stringValue"]
     if "boolValue" in value:
         return bool(value["boolValue"])
-    if "intValue" in value:
-        return _nanos(value["intValue"], where)  # int64 comes as a string in OTLP JSON
+    if "intValue" in value:  # int64 comes as a string in OTLP JSON
+        if value["intValue"] in (None, ""):
+            return 0
+        return _in_range(_integer(value["intValue"], where, "an integer", "bad attribute"), INT64, where, "an int64",
+                         "bad attribute")
     if "doubleValue" in value:
-        number = value["doubleValue"]
-        return float(number) if isinstance(number, (int, float, str)) else None  # "NaN", "Infinity" too
+        return _double(value["doubleValue"], where)
     if "arrayValue" in value:
         return [any_value(v, where) for v in list_field((value["arrayValue"] or {}).get("values"), where, "values")]
     if "kvlistValue" in value:

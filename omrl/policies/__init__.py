@@ -38,5 +38,5 @@ def make_policy(spec: str, **options: Any) -> Policy:
     if POLICIES.get(name) is None:
         plugins = sorted(POLICIES.plugin_names())
         raise UsageError(f"unknown policy {spec!r}; use one of {', '.join([*SPECS, *plugins])}")
-    return POLICIES.load(name)(arg, **options)
+    return POLICIES.create(name, arg, **options)  # a plugin's failing factory: one error line naming it
 
