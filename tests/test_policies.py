@@ -8,6 +8,7 @@ import json
 import pytest
 
 from omrl.envs.base import Task, tool_schema
+from omrl.errors import UsageError
 from omrl.messages import to_openai
 from omrl.policies import EpisodeContext, PolicyError, PolicyTimeout, make_policy
 from omrl.policies.openai_policy import OpenAIPolicy
@@ -368,3 +369,43 @@ def test_gpu_check_counts_the_completion_tokens_of_one_backend(tmp_path):
     assert gpu_check.completion_tokens(store, "grpo-hf") == 15
     assert gpu_check.completion_tokens(store, "grpo-vllm") == 21
     assert gpu_check.completion_tokens(store, "grpo-none") == 0
+
+
+# ---------------------------------------------------------------- tools for servers without tool support
+
+_VLLM_NO_PARSER = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+def test_a_server_that_refuses_tools_gets_them_as_text_said_once():
+    """vLLM started without a tool parser answers 400 to `tools`: the policy switches to tools described in the
+    system prompt, sends the turn again, reads the <tool_call> block, and warns once; later turns go as text."""
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>'
+    with FakeOpenAIServer() as server:
+        server.enqueue({"status": 400, "message": _VLLM_NO_PARSER}, {"content": call}, {"content": "done"})
+        policy = fast_policy(server, tokens="off")
+        with pytest.warns(UserWarning, match="does not take tools") as caught:
+            first = act(policy)
+        history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": first.tool_calls},
+                   {"role": "tool", "tool_call_id": "call_0", "name": "search", "content": "found it"}]
+        second = asyncio.run(policy.act(history, TOOLS, ctx()))
+        refused, retried, later = server.requests
+    assert len(caught) == 1 and first.tool_calls == [{"id": "call_0", "name": "search", "arguments": '{"query": "q"}'}]
+    assert "tools" in refused and "tools" not in retried and "tools" not in later and second.content == "done"
+    system = retried["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith("s\n\n") and '"name": "search"' in system["content"]
+    assert later["messages"][2] == {"role": "assistant", "content": call}  # the call as the model wrote it
+    assert later["messages"][3] == {"role": "user", "content": "<tool_response>\nfound it\n</tool_response>"}
+
+
+@pytest.mark.parametrize("tool_format", ["native", "text"])
+def test_tool_format_native_fails_and_text_never_sends_tools(tool_format):
+    with FakeOpenAIServer() as server:
+        server.enqueue({"status": 400, "message": _VLLM_NO_PARSER} if tool_format == "native" else {"content": "hi"})
+        policy = fast_policy(server, tool_format=tool_format)
+        if tool_format == "native":
+            with pytest.raises(PolicyError, match="tool-call-parser"):
+                act(policy)
+        else:
+            assert act(policy).content == "hi" and "tools" not in server.requests[0]
+    with pytest.raises(UsageError, match="tool_format"):
+        OpenAIPolicy("m", tool_format="xml")

@@ -78,6 +78,11 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="openai:MODEL: ask the server for each completion's token ids and logprobs, stored in "
                           "turns: auto (default: logprobs, plus vLLM/SGLang token-id fields except on "
                           "api.openai.com), standard (logprobs only) or off."),
+        click.option("--tool-format", default=None, type=click.Choice(["auto", "native", "text"]),
+                     help="openai:MODEL: how tools reach the model: native (the request's `tools`), text (described "
+                          "in the system prompt, <tool_call> blocks read from the reply: for a server or chat "
+                          "template without tool support) or auto (default: native until the server refuses "
+                          "tools, e.g. vLLM without a tool parser, then text, said in one line)."),
         click.option("--limit", default=None, type=int, help="Use only the first N tasks."),
         click.option("--split", default=None, help="Use only tasks of this split."),
         click.option("--unsafe-no-sandbox", is_flag=True, default=False,
@@ -96,7 +101,7 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def prepare(tasks_path: str, policy_spec: str, base_url: str | None, concurrency: int,
             limit: int | None, split: str | None, server_tokens: str | None = None,
-            context_length: int | None = None):
+            context_length: int | None = None, tool_format: str | None = None):
     """Tasks and policy from the CLI flags."""
     from omrl.policies import make_policy
     from omrl.tasks import load_tasks
@@ -111,7 +116,7 @@ def prepare(tasks_path: str, policy_spec: str, base_url: str | None, concurrency
     options: dict[str, Any] = {}
     if policy_spec.startswith("openai:"):
         options = {"base_url": base_url, "max_connections": max(concurrency, 16), "tokens": server_tokens,
-                   "context_length": context_length}
+                   "context_length": context_length, "tool_format": tool_format}
     elif base_url:
         raise click.BadParameter("--base-url only applies to openai:MODEL policies", param_hint="--base-url")
     elif context_length:
@@ -119,6 +124,8 @@ def prepare(tasks_path: str, policy_spec: str, base_url: str | None, concurrency
                                  param_hint="--context-length")
     elif server_tokens:
         raise click.BadParameter("--server-tokens only applies to openai:MODEL policies", param_hint="--server-tokens")
+    elif tool_format:
+        raise click.BadParameter("--tool-format only applies to openai:MODEL policies", param_hint="--tool-format")
     return tasks, make_policy(policy_spec, **options)
 
 
@@ -187,7 +194,8 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["tasks_path"], args["policy_spec"], args["base_url"], args["concurrency"],
-                            args["limit"], args["split"], args["server_tokens"], args["context_length"])
+                            args["limit"], args["split"], args["server_tokens"], args["context_length"],
+                            args["tool_format"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
     with terminal_reporter(args["progress"], err_console) as reporter:

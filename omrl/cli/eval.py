@@ -37,7 +37,8 @@ def eval_(store_path: str | None, samples: int, predictions_path: str | None, **
 
     options = rollout_kwargs(args)  # first: a bad flag (or --ray without Ray) fails before models load
     tasks, policy = prepare(args["tasks_path"], args["policy_spec"], args["base_url"], args["concurrency"],
-                            args["limit"], args["split"], args["server_tokens"], args["context_length"])
+                            args["limit"], args["split"], args["server_tokens"], args["context_length"],
+                            args["tool_format"])
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"],
                                                 prefix="eval-")
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp, \

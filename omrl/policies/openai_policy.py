@@ -45,7 +45,7 @@ from omrl.errors import UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
 from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
-from omrl.policies.parsing import parse_tool_calls, split_reasoning
+from omrl.policies.parsing import parse_tool_calls, split_reasoning, text_tool_messages
 from omrl.redact import display_url
 
 DEFAULT_MAX_TOKENS = 1024  # per turn, when neither the episode nor the policy sets one
@@ -63,7 +63,7 @@ class OpenAIPolicy:
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0, retries: int = 4, max_tokens: int | None = None,
-                 max_connections: int = 256, logprobs: bool = False, native_tools: bool = True,
+                 max_connections: int = 256, logprobs: bool = False, tool_format: str = "auto",
                  extra_body: dict[str, Any] | None = None, backoff: float | None = None,
                  max_backoff: float | None = None, tokens: str = "auto", context_length: int | None = None):
         # backoff, max_backoff: accepted and ignored, for call sites written before the one client; the
@@ -72,6 +72,8 @@ class OpenAIPolicy:
             raise UsageError("openai policy needs a model name: openai:MODEL")
         if retries < 0:
             raise UsageError(f"openai policy retries must be at least 0, got {retries}")
+        if tool_format not in TOOL_FORMATS:
+            raise UsageError(f"openai policy tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
         if tokens not in TOKEN_MODES:
             raise UsageError(f"openai policy tokens must be one of {', '.join(TOKEN_MODES)}, got {tokens!r}")
         self.model = model
@@ -88,7 +90,10 @@ class OpenAIPolicy:
         self.logprobs = logprobs  # ask for logprobs also with tokens="off" (the option's older meaning)
         self.tokens = tokens
         self._warned_no_ids = False
-        self.native_tools = native_tools  # False: tools are described to the model but not sent as `tools`
+        # native: tools go as the request's `tools`; text: described in the system prompt, calls parsed from the
+        # reply; auto: native until the server refuses tools (vLLM without a tool parser), then text
+        self.tool_format = tool_format
+        self.text_tools = tool_format == "text"
         self.extra_body = extra_body
         self.client = LLMClient(self.base_url, self.api_key, timeout=timeout, max_retries=retries,
                                 max_connections=max_connections)
@@ -113,9 +118,11 @@ class OpenAIPolicy:
         # Messages and tools travel in extra_body: the client's per-request type transform walks every
         # message of the growing conversation (milliseconds of CPU per call at long contexts) and has
         # nothing to change in plain chat dicts. The JSON sent is the same.
+        if tools and self.text_tools:
+            messages = text_tool_messages(messages, tools)
         body: dict[str, Any] = {"messages": to_openai(messages)}
         request: dict[str, Any] = {"model": self.model, "messages": [], "temperature": context.temperature}
-        if tools and self.native_tools:
+        if tools and not self.text_tools:
             body["tools"] = tools
         if max_tokens:
             request["max_tokens"] = max_tokens
@@ -132,10 +139,17 @@ class OpenAIPolicy:
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                   context: EpisodeContext) -> PolicyReply:
-        request = self._request(messages, tools, context, await self._max_tokens(messages, tools, context))
+        max_tokens = await self._max_tokens(messages, tools, context)
         timeout = getattr(context, "model_call_timeout", None) or self.timeout
         try:
-            response = await self.client.chat(**request, timeout=timeout)
+            try:
+                response = await self.client.chat(**self._request(messages, tools, context, max_tokens),
+                                                  timeout=timeout)
+            except LLMStatusError as exc:
+                if not self._falls_back_to_text(exc, tools):
+                    raise
+                response = await self.client.chat(**self._request(messages, tools, context, max_tokens),
+                                                  timeout=timeout)
         except LLMTimeout as exc:
             raise PolicyTimeout(f"{self.model}: no reply within {timeout}s ({exc.attempts} attempts)") from None
         except LLMStatusError as exc:
@@ -152,6 +166,19 @@ class OpenAIPolicy:
         if reply.prompt_tokens is not None:  # what the server counted, for the next turn's budget
             context.scratch[_USAGE] = (len(messages) + 1, reply.prompt_tokens + (reply.completion_tokens or 0))
         return reply
+
+    def _falls_back_to_text(self, exc: LLMStatusError, tools: list[dict[str, Any]]) -> bool:
+        """With tool_format auto, a server that refuses tools (vLLM started without a tool parser) switches this
+        policy to tools as text for good, said once in one line; True when the request should be sent again."""
+        if not tools or self.tool_format != "auto" or exc.status != 400 or not _NO_TOOL_SUPPORT.search(str(exc)):
+            return False
+        if not self.text_tools:
+            self.text_tools = True
+            warnings.warn(f"{display_url(self.base_url) or 'the endpoint'} ({self.model}) does not take tools "
+                          "(vLLM: started without --enable-auto-tool-choice --tool-call-parser); omrl describes the "
+                          "tools in the system prompt and reads <tool_call> blocks from the replies "
+                          "(--tool-format text chooses this up front, native fails instead)", stacklevel=2)
+        return True
 
     def _reply(self, response: Any, tools: list[dict[str, Any]]) -> PolicyReply:
         choice = response.choices[0]  # the client raised LLMMalformed for a reply without choices
@@ -196,6 +223,10 @@ class OpenAIPolicy:
 
 
 TOKEN_MODES = ("auto", "standard", "off")
+TOOL_FORMATS = ("auto", "native", "text")
+# How a server says it takes no tools: vLLM without --enable-auto-tool-choice and --tool-call-parser.
+_NO_TOOL_SUPPORT = re.compile(r"enable-auto-tool-choice|tool-call-parser|tool choice requires|"
+                              r"does not support tools|tools are not supported", re.IGNORECASE)
 TOKEN_ID_FIELDS = {"return_token_ids": True, "return_tokens_as_token_ids": True, "return_meta_info": True}
 _TOKEN_ID_PREFIX = "token_id:"
 

@@ -105,3 +105,59 @@ def parse_tool_calls(text: str | None, tools: list[dict[str, Any]] | None = None
         rest = text[: match.start()].strip()
         return rest or None, [_call(0, name, _arguments_text(raw, tools, name))]
     return text, []
+
+
+# ---------------------------------------------------------------------------- tools described as text
+
+_TOOLS_INTRO = ("You can use the tools listed below between <tools> and </tools>, one JSON schema a line. To use "
+                "one, write a <tool_call> block holding a JSON object with the tool's name and its arguments, "
+                "for example:\n<tool_call>\n{\"name\": \"NAME\", \"arguments\": {\"ARGUMENT\": \"VALUE\"}}\n"
+                "</tool_call>\nEach tool's result comes back to you between <tool_response> and </tool_response>.")
+
+
+def tools_instruction(tools: list[dict[str, Any]]) -> str:
+    """The system prompt's paragraph that describes `tools` for a model served without tool support; the
+    replies it asks for are what `parse_tool_calls` reads."""
+    schemas = "\n".join(json.dumps(tool.get("function", tool), ensure_ascii=False) for tool in tools)
+    return f"{_TOOLS_INTRO}\n<tools>\n{schemas}\n</tools>"
+
+
+def text_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as a model without tool support reads it: the tools described in the system message
+    (one is added first when there is none), earlier calls written as <tool_call> blocks in the assistant's
+    text, and tool results as user messages inside <tool_response> tags. The messages given are not changed."""
+    out: list[dict[str, Any]] = []
+    described = False
+    for message in messages:
+        role = message["role"]
+        if role == "system" and not described:
+            text = message.get("content") or ""
+            out.append({**message, "content": f"{text}\n\n{tools_instruction(tools)}".strip()})
+            described = True
+        elif role == "assistant" and message.get("tool_calls"):
+            blocks = "\n".join(_call_block(call) for call in message["tool_calls"])
+            out.append({**message, "content": f"{message.get('content') or ''}\n{blocks}".strip(), "tool_calls": []})
+        elif role == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"})
+        else:
+            out.append(message)
+    if not described:
+        out.insert(0, {"role": "system", "content": tools_instruction(tools)})
+    return out
+
+
+def _call_block(call: dict[str, Any]) -> str:
+    """One stored tool call ({name, arguments as JSON text}) as the <tool_call> block a model writes."""
+    arguments: Any = call.get("arguments") or "{}"
+    if isinstance(arguments, str):
+        arguments = _json_or_text(arguments)
+    return "<tool_call>\n" + json.dumps({"name": call.get("name"), "arguments": arguments}, ensure_ascii=False) + \
+        "\n</tool_call>"
+
+
+def _json_or_text(text: str) -> Any:
+    """The JSON value of `text`, or the text itself when it is not JSON (malformed arguments, shown as written)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
