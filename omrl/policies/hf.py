@@ -59,9 +59,9 @@ class HFPolicy:
 
     @classmethod
     def from_spec(cls, arg: str, **options: Any) -> HFPolicy:
-        """`hf:PATH`: the model folder (or Hub name) is required."""
+        """`hf:PATH` or `hf:NAME`: a model folder, a model omrl fetches by name (omrl models list) or a Hub name."""
         if not arg:
-            raise UsageError("hf policy needs a model folder: hf:PATH")
+            raise UsageError("hf policy needs a model folder or name: hf:PATH or hf:NAME")
         return cls(arg, **options)
 
     def __init__(self, model: Any, tokenizer: Any = None, *, max_new_tokens: int = 64,
@@ -70,10 +70,13 @@ class HFPolicy:
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
+            from omrl.real_models import resolve_model
+
             name = name or model
+            path = resolve_model(model)  # a known name -> its cache folder (or "run: omrl models fetch NAME")
             try:
-                tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-                model = AutoModelForCausalLM.from_pretrained(model)
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path)
             except OSError as exc:
                 raise PolicyError(f"cannot load model {model!r}: {exc}") from None
         if tokenizer is None:

@@ -169,6 +169,7 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
     from trl import GRPOTrainer
 
     from datasets import Dataset
+    from omrl.real_models import resolve_model
     from omrl.recipes import from_dict
     from omrl.tasks import load_tasks
     from omrl.train.reporting import reporter_callback
@@ -183,8 +184,9 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
     if len(tasks) < recipe.tasks_per_step:
         raise UsageError(f"{recipe.tasks}: {len(tasks)} tasks, fewer than tasks_per_step={recipe.tasks_per_step}")
     torch.manual_seed(recipe.seed)
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
-    model = AutoModelForCausalLM.from_pretrained(recipe.model)
+    path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
     rollout = AgentRollout(recipe, tasks, tokenizer, store=store, reporter=reporter)
     # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
     dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})

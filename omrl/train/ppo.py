@@ -149,6 +149,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from omrl.real_models import resolve_model
     from omrl.tasks import load_tasks
     from omrl.train.rollout_step import RolloutStep
 
@@ -172,8 +173,9 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     if episodes_per_step < procs.count:
         raise UsageError(f"{episodes_per_step} episodes per step (tasks_per_step x samples_per_task) for "
                          f"{procs.count} processes: every process needs at least one")
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
-    policy = AutoModelForCausalLM.from_pretrained(recipe.model)
+    path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    policy = AutoModelForCausalLM.from_pretrained(path)
     critic = ppo_update.make_critic(recipe, policy)
     # eval: no dropout, so the old and new logprobs of one batch agree before the first update
     model = accelerator.prepare(ppo_update.actor_critic(policy, critic).eval())

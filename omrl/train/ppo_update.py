@@ -19,6 +19,8 @@ def make_critic(recipe: Any, policy: Any):
     import torch
     from transformers import AutoModel
 
+    from omrl.real_models import resolve_model
+
     class Critic(torch.nn.Module):
         """A value head, on the policy's hidden state (trunk None) or on a trunk of its own."""
 
@@ -31,7 +33,7 @@ def make_critic(recipe: Any, policy: Any):
 
     if recipe.critic == "head":
         return Critic(policy.config.hidden_size)
-    trunk = AutoModel.from_pretrained(recipe.critic_model or recipe.model)
+    trunk = AutoModel.from_pretrained(resolve_model(recipe.critic_model or recipe.model))
     return Critic(trunk.config.hidden_size, trunk)
 
 

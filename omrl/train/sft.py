@@ -201,6 +201,7 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
+    from omrl.real_models import resolve_model
     from omrl.recipes import from_dict, to_dict
     from omrl.train.reporting import reporter_callback
 
@@ -208,8 +209,9 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
         recipe = from_dict(SFTRecipe, recipe)
     started = time.monotonic()
     torch.manual_seed(recipe.seed)
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
-    model = AutoModelForCausalLM.from_pretrained(recipe.model)
+    path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
     dataset, report = build_dataset(recipe, tokenizer, store)
     peft_config = None
     if recipe.lora.enabled:

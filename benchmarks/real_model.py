@@ -1,0 +1,144 @@
+"""The real model (SmolLM2-135M-Instruct, `omrl models fetch`) served by a real vLLM (the CPU build, `make vllm`):
+zero-shot success on every environment beside the scripted expert and random, and what serving through vLLM
+gives against omrl's in-process HF policy. Prints one JSON line.
+
+    python benchmarks/real_model.py --part zero_shot,serving          # about 20 minutes on 2 idle cores
+    python benchmarks/real_model.py --part serving --n 16
+
+zero_shot: per environment, --n tasks of its test split (a few), the model through vLLM started as a user
+would (no tool parser: omrl's openai: policy falls back to tools as text), each episode at most
+--max-turns turns; success beside the scripted expert's and random's on the same tasks, and the episodes'
+statuses (an error is never a failure: it is counted apart).
+serving: the same math tasks x samples collected through vLLM and through `hf:` in-process generation of the
+same model: `vllm_vs_hf_collect` (episodes/s ratio); `tool_episodes_policy_error_share` (episodes of the tool
+environments that ended as policy_error on vLLM's defaults: 0 expected); `token_drift_turns` (turns whose
+stored completion ids are not what re-tokenising their text gives, `omrl store check --tokens`'s check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omrl.envs import generate_tasks  # noqa: E402
+from omrl.policies import make_policy  # noqa: E402
+from omrl.real_models import fetch  # noqa: E402
+from omrl.rollout import RolloutSettings, play_episodes  # noqa: E402
+from omrl.serve.vllm import VLLMServer  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+REAL_OS_TASKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "agentbench_os_dev.json"
+TOOL_ENVS = ("math", "bfcl", "miniwob", "swe", "os")  # environments whose actions are tool calls
+
+
+def env_tasks(env: str, n: int, work: Path) -> list:
+    """A few test tasks of `env`, made as `omrl tasks generate` makes them."""
+    if env == "swe":
+        from tests.cases.swe_hacks import TINYCALC, build_sdist
+
+        return generate_tasks("swe", n=n, packages=[build_sdist(work, TINYCALC, "0.1")])
+    if env == "os":
+        return generate_tasks("os", n=n, split="dev", source=str(REAL_OS_TASKS))
+    if env == "bfcl":
+        return generate_tasks("bfcl", n=n, split="multi_turn_base")
+    if env == "miniwob":
+        return generate_tasks("miniwob", n=n, split="test", tasks="click-test,click-button,enter-text,focus-text")
+    return generate_tasks(env, n=n, split="test")
+
+
+def play(env: str, tasks: list, policy, max_turns: int, concurrency: int, samples: int = 1) -> dict:
+    """Play tasks x samples with `policy` through the episode runner; counts by status, success, wall time."""
+    settings = RolloutSettings(env=env, max_turns=max_turns, concurrency=concurrency, max_new_tokens=256)
+    started = time.monotonic()
+    episodes = asyncio.run(play_episodes([(t, s) for t in tasks for s in range(samples)], None, policy, settings,
+                                         run_id=f"real-model-{env}"))
+    known = [e for e in episodes if e.success is not None and e.status in ("ok", "truncated")]
+    wins = sum(bool(e.success) for e in known)
+    return {"episodes": len(episodes), "successes": wins, "success": round(wins / len(known), 3) if known else None,
+            "statuses": dict(Counter(e.status for e in episodes)), "wall_s": round(time.monotonic() - started, 1),
+            "errors": sorted({(e.row.get("error") or "")[:160] for e in episodes if e.status.endswith("error")})[:3],
+            "rows": [e.row for e in episodes]}
+
+
+def zero_shot(server: VLLMServer, envs: list[str], n: int, max_turns: int, work: Path) -> dict:
+    """Per environment: the model through vLLM, the scripted expert and random, on the same tasks."""
+    table = {}
+    for env in envs:
+        try:
+            tasks = env_tasks(env, n, work)
+        except Exception as exc:  # an environment that cannot run here is reported, never a 0
+            table[env] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            continue
+        model = play(env, tasks, make_policy(f"openai:{server.served_name}", base_url=server.base_url), max_turns, 2)
+        row = {"tasks": len(tasks), "model": _drop_rows(model)}
+        for name in ("scripted", "random"):
+            row[name] = _drop_rows(play(env, tasks, make_policy(name), max_turns, 2))["success"]
+        table[env] = row
+        print(f"zero_shot {env}: {json.dumps(row)}", file=sys.stderr)
+    return table
+
+
+def serving(server: VLLMServer, model_dir: Path, n: int, samples: int) -> dict:
+    """vLLM against in-process HF generation on the same math tasks; token drift of what vLLM returned."""
+    from omrl.tokens_check import check_tokens
+
+    tasks = generate_tasks("math", n=n, split="test")
+    through_vllm = play("math", tasks, make_policy(f"openai:{server.served_name}", base_url=server.base_url),
+                        8, 16, samples)
+    in_process = play("math", tasks, make_policy(f"hf:{model_dir}"), 8, 16, samples)
+    rate = {name: run["episodes"] / run["wall_s"] for name, run in (("vllm", through_vllm), ("hf", in_process))}
+    report = check_tokens(through_vllm["rows"], str(model_dir))
+    return {"vllm_episodes_per_s": round(rate["vllm"], 3), "hf_episodes_per_s": round(rate["hf"], 3),
+            "vllm_vs_hf_collect": round(rate["vllm"] / rate["hf"], 2),
+            "vllm_statuses": through_vllm["statuses"], "hf_statuses": in_process["statuses"],
+            "token_checked_turns": report.turns,
+            "token_drift_turns": len({(d.trajectory_id, d.turn) for d in report.drifts}),
+            "token_drift_kinds": dict(Counter(d.kind for d in report.drifts))}
+
+
+def _drop_rows(run: dict) -> dict:
+    return {k: v for k, v in run.items() if k != "rows"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", default="zero_shot,serving", help="comma-separated: zero_shot, serving")
+    parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
+    parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
+    parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
+    parser.add_argument("--max-turns", type=int, default=15)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    args = parser.parse_args()
+    parts = set(args.part.split(","))
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    model_dir = fetch(MODEL)
+    out: dict = {"model": MODEL, "load_before": round(load_before, 1)}
+    with tempfile.TemporaryDirectory(prefix="omrl-real-model-") as work, \
+            VLLMServer(model_dir, "smollm2", max_model_len=args.max_model_len, max_num_seqs=16) as server:
+        server.start(progress=lambda line: print(line, file=sys.stderr))
+        out["vllm_start_s"] = round(time.monotonic() - started, 1)
+        if "zero_shot" in parts:
+            table = zero_shot(server, args.envs.split(","), args.n, args.max_turns, Path(work))
+            out["zero_shot"] = {env: row.get("model", {}).get("success") for env, row in table.items()}
+            out["zero_shot_table"] = table
+            tool_runs = [row["model"] for env, row in table.items() if env in TOOL_ENVS and "model" in row]
+            episodes = sum(run["episodes"] for run in tool_runs)
+            errors = sum(run["statuses"].get("policy_error", 0) for run in tool_runs)
+            out["tool_episodes_policy_error_share"] = round(errors / episodes, 3) if episodes else None
+        if "serving" in parts:
+            out.update(serving(server, model_dir, args.n, args.samples))
+    out.update({"seconds": round(time.monotonic() - started, 1), "load_after": round(os.getloadavg()[0], 1)})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

