@@ -3,7 +3,8 @@
 `make_policy(spec, **options)` builds one from its spec, NAME or NAME:ARG:
 
     openai:MODEL   an OpenAI-compatible endpoint (options: base_url, api_key, timeout, retries, ...)
-    hf:PATH        an in-process transformers model (omrl.policies.hf)
+    hf:PATH        an in-process transformers model (omrl.policies.hf); PATH may be a known model's name
+                   (`omrl models list`, e.g. hf:smollm2-135m-instruct once fetched)
     scripted       the environment's scripted expert
     random         uniformly random moves (option: seed)
 
