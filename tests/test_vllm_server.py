@@ -105,6 +105,56 @@ def test_the_server_answers_with_logprobs_and_the_sampled_token_ids(server, mode
                                                         add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
+def _collect(base_url: str, tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`omrl collect --env math` of 4 tasks through the server, as a user runs it; (the run, the stored rows)."""
+    from omrl.store import Store
+    from omrl.tasks import generate_tasks, write_tasks
+
+    tasks = write_tasks(generate_tasks("math", n=4, split="test"), tmp_path / "math.jsonl")
+    run = subprocess.run([*OMRL, "collect", "--env", "math", "--tasks", str(tasks), "--policy", f"openai:{SERVED}",
+                          "--base-url", base_url, "--store", str(tmp_path / "store"), "--max-turns", "4",
+                          "--max-new-tokens", "96", "--no-progress", *flags], capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run, Store(tmp_path / "store").read().to_pylist()
+
+
+def test_tools_reach_a_server_without_a_tool_parser_as_text(server, tmp_path):
+    """vLLM's defaults refuse `tools`: omrl says so once and describes them as text; no episode is a policy
+    error, and every reply's sampled token ids and logprobs are stored."""
+    run, rows = _collect(server.base_url, tmp_path)
+    assert (run.stdout + run.stderr).count("does not take tools") == 1
+    assert len(rows) == 4 and all(row["status"] in ("ok", "truncated") for row in rows), [r["error"] for r in rows]
+    turns = [turn for row in rows for turn in row["turns"]]
+    assert turns and all(turn["completion_ids"] and len(turn["logprobs"]) == len(turn["completion_ids"])
+                         for turn in turns)
+
+
+def test_a_prompt_past_the_served_context_ends_the_episode_as_truncated(server):
+    """The context length comes from vLLM's /v1/models (max_model_len 2048 here): a prompt that cannot fit is
+    ContextFull (the episode is stored as truncated), not a policy error."""
+    import asyncio
+
+    from omrl.envs.base import Task
+    from omrl.policies import EpisodeContext, make_policy
+    from omrl.policies.base import ContextFull
+
+    policy = make_policy(f"openai:{SERVED}", base_url=server.base_url)
+    context = EpisodeContext(env=None, task=Task(id="t", instruction="i"))
+    with pytest.raises(ContextFull, match="2048-token context"):
+        asyncio.run(policy.act([{"role": "user", "content": "many words " * 2000}], [], context))
+
+
+def test_a_server_with_a_tool_parser_takes_tools_natively(model_dir, tmp_path):
+    parsed = Served(model_dir, "--tool-parser", "hermes")
+    try:
+        run, rows = _collect(parsed.base_url, tmp_path)
+    finally:
+        assert parsed.kill_owner() == []
+    assert "does not take tools" not in run.stdout + run.stderr
+    assert len(rows) == 4 and all(row["status"] in ("ok", "truncated") for row in rows), [r["error"] for r in rows]
+
+
 def test_killing_omrl_serve_with_sigkill_leaves_no_server_process(server):
     """Last in the module: it ends the shared server the way a killed test run would."""
     assert server.pids and _running(server.pids)  # it was serving
