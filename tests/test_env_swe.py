@@ -472,3 +472,27 @@ def test_sdists_come_from_the_index_as_files_never_built(monkeypatch, tmp_path):
                                      "</a>", encoding="utf-8")
     with pytest.raises(UsageError, match="no sdist of 0.5"):
         packages._download("omrl-tinycalc", "0.5", progress=lambda _: None)
+
+
+def test_work_folders_a_killed_run_left_are_cleaned_by_the_next_one(tmp_path, monkeypatch):
+    """A run killed with SIGKILL leaves its omrl-swe-run-* folder; the next process's first test run removes
+    it, and never one whose owner still holds its lock (nor one just made, whose owner may not hold it yet)."""
+    import fcntl
+    import os
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = time.time() - 3600
+    left, live, fresh = (tmp_path / f"omrl-swe-run-{name}" for name in ("left", "live", "fresh"))
+    for folder in (left, live, fresh):
+        folder.mkdir()
+        (folder / ".omrl-lock").write_text("")
+    for folder in (left, live):
+        os.utime(folder / ".omrl-lock", (old, old))
+    holder = os.open(live / ".omrl-lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        removed = testrun.sweep_stale_work_folders.__wrapped__()
+    finally:
+        os.close(holder)
+    assert removed == ["omrl-swe-run-left"] and not left.exists() and live.exists() and fresh.exists()
