@@ -86,6 +86,14 @@ def test_group_help_lists_every_subcommand():
         assert name in (train.help or ""), f"omrl train --help does not name {name}"
 
 
+def test_a_mistyped_command_gets_did_you_mean():
+    runner = CliRunner()
+    top = runner.invoke(cli, ["colect", "--env", "math"])
+    assert top.exit_code == 2 and "No such command 'colect'. Did you mean 'collect'?" in top.output
+    assert "Did you mean" not in runner.invoke(cli, ["zzzz"]).output
+    assert "Did you mean 'check'" in runner.invoke(cli, ["store", "chek"]).output
+
+
 def test_help_is_fast_and_imports_no_training_stack():
     code = "import sys; from omrl.cli.main import cli; sys.argv=['omrl','--help']\n" \
            "try:\n    cli()\nexcept SystemExit:\n    pass\n" \

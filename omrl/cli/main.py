@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import click
 
 from omrl import __version__
@@ -42,6 +44,14 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         return COMMANDS.load(name) if COMMANDS.get(name) is not None else None
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        # click suggests close names only from commands it holds; these are loaded lazily, so suggest here
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and COMMANDS.get(name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3)
+            ctx.fail(f"No such command {name!r}." + (f" Did you mean {' or '.join(map(repr, close))}?" if close else ""))
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Help text comes from the table above, so listing verbs imports none of them.
