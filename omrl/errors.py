@@ -19,3 +19,23 @@ class OmrlError(Exception):
 class UsageError(OmrlError, ValueError):
     """A value given by the user (a flag, a spec, a setting) that omrl cannot use, when no more specific
     error (TaskError, RecipeError, ...) fits."""
+
+
+# The top-level module -> the extra that brings it (pyproject.toml's optional-dependencies), for one clear line
+# instead of a traceback when a command meets a missing optional package.
+EXTRA_OF_MODULE = {
+    "torch": "train", "transformers": "train", "trl": "train", "accelerate": "train", "peft": "train",
+    "matplotlib": "train", "datasets": "train", "tokenizers": "train",
+    "starlette": "view", "uvicorn": "view", "jinja2": "view",
+    "ray": "ray", "scienceworld": "scienceworld", "textworld": "textworld", "textworld_express": "twx",
+    "miniwob": "web", "selenium": "web", "gguf": "real-model",
+}
+
+
+def missing_extra(exc: ImportError) -> str | None:
+    """For an import of a missing optional package, the line that names the extra to install; else None."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(name)
+    if not isinstance(exc, ModuleNotFoundError) or extra is None:
+        return None
+    return f"this needs {name}, which omrl's `{extra}` extra installs: pip install 'omrl[{extra}]'"

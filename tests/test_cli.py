@@ -213,3 +213,14 @@ def test_store_append_names_the_bad_line(tmp_path):
     from omrl.store import Store
 
     assert Store(tmp_path / "s").count() == 0  # validated before anything was written
+
+
+@pytest.mark.parametrize("command", [["models", "tiny", "--out", "{tmp}/m"], ["demo", "--out-dir", "{tmp}/d"]])
+def test_a_missing_extra_is_one_line_naming_it(command, tmp_path, monkeypatch):
+    """Without the train extra (torch and transformers cannot be imported), the command says which extra to
+    install in one line, not a ModuleNotFoundError traceback."""
+    for name in ("torch", "transformers", "trl", "tokenizers"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ModuleNotFoundError
+    result = CliRunner().invoke(cli, [part.format(tmp=tmp_path) for part in command])
+    assert result.exit_code == 1 and "pip install 'omrl[train]'" in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.table import Table
 
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, missing_extra
 from omrl.redact import redact
 
 
@@ -74,6 +74,11 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if debug_enabled():
                 raise
             raise click.ClickException(error_line(exc)) from None
+        except ModuleNotFoundError as exc:  # an optional package's extra is not installed: say which
+            line = missing_extra(exc)
+            if line is None or debug_enabled():
+                raise
+            raise click.ClickException(line) from None
 
     return wrapper
 
