@@ -55,9 +55,10 @@ def env_tasks(env: str, n: int, work: Path) -> list:
     return generate_tasks(env, n=n, split="test")
 
 
-def play(env: str, tasks: list, policy, max_turns: int, concurrency: int, samples: int = 1) -> dict:
+def play(env: str, tasks: list, policy, max_turns: int, concurrency: int, samples: int = 1,
+         max_new_tokens: int = 160) -> dict:
     """Play tasks x samples with `policy` through the episode runner; counts by status, success, wall time."""
-    settings = RolloutSettings(env=env, max_turns=max_turns, concurrency=concurrency, max_new_tokens=256)
+    settings = RolloutSettings(env=env, max_turns=max_turns, concurrency=concurrency, max_new_tokens=max_new_tokens)
     started = time.monotonic()
     episodes = asyncio.run(play_episodes([(t, s) for t in tasks for s in range(samples)], None, policy, settings,
                                          run_id=f"real-model-{env}"))
@@ -78,10 +79,15 @@ def zero_shot(server: VLLMServer, envs: list[str], n: int, max_turns: int, work:
         except Exception as exc:  # an environment that cannot run here is reported, never a 0
             table[env] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             continue
-        model = play(env, tasks, make_policy(f"openai:{server.served_name}", base_url=server.base_url), max_turns, 2)
-        row = {"tasks": len(tasks), "model": _drop_rows(model)}
+        # The model gets at most max_turns (each turn costs seconds on a CPU server); the expert and random
+        # get the environment's own budget, so their columns say what the tasks allow.
+        own = _default_turns(env)
+        budget = min(max_turns, own)
+        model = play(env, tasks, make_policy(f"openai:{server.served_name}", base_url=server.base_url), budget, 8)
+        row = {"tasks": len(tasks), "max_turns": {"model": budget, "scripted_and_random": own},
+               "model": _drop_rows(model)}
         for name in ("scripted", "random"):
-            row[name] = _drop_rows(play(env, tasks, make_policy(name), max_turns, 2))["success"]
+            row[name] = _drop_rows(play(env, tasks, make_policy(name), own, 2))["success"]
         table[env] = row
         print(f"zero_shot {env}: {json.dumps(row)}", file=sys.stderr)
     return table
@@ -105,6 +111,13 @@ def serving(server: VLLMServer, model_dir: Path, n: int, samples: int) -> dict:
             "token_drift_kinds": dict(Counter(d.kind for d in report.drifts))}
 
 
+def _default_turns(env: str) -> int:
+    """The environment's own turn budget (a text game's step limit, ...), as collect uses it by default."""
+    from omrl.envs import env_class
+
+    return int(getattr(env_class(env), "default_max_turns", None) or 30)
+
+
 def _drop_rows(run: dict) -> dict:
     return {k: v for k, v in run.items() if k != "rows"}
 
@@ -115,7 +128,8 @@ def main() -> None:
     parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
     parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
     parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
-    parser.add_argument("--max-turns", type=int, default=15)
+    parser.add_argument("--max-turns", type=int, default=12,
+                        help="the model's turn budget, at most the environment's own (scripted and random get that)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     args = parser.parse_args()
     parts = set(args.part.split(","))

@@ -111,7 +111,11 @@ class VLLMServer:
         argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
-                "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager", "--disable-log-stats"]
+                "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager", "--disable-log-stats",
+                # Whole prompts only: a chunked prefill discards the tokens it sampled for a partial prompt and
+                # rewinds that request's seeded generator, which the CPU build cannot do ("CPU Generator does
+                # not use offset": the engine dies, every later request fails). omrl sends a seed per episode.
+                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 2048))]
         if self.tool_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
         return argv + list(self.extra_args)
