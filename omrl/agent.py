@@ -17,6 +17,9 @@ Outcome of an episode (the `status` column):
   None: a failed episode is never scored, not even 0. The reward earned before the failure stays in
   the per-turn rewards and in metadata["partial_reward"].
 
+A policy that says how it sent the conversation (`prompt_format`: OpenAIPolicy's "text_tools" when tools went
+as text) has it recorded in metadata["prompt_format"]: the prompt the model saw is rebuilt from it.
+
 Text that is not Unicode (a lone surrogate in a model's reply, e.g. a server's JSON escape of half a
 UTF-16 pair, or in an observation) is stored with U+FFFD in its place and counted in
 metadata["replaced_surrogates"]: it could be neither sent back to the model nor written to the store.
@@ -153,6 +156,7 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
         reward, success = None, None
     meta = {"seed": seed, "temperature": temperature, "max_turns": max_turns,
             "invalid_actions": state["invalid"], **(metadata or {})}
+    meta.update(_prompt_format(policy))
     if is_failed(status):
         meta["partial_reward"] = earned
     prompt_tokens = [t["prompt_tokens"] for t in turns if t["prompt_tokens"] is not None]
@@ -177,6 +181,14 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     if state["replaced"]:
         row["metadata"] = {**row["metadata"], "replaced_surrogates": state["replaced"]}
     return Episode(row=normalize_trajectory(row), context=context)
+
+
+def _prompt_format(policy: Any) -> dict[str, str]:
+    """{"prompt_format": ...} when the policy says how the conversation went to the model (OpenAIPolicy:
+    "text_tools" or "native"), else nothing. Read at the episode's end: tool_format auto switches to text on the
+    server's first refusal, before any reply. Training and `store check --tokens` rebuild the prompt from it."""
+    fmt = getattr(policy, "prompt_format", None)
+    return {"prompt_format": fmt} if isinstance(fmt, str) and fmt else {}
 
 
 def _storable(state: dict[str, Any], value: Any) -> Any:

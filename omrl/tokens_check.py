@@ -11,6 +11,12 @@ turn's completion, and its ids must be the stored ones. It also compares the pro
 turn's prompt_tokens (an edited observation shows there; reported only when no earlier turn of the
 trajectory drifted, since an earlier drift is in every later prompt). Each drift names the trajectory, the turn,
 the first differing position and the decoded text around it.
+
+The conversation re-rendered is the one the model saw (`seen_messages`, `seen_tools`): an episode whose tools went
+as text (metadata["prompt_format"] == "text_tools", recorded by the agent loop) is passed through
+omrl.policies.parsing.text_tool_messages and rendered without `tools`, as the policy sent it. The training
+bridge (omrl.train.token_bridge) builds its examples from the same functions, so the check and the training
+agree on what a turn's prompt and completion are.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 from omrl.errors import UsageError
 from omrl.messages import to_chat_template
+from omrl.policies.parsing import TEXT_TOOLS_FORMAT, text_tool_messages
 
 CONTEXT_CHARS = 80  # decoded text shown before a drift
 SHOWN_TOKENS = 6  # tokens shown from the drift on, each side
@@ -33,7 +40,7 @@ class Drift:
 
     trajectory_id: str
     turn: int  # index of the assistant turn (turns[].index order)
-    message: int  # position of its assistant message in the conversation
+    message: int  # position of its assistant message in the conversation the model saw (seen_messages)
     kind: str  # completion: ids differ at `position`; prompt: the prompt's length differs; template: no prefix
     position: int | None = None  # first differing position in the completion ids
     stored: list[int] = field(default_factory=list)  # ids from `position` on (a few), as stored
@@ -84,38 +91,120 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
-    """(turns checked, drifts) of one stored trajectory row."""
-    tools = json.loads(row.get("tools") or "[]") or None
-    messages = row["messages"]
-    turns = row.get("turns") or []
-    positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    eos_text, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+# ------------------------------------------------------------------- the conversation as the model saw it
 
+
+def _json_field(row: dict[str, Any], name: str, default: Any) -> Any:
+    """A JSON-text column of `row` as its value (a dict or list given as is); invalid JSON is a UsageError."""
+    value = row.get(name)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"trajectory {row.get('id')!r}: field {name!r} is not valid JSON ({exc})") from None
+
+
+def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's tool schemas as objects (the store keeps them as JSON text)."""
+    parsed = _json_field(row, "tools", [])
+    if not isinstance(parsed, list):
+        raise UsageError(f"trajectory {row.get('id')!r}: field 'tools' must be a JSON list")
+    return parsed
+
+
+def prompt_format(row: dict[str, Any]) -> str:
+    """How the row's conversation went to the model: metadata["prompt_format"], "native" when unrecorded."""
+    meta = _json_field(row, "metadata", {})
+    fmt = meta.get("prompt_format") if isinstance(meta, dict) else None
+    return fmt or "native"
+
+
+def _tools_as_text(row: dict[str, Any]) -> bool:
+    # The policy rewrites the conversation only when there are tools to describe (OpenAIPolicy._request).
+    return prompt_format(row) == TEXT_TOOLS_FORMAT and bool(parse_tools(row))
+
+
+def seen_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's messages (store shape) as the model read them: through text_tool_messages when its tools
+    went as text, else as stored. Assistant turns keep their order and `trainable` flags."""
+    messages = list(row.get("messages") or [])
+    return text_tool_messages(messages, parse_tools(row)) if _tools_as_text(row) else messages
+
+
+def seen_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools the chat template was given: none when they went as text (they are in the system message)."""
+    return [] if _tools_as_text(row) else parse_tools(row)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Ids of rendered chat text as a server tokenises it (vLLM: the template writes the special tokens)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_turn(tokenizer: Any, chat: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                at: int) -> tuple[str, list[int] | None]:
+    """(prompt, reply ids) of the assistant message `chat[at]` (chat-template messages): the prompt is the
+    text before it with the generation prompt, what a server tokenises; the reply ids are the template's text
+    for it up to and including the end-of-turn token, None when the template does not write the prompt as a
+    prefix of the conversation with the reply (the reply cannot be located)."""
     def render(upto: int, generation: bool) -> str:
-        return tokenizer.apply_chat_template(to_chat_template(messages[:upto]), tools=tools, tokenize=False,
+        return tokenizer.apply_chat_template(chat[:upto], tools=tools or None, tokenize=False,
                                              add_generation_prompt=generation)
 
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    prompt, full = render(at, True), render(at + 1, False)
+    if not full.startswith(prompt):
+        return prompt, None
+    rest = full[len(prompt):]
+    eos_text = tokenizer.eos_token
+    end = rest.find(eos_text) if eos_text else -1
+    return prompt, encode(tokenizer, rest[: end + len(eos_text)] if end >= 0 else rest)
+
+
+def finish_reason(turn: dict[str, Any]) -> str | None:
+    """The turn's finish_reason ("stop", "length", ...) as the agent loop keeps it in turns[].info."""
+    info = turn.get("info") or "{}"
+    info = json.loads(info) if isinstance(info, str) else info  # JSON text, checked when the row was written
+    return info.get("finish_reason") if isinstance(info, dict) else None
+
+
+def sampled_completion(turn: dict[str, Any], eos_id: int | None) -> list[int]:
+    """The turn's completion as the model wrote it: its stored ids, plus the end-of-turn token when they lack
+    it but the reply finished naturally (finish_reason "stop": a server that leaves the stop token out).
+    Without that, ids that do not end with it are a reply cut at max_tokens: the model never wrote it."""
+    stored = list(turn.get("completion_ids") or [])
+    if stored and eos_id is not None and stored[-1] != eos_id and finish_reason(turn) == "stop":
+        stored.append(eos_id)
+    return stored
+
+
+# ------------------------------------------------------------------------------------------ the check
+
+
+def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
+    """(turns checked, drifts) of one stored trajectory row, against the conversation the model saw."""
+    messages = seen_messages(row)
+    chat, tools = to_chat_template(messages), seen_tools(row)
+    turns = row.get("turns") or []
+    positions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    eos_id = tokenizer.eos_token_id
 
     checked, drifts = 0, []
     for k, turn in enumerate(turns):
-        stored = list(turn.get("completion_ids") or [])
-        if not stored or k >= len(positions):
+        if not turn.get("completion_ids") or k >= len(positions):
             continue
         checked += 1
         at = positions[k]
         index = turn.get("index", k)
-        prompt, full = render(at, True), render(at + 1, False)
-        if not full.startswith(prompt):
+        prompt, expected = render_turn(tokenizer, chat, tools, at)
+        if expected is None:
             drifts.append(Drift(row["id"], index, at, "template",
                                 detail="the chat template does not render the conversation before this turn as a "
                                        "prefix of the conversation with it: completion ids cannot be located"))
             continue
-        rest = full[len(prompt):]
-        end = rest.find(eos_text) if eos_text else -1
-        expected = encode(rest[: end + len(eos_text)] if end >= 0 else rest)
+        stored = sampled_completion(turn, eos_id)
         if stored[-1] != eos_id and expected and expected[-1] == eos_id:
             expected = expected[:-1]  # the reply was cut at max_new_tokens: the model never wrote the end token
         position = _first_difference(stored, expected)
@@ -128,9 +217,9 @@ def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
             continue
         prompt_tokens = turn.get("prompt_tokens")
         # An earlier drift of this row is in this prompt too: only the first cause is reported.
-        if not drifts and prompt_tokens is not None and prompt_tokens != len(encode(prompt)):
+        if not drifts and prompt_tokens is not None and prompt_tokens != (n := len(encode(tokenizer, prompt))):
             drifts.append(Drift(row["id"], index, at, "prompt",
-                                detail=f"the prompt re-tokenises to {len(encode(prompt))} tokens, the turn "
+                                detail=f"the prompt re-tokenises to {n} tokens, the turn "
                                        f"records {prompt_tokens}: a message before this turn changed"))
     return checked, drifts
 

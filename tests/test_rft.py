@@ -57,7 +57,9 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
     record = json.loads((tmp_path / "rft" / "omrl_rft.json").read_text())
     assert record["kept"] == result.rollouts["kept"] and record["attempts"] == 96
     sft = json.loads((result.checkpoint / "omrl_sft.json").read_text())
-    assert sft["bridge"]["examples"] == result.rollouts["kept"]
+    # the kept attempts carry the ids the policy sampled: one example per turn, trained from those ids
+    turns = sum(r["num_turns"] for r in kept.sql("SELECT num_turns FROM trajectories").to_pylist())
+    assert sft["bridge"]["examples"] == sft["bridge"]["turns_from_stored_ids"] == turns
 
 
 def test_rft_with_a_reward_recipe_annotates_the_attempts_with_its_judge_and_keeps_the_judges_best(tmp_path):

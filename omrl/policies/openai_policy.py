@@ -45,7 +45,7 @@ from omrl.errors import UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
 from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
-from omrl.policies.parsing import parse_tool_calls, split_reasoning, text_tool_messages
+from omrl.policies.parsing import TEXT_TOOLS_FORMAT, parse_tool_calls, split_reasoning, text_tool_messages
 from omrl.redact import display_url
 
 DEFAULT_MAX_TOKENS = 1024  # per turn, when neither the episode nor the policy sets one
@@ -98,6 +98,12 @@ class OpenAIPolicy:
         self.client = LLMClient(self.base_url, self.api_key, timeout=timeout, max_retries=retries,
                                 max_connections=max_connections)
         self.stats = self.client.stats  # calls, requests, retries, http_error, and attempts by outcome
+
+    @property
+    def prompt_format(self) -> str:
+        """How tools reach the model: "text_tools" (text_tool_messages) or "native"; the agent loop records it in
+        each episode's metadata when the episode ends, so a switch on the first refusal (auto) is seen."""
+        return TEXT_TOOLS_FORMAT if self.text_tools else "native"
 
     async def _max_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                           context: EpisodeContext) -> int | None:

@@ -18,6 +18,8 @@ import json
 import re
 from typing import Any
 
+from omrl.messages import tool_call_parts
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
@@ -109,6 +111,10 @@ def parse_tool_calls(text: str | None, tools: list[dict[str, Any]] | None = None
 
 # ---------------------------------------------------------------------------- tools described as text
 
+# metadata["prompt_format"] of an episode whose tools went to the model as text (text_tool_messages), so the
+# conversation it saw can be rebuilt from the stored one (omrl.tokens_check.seen_messages).
+TEXT_TOOLS_FORMAT = "text_tools"
+
 _TOOLS_INTRO = ("You can use the tools listed below between <tools> and </tools>, one JSON schema a line. To use "
                 "one, write a <tool_call> block holding a JSON object with the tool's name and its arguments, "
                 "for example:\n<tool_call>\n{\"name\": \"NAME\", \"arguments\": {\"ARGUMENT\": \"VALUE\"}}\n"
@@ -147,11 +153,13 @@ def text_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
 
 
 def _call_block(call: dict[str, Any]) -> str:
-    """One stored tool call ({name, arguments as JSON text}) as the <tool_call> block a model writes."""
-    arguments: Any = call.get("arguments") or "{}"
+    """One tool call, stored (flat) or live (under `function`, as the agent loop sends it), as the <tool_call>
+    block a model writes; both shapes give the same block, so a stored episode rebuilds the prompt it was sent."""
+    _, name, arguments = tool_call_parts(call)
+    arguments = arguments or "{}"
     if isinstance(arguments, str):
         arguments = _json_or_text(arguments)
-    return "<tool_call>\n" + json.dumps({"name": call.get("name"), "arguments": arguments}, ensure_ascii=False) + \
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + \
         "\n</tool_call>"
 
 

@@ -3,7 +3,11 @@
 - `load_rows(store, where)`: the trajectories to train on (SQL filter, broken episodes skipped and counted).
 - `chat_dataset(rows)`: conversational `messages` + `tools` (TRL's own format, for `assistant_only_loss`).
 - `sft_examples(rows, tokenizer, ...)`: pre-tokenized `input_ids` + `assistant_masks` honouring per-message
-  `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped.
+  `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped. Rows
+  whose turns carry the ids the policy sampled are trained from them, turn by turn (`token_source`,
+  omrl.train.token_bridge), so what is trained is what was sampled.
+- Every rendering is of the conversation the model saw (omrl.tokens_check.seen_messages: tools that went to
+  the model as text are in its messages, not in the template's `tools`).
 - `TokenBudgetBatchSampler(lengths, budget)`: variable-size batches of nearly equal lengths, each at most
   `budget` tokens once padded (longest x count), so padding stays small; `batches_padding_fraction` measures it.
 - `rl_rewards(store, rows, recipe)`: the reward RL trains on (the combined reward of a reward recipe when one
@@ -21,7 +25,9 @@ from typing import Any
 from omrl.errors import UsageError
 from omrl.messages import to_chat_template
 from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
+from omrl.tokens_check import seen_messages, seen_tools
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask
+from omrl.train.token_bridge import check_token_source, drifting_turns, row_token_source, stored_examples
 
 MASK_SOURCES = ("auto", "template", "incremental")
 
@@ -41,6 +47,12 @@ class BridgeReport:
     token_budget: int | None = None
     batches_per_epoch: int | None = None
     mask_source: dict[str, int] = field(default_factory=dict)
+    token_source: str | None = None  # auto, stored or render (omrl.train.token_bridge)
+    turns_from_stored_ids: int = 0  # assistant turns trained on the ids the policy sampled
+    turns_rendered: int = 0  # assistant turns trained on the template's re-tokenisation
+    # Rendered turns whose stored ids the rendering does not reproduce (trained on tokens never sampled);
+    # 0 under auto and stored, which train every turn that has ids from them.
+    drifting_turns_trained_from_render: int = 0
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
@@ -53,7 +65,9 @@ class BridgeReport:
         pad = "n/a" if self.padding_fraction is None else f"{self.padding_fraction:.3f}"
         return (f"{self.trajectories} trajectories -> {self.examples} examples "
                 f"({self.split_trajectories} split, dropped {dropped}, {self.dropped_turns} turns too long); "
-                f"{self.tokens} tokens, {self.trained_tokens} trained; padding {pad}")
+                f"{self.tokens} tokens, {self.trained_tokens} trained; padding {pad}; turns: "
+                f"{self.turns_from_stored_ids} from stored ids, {self.turns_rendered} rendered "
+                f"({self.drifting_turns_trained_from_render} drifting)")
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -79,24 +93,13 @@ def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
     return kept
 
 
-def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The row's tool schemas as objects (the store keeps them as JSON text)."""
-    tools = row.get("tools") or "[]"
-    try:
-        parsed = json.loads(tools) if isinstance(tools, str) else tools
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"trajectory {row.get('id')!r}: field 'tools' is not valid JSON ({exc})") from None
-    if not isinstance(parsed, list):
-        raise UsageError(f"trajectory {row.get('id')!r}: field 'tools' must be a JSON list")
-    return parsed
-
-
 def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
-    """(chat-template messages (omrl.messages.to_chat_template), tools, trainable flag per message) of one row."""
-    stored = row.get("messages") or []
-    if not stored:
+    """(chat-template messages (omrl.messages.to_chat_template), tools, trainable flag per message) of one row,
+    as the model saw it (omrl.tokens_check.seen_messages: tools sent as text are in the messages, not in tools)."""
+    if not row.get("messages"):
         raise UsageError(f"trajectory {row.get('id')!r}: no messages")
-    return to_chat_template(stored), parse_tools(row), [is_trainable(m) for m in stored]
+    seen = seen_messages(row)
+    return to_chat_template(seen), seen_tools(row), [is_trainable(m) for m in seen]
 
 
 def chat_dataset(rows: Sequence[dict[str, Any]]):
@@ -149,26 +152,31 @@ def _segments(messages: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int]
 
 
 def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int | None = 2048,
-                 overflow: str = "split", mask_source: str = "auto",
+                 overflow: str = "split", mask_source: str = "auto", token_source: str = "auto",
                  report: BridgeReport | None = None) -> tuple[list[dict[str, Any]], BridgeReport]:
     """Tokenized SFT examples {id, input_ids, assistant_masks} with loss only on trainable assistant tokens.
 
-    overflow="split": a trajectory longer than `max_length` becomes several examples, each the head
-    (system/user messages before the first assistant turn) followed by consecutive whole turns; a single
+    token_source (omrl.train.token_bridge): auto trains every row that has sampled ids from them, one example
+    per turn, and renders the others; stored drops (and counts) rows lacking ids; render renders every row.
+    A rendered row: overflow="split": a trajectory longer than `max_length` becomes several examples, each the
+    head (system/user messages before the first assistant turn) followed by consecutive whole turns; a single
     turn that cannot fit is dropped and counted. overflow="drop": the trajectory is dropped and counted.
+    A row trained turn by turn drops (split) a turn longer than `max_length`, or (drop) the row.
     """
     if overflow not in ("split", "drop"):
         raise UsageError(f"overflow must be 'split' or 'drop', not {overflow!r}")
     if mask_source not in MASK_SOURCES:
         raise UsageError(f"mask_source must be one of {', '.join(MASK_SOURCES)}, not {mask_source!r}")
+    check_token_source(token_source)
     report = report or BridgeReport()
+    report.token_source = token_source
     examples: list[dict[str, Any]] = []
 
-    def add(row_id: str, part: int, ids: list[int], mask: list[int]) -> None:
+    def add(example_id: str, ids: list[int], mask: list[int]) -> None:
         if not any(mask):
             report.drop("no trainable tokens")
             return
-        examples.append({"id": f"{row_id}#{part}" if part else row_id, "input_ids": ids, "assistant_masks": mask})
+        examples.append({"id": example_id, "input_ids": ids, "assistant_masks": mask})
         report.tokens += len(ids)
         report.trained_tokens += sum(mask)
 
@@ -177,23 +185,44 @@ def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int |
         if not any(trainable):
             report.drop("no trainable messages")
             continue
-        ids, mask = _mask(tokenizer, messages, tools, trainable, mask_source, report)
-        if max_length is None or len(ids) <= max_length:
-            add(row["id"], 0, ids, mask)
+        source = row_token_source(row, token_source)
+        if source is None:
+            report.drop("missing completion ids")
             continue
-        if overflow == "drop":
-            report.drop("too long")
-            continue
-        report.split_trajectories += 1
-        for part, (ids, mask) in enumerate(_split(tokenizer, messages, tools, trainable, max_length,
-                                                  mask_source, report)):
-            add(row["id"], part + 1, ids, mask)
+        if source == "stored":
+            parts = stored_examples(row, tokenizer, max_length=max_length, overflow=overflow, report=report)
+        else:
+            parts = _rendered(row, tokenizer, messages, tools, trainable, max_length, overflow, mask_source, report)
+        for example_id, ids, mask in parts:
+            add(example_id, ids, mask)
     report.examples = len(examples)
     return examples, report
 
 
+def _rendered(row, tokenizer, messages, tools, trainable, max_length, overflow, mask_source, report):
+    """(example id, input_ids, mask) of a row rendered whole (split at turns when too long); its trained turns
+    are counted in `report`, and those of them whose stored ids the rendering does not reproduce."""
+    ids, mask = _mask(tokenizer, messages, tools, trainable, mask_source, report)
+    if max_length is None or len(ids) <= max_length:
+        trained = sum(t and m["role"] == "assistant" for m, t in zip(messages, trainable, strict=True))
+        parts = [(row["id"], ids, mask)]
+    elif overflow == "drop":
+        report.drop("too long")
+        return []
+    else:
+        report.split_trajectories += 1
+        chunks = list(_split(tokenizer, messages, tools, trainable, max_length, mask_source, report))
+        trained = sum(n for _, _, n in chunks)
+        parts = [(f"{row['id']}#{part + 1}", ids, mask) for part, (ids, mask, _) in enumerate(chunks)]
+    report.turns_rendered += trained
+    if parts:  # a drifting turn dropped from a split row as too long still counts: it is rare, and a warning
+        report.drifting_turns_trained_from_render += drifting_turns(row, tokenizer)
+    return parts
+
+
 def _split(tokenizer, messages, tools, trainable, max_length, mask_source, report):
-    """Greedy chunks of whole turns after the repeated head, each at most `max_length` tokens."""
+    """Greedy chunks (ids, mask, trainable turns in it) of whole turns after the repeated head, each at most
+    `max_length` tokens."""
     head_end, turns = _segments(messages)
     head = list(range(head_end))
     chunk: list[tuple[int, int]] = []
@@ -201,7 +230,9 @@ def _split(tokenizer, messages, tools, trainable, max_length, mask_source, repor
 
     def encode(turn_list):
         idx = head + [i for a, b in turn_list for i in range(a, b)]
-        return _mask(tokenizer, [messages[i] for i in idx], tools, [trainable[i] for i in idx], mask_source, report)
+        ids, mask = _mask(tokenizer, [messages[i] for i in idx], tools, [trainable[i] for i in idx], mask_source,
+                          report)
+        return ids, mask, sum(trainable[a] for a, _ in turn_list)  # a: the turn's assistant message
 
     for turn in turns:
         candidate = encode(chunk + [turn])
@@ -308,7 +339,7 @@ class TokenBudgetBatchSampler:
 
 
 def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int | None = 2048,
-                overflow: str = "split", mask_source: str = "auto"):
+                overflow: str = "split", mask_source: str = "auto", token_source: str = "auto"):
     """(datasets.Dataset of {id, input_ids, assistant_masks}, BridgeReport): one row per example, ready for
     TRL's SFTTrainer; batch it with `TokenBudgetBatchSampler` over the `input_ids` lengths."""
     from datasets import Dataset
@@ -316,7 +347,7 @@ def sft_dataset(store, tokenizer, *, where: str | None = None, max_length: int |
     report = BridgeReport()
     rows = load_rows(store, where, report=report)
     examples, report = sft_examples(rows, tokenizer, max_length=max_length, overflow=overflow,
-                                    mask_source=mask_source, report=report)
+                                    mask_source=mask_source, token_source=token_source, report=report)
     if not examples:
         raise UsageError(f"no trainable examples in the store ({report.summary()})")
     return Dataset.from_list(examples), report

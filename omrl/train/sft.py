@@ -4,9 +4,10 @@
     result.checkpoint, result.losses, result.details["train_tokens"]   # an omrl.train.trainer.TrainResult
 
 The bridge pre-tokenizes the store (loss only on trainable assistant turns, long trajectories split at turn
-boundaries) and feeds it in token-budget batches: examples of nearly equal length, as many per batch as fit in
-`token_budget` padded tokens (longest x count), so padding stays small and short examples travel in big
-batches. The loss is a mean over the trained tokens of each optimizer step (TRL/transformers normalise by
+boundaries; rows whose turns carry the ids the policy sampled are trained on those ids, one example per turn:
+`token_source`, omrl.train.token_bridge) and feeds it in token-budget batches: examples of nearly equal length,
+as many per batch as fit in `token_budget` padded tokens (longest x count), so padding stays small and short
+examples travel in big batches. The loss is a mean over the trained tokens of each optimizer step (TRL/transformers normalise by
 `num_items_in_batch`), so a batch's weight follows its token count, not its example count. `batching: trl`
 instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches of
 `batch_size` (only when every assistant turn is trainable: TRL's masks cannot leave one out).
@@ -26,6 +27,7 @@ from typing import Any
 
 from omrl.errors import UsageError
 from omrl.progress import Reporter
+from omrl.train.token_bridge import check_token_source
 from omrl.train.trainer import Trainer, TrainResult
 
 
@@ -63,6 +65,9 @@ class SFTRecipe:
     seed: int = field(default=0, metadata={"help": "seeds weights order and batches"})
     batching: str = field(default="bridge", metadata={"help": "bridge (token-budget, pre-tokenized) or trl"})
     mask_source: str = field(default="auto", metadata={"help": "auto, template or incremental loss masks"})
+    token_source: str = field(default="auto", metadata={
+        "help": "bridge: auto (rows with sampled completion ids train on them, one example per turn; others "
+                "rendered), stored (only such rows) or render (re-tokenise every row); omrl.train.token_bridge"})
     logging_steps: int = field(default=10, metadata={"help": "log every N steps"})
     use_cpu: bool | None = field(default=None, metadata={"help": "force CPU; default: CPU when no GPU"})
     bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default: on GPUs that have it"})
@@ -82,6 +87,9 @@ class SFTRecipe:
             raise UsageError(f"mask_source must be auto, template or incremental, not {self.mask_source!r}")
         if self.token_budget < 0:
             raise UsageError(f"token_budget must be >= 0, not {self.token_budget}")
+        check_token_source(self.token_source)
+        if self.token_source == "stored" and self.batching == "trl":
+            raise UsageError("token_source 'stored' needs batching: bridge (TRL re-tokenises the conversations)")
         if self.trl:  # a bad trl section is refused at load time (building the config checks it)
             trl_config(self)
 
@@ -137,7 +145,8 @@ def build_dataset(recipe: SFTRecipe, tokenizer, store: Any = None):
     store = store if store is not None else recipe.store
     if recipe.batching == "bridge":
         return sft_dataset(store, tokenizer, where=recipe.where, max_length=recipe.max_length,
-                           overflow=recipe.overflow, mask_source=recipe.mask_source)
+                           overflow=recipe.overflow, mask_source=recipe.mask_source,
+                           token_source=recipe.token_source)
     report = BridgeReport()
     rows = load_rows(store, recipe.where, report=report)
     for row in rows:
