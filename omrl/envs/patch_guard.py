@@ -19,6 +19,7 @@ remains: a forger that hides every such name).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -58,9 +59,7 @@ def protected(path: str, original: frozenset[str] = frozenset()) -> bool:
 
 def _new_top_module(parts: tuple[str, ...], original: frozenset[str]) -> bool:
     """A module file or package folder directly in an import root that the original tree does not have."""
-    tops = {PurePosixPath(f).parts[len(PurePosixPath(root).parts)] for f in original
-            for root in IMPORT_ROOTS if len(PurePosixPath(f).parts) > len(PurePosixPath(root).parts)
-            and PurePosixPath(f).parts[:len(PurePosixPath(root).parts)] == PurePosixPath(root).parts}
+    tops = _import_root_entries(original)
     for root in IMPORT_ROOTS:
         depth = len(PurePosixPath(root).parts)
         if len(parts) > depth and parts[:depth] == PurePosixPath(root).parts:
@@ -69,6 +68,19 @@ def _new_top_module(parts: tuple[str, ...], original: frozenset[str]) -> bool:
             if is_module and top not in tops:
                 return True
     return False
+
+
+@functools.lru_cache(maxsize=8)
+def _import_root_entries(original: frozenset[str]) -> frozenset[str]:
+    """The names directly inside an import root in the original tree (computed once per tree)."""
+    names = set()
+    for path in original:
+        parts = PurePosixPath(path).parts
+        for root in IMPORT_ROOTS:
+            depth = len(PurePosixPath(root).parts)
+            if len(parts) > depth and parts[:depth] == PurePosixPath(root).parts:
+                names.add(parts[depth])
+    return frozenset(names)
 
 
 def sections(patch: str) -> list[tuple[str, set[str]]]:
