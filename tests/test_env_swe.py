@@ -412,12 +412,14 @@ def test_the_guard_drops_protected_sections_whatever_the_header_looks_like():
              "rename from src/pkg/util.py\nrename to src/pkg/conftest.py\n"
              "diff --git a/src/pkg/__pycache__/core.cpython-311.pyc b/src/pkg/__pycache__/core.cpython-311.pyc\n"
              "new file mode 100644\nGIT binary patch\nliteral 3\nKcmZ>\n\n"
-             "diff --git a/json.py b/json.py\nnew file mode 100644\n--- /dev/null\n+++ b/json.py\n@@ -0,0 +1 @@\n+x\n")
+             "diff --git a/json.py b/json.py\nnew file mode 100644\n--- /dev/null\n+++ b/json.py\n@@ -0,0 +1 @@\n+x\n"
+             "diff --git a/.omrl-guard b/.omrl-guard\n--- a/.omrl-guard\n+++ b/.omrl-guard\n@@ -1 +1 @@\n-a\n+b\n")
     original = ["src/pkg/core.py", "src/pkg/util.py", "tests/tést_x.py", "setup.py"]
     kept, dropped = guard.sanitise(patch, original)
     assert kept.startswith("diff --git a/src/pkg/core.py") and kept.count("diff --git") == 1
     assert dropped == sorted(["tests/tést_x.py", "src/pkg/conftest.py", "src/pkg/__pycache__/core.cpython-311.pyc",
-                              "json.py"])  # a new top-level module could shadow the stdlib's
+                              "json.py",  # a new top-level module could shadow the stdlib's
+                              ".omrl-guard"])  # the scorer's own rule, copied beside the tree
     assert guard.forgery_signs(kept) == [] and guard.forgery_signs("+import _pytest\n+ x = 1\n") == ["import _pytest"]
 
 

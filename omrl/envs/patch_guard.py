@@ -34,6 +34,7 @@ HOOK_FOLDERS = ("__pycache__",)
 HOOK_FOLDER_SUFFIXES = (".dist-info", ".egg-info")  # entry points: pytest plugins, console scripts
 TEST_FOLDERS = frozenset({"test", "tests", "testing"})
 _TEST_FILE = re.compile(r"(^test_.*|.*_test)\.py$")
+CONTROL_PREFIX = ".omrl-"  # the scoring sandbox's own files in the project folder: never the agent's to touch
 IMPORT_ROOTS = ("", "src")  # where the tests import from (PYTHONPATH), so where a new module can shadow one
 # Added lines only a forger needs: the test runner by name, the interpreter's module table, frames or tracing,
 # every live object, an exit that skips the runner's own, objects equal to anything.
@@ -43,13 +44,15 @@ _FORGERY = re.compile(r"\b_?pytest|\bjunit|\bpluggy\b|\bunittest\b|\bsys\.(modul
 
 
 def protected(path: str, original: frozenset[str] = frozenset()) -> bool:
-    """True for a path a fix must not touch: a test file or folder, pytest's configuration, a start-up hook
+    """True for a path a fix must not touch: the scorer's control files, a test file or folder, pytest's configuration, a start-up hook
     (sitecustomize, .pth), compiled code, package metadata, and a module or package that `original` (the
     original tree's files) does not have at the top of an import root (it could shadow pytest or the stdlib)."""
     parts = PurePosixPath(path.lstrip("/")).parts
     if not parts:
         return False
     name = parts[-1]
+    if parts[0].startswith(CONTROL_PREFIX):  # the scorer's own files beside the tree (patches, the guard)
+        return True
     if any(p in TEST_FOLDERS for p in parts[:-1]) or _TEST_FILE.match(name) or name in HOOK_NAMES:
         return True
     if any(p in HOOK_FOLDERS or p.endswith(HOOK_FOLDER_SUFFIXES) for p in parts) or name.endswith(HOOK_SUFFIXES):
@@ -167,14 +170,18 @@ def _unquote(text: str) -> str:
 
 
 # Runs in the scoring sandbox (python3 -I -S), in the project folder, after the patches and before pytest:
-# argv[1] the read-only original tree, argv[2] a JSON list of the original's files, argv[3] this module's
-# source (so the rule is the host's own `protected`). Only files and symbolic links are removed: a folder
-# of the original stays, its new protected files go one by one.
+# argv[1] the read-only original tree, argv[2] a file with the JSON list of the original's files, argv[3] a file
+# with this module's source (so the rule is the host's own `protected`); files, not arguments: a tree's list
+# can pass the kernel's 128 KB limit on one argument. Only files and symbolic links are removed: a folder of
+# the original stays, its new protected files go one by one.
 SWEEP = r"""
 import json, os, shutil, sys
-original_root, original = sys.argv[1], frozenset(json.loads(sys.argv[2]))
+original_root = sys.argv[1]
+with open(sys.argv[2], encoding="utf-8") as listing:
+    original = frozenset(json.load(listing))
 rules = {}
-exec(compile(sys.argv[3], "omrl-guard", "exec"), rules)
+with open(sys.argv[3], encoding="utf-8") as source:
+    exec(compile(source.read(), "omrl-guard", "exec"), rules)
 protected = rules["protected"]
 keep = sorted(p for p in original if protected(p))
 for path in sorted({os.path.dirname(p) for p in keep}, key=len):  # a folder swapped for a link: the link goes

@@ -60,8 +60,8 @@ def pytest_command(tests: list[str] | None = None, per_test_timeout_s: float = 1
 # between the agent's patches and the task's test patches, then pytest.
 _APPLY = ('for p in "$@"; do case "$p" in .omrl-*.patch) git apply --whitespace=nowarn "$p" || '
           "{ echo 'OMRL: the patch does not apply'; exit 97; }; rm -f \"$p\"; shift;; "
-          '.omrl-sweep) rm -f .omrl-sweep; python3 -I -S -c "$OMRL_SWEEP" "$OMRL_ORIGINAL" "$(cat .omrl-files)" '
-          '"$(cat .omrl-guard)" || { echo "OMRL: the guard failed"; exit 98; }; rm -f .omrl-files .omrl-guard; '
+          '.omrl-sweep) rm -f .omrl-sweep; python3 -I -S -c "$OMRL_SWEEP" "$OMRL_ORIGINAL" .omrl-files .omrl-guard '
+          '|| { echo "OMRL: the guard failed"; exit 98; }; rm -f .omrl-files .omrl-guard; '
           'shift;; *) break;; esac; done; exec "$@"')
 ORIGINAL_INSIDE = "/opt/omrl-original"  # the untouched tree, read-only, for the guard to restore from
 MAX_REPORT_BYTES = 32 << 20
@@ -73,7 +73,7 @@ def run_tests(package: Package, tree: Path, tests: list[str] | None = None, per_
     """Run the package's tests (or the node ids or files `tests`) on `tree` inside the sandbox. `patches` are
     first applied in order with `git apply`, inside the sandbox too (one that does not apply fails the run).
     With `test_patches` (a list, even empty: scoring an agent's patch) the guard then restores the tree's tests,
-    pytest configuration and start-up hooks from the original (omrl.envs.swe.guard) before they are applied."""
+    pytest configuration and start-up hooks from the original (omrl.envs.patch_guard) before they are applied."""
     sweep_stale_work_folders()
     report_r, report_w = os.pipe()
     if os.geteuid() == 0:  # the sandbox's user opens it by /proc/self/fd: a pipe is its creator's, mode 0600
