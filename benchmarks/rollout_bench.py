@@ -8,9 +8,13 @@ connections are cheap) and answers every request after a modelled latency: fixed
 completion tokens (uniform), times a jitter factor. The synthetic environment's episode lengths are
 heavy-tailed (Pareto number of turns, capped). The policy is the real `openai:` backend.
 
-- efficiency_C: episodes/s achieved by `collect` at concurrency C, while all C slots are busy
-  (completions between the C-th and the (N-C)-th, N = jobs), divided by the ideal C / mean episode
-  time, where mean episode time = mean turns x mean model latency (zero overhead).
+- efficiency_C: the turn rate of `collect` at concurrency C (replies from 2 x the mean latency after the
+  start until the (N-C)-th episode finished, N = jobs), divided by the ideal C / mean model latency (zero
+  overhead). episodes_per_s_C (completions between the C-th and the (N-C)-th) is shown beside it: with
+  heavy-tailed episodes started at once it favours the short ones, and can pass its ideal.
+- ramp_s_C: seconds until C requests were on the wire at once. The levels run one after the other
+  against one server, so from the second on the client starts from the limit on requests in flight the
+  one before reached (omrl.endpoint: Memory); the first climbs from one request (omrl.endpoint: START).
 - speedup_vs_lockstep: `collect`'s episodes/s over a lockstep loop's at the same concurrency: all C
   episodes step together and every turn waits for the slowest reply, as batch rollout loops do.
 
@@ -157,8 +161,9 @@ class TimedPolicy:
 
 
 async def run_async(base_url: str, concurrency: int, tasks: list[Task], cap: int, warmup: float
-                    ) -> tuple[float, float]:
-    """(episodes/s, turns/s) of `collect` while all slots are busy; it is cancelled once the jobs run out.
+                    ) -> tuple[float, float, float | None]:
+    """(episodes/s, turns/s, ramp_s) of `collect` while all slots are busy; it is cancelled once the jobs
+    run out. ramp_s: seconds until `concurrency` requests were in flight at once (None: never).
 
     Episodes/s counts completions between the `concurrency`-th and the (n - concurrency)-th. Turns/s
     counts replies from `warmup` seconds after the start to that same end: with heavy-tailed episodes
@@ -187,9 +192,12 @@ async def run_async(base_url: str, concurrency: int, tasks: list[Task], cap: int
                                           max_turns=cap, run_id="bench", batch_size=256,
                                           on_episode=on_episode))
         waiter = asyncio.create_task(enough.wait())
+        filled = asyncio.create_task(time_to_fill(policy.inner.client, concurrency, started))
         await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
         job.cancel()
         waiter.cancel()
+        filled.cancel()
+        ramp = filled.result() if filled.done() and not filled.cancelled() else None
         with contextlib.suppress(asyncio.CancelledError):
             await job
         await policy.inner.aclose()
@@ -197,7 +205,14 @@ async def run_async(base_url: str, concurrency: int, tasks: list[Task], cap: int
     episodes = (end - start) / (finished[end - 1] - finished[start - 1])
     t0, t1 = started + warmup, finished[end - 1]
     turns = sum(1 for t in policy.stamps if t0 < t <= t1) / (t1 - t0)
-    return episodes, turns
+    return episodes, turns, ramp
+
+
+async def time_to_fill(client: Any, concurrency: int, started: float) -> float:
+    """Seconds from `started` until the client had `concurrency` requests in flight (polled every 50 ms)."""
+    while client.throttle is None or client.throttle.peak < concurrency:
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
 
 
 async def run_lockstep(base_url: str, concurrency: int, tasks: list[Task]) -> float:
@@ -267,17 +282,18 @@ def main() -> None:
                 tasks = heavy_tail_tasks(int(level * args.jobs_per_slot), rng, args.alpha, args.cap)
                 mean_turns = sum(t.payload["turns"] for t in tasks) / len(tasks)
                 ideal = level / (mean_turns * model.mean)
-                episodes, turns = await run_async(base_url, level, tasks, args.cap, warmup=2 * model.mean)
+                episodes, turns, ramp = await run_async(base_url, level, tasks, args.cap, warmup=2 * model.mean)
                 out[f"episodes_per_s_{level}"] = round(episodes, 2)
                 out[f"ideal_episodes_per_s_{level}"] = round(ideal, 2)
                 out[f"turns_per_s_{level}"] = round(turns, 1)
                 out[f"ideal_turns_per_s_{level}"] = round(level / model.mean, 1)
                 # The turn rate is the steady measure (see run_async); episodes/s is reported beside it.
                 out[f"efficiency_{level}"] = round(turns / (level / model.mean), 3)
+                out[f"ramp_s_{level}"] = None if ramp is None else round(ramp, 1)
             c = args.lockstep_concurrency
             tasks = heavy_tail_tasks(c, rng, args.alpha, args.cap)
             lockstep = await run_lockstep(base_url, c, tasks)
-            engine, _ = await run_async(base_url, c, heavy_tail_tasks(int(c * args.jobs_per_slot), rng,
+            engine, _, _ = await run_async(base_url, c, heavy_tail_tasks(int(c * args.jobs_per_slot), rng,
                                                                       args.alpha, args.cap), args.cap,
                                         warmup=2 * model.mean)
             out["lockstep_concurrency"] = c

@@ -26,6 +26,8 @@ lower them, good replies raise them again, never above `max_connections` (`adapt
 `max_connections`). A request waits for its turn here, off the wire, so a retry never joins the server's
 queue; a request given up on (timeout, cancelled episode) has its connection closed, which tells the server
 to stop. `server_info()` is what the endpoint said about itself (slots, context length), probed once.
+The limit and what the endpoint said carry over to the client's next event loop and to the next client of
+the same endpoint in this process (omrl.endpoint: Memory), so neither climbs again from one request.
 
 Connections: at most `max_connections` requests in flight. The transport holds a slot only while a request
 is on the wire (not while backing off) and the httpx pool has as many connections. Large limits are split
@@ -43,9 +45,10 @@ import math
 from collections import Counter
 from typing import Any
 
-from omrl.endpoint import ServerInfo, Throttle, probe, vllm_waiting
+from omrl.endpoint import Throttle, learned, remember
 from omrl.errors import OmrlError, UsageError
 from omrl.redact import redact, remember_secret, remember_url
+from omrl.server_info import ServerInfo, probe, vllm_waiting
 
 try:
     import httpx2 as httpx  # the HTTP library of openai >= 3
@@ -206,8 +209,13 @@ class LLMClient:
         if clients is None:
             shards = max(1, math.ceil(self.max_connections / POOL_SHARD))
             per_shard = math.ceil(self.max_connections / shards)
+            earlier = self.throttle or learned(self.base_url)[1]
             self.throttle = Throttle(self.max_connections, self._server, adaptive=self.adaptive,
                                      on_busy_check=lambda: vllm_waiting(self.base_url, self.api_key))
+            if earlier is not None:
+                self.throttle.resume(earlier)  # a new loop or client starts where the last one got to
+            if self.adaptive:
+                remember(self.base_url, throttle=self.throttle)
             clients = [openai.AsyncOpenAI(
                 base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries,
                 http_client=openai.DefaultAsyncHttpxClient(transport=_Transport(per_shard, self.stats,
@@ -218,15 +226,22 @@ class LLMClient:
         return clients
 
     async def server_info(self) -> ServerInfo:
-        """What the endpoint says about itself (slots, context length; omrl.endpoint.probe), asked once."""
+        """What the endpoint says about itself (slots, context length; omrl.server_info.probe), asked once
+        (and not again by the next client of it in this process, omrl.endpoint.learned)."""
         if self._server is None:
-            loop = asyncio.get_running_loop()
-            pending = self._probes.get(id(loop))
-            if pending is None or pending.get_loop() is not loop:
-                pending = self._probes[id(loop)] = loop.create_task(probe(self.base_url, self.api_key))
-            self._server = await pending
-            self._probes.clear()
+            self._server = learned(self.base_url)[0] or await self._probe()
+            remember(self.base_url, info=self._server)
         return self._server
+
+    async def _probe(self) -> ServerInfo:
+        """One probe per loop, however many requests wait for it."""
+        loop = asyncio.get_running_loop()
+        pending = self._probes.get(id(loop))
+        if pending is None or pending.get_loop() is not loop:
+            pending = self._probes[id(loop)] = loop.create_task(probe(self.base_url, self.api_key))
+        info = await pending
+        self._probes.clear()
+        return info
 
     async def chat(self, *, timeout: float | None = None, **request: Any) -> Any:
         """One chat completion (`request`: the arguments of `chat.completions.create`); raises LLMError."""

@@ -17,6 +17,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 
 
+@pytest.fixture(autouse=True)
+def _forget_endpoints():
+    """Each test's fake servers start fresh: a port reused by another test's server is not that server."""
+    from omrl.endpoint import forget
+
+    forget()
+
+
 @pytest.fixture
 def real_data() -> Path:
     """The folder of real public data files; tests using it skip when it is absent."""

@@ -15,10 +15,11 @@ from test_agent import CountEnv, count_tasks
 from test_collect import counting_expert
 
 from omrl.cli.main import cli
-from omrl.endpoint import ServerInfo, Throttle, probe, vllm_waiting
+from omrl.endpoint import Throttle
 from omrl.llm import LLMClient, LLMTimeout
 from omrl.policies.openai_policy import DEFAULT_MAX_TOKENS, OpenAIPolicy
 from omrl.rollout import collect
+from omrl.server_info import ServerInfo, probe, vllm_waiting
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
 from omrl.testing.slow_server import SlowServer

@@ -40,13 +40,13 @@ import re
 import warnings
 from typing import Any
 
-from omrl.endpoint import is_openai_com
 from omrl.errors import UsageError
 from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
 from omrl.messages import to_openai
 from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import TEXT_TOOLS_FORMAT, parse_tool_calls, split_reasoning, text_tool_messages
 from omrl.redact import display_url
+from omrl.server_info import is_openai_com
 
 DEFAULT_MAX_TOKENS = 1024  # per turn, when neither the episode nor the policy sets one
 MIN_REPLY_TOKENS = 16  # a prompt leaving less of the context than this ends the episode as truncated
