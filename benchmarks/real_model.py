@@ -33,10 +33,11 @@ from omrl.envs import generate_tasks  # noqa: E402
 from omrl.policies import make_policy  # noqa: E402
 from omrl.real_models import fetch  # noqa: E402
 from omrl.rollout import RolloutSettings, play_episodes  # noqa: E402
+from omrl.schema import success_counts  # noqa: E402
 from omrl.serve.vllm import VLLMServer  # noqa: E402
+from tests.cases.hacks import REAL_OS_TASKS  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-REAL_OS_TASKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "agentbench_os_dev.json"
 TOOL_ENVS = ("math", "bfcl", "miniwob", "swe", "os")  # environments whose actions are tool calls
 
 
@@ -62,9 +63,9 @@ def play(env: str, tasks: list, policy, max_turns: int, concurrency: int, sample
     started = time.monotonic()
     episodes = asyncio.run(play_episodes([(t, s) for t in tasks for s in range(samples)], None, policy, settings,
                                          run_id=f"real-model-{env}"))
-    known = [e for e in episodes if e.success is not None and e.status in ("ok", "truncated")]
-    wins = sum(bool(e.success) for e in known)
-    return {"episodes": len(episodes), "successes": wins, "success": round(wins / len(known), 3) if known else None,
+    counts = success_counts(e.row for e in episodes)  # the one definition: solved / known outcomes
+    rate = counts.rate
+    return {"episodes": len(episodes), "successes": counts.solved, "success": None if rate is None else round(rate, 3),
             "statuses": dict(Counter(e.status for e in episodes)), "wall_s": round(time.monotonic() - started, 1),
             "errors": sorted({(e.row.get("error") or "")[:160] for e in episodes if e.status.endswith("error")})[:3],
             "rows": [e.row for e in episodes]}

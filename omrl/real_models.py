@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.shipped import cache_dir
 
 PROVENANCE_FILE = "omrl-model.json"
 # What a complete folder holds; `fetch` skips a folder with all of them (the rename makes it all or nothing).
@@ -75,7 +76,7 @@ def _silent(line: str) -> None:
 
 def models_dir() -> Path:
     """omrl's model cache: OMRL_CACHE_DIR/models (default ~/.cache/omrl/models)."""
-    return Path(os.environ.get("OMRL_CACHE_DIR") or Path.home() / ".cache" / "omrl") / "models"
+    return cache_dir() / "models"
 
 
 def known_model(name: str) -> KnownModel:

@@ -8,14 +8,22 @@ recipe without a path as `shipped:NAME` (`shipped:math_arith` as tasks, `shipped
 `shipped:judges/grid_goal` as a recipe); `omrl tasks generate` writes fresh task sets, `omrl recipes copy`
 a recipe to edit.
 
+Also where omrl keeps what it fetches or builds once per machine (sdists, models, vLLM's venv): `cache_dir()`.
+
 This module imports nothing from omrl, so environments and task loading may both use it.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PREFIX = "shipped:"
+
+
+def cache_dir() -> Path:
+    """omrl's cache folder: OMRL_CACHE_DIR, default ~/.cache/omrl."""
+    return Path(os.environ.get("OMRL_CACHE_DIR") or Path.home() / ".cache" / "omrl")
 
 
 def shipped_datasets_dir() -> Path:

