@@ -40,7 +40,7 @@ def main() -> None:
 
     from train_helpers import mixed_length_store
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.sft import SFTRecipe, train_sft
 
     tiny = cached_tiny_model(hidden=args.hidden)

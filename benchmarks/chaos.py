@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from omrl.sandbox_limits import memory_cap
+from omrl.sandbox.limits import memory_cap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case lists live under tests/cases
 from tests.cases.chaos import SCENARIOS, run_scenario  # noqa: E402

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ppo-lr", type=float, default=None, help="PPO learning rate (default: the recipe's ppo section)")
     args = parser.parse_args(argv)
 
-    from omrl.recipes import load_recipe
+    from omrl.config import load_recipe
     from omrl.rollout import shared_engines
     from omrl.store import Store
     from omrl.tasks import load_tasks

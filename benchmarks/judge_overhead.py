@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="episodes per task (the judged group)")
     args = parser.parse_args()
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.rollout import RolloutSettings
     from omrl.testing.judge_server import JudgeProcess
     from omrl.train.grpo import GRPORecipe, train_grpo

@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omrl.executor import executor_for  # noqa: E402
 from omrl.rollout import RolloutSettings, collect  # noqa: E402
+from omrl.rollout.executor import executor_for  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
@@ -108,7 +108,7 @@ def worker_start_s() -> float:
     """Seconds from asking for one Ray shard worker actor to its first answer (process start and imports)."""
     import ray
 
-    from omrl.distributed.ray_executor import ShardWorker
+    from omrl.rollout.ray_executor import ShardWorker
 
     started = time.perf_counter()
     actor = ray.remote(ShardWorker).options(num_cpus=1).remote()

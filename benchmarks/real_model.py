@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omrl.envs import generate_tasks  # noqa: E402
+from omrl.models.real import fetch  # noqa: E402
 from omrl.policies import make_policy  # noqa: E402
-from omrl.real_models import fetch  # noqa: E402
 from omrl.rollout import RolloutSettings, play_episodes  # noqa: E402
 from omrl.schema import success_counts  # noqa: E402
 from omrl.serve.vllm import VLLMServer  # noqa: E402
@@ -96,7 +96,7 @@ def zero_shot(server: VLLMServer, envs: list[str], n: int, max_turns: int, work:
 
 def serving(server: VLLMServer, model_dir: Path, n: int, samples: int) -> dict:
     """vLLM against in-process HF generation on the same math tasks; token drift of what vLLM returned."""
-    from omrl.tokens_check import check_tokens
+    from omrl.policies.tokens_check import check_tokens
 
     tasks = generate_tasks("math", n=n, split="test")
     through_vllm = play("math", tasks, make_policy(f"openai:{server.served_name}", base_url=server.base_url),

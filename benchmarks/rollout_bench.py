@@ -14,7 +14,7 @@ heavy-tailed (Pareto number of turns, capped). The policy is the real `openai:` 
   heavy-tailed episodes started at once it favours the short ones, and can pass its ideal.
 - ramp_s_C: seconds until C requests were on the wire at once. The levels run one after the other
   against one server, so from the second on the client starts from the limit on requests in flight the
-  one before reached (omrl.endpoint: Memory); the first climbs from one request (omrl.endpoint: START).
+  one before reached (omrl.llm.endpoint: Memory); the first climbs from one request (omrl.llm.endpoint: START).
 - speedup_vs_lockstep: `collect`'s episodes/s over a lockstep loop's at the same concurrency: all C
   episodes step together and every turn waits for the slowest reply, as batch rollout loops do.
 

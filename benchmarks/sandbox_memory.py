@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from omrl import sandbox, sandbox_limits
+from omrl import sandbox
+from omrl.sandbox import limits as sandbox_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the case lists live under tests/cases
 from tests.cases.escapes import forks_body, held_at_once_mb, memfd_body, run_agent_test  # noqa: E402

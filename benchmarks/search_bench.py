@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_bench import SEARCH_WORD, make_corpus  # noqa: E402  (the one corpus generator of the benchmarks)
 
-from omrl.schema_arrow import to_table  # noqa: E402
+from omrl.schema.arrow import to_table  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.store import search as S  # noqa: E402
 

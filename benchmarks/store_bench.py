@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.schema import group_id, trajectory_id
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 from omrl.store import Store
 from omrl.store.layout import SIDE_DIR
 from omrl.store.search import INDEX_SUFFIX, build_missing, search_ids

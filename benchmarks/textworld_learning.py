@@ -66,7 +66,7 @@ QUICK_ARGS = ["--lr-grid", "5e-4", "--ppo-lr-grid", "5e-4", "--ppo-grid", "ppo_e
 
 def _parse_grid(text: str) -> list[tuple[str, Any]]:
     """"a=1,b=false" -> [("a", 1), ("b", False)] (values as YAML scalars)."""
-    from omrl.recipes import parse_overrides
+    from omrl.config import parse_overrides
 
     pairs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -421,7 +421,7 @@ def _reply_probability(model, tokenizer, messages: list[dict[str, Any]], reply: 
 
     import torch
 
-    from omrl.messages import to_chat_template
+    from omrl.schema.messages import to_chat_template
 
     prompt = tokenizer.apply_chat_template(to_chat_template(messages), tokenize=False, add_generation_prompt=True)
     start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])

@@ -1,6 +1,6 @@
 """`omrl view` speed: median time to serve one list page and one trajectory page on a big store.
 
-Builds a store of --n synthetic trajectories (omrl.synthetic; 100,000 by default, which takes minutes to
+Builds a store of --n synthetic trajectories (omrl.testing.synthetic; 100,000 by default, which takes minutes to
 write: --store DIR keeps it for the next run), then serves pages through Starlette's TestClient (the
 whole app: routing, DuckDB, templates) and prints one JSON line:
 {"n": ..., "list_page_ms": median, "trajectory_page_ms": median, ...}. Targets: list <= 200 ms,
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from omrl.store import Store
-from omrl.synthetic import synthetic_trajectories
+from omrl.testing.synthetic import synthetic_trajectories
 
 
 def build(path: Path, n: int, batch: int = 5000) -> Store:

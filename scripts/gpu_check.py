@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from omrl.envs.grid import grid_tasks
-    from omrl.models import build_tiny_model
+    from omrl.models.tiny import build_tiny_model
     from omrl.policies.scripted import ScriptedPolicy
     from omrl.rollout import collect
     from omrl.store import Store

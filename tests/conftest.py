@@ -20,7 +20,7 @@ REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 @pytest.fixture(autouse=True)
 def _forget_endpoints():
     """Each test's fake servers start fresh: a port reused by another test's server is not that server."""
-    from omrl.endpoint import forget
+    from omrl.llm.endpoint import forget
 
     forget()
 

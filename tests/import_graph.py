@@ -169,3 +169,31 @@ def describe(graph: dict[str, list[Edge]], cycles: list[list[Edge]]) -> str:
 
 def _component_of(graph: dict[str, list[Edge]], module: str) -> list[str]:
     return next(c for c in _components(graph) if module in c)
+
+
+def top_package(module: str) -> str:
+    """The part of `module` a layer names: `omrl.store.parts` -> `store`; a root module -> its own name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, list[Edge]], layers: list[set[str]], base: set[str]) -> list[Edge]:
+    """Every import that goes up or sideways between `layers` (listed top first), or from `base` (the
+    root modules every layer may use) into a layer. Imports inside one top-level package are free, and so
+    are the package root's (omrl/__init__.py: type-only names for users)."""
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    rank.update({name: len(layers) for name in base})
+    unknown = sorted({top_package(m) for m in graph if top_package(m) and top_package(m) not in rank})
+    if unknown:
+        raise AssertionError(f"packages in no layer (add them to the contract): {', '.join(unknown)}")
+    wrong = []
+    for edges in graph.values():
+        for edge in edges:
+            a, b = top_package(edge.source), top_package(edge.target)
+            if not a or not b or a == b or edge.loading:  # a package run on the way: its module counts
+                continue
+            lower = rank[b] > rank[a]
+            among_base = a in base and b in base
+            if not (lower or among_base):
+                wrong.append(edge)
+    return wrong

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from omrl.agent import run_episode
 from omrl.envs.base import Action, Reset, StepResult, Task, tool_schema
 from omrl.policies import PolicyError, PolicyReply, make_policy
+from omrl.rollout.agent import run_episode
 from omrl.schema import group_id, trajectory_id
 
 

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from test_roundtrip import REAL_FILES, hand_made_rows, rl_row
 
 from omrl.cli.main import cli
+from omrl.formats.exporters import export_store
 from omrl.formats.importer import load_trajectories
-from omrl.hub import export_store
 from omrl.store import Store
 
 atif = pytest.importorskip("atif")  # the dev extra installs it

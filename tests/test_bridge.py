@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
-from omrl.messages import to_chat_template  # noqa: E402
 from omrl.schema import Annotation, Message, ToolCall, Trajectory  # noqa: E402
+from omrl.schema.messages import to_chat_template  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.train.bridge import (  # noqa: E402
     BridgeReport,
@@ -50,7 +50,7 @@ def trajectory(tid: str, steps: int, *, untrainable: tuple[int, ...] = (), rewar
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     return AutoTokenizer.from_pretrained(cached_tiny_model())
 

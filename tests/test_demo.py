@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from omrl.recipes import load_recipe  # noqa: E402
+from omrl.config import load_recipe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["expert", "base", "sft", "grpo-1", "grpo-2", "sft-more"]
@@ -41,8 +41,8 @@ def test_quickstart_is_an_iterate_recipe_with_the_demo_stages_and_its_settings()
 
 @pytest.mark.slow
 def test_demo_runs_the_quickstart_through_iterate_and_writes_the_results_table(tmp_path, capsys):
-    from omrl.demo import run_demo
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
+    from omrl.train.demo import run_demo
 
     tiny = cached_tiny_model(hidden=32)
     results = run_demo(str(ROOT / "recipes" / "quickstart.yaml"), tiny_budget(tmp_path, tiny))

@@ -1,4 +1,4 @@
-"""The adaptive limit on requests in flight (omrl.endpoint.Throttle) against a server that batches: replays of
+"""The adaptive limit on requests in flight (omrl.llm.endpoint.Throttle) against a server that batches: replays of
 latency sequences on a fake clock, so each decision is checked without timing anything."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import heapq
 import random
 import threading
 
-import omrl.endpoint as endpoint
-from omrl.endpoint import Throttle, envelope, envelope_time
-from omrl.llm import LLMClient
-from omrl.server_info import ServerInfo, probe
+import omrl.llm.endpoint as endpoint
+from omrl.llm.client import LLMClient
+from omrl.llm.endpoint import Throttle, envelope, envelope_time
+from omrl.llm.server_info import ServerInfo, probe
 from omrl.testing.openai_server import FakeOpenAIServer
 
 
 class Clock:
-    """Stands in for time.monotonic in omrl.endpoint."""
+    """Stands in for time.monotonic in omrl.llm.endpoint."""
 
     def __init__(self) -> None:
         self.now = 0.0

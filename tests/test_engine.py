@@ -18,7 +18,7 @@ import pytest
 from omrl.envs import engine_memory
 from omrl.envs.base import Action, Reset, StepResult, Task
 from omrl.envs.engine import EngineCrashed, EngineError, EngineWorker, GuardedProcess
-from omrl.sandbox_limits import MemoryCap, memory_cap
+from omrl.sandbox.limits import MemoryCap, memory_cap
 from tests.engine_helpers import running
 
 ECHO = "omrl.testing.engines:EchoEngine"

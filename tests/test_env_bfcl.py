@@ -19,10 +19,10 @@ from omrl.envs.base import Action
 from omrl.policies import make_policy
 from omrl.policies.base import PolicyReply
 from omrl.policies.scripted import action_reply
-from omrl.render import render_trajectory
 from omrl.rollout import RolloutSettings, collect, play_episodes
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
+from omrl.view.transcript import render_trajectory
 from tests.engine_helpers import gone_within, running
 
 pytestmark = pytest.mark.skipif(unavailable(env_class("bfcl")) is not None,

@@ -215,7 +215,7 @@ def test_a_task_without_its_fields_is_invalid(tasks):
 def test_sft_runs_on_expert_swe_trajectories(collected, tmp_path):
     """A smoke test: the tiny model trains on the scripted expert's SWE episodes end to end (no learning claim)."""
     pytest.importorskip("trl")
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.sft import SFTRecipe, train_sft
 
     result = train_sft(SFTRecipe(model=str(cached_tiny_model()), store=str(collected[1]),

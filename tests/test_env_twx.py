@@ -12,10 +12,10 @@ from omrl.envs.base import Action
 from omrl.envs.twx import FOLD_SEEDS, TwxEnv, canonical_params, draw_seeds
 from omrl.errors import UsageError
 from omrl.policies import make_policy
-from omrl.render import render_trajectory
 from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_episodes
 from omrl.store import Store
 from omrl.tasks import write_tasks
+from omrl.view.transcript import render_trajectory
 from tests.engine_helpers import ROOT, KillingPolicy, jvm_caps_seen, kill_collect_mid_run, require_env
 
 pytestmark = pytest.mark.slow  # the TextWorldExpress engine (Java)

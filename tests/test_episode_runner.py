@@ -129,8 +129,8 @@ def test_a_ray_worker_plays_its_queued_shards_through_shared_slots(tmp_path):
     # share `concurrency` slots, so the second starts filling slots while the first still has episodes to
     # play (one after the other, slots sat idle at each shard's end), and together they never hold more
     # environments than the slots.
-    from omrl.distributed.ray_executor import ShardWorker
     from omrl.rollout import EpisodeWork
+    from omrl.rollout.ray_executor import ShardWorker
 
     ledger = Ledger(tmp_path / "log")
     settings = RolloutSettings(env="unused", max_turns=5, concurrency=3, seed=7)
@@ -232,7 +232,7 @@ pytest.importorskip("trl")
 
 @pytest.mark.slow
 def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
-    from omrl.models import build_tiny_model
+    from omrl.models.tiny import build_tiny_model
     from omrl.tasks import write_tasks
     from omrl.train.grpo import GRPORecipe, train_grpo
     from omrl.train.rollout_step import RolloutStep
@@ -361,7 +361,7 @@ class ReusableLetterEnv(CountingLetterEnv):
 
 
 def _letter_setup(tmp_path, n_tasks: int = 2):
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.tasks import write_tasks
 
     ledger = Ledger(tmp_path / "log")

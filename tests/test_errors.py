@@ -32,15 +32,15 @@ def broken_tasks(tmp_path: Path) -> Path:
 
 def test_user_errors_derive_from_one_base_and_keep_their_builtin_base():
     import omrl
+    from omrl.config import RecipeError
     from omrl.envs import EnvSpecError
     from omrl.formats.common import FormatError
     from omrl.policies.base import PolicyError
-    from omrl.readers import ReadError
-    from omrl.recipes import RecipeError
     from omrl.sandbox import SandboxUnavailable
     from omrl.schema import SchemaError
     from omrl.store import StoreError
     from omrl.store.query import QueryError
+    from omrl.store.readers import ReadError
     from omrl.tasks import TaskError
 
     for cls in (SchemaError, FormatError, QueryError, TaskError, RecipeError, EnvSpecError, SandboxUnavailable,

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 from omrl.cli.main import cli
+from omrl.formats.exporters import export_store, push_to_hub
 from omrl.formats.importer import load_trajectories
-from omrl.hub import export_store, push_to_hub
 from omrl.schema import Annotation
 from omrl.store import Store, StoreError
 
@@ -116,7 +116,7 @@ def test_a_failed_export_leaves_no_files_behind(store, tmp_path, monkeypatch):
     def convert_fails(row):
         raise ValueError(f"cannot convert {row['id']}")
 
-    monkeypatch.setattr("omrl.hub.to_openai_record", convert_fails)
+    monkeypatch.setattr("omrl.formats.exporters.to_openai_record", convert_fails)
     with pytest.raises(ValueError, match="cannot convert traj-0"):
         export_store(store, tmp_path / "out" / "sft.jsonl", "openai")
     assert list((tmp_path / "out").iterdir()) == []  # neither the export nor its temporary file

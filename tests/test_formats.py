@@ -11,7 +11,7 @@ import pytest
 from omrl.formats.common import FormatError
 from omrl.formats.detect import detect_format
 from omrl.formats.importer import FileReport, iter_trajectories, load_trajectories
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 
 REAL_FORMATS = {
     "eto_sharegpt_3traj.json": "sharegpt",

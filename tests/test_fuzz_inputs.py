@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.files import append_file
 from omrl.formats.common import FormatError
 from omrl.formats.importer import FileReport, import_files, iter_trajectories
 from omrl.schema import SchemaError, normalize_annotation, normalize_trajectory
 from omrl.store import Store
+from omrl.store.record_files import append_file
 from omrl.tasks import TaskError, import_tasks, load_tasks
 from tests.cases.fuzz import TARGETS, FuzzCase, run_fuzz_case, summarize, write_fuzz_corpus
 from tests.cases.fuzz import _parquet_body_cut as parquet_body_cut

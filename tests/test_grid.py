@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from omrl.agent import run_episode
 from omrl.envs.base import Action
 from omrl.envs.grid import GridEnv, grid_tasks
 from omrl.policies.scripted import ScriptedPolicy
+from omrl.rollout.agent import run_episode
 from omrl.tasks import load_tasks
 
 

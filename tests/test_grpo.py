@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 from omrl.envs.base import Reset, StepResult, Task  # noqa: E402
-from omrl.models import build_tiny_model  # noqa: E402
+from omrl.models.tiny import build_tiny_model  # noqa: E402
 from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402
@@ -94,7 +94,7 @@ def test_a_step_whose_rollouts_all_fail_stops_with_the_error(tmp_path):
 
 
 def test_a_partial_rollout_section_keeps_grpo_defaults_and_flat_keys_are_refused():
-    from omrl.recipes import RecipeError, from_dict
+    from omrl.config import RecipeError, from_dict
 
     loaded = from_dict(GRPORecipe, {"model": "m", "tasks": "t", "output_dir": "o",
                                     "rollout": {"env": "math", "max_turns": 3, "temperature": 0.5}})

@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from omrl.agent import run_episode  # noqa: E402
 from omrl.envs.grid import GridEnv, grid_tasks  # noqa: E402
-from omrl.models import build_tiny_model  # noqa: E402
+from omrl.models.tiny import build_tiny_model  # noqa: E402
 from omrl.policies import make_policy  # noqa: E402
 from omrl.policies.hf import HFPolicy, token_trace  # noqa: E402
+from omrl.rollout.agent import run_episode  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from test_export import fake_hub  # noqa: F401 - the fixture
 from test_roundtrip import REAL_FILES, hand_made_rows
 
 from omrl.cli.main import cli
+from omrl.formats.exporters import export_store
 from omrl.formats.hf_traces import session_path
 from omrl.formats.importer import load_trajectories
-from omrl.hub import export_store
 from omrl.store import Store
 
 MESSAGE_FIELDS = {"role": str, "content": str, "reasoningContent": str, "toolCalls": list, "toolCallId": str,

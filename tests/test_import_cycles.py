@@ -6,22 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_graph import describe, find_cycles, import_graph
+from tests.import_graph import describe, find_cycles, import_graph, layer_violations
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 # Modules over MAX_LINES lines, each with why it stays whole for now. A module that grows past the limit
 # needs a split or an entry here; an entry whose module is back under the limit is removed.
 LONG_MODULES = {
-    "omrl/sandbox.py": "the bwrap runner and the long-lived shell share its argv, supervisor and pipes, and the "
+    "omrl/sandbox/__init__.py": "the bwrap runner and the long-lived shell share its argv, supervisor and pipes, and the "
                        "README names omrl.sandbox.SandboxShell: the shell leaves only with a sandbox package",
-    "omrl/schema.py": "the record dataclasses' to_row call the normalisers, which take their defaults from the "
+    "omrl/schema/__init__.py": "the record dataclasses' to_row call the normalisers, which take their defaults from the "
                       "dataclasses: one unit until issue 27 settles whether the records stay",
     "omrl/store/search.py": "one text index: tokenising, building and searching share its on-disk format, and "
                             "its tests reach the parts as one module",
-    "omrl/rollout.py": "the episode runner and rollout engine, one lifecycle (writer, env pool, episode work), "
+    "omrl/rollout/__init__.py": "the episode runner and rollout engine, one lifecycle (writer, env pool, episode work), "
                        "reshaped by the executor work (issue 27, item 4)",
-    "omrl/report.py": "omrl report's sections (rounds, steps, agreement, benchmark) share its plotting helpers "
+    "omrl/report/__init__.py": "omrl report's sections (rounds, steps, agreement, benchmark) share its plotting helpers "
                       "and write_report: a split means a report package",
     "omrl/view/data.py": "the viewer's StoreReader: every page query shares one snapshot of the parts and its "
                          "connection pool",
@@ -32,7 +32,7 @@ LONG_MODULES = {
     "omrl/store/storage.py": "the Storage interface and its two backends: the S3 one leaves only with storage_for "
                              "and S3Path moved above both",
     "omrl/curate/filters.py": "one filter pipeline: a small class per step, in the fixed order its docstring gives",
-    "omrl/readers.py": "the one reading layer for record files: every kind's reader shares its error and "
+    "omrl/store/readers.py": "the one reading layer for record files: every kind's reader shares its error and "
                        "sniffing helpers",
     "omrl/envs/code.py": "one environment: its tools, its tests run in the sandbox, its task generation",
     "omrl/envs/miniwob/__init__.py": "one environment: the browser's lifecycle and its tools",
@@ -45,6 +45,52 @@ def test_no_import_cycles():
     assert len(graph) > 100 and any(e.where == "TYPE_CHECKING" for edges in graph.values() for e in edges)
     cycles = find_cycles(graph)
     assert not cycles, f"{len(cycles)} import cycle(s):\n{describe(graph, cycles)}"
+
+
+# The layers of omrl, top first: a package imports only from layers below its own (never up, never sideways).
+# Root modules (BASE) are the shared floor every layer may use.
+LAYERS = [
+    {"__main__"},
+    {"cli"},
+    {"testing"},          # fakes and synthetic data for tests, benchmarks and the demo
+    {"view"},             # the browser viewer (shows training runs too)
+    {"train"},            # trainers, the data bridge, iterate, the demo
+    {"curate"},           # filters, dedupe, augment (read annotations)
+    {"annotate", "formats", "report"},
+    {"rollout"},          # the agent loop, the episode runner and pool, executors
+    {"serve"},            # a local model server, supervised like an engine
+    {"policies"},
+    {"models"},           # tiny and real models by name
+    {"tasks"},
+    {"envs"},
+    {"llm"},              # the one OpenAI-compatible client and its endpoint limits
+    {"sandbox"},
+    {"store"},
+    {"schema"},
+]
+BASE = {"errors", "config", "plugins", "progress", "shipped"}
+MAX_ROOT_MODULES = 8
+
+
+def test_every_import_goes_down_the_layers():
+    graph = import_graph(ROOT, "omrl")
+    wrong = layer_violations(graph, LAYERS, BASE)
+    assert not wrong, "imports against the layers:\n" + "\n".join(f"  {edge}" for edge in wrong)
+
+
+def test_the_package_root_holds_few_modules():
+    modules = sorted(p.name for p in (ROOT / "omrl").glob("*.py"))
+    assert len(modules) <= MAX_ROOT_MODULES, f"{len(modules)} modules at omrl/: {modules}"
+    assert {p.removesuffix(".py") for p in modules} <= BASE | {"__init__", "__main__"}
+
+
+def test_the_layer_check_finds_an_upward_and_a_sideways_import(tmp_path):
+    _package(tmp_path, {"pkg/low/__init__.py": "", "pkg/low/a.py": "def f():\n    from pkg.high import b\n",
+                        "pkg/high/__init__.py": "", "pkg/high/b.py": "from pkg.low import a\n",
+                        "pkg/side/__init__.py": "from pkg.high import b\n", "pkg/util.py": "from pkg.low import a\n"})
+    graph = import_graph(tmp_path, "pkg")
+    wrong = {(e.source, e.target) for e in layer_violations(graph, [{"high", "side"}, {"low"}], {"util"})}
+    assert wrong == {("pkg.low.a", "pkg.high.b"), ("pkg.side", "pkg.high.b"), ("pkg.util", "pkg.low.a")}
 
 
 def test_no_module_is_long_without_a_reason():

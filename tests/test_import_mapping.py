@@ -130,7 +130,7 @@ def test_available_tools_and_sharegpt_model_in_built_in_formats(tmp_path):
     (["traj"], r"m\.yaml: the top level must be a mapping"),
 ])
 def test_bad_mapping_files_are_refused_naming_the_file(tmp_path, mapping, message):
-    from omrl.recipes import RecipeError
+    from omrl.config import RecipeError
 
     (tmp_path / "m.yaml").write_text(json.dumps(mapping))
     with pytest.raises(RecipeError, match=message):

@@ -89,7 +89,7 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     assert "quickstart" in _run([str(omrl), "recipes", "list"], work).stdout
     _run([str(omrl), "recipes", "copy", "quickstart"], work)
     assert (work / "quickstart.yaml").read_bytes() == (ROOT / "recipes" / "quickstart.yaml").read_bytes()
-    counts = _run([str(python), "-c", "from omrl.recipes import load_recipe; from omrl.tasks import load_tasks; "
+    counts = _run([str(python), "-c", "from omrl.config import load_recipe; from omrl.tasks import load_tasks; "
                    "from omrl.train.iterate import IterateRecipe; r = load_recipe('shipped:quickstart', IterateRecipe); "
                    "print(len(load_tasks(r.train_tasks)), len(load_tasks(r.eval_tasks)))"], work).stdout.split()
     assert counts == ["1000", "200"], counts

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from omrl.recipes import load_recipe  # noqa: E402
+from omrl.config import load_recipe  # noqa: E402
 from omrl.store import Store  # noqa: E402
 
 TASKS = Path(__file__).resolve().parents[1] / "datasets" / "tasks"
@@ -38,7 +38,7 @@ def recipe(tmp_path, tiny):
 
 @pytest.mark.slow
 def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.iterate import run_iterate
 
     tiny = cached_tiny_model(hidden=32)
@@ -94,7 +94,7 @@ def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
 
 
 def test_bad_nested_settings_are_named(tmp_path):
-    from omrl.recipes import RecipeError
+    from omrl.config import RecipeError
     from omrl.train.iterate import IterateRecipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
@@ -113,7 +113,7 @@ def test_bad_nested_settings_are_named(tmp_path):
 
 
 def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
-    from omrl.recipes import RecipeError, describe
+    from omrl.config import RecipeError, describe
     from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
@@ -135,7 +135,7 @@ def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
 
 
 def test_grpo_settings_are_converted_to_their_types():
-    from omrl.recipes import from_dict
+    from omrl.config import from_dict
     from omrl.train.grpo import GRPORecipe
 
     # YAML 1.1 reads `1e-4` (no dot) as text: the recipe must still hand TRL a float.
@@ -155,7 +155,7 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
     import sys
     import time
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.testing.judge_server import JudgeProcess
     from omrl.train.iterate import IterateRecipe, run_iterate
 
@@ -174,7 +174,7 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
                      "logging_steps": 1},
             "eval": {"tasks": 2, "samples": 1, "greedy": False},
         }
-        code = ("import json, sys\nfrom omrl.recipes import load_recipe\nfrom omrl.train.iterate import IterateRecipe,"
+        code = ("import json, sys\nfrom omrl.config import load_recipe\nfrom omrl.train.iterate import IterateRecipe,"
                 " run_iterate\nrun_iterate(load_recipe(json.loads(sys.argv[1]), IterateRecipe))\n")
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(values)], cwd=Path(__file__).parents[1],
                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
@@ -214,8 +214,8 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
 def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
     """algorithm: ppo runs its rounds as ppo-N stages, PPO rollouts stored with their round; a judged
     reward with ppo, or an unknown algorithm, is refused at load time."""
-    from omrl.models import cached_tiny_model
-    from omrl.recipes import RecipeError
+    from omrl.config import RecipeError
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.iterate import IterateRecipe, run_iterate
 
     tiny = cached_tiny_model(hidden=32)
@@ -236,7 +236,7 @@ def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
 
 def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp_path):
     from omrl.errors import UsageError
-    from omrl.models import default_corpus, train_tokenizer
+    from omrl.models.tiny import default_corpus, train_tokenizer
     from omrl.schema import Message, Trajectory
     from omrl.train.iterate import demo_success, demo_texts
     from omrl.train.iterate_recipe import TinySettings

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from test_roundtrip import export_and_import, hand_made_rows, rl_row
 
-from omrl.messages import arguments_value
+from omrl.schema.messages import arguments_value
 from omrl.store import Store
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -1,4 +1,4 @@
-"""omrl.messages: the one converter; the policy and the bridge tokenise a tool-calling conversation identically."""
+"""omrl.schema.messages: the one converter; the policy and the bridge tokenise a tool-calling conversation identically."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from omrl.messages import arguments_text, arguments_value, to_chat_template, to_openai, tool_call_parts
 from omrl.schema import normalize_trajectory
+from omrl.schema.messages import arguments_text, arguments_value, to_chat_template, to_openai, tool_call_parts
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
     "type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]}}},
@@ -82,7 +82,7 @@ def tiny():
     pytest.importorskip("trl")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     path = cached_tiny_model()
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -11,7 +11,7 @@ pytest.importorskip("trl")
 
 from click.testing import CliRunner  # noqa: E402
 
-from omrl.models import build_tiny_model, cached_tiny_model, train_tokenizer  # noqa: E402
+from omrl.models.tiny import build_tiny_model, cached_tiny_model, train_tokenizer  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "Reach the goal."},

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # each test trains in two processes
 
 
 def test_two_process_sft_runs(tmp_path):
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     tiny = cached_tiny_model(hidden=32)
     store = demo_store(tmp_path / "s", n=16)

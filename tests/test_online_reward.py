@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 from omrl.envs.base import Reset, StepResult, Task  # noqa: E402
-from omrl.models import build_tiny_model  # noqa: E402
+from omrl.models.tiny import build_tiny_model  # noqa: E402
 from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402

@@ -9,10 +9,10 @@ import pytest
 
 from omrl.envs.base import Task, tool_schema
 from omrl.errors import UsageError
-from omrl.messages import to_openai
 from omrl.policies import EpisodeContext, PolicyError, PolicyTimeout, make_policy
 from omrl.policies.openai_policy import OpenAIPolicy
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
+from omrl.schema.messages import to_openai
 from omrl.testing.openai_server import FakeOpenAIServer
 
 TOOLS = [tool_schema("search", "Search.", {"query": {"type": "string"}}),
@@ -166,14 +166,14 @@ def test_openai_policy_works_across_event_loops(monkeypatch):
         assert act(policy).content == "hi" and act(policy).content == "hi"  # two asyncio.run loops
 
 
-# ---------------------------------------------------------------- the one LLM client (omrl/llm.py)
+# ---------------------------------------------------------------- the one LLM client (omrl/llm/client.py)
 
 
 def test_llm_client_caps_requests_in_flight():
     import threading
     import time
 
-    from omrl.llm import LLMClient
+    from omrl.llm.client import LLMClient
 
     lock, now, peak = threading.Lock(), [0], [0]
 
@@ -200,7 +200,7 @@ def test_llm_client_caps_requests_in_flight():
 
 
 def test_llm_client_classifies_what_failed():
-    from omrl.llm import LLMClient, LLMMalformed, LLMStatusError
+    from omrl.llm.client import LLMClient, LLMMalformed, LLMStatusError
 
     def call(client):
         async def once():
@@ -243,10 +243,10 @@ def test_make_policy_specs():
 # VLLMPolicy (omrl/policies/vllm.py) on CPU: the generator is answered by a real tiny model (greedy), so the
 # traces must equal HFPolicy's exactly.
 
-from omrl.agent import run_episode  # noqa: E402
 from omrl.envs.grid import GridEnv, grid_tasks  # noqa: E402
 from omrl.policies.hf import HFPolicy, token_trace  # noqa: E402
 from omrl.policies.vllm import VLLMPolicy  # noqa: E402
+from omrl.rollout.agent import run_episode  # noqa: E402
 
 
 class FakeVLLMGeneration:
@@ -273,7 +273,7 @@ class FakeVLLMGeneration:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("torch")
-    from omrl.models import build_tiny_model
+    from omrl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2)
 

@@ -196,7 +196,7 @@ def test_environment_tokens_get_no_policy_loss_and_no_value_loss():
 
 
 def test_recipe_file_loads_and_bad_settings_are_refused():
-    from omrl.recipes import RecipeError, load_recipe
+    from omrl.config import RecipeError, load_recipe
 
     recipe = load_recipe("recipes/ppo_grid.yaml", PPORecipe, ["level=token", "rollout.max_turns=3"])
     assert (recipe.level, recipe.rollout.max_turns, recipe.rollout.env) == ("token", 3, "grid")

@@ -343,7 +343,7 @@ def test_legit_queries_still_work(store):
 def test_newer_and_older_parts_share_one_view(store):
     """A part from a newer writer (an extra column) and parts without it read as one table."""
     row = make_trajectory(9).to_row()
-    from omrl.schema_arrow import to_table
+    from omrl.schema.arrow import to_table
 
     table = to_table([row]).append_column("novel", pa.array(["x"], pa.string()))
     with store._lock("write"):  # committed as a newer writer would: the part, then the listing naming it

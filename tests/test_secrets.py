@@ -1,4 +1,4 @@
-"""Secrets omrl was given never land in a store, a log or the console: one redaction (omrl.redact) everywhere."""
+"""Secrets omrl was given never land in a store, a log or the console: one redaction (omrl.schema.redact) everywhere."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 from omrl.cli.main import cli
-from omrl.llm import LLMClient, LLMStatusError
-from omrl.redact import display_url, redact, remember_secret, remember_url
+from omrl.llm.client import LLMClient, LLMStatusError
 from omrl.schema import normalize_annotation, normalize_trajectory
+from omrl.schema.redact import display_url, redact, remember_secret, remember_url
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
 from tests.cases.leaks import run_secret_leaks

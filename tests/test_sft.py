@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # each test trains a tiny model
 
 @pytest.fixture(scope="module")
 def tiny():
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     return cached_tiny_model()
 

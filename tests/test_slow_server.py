@@ -1,5 +1,5 @@
 """Collection against a slow one-slot server: requests in flight adapt to what it sustains, every turn sends
-max_tokens, a turn past the model's context ends the episode as truncated (omrl.endpoint, omrl.llm)."""
+max_tokens, a turn past the model's context ends the episode as truncated (omrl.llm.endpoint, omrl.llm.client)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from test_agent import CountEnv, count_tasks
 from test_collect import counting_expert
 
 from omrl.cli.main import cli
-from omrl.endpoint import Throttle
-from omrl.llm import LLMClient, LLMTimeout
+from omrl.llm.client import LLMClient, LLMTimeout
+from omrl.llm.endpoint import Throttle
+from omrl.llm.server_info import ServerInfo, probe, vllm_waiting
 from omrl.policies.openai_policy import DEFAULT_MAX_TOKENS, OpenAIPolicy
 from omrl.rollout import collect
-from omrl.server_info import ServerInfo, probe, vllm_waiting
 from omrl.store import Store
 from omrl.testing.openai_server import FakeOpenAIServer
 from omrl.testing.slow_server import SlowServer
@@ -62,7 +62,7 @@ def test_replies_of_mixed_lengths_on_one_slot_keep_about_two_in_flight(monkeypat
     queueing (it was taken for a busy machine: ignored), and a long reply that waited for short ones shows no
     room (it raised the limit). Past the first replies, about 2 are let in flight (it climbed to 5-7, 4.2-4.5 on
     average; now 1.5-1.7 at a load of 33)."""
-    from omrl.endpoint import Throttle
+    from omrl.llm.endpoint import Throttle
 
     lengths = itertools.cycle([200, 20, 20])  # tokens: 1 s and 0.1 s at 200 tokens/s
 

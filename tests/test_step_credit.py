@@ -215,7 +215,7 @@ def test_one_grpo_step_with_per_token_step_advantages(tmp_path):
     from trl import GRPOConfig
 
     from datasets import Dataset
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.grpo_credit import STEP_ADVANTAGES, step_credit_trainer
 
     source = cached_tiny_model(hidden=32)
@@ -296,7 +296,7 @@ def test_the_step_credit_trainer_refuses_a_whole_sequence_loss(tmp_path):
     from trl import GRPOConfig
 
     from datasets import Dataset
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.train.grpo_credit import step_credit_trainer
 
     source = cached_tiny_model(hidden=32)

@@ -168,7 +168,7 @@ def test_filter_output_is_whole_after_the_command_and_refused_only_if_complete(s
 
 
 def test_export_overwrite_swaps_the_old_export_only_when_the_new_one_is_complete(store, tmp_path, monkeypatch):
-    from omrl.hub import export_store
+    from omrl.formats.exporters import export_store
 
     export_store(store, tmp_path / "out", fmt="parquet")
     assert Store(tmp_path / "out").count() == 6

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from conftest import make_trajectory
 
 from omrl.cli.main import cli
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 from omrl.store import Store, StoreError
 from omrl.store.layout import CompactPolicy, side_path
 from omrl.store.manifest import listing

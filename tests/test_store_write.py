@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_trajectory
 
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 from omrl.store import Store
 from omrl.store import layout as store_layout
 from omrl.store.layout import CompactPolicy, row_bytes, row_group_sizes, side_path, write_parquet

@@ -9,9 +9,9 @@ import pytest
 from conftest import make_trajectory
 
 from omrl.report import round_stats
+from omrl.report.stats import store_stats
 from omrl.rollout import eval_metrics
 from omrl.schema import FAILED_STATUSES, STATUSES, SuccessCounts, is_failed, success_counts
-from omrl.stats import store_stats
 from omrl.store import Store
 from omrl.train.bridge import load_rows
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.recipes import RecipeError
+from omrl.config import RecipeError
 from omrl.tasks import (
     TASK_SCHEMA,
     TaskError,

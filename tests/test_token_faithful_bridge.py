@@ -12,14 +12,14 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from omrl.agent import run_episode  # noqa: E402
 from omrl.envs.grid import GridEnv, grid_tasks  # noqa: E402
-from omrl.messages import to_chat_template, to_openai  # noqa: E402
 from omrl.policies.openai_policy import OpenAIPolicy  # noqa: E402
 from omrl.policies.parsing import text_tool_messages  # noqa: E402
+from omrl.policies.tokens_check import check_tokens, seen_messages  # noqa: E402
+from omrl.rollout.agent import run_episode  # noqa: E402
 from omrl.schema import Message, ToolCall, Trajectory, Turn  # noqa: E402
+from omrl.schema.messages import to_chat_template, to_openai  # noqa: E402
 from omrl.testing.openai_server import FakeOpenAIServer  # noqa: E402
-from omrl.tokens_check import check_tokens, seen_messages  # noqa: E402
 from omrl.train.bridge import chat_dataset, sft_examples  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
@@ -37,7 +37,7 @@ SMOLLM2_TEMPLATE = (
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     return AutoTokenizer.from_pretrained(cached_tiny_model())
 

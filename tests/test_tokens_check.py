@@ -14,14 +14,14 @@ from click.testing import CliRunner  # noqa: E402
 
 from omrl.cli.main import cli  # noqa: E402
 from omrl.envs.grid import GridEnv, grid_tasks  # noqa: E402
+from omrl.formats.exporters import export_store  # noqa: E402
 from omrl.formats.importer import load_trajectories  # noqa: E402
-from omrl.hub import export_store  # noqa: E402
-from omrl.messages import to_chat_template  # noqa: E402
 from omrl.policies.hf import HFPolicy  # noqa: E402
+from omrl.policies.tokens_check import check_store_tokens, check_tokens, load_tokenizer  # noqa: E402
 from omrl.rollout import collect  # noqa: E402
 from omrl.schema import Message, ToolCall, Trajectory, Turn  # noqa: E402
+from omrl.schema.messages import to_chat_template  # noqa: E402
 from omrl.store import Store  # noqa: E402
-from omrl.tokens_check import check_store_tokens, check_tokens, load_tokenizer  # noqa: E402
 from tests.train_helpers import TOOLS, random_mover_model  # noqa: E402
 
 

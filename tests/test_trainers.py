@@ -95,7 +95,7 @@ def _letter_tasks(tmp_path, n=4):
 def _recipes(tmp_path) -> dict[str, dict]:
     """A one- or two-step recipe of every trainer on the tiny model (the same data each is tested with)."""
     from omrl.envs.grid import grid_tasks
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
     from omrl.tasks import write_tasks
     from tests.train_helpers import demo_store
 
@@ -174,8 +174,8 @@ def test_iterate_runs_its_update_step_through_the_registered_trainer(tmp_path, m
     import importlib
     from pathlib import Path
 
-    from omrl.models import cached_tiny_model
-    from omrl.recipes import load_recipe
+    from omrl.config import load_recipe
+    from omrl.models.tiny import cached_tiny_model
     from omrl.store import Store
     from omrl.train.iterate import IterateRecipe, run_iterate
 

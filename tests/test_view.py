@@ -21,7 +21,7 @@ from omrl.cli.main import cli  # noqa: E402
 from omrl.errors import OmrlError  # noqa: E402
 from omrl.schema import Annotation, is_failed  # noqa: E402
 from omrl.store import Store  # noqa: E402
-from omrl.synthetic import synthetic_trajectories  # noqa: E402
+from omrl.testing.synthetic import synthetic_trajectories  # noqa: E402
 from omrl.view.app import make_app  # noqa: E402
 from omrl.view.export import export_site  # noqa: E402
 from omrl.view.pages import file_key  # noqa: E402

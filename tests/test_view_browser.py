@@ -265,7 +265,7 @@ def test_a_long_message_opens_whole_and_other_sites_are_refused(driver, tmp_path
     """A cut message's link opens its whole text (a same-origin navigation passes); a page on another site
     (localhost is not 127.0.0.1) can neither load the viewer's files as images nor open its pages."""
     from omrl.store import Store
-    from omrl.synthetic import synthetic_trajectories
+    from omrl.testing.synthetic import synthetic_trajectories
 
     store = Store.create(tmp_path / "store")
     row = dict(next(iter(synthetic_trajectories(1, seed=3))), id="long")

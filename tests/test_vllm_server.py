@@ -33,7 +33,7 @@ OMRL = [sys.executable, "-m", "omrl"]
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     from omrl.errors import UsageError
-    from omrl.real_models import fetch
+    from omrl.models.real import fetch
 
     try:
         return fetch(MODEL)

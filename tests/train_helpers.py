@@ -70,7 +70,7 @@ def random_mover_model(out, *, hidden: int = 32):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.models import cached_tiny_model
+    from omrl.models.tiny import cached_tiny_model
 
     source = cached_tiny_model(hidden=hidden)
     tokenizer = AutoTokenizer.from_pretrained(source)

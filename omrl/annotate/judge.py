@@ -4,7 +4,7 @@ Modes (pointwise, pairwise, group): omrl.annotate.judge_modes, registered by nam
 
 Replies must be JSON (```json fences tolerated). An unparseable or out-of-range reply is re-asked
 (`max_invalid` times, telling the judge what was wrong), then stored as an error annotation. 429, 5xx,
-timeouts, connection errors and malformed bodies are retried by the one LLM client (omrl/llm.py: the openai
+timeouts, connection errors and malformed bodies are retried by the one LLM client (omrl/llm/client.py: the openai
 client's own exponential backoff, `max_retries`); a call that still fails is an error annotation, never a
 score. Valid replies are cached by prompt hash (cache.py), so a second run makes no calls.
 
@@ -31,7 +31,7 @@ from omrl.annotate.cache import JudgeCache, prompt_hash
 from omrl.annotate.render import clip
 from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError, UsageError
-from omrl.llm import LLMClient, LLMError, LLMStatusError
+from omrl.llm.client import LLMClient, LLMError, LLMStatusError
 from omrl.plugins import Registry
 
 
@@ -53,7 +53,7 @@ class JudgeConfig:
     api_key: str = "EMPTY"
     mode: str = "pointwise"
     concurrency: int = 16  # requests in flight at once
-    max_retries: int = 4  # transport retries per call (429, 5xx, timeouts, malformed bodies); see omrl/llm.py
+    max_retries: int = 4  # transport retries per call (429, 5xx, timeouts, malformed bodies); see omrl/llm/client.py
     max_invalid: int = 2  # re-asks after an unparseable or out-of-range reply
     timeout_s: float = 60.0
     temperature: float = 0.0
@@ -162,7 +162,7 @@ def reply_number(value: Any, what: str) -> float:
 
 
 class Judge:
-    """Sends judge requests through the one LLM client (omrl.llm) with bounded concurrency and a reply cache."""
+    """Sends judge requests through the one LLM client (omrl.llm.client) with bounded concurrency and a reply cache."""
 
     def __init__(self, config: JudgeConfig, cache: JudgeCache | None = None):
         self.config = config
@@ -320,7 +320,7 @@ async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str
 
 
 def judge_config(spec: Any, source: str = "<dict>", index: int = 0) -> JudgeConfig:
-    """A JudgeConfig from entry `index` of a reward recipe's `judges` list, by omrl.recipes.from_dict (errors
+    """A JudgeConfig from entry `index` of a reward recipe's `judges` list, by omrl.config.from_dict (errors
     name the recipe and the key, `judges[0].max_tokens`).
 
     `rubric` is a rubric YAML path or an inline rubric mapping; `base_url` or `model` of the form "$VAR" is
@@ -330,7 +330,7 @@ def judge_config(spec: Any, source: str = "<dict>", index: int = 0) -> JudgeConf
     import os
 
     from omrl.annotate.rubric import load_rubric
-    from omrl.recipes import RecipeError, from_dict
+    from omrl.config import RecipeError, from_dict
 
     where, key = f"reward recipe {source}", f"judges[{index}]"
     if not isinstance(spec, dict):

@@ -30,8 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from omrl.config import load_recipe
 from omrl.errors import UsageError
-from omrl.recipes import load_recipe
 from omrl.store import Store
 
 ENV_REWARD = "env_reward"
@@ -87,13 +87,13 @@ class RewardRecipe:
 
 def _shown(judge: dict[str, Any]) -> dict[str, Any]:
     """A judge spec as it is stored with the scores: a base URL without the credentials it may carry."""
-    from omrl.redact import display_url
+    from omrl.schema.redact import display_url
 
     return {**judge, "base_url": display_url(judge["base_url"])} if isinstance(judge.get("base_url"), str) else judge
 
 
 def load_reward_recipe(recipe: str | Path | dict[str, Any] | RewardRecipe) -> RewardRecipe:
-    """A reward recipe from a YAML path (or `shipped:NAME`), a mapping, or as is (omrl.recipes.load_recipe)."""
+    """A reward recipe from a YAML path (or `shipped:NAME`), a mapping, or as is (omrl.config.load_recipe)."""
     if isinstance(recipe, RewardRecipe):
         return recipe
     loaded = load_recipe(recipe, RewardRecipe, where="reward recipe <dict>")

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omrl.config import load_recipe
 from omrl.errors import UsageError
-from omrl.recipes import load_recipe
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Rubric:
 
 def load_rubric(source: str | Path | dict[str, Any], where: str = "rubric <dict>") -> Rubric:
     """A rubric from a YAML file (or `shipped:NAME`, e.g. `shipped:judges/grid_goal`), or from a mapping
-    (an inline rubric, named `where` in errors), by omrl.recipes.load_recipe."""
+    (an inline rubric, named `where` in errors), by omrl.config.load_recipe."""
     rubric = load_recipe(source, Rubric, where=where)
     rubric.source = where if isinstance(source, dict) else str(source)
     return rubric

@@ -29,8 +29,8 @@ from omrl.annotate.reward import (
     reward_annotations,
 )
 from omrl.errors import UsageError
-from omrl.executor import LOCAL, Executor, Placement
 from omrl.progress import QUIET, Reporter
+from omrl.rollout.executor import LOCAL, Executor, Placement
 from omrl.schema import new_id
 from omrl.store import Store
 
@@ -80,7 +80,7 @@ class AnnotateSummary:
 
 
 class JudgeWork:
-    """Judging for an executor (omrl.executor): shards of trajectory rows judged by run_judge (the modes,
+    """Judging for an executor (omrl.rollout.executor): shards of trajectory rows judged by run_judge (the modes,
     prompts, re-asks, the one LLM client), emitting one item per shard: {"rows": its annotations, "stats":
     its JudgeStats as a dict, "replies": new reply-cache entries}.
 
@@ -223,7 +223,7 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     `metadata` is merged into every annotation's metadata; judge replies are cached in `cache_dir`
     (default STORE/cache/judge).
 
-    `executor` (omrl.executor) runs the judges: LOCAL in this process (one part per judge), or a
+    `executor` (omrl.rollout.executor) runs the judges: LOCAL in this process (one part per judge), or a
     RayExecutor whose workers (default one per cluster CPU) each run the same run_judge on shards of the
     rows, each with `concurrency` requests in flight; the annotations come back here and are committed by
     the same writer, one part per shard. Metrics and the reward recipe stay in this process.

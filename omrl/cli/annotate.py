@@ -59,8 +59,8 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
     from omrl.annotate.judge import JudgeConfig
     from omrl.annotate.rubric import load_rubric
     from omrl.annotate.runner import annotate as run
-    from omrl.executor import executor_for
     from omrl.progress import terminal_reporter
+    from omrl.rollout.executor import executor_for
 
     if not (metrics or rubric or reward_recipe):
         raise click.UsageError("nothing to do: give --metric, --judge or --reward-recipe")

@@ -169,7 +169,7 @@ def ray_resources(values: tuple[str, ...]) -> dict[str, float]:
 
 def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
     """collect's arguments from the flags: the settings object, the executor (--ray) and the run's own options."""
-    from omrl.executor import executor_for
+    from omrl.rollout.executor import executor_for
 
     # First: without Ray installed, --ray says so before tasks or models load.
     executor = executor_for(args.get("ray_address"))

@@ -16,7 +16,7 @@ from rich.segment import Segment
 from rich.table import Table
 
 from omrl.errors import OmrlError, missing_extra
-from omrl.redact import redact
+from omrl.schema.redact import redact
 
 
 class _Console(Console):
@@ -28,7 +28,7 @@ class _Console(Console):
         self.soft_wrap = not self.is_terminal
 
     def _render_buffer(self, buffer: Any) -> str:
-        # Every line omrl prints passes here: secrets it knows of never reach the terminal (omrl.redact),
+        # Every line omrl prints passes here: secrets it knows of never reach the terminal (omrl.schema.redact),
         # whether one styled piece holds a secret or colour codes do not split it.
         pieces = [Segment(redact(text), style, control) for text, style, control in buffer]
         return redact(super()._render_buffer(pieces))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from omrl.cli.common import EXISTING_STORE, LOCAL_OUTPUT, console, query_limits, user_errors
-from omrl.hub import EXPORT_FORMATS
+from omrl.formats.exporters import EXPORT_FORMATS
 
 
 @click.command()
@@ -34,7 +34,7 @@ def export(store: str, out: str, fmt: str | None, where: str | None, overwrite: 
     Example:  omrl export my-store --out sft.jsonl --format openai --where "success"
               omrl export my-store --out traces --format traces --push me/my-agent-traces
     """
-    from omrl.hub import export_store, push_to_hub
+    from omrl.formats.exporters import export_store, push_to_hub
 
     if private and not repo_id:
         raise click.UsageError("--private only applies with --push")

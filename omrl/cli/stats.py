@@ -7,7 +7,7 @@ import json
 import click
 
 from omrl.cli.common import arrow_to_rich, console, user_errors
-from omrl.stats import store_stats
+from omrl.report.stats import store_stats
 from omrl.store import open_store
 
 

@@ -7,9 +7,9 @@ import sys
 import click
 
 from omrl.cli.common import console, query_limits, user_errors
-from omrl.files import append_files
 from omrl.store import TABLES, Store, open_store
 from omrl.store.layout import CompactPolicy
+from omrl.store.record_files import append_files
 
 
 @click.group()
@@ -107,7 +107,7 @@ def check(path: str, repair: bool, accept_loss: bool, model: str | None, where: 
         console.print(f"[red]problem[/red] {problem.path}: {problem.error}", highlight=False)
     drifted = False
     if model and not problems:
-        from omrl.tokens_check import check_store_tokens
+        from omrl.policies.tokens_check import check_store_tokens
 
         with console.status(f"re-tokenising with {model}"):
             report = check_store_tokens(target, model, where)

@@ -15,7 +15,7 @@ from omrl.cli.common import console, err_console, user_errors
 
 
 def _load(recipe: str | None, overrides: tuple[str, ...], cls: type):
-    from omrl.recipes import load_recipe
+    from omrl.config import load_recipe
 
     return load_recipe(recipe, cls, overrides)
 
@@ -41,7 +41,7 @@ def _shown(verbose: bool):
 
 
 def _print_config(config) -> None:
-    from omrl.recipes import to_dict
+    from omrl.config import to_dict
 
     console.print_json(json.dumps(to_dict(config), default=str))
 

@@ -279,9 +279,9 @@ class AugmentError(OmrlError, RuntimeError):
 
 def llm_paraphraser(base_url: str, model: str, api_key: str = "EMPTY", temperature: float = 0.9,
                     timeout: float = 60.0, max_retries: int = 2) -> Callable[[str, int], str]:
-    """A paraphraser asking an OpenAI-compatible endpoint through the one LLM client (omrl/llm.py: its
+    """A paraphraser asking an OpenAI-compatible endpoint through the one LLM client (omrl/llm/client.py: its
     retries, backoff and timeout); raises AugmentError when the call fails for good."""
-    from omrl.llm import LLMClient, LLMError
+    from omrl.llm.client import LLMClient, LLMError
 
     client = LLMClient(base_url, api_key, timeout=timeout, max_retries=max_retries, max_connections=1)
 

@@ -27,10 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omrl import sandbox, sandbox_limits
+from omrl import sandbox
 from omrl.envs import patch_guard
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.sandbox import limits as sandbox_limits
 from omrl.shipped import shipped_datasets_dir
 
 MAX_FILE_CHARS = 20_000     # what read_file shows
@@ -71,7 +72,7 @@ class CodeEnv(ToolEnv):
     def generate_tasks(cls, n: int | None = None, seed: int = 0, split: str = "train") -> list[Task]:
         """The shipped repair projects with their files embedded (self-contained); n caps how many, seed
         shuffles which."""
-        from omrl import readers  # not omrl.tasks: it imports the environments (a cycle)
+        from omrl.store import readers  # not omrl.tasks: it imports the environments (a cycle)
 
         tasks = [Task.from_row(record.value)
                  for record in readers.iter_records(shipped_datasets_dir() / "tasks" / "code.jsonl")]

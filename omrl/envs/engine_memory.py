@@ -6,7 +6,7 @@
   java options from us). Without it a JVM may take a quarter of the host's memory and, allocating on every
   step, grows into it: ScienceWorld at 4 in flight went from 0.7 to 12.5 GB in two minutes.
 - EngineMemory holds an engine's tree (the worker, the JVM, heap and all) to memory_mb: a cgroup where this
-  host lets omrl make one (omrl.sandbox_limits.memory_cap(); the kernel kills inside it past the cap), else
+  host lets omrl make one (omrl.sandbox.limits.memory_cap(); the kernel kills inside it past the cap), else
   a thread that sums the tree every MEMORY_POLL_S and kills the engine's group past it.
 - `jvm_caps` reads an environment's two options (jvm_heap_mb, memory_mb; 0: no cap), `jvm_limits` says them
   for `omrl envs`.
@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.sandbox_limits import PolledMemory, RunGroup, SandboxLimits, memory_cap
+from omrl.sandbox.limits import PolledMemory, RunGroup, SandboxLimits, memory_cap
 
 MEMORY_POLL_S = 0.5  # where no cgroup can be made: how often an engine's tree is summed against its cap
 ENGINE_TASKS = 4096  # pids.max of an engine's cgroup: a JVM runs dozens of threads; this stops only a runaway

@@ -34,9 +34,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from omrl import sandbox, sandbox_limits
+from omrl import sandbox
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
+from omrl.sandbox import limits as sandbox_limits
 
 log = logging.getLogger(__name__)
 

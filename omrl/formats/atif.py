@@ -44,7 +44,7 @@ from omrl.formats.common import (
     text,
     tool_call,
 )
-from omrl.messages import arguments_value, tool_call_parts
+from omrl.schema.messages import arguments_value, tool_call_parts
 
 NAME = "atif"
 VERSION = "ATIF-v1.7"  # what we write: the RFC's current version (subagent embedding, extra on calls and results)

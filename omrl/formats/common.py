@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omrl import readers
-from omrl.readers import json_kind
 from omrl.schema import SchemaError
+from omrl.store import readers
+from omrl.store.readers import json_kind
 
 
 class FormatError(SchemaError):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omrl import readers
 from omrl.formats import FORMATS, format_module, format_names, plugin_formats
 from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
 from omrl.formats.otel_spans import is_span_record
 from omrl.formats.steps import step_list
+from omrl.store import readers
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
 

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from omrl.messages import arguments_value, tool_call_parts
+from omrl.schema.messages import arguments_value, tool_call_parts
 
 NAME = "traces"
 HARNESS = "omrl"  # the header's harness id: the Hub picks the renderer, icon and label from it

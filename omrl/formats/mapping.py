@@ -61,7 +61,7 @@ class RecordMapping:
     A field is a dotted path (required: a record without it is an error naming it), a tuple of candidate
     paths (the first present is taken; none present is fine), or None (the usual keys). The built-in
     openai and sharegpt formats are RecordMappings too (omrl.formats.openai.MAPPING, omrl.formats.sharegpt.MAPPING).
-    Loaded from YAML by `load_mapping` (omrl.recipes.from_dict: errors name the file and the key).
+    Loaded from YAML by `load_mapping` (omrl.config.from_dict: errors name the file and the key).
     """
 
     messages: str | tuple[str, ...] = field(metadata={"help": "path (or candidate paths) of the message list"})
@@ -154,8 +154,8 @@ class RecordMapping:
 
 def load_mapping(path: str | Path | None = None, **overrides: Any) -> RecordMapping:
     """A RecordMapping from a YAML file (or `shipped:imports/NAME`), with flags (`messages=...`,
-    `reward=...`) overriding its keys, by omrl.recipes.from_dict (errors name the file and the key)."""
-    from omrl.recipes import from_dict, read_yaml
+    `reward=...`) overriding its keys, by omrl.config.from_dict (errors name the file and the key)."""
+    from omrl.config import from_dict, read_yaml
 
     options = read_yaml(path) if path is not None else {}
     options.update({k: v for k, v in overrides.items() if v is not None})

@@ -35,7 +35,7 @@ from typing import Any
 
 from omrl.formats.common import FormatError, RecordContext, make_row, message, require_dict, text, tool_call
 from omrl.formats.otel_spans import encode_attributes, read_traces
-from omrl.messages import arguments_value, tool_call_parts
+from omrl.schema.messages import arguments_value, tool_call_parts
 
 NAME = "otel"
 CHAT_OPS = ("chat", "text_completion", "generate_content")

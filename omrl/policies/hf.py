@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.messages import to_chat_template
 from omrl.policies.base import EpisodeContext, PolicyError, PolicyReply
 from omrl.policies.parsing import parse_tool_calls, split_reasoning
+from omrl.schema.messages import to_chat_template
 
 SCRATCH_KEY = "hf"
 
@@ -70,7 +70,7 @@ class HFPolicy:
         if isinstance(model, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from omrl.real_models import resolve_model
+            from omrl.models.real import resolve_model
 
             name = name or model
             path = resolve_model(model)  # a known name -> its cache folder (or "run: omrl models fetch NAME")

@@ -1,6 +1,6 @@
-"""`openai:MODEL`: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, OpenAI) via omrl.llm.LLMClient.
+"""`openai:MODEL`: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, OpenAI) via omrl.llm.client.LLMClient.
 
-Retries, backoff, timeouts and connection limits are the one client's (see omrl/llm.py): 429, 5xx,
+Retries, backoff, timeouts and connection limits are the one client's (see omrl/llm/client.py): 429, 5xx,
 connection errors, timeouts and malformed bodies are retried with the openai client's exponential backoff;
 other HTTP errors (400, 401, 404) fail at once. Every attempt is counted in `stats`. A call that still
 fails raises PolicyError (PolicyTimeout when the last attempt timed out).
@@ -22,7 +22,7 @@ logprobs (stored in turns), so data collected from a server trains without re-to
 Per turn, `max_tokens` is sent: the episode's (`--max-tokens`), else the policy's, else DEFAULT_MAX_TOKENS,
 so a model that does not stop cannot hold a slow server's slot until its context is full. Where the
 context length is known (`context_length`, `--context-length`, else what the server says: llama.cpp's
-/props, vLLM's /v1/models; omrl.endpoint), the prompt is budgeted: from the last reply's usage plus about
+/props, vLLM's /v1/models; omrl.llm.endpoint), the prompt is budgeted: from the last reply's usage plus about
 CHARS_PER_TOKEN characters a token since, `max_tokens` is lowered to what is left, and a prompt that
 leaves less than MIN_REPLY_TOKENS raises ContextFull, as does a server's 400 saying the context is
 exceeded: the episode ends as `truncated` with that reason, not as a policy_error.
@@ -41,12 +41,12 @@ import warnings
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.llm import LLMClient, LLMError, LLMStatusError, LLMTimeout
-from omrl.messages import to_openai
+from omrl.llm.client import LLMClient, LLMError, LLMStatusError, LLMTimeout
+from omrl.llm.server_info import is_openai_com
 from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.policies.parsing import TEXT_TOOLS_FORMAT, parse_tool_calls, split_reasoning, text_tool_messages
-from omrl.redact import display_url
-from omrl.server_info import is_openai_com
+from omrl.schema.messages import to_openai
+from omrl.schema.redact import display_url
 
 DEFAULT_MAX_TOKENS = 1024  # per turn, when neither the episode nor the policy sets one
 MIN_REPLY_TOKENS = 16  # a prompt leaving less of the context than this ends the episode as truncated
@@ -67,7 +67,7 @@ class OpenAIPolicy:
                  extra_body: dict[str, Any] | None = None, backoff: float | None = None,
                  max_backoff: float | None = None, tokens: str = "auto", context_length: int | None = None):
         # backoff, max_backoff: accepted and ignored, for call sites written before the one client; the
-        # schedule is the openai client's own (omrl/llm.py).
+        # schedule is the openai client's own (omrl/llm/client.py).
         if not model:
             raise UsageError("openai policy needs a model name: openai:MODEL")
         if retries < 0:

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from omrl.messages import tool_call_parts
+from omrl.schema.messages import tool_call_parts
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -112,7 +112,7 @@ def parse_tool_calls(text: str | None, tools: list[dict[str, Any]] | None = None
 # ---------------------------------------------------------------------------- tools described as text
 
 # metadata["prompt_format"] of an episode whose tools went to the model as text (text_tool_messages), so the
-# conversation it saw can be rebuilt from the stored one (omrl.tokens_check.seen_messages).
+# conversation it saw can be rebuilt from the stored one (omrl.policies.tokens_check.seen_messages).
 TEXT_TOOLS_FORMAT = "text_tools"
 
 _TOOLS_INTRO = ("You can use the tools listed below between <tools> and </tools>, one JSON schema a line. To use "

@@ -17,11 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from omrl.durable import is_stale
 from omrl.errors import UsageError
 from omrl.schema import SCHEMA_VERSION, SCHEMAS, utcnow
 from omrl.store import layout
 from omrl.store.card import card_configs, card_parts, dataset_card, replace_card_configs
+from omrl.store.durable import is_stale
 from omrl.store.layout import (
     SIDE_DIR,
     SIDE_KINDS,

@@ -70,9 +70,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from omrl.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.errors import UsageError
 from omrl.store.commit import PART_INDEXES, PartIndex
+from omrl.store.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.store.parts import retry_vanished
 
 if TYPE_CHECKING:  # a type only: any store; search needs only the reading half of Store

@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from omrl.durable import fsync_path
 from omrl.errors import OmrlError, UsageError
+from omrl.store.durable import fsync_path
 
 S3_SCHEME = "s3://"
 LEASE_SECONDS = 30.0  # a killed writer's lock is taken over this long after its last renewal

@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from omrl.durable import fsync_path, is_stale
 from omrl.errors import OmrlError, UsageError
 from omrl.schema import conform, utcnow
-from omrl.schema_arrow import to_table
+from omrl.schema.arrow import to_table
 from omrl.store.card import dataset_card
 from omrl.store.commit import PART_INDEXES, StoreWriter
+from omrl.store.durable import fsync_path, is_stale
 from omrl.store.layout import CompactPolicy
 from omrl.store.manifest import (
     MANIFEST,

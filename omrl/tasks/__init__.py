@@ -21,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from omrl import readers
 from omrl.envs.base import Task
-from omrl.readers import json_kind
 from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
+from omrl.store import readers
+from omrl.store.readers import json_kind
 from omrl.tasks.benchmarks import CONVERTERS, detect_benchmark, extract_gsm8k_answer
 from omrl.tasks.rows import (
     TASK_COLUMNS,
@@ -62,7 +62,7 @@ _GUESS = {
 
 
 def read_rows(src: str | Path) -> tuple[list[dict[str, Any]], str]:
-    """Rows of a source as dicts plus a short name for it. Files by extension (read by omrl.readers: errors
+    """Rows of a source as dicts plus a short name for it. Files by extension (read by omrl.store.readers: errors
     name the file and line, item or row group); a folder saved by `datasets.save_to_disk`; otherwise a Hub
     dataset name (needs the network); `shipped:NAME` names a task set shipped with omrl."""
     src = resolve_tasks(src)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omrl.readers import json_kind
+from omrl.store.readers import json_kind
 from omrl.tasks.rows import TaskError, env_split, task_row
 
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from omrl.errors import OmrlError
-from omrl.readers import json_kind
+from omrl.store.readers import json_kind
 
 TASK_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -52,9 +52,9 @@ class TaskMapping:
 
 
 def load_task_mapping(path: str | Path, **overrides: Any) -> TaskMapping:
-    """A YAML mapping file (keys: TaskMapping's fields), flags overriding it, by omrl.recipes.from_dict
+    """A YAML mapping file (keys: TaskMapping's fields), flags overriding it, by omrl.config.from_dict
     (errors name the file and the key)."""
-    from omrl.recipes import from_dict, read_yaml
+    from omrl.config import from_dict, read_yaml
 
     data = {**read_yaml(path), **{k: v for k, v in overrides.items() if v is not None}}
     return from_dict(TaskMapping, data, where=str(path))

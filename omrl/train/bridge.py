@@ -6,7 +6,7 @@
   `trainable` flags; trajectories longer than `max_length` are split at turn boundaries or dropped. Rows
   whose turns carry the ids the policy sampled are trained from them, turn by turn (`token_source`,
   omrl.train.token_bridge), so what is trained is what was sampled.
-- Every rendering is of the conversation the model saw (omrl.tokens_check.seen_messages: tools that went to
+- Every rendering is of the conversation the model saw (omrl.policies.tokens_check.seen_messages: tools that went to
   the model as text are in its messages, not in the template's `tools`).
 - `TokenBudgetBatchSampler(lengths, budget)`: variable-size batches of nearly equal lengths, each at most
   `budget` tokens once padded (longest x count), so padding stays small; `batches_padding_fraction` measures it.
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.messages import to_chat_template
+from omrl.policies.tokens_check import seen_messages, seen_tools
 from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
-from omrl.tokens_check import seen_messages, seen_tools
+from omrl.schema.messages import to_chat_template
 from omrl.train.masks import MaskError, incremental_mask, is_trainable, template_mask
 from omrl.train.token_bridge import check_token_source, drifting_turns, row_token_source, stored_examples
 
@@ -94,8 +94,8 @@ def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
 
 
 def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
-    """(chat-template messages (omrl.messages.to_chat_template), tools, trainable flag per message) of one row,
-    as the model saw it (omrl.tokens_check.seen_messages: tools sent as text are in the messages, not in tools)."""
+    """(chat-template messages (omrl.schema.messages.to_chat_template), tools, trainable flag per message) of one row,
+    as the model saw it (omrl.policies.tokens_check.seen_messages: tools sent as text are in the messages, not in tools)."""
     if not row.get("messages"):
         raise UsageError(f"trajectory {row.get('id')!r}: no messages")
     seen = seen_messages(row)

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from omrl.durable import pid_alive
+from omrl.store.durable import pid_alive
 
 RL_METHODS = {  # method: (trainer, settings every run of it has)
     "grpo": ("grpo", {}),
@@ -134,7 +134,7 @@ class Comparison:
         self.demo_tasks = load_tasks(first.train_tasks)[: first.demos.tasks or None]
 
     def _recipe(self, seed: int):
-        from omrl.recipes import load_recipe
+        from omrl.config import load_recipe
         from omrl.train.iterate_recipe import IterateRecipe
 
         values = [f"output_dir={self.out / f'seed-{seed}'}", "rounds=0", f"seed={seed}", f"tiny.seed={seed}",
@@ -352,7 +352,7 @@ TUNABLE = {"grpo": ("learning_rate", "step_credit"),
 
 def tuned_settings(recipe: Any, method: str, chosen: dict[str, Any]) -> dict[str, Any]:
     """The knobs a method is tuned on as its runs had them: the recipe's section, the method's own, `chosen`."""
-    from omrl.recipes import to_dict
+    from omrl.config import to_dict
 
     trainer, fixed = RL_METHODS[method]
     section = to_dict(recipe.grpo if trainer == "grpo" else recipe.ppo)

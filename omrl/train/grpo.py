@@ -109,7 +109,7 @@ def _trl_config(recipe: GRPORecipe):
     """TRL's GRPOConfig: what omrl derives from the recipe's keys, plus its `trl` section passed through."""
     from trl import GRPOConfig
 
-    from omrl.recipes import pass_through
+    from omrl.config import pass_through
 
     vllm: dict[str, Any] = {}
     if recipe.use_vllm:
@@ -169,8 +169,8 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
     from trl import GRPOTrainer
 
     from datasets import Dataset
-    from omrl.real_models import resolve_model
-    from omrl.recipes import from_dict
+    from omrl.config import from_dict
+    from omrl.models.real import resolve_model
     from omrl.tasks import load_tasks
     from omrl.train.reporting import reporter_callback
     from omrl.train.rollout_func import AgentRollout

@@ -28,7 +28,7 @@ judge's calls, cache hits, tokens and cost.
 
 Ray: with `ray: auto|HOST:PORT|local` every collect and eval stage (demos, each round's collection, the
 held-out evaluations) plays its episodes on a Ray cluster through the executor it is given
-(omrl.executor.executor_for: a RayExecutor, the rollout section's ray_* knobs), and the annotate stage's judges run
+(omrl.rollout.executor.executor_for: a RayExecutor, the rollout section's ray_* knobs), and the annotate stage's judges run
 there as `omrl annotate --ray` does; training (and the online judging inside GRPO) stays in this process.
 
 Resume: `state.json` in output_dir lists finished stages with their checkpoint and results, and the recipe;
@@ -61,7 +61,7 @@ def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r:
     seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
     from dataclasses import replace
 
-    from omrl.executor import executor_for
+    from omrl.rollout.executor import executor_for
     from omrl.train.rft import collect_with_model
 
     settings = replace(recipe.rollout, seed=round_seed(recipe.rollout.seed, r))
@@ -90,7 +90,7 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
     import sys
     import time
 
-    from omrl.recipes import from_dict, to_dict
+    from omrl.config import from_dict, to_dict
     from omrl.store import Store
     from omrl.tasks import load_tasks
 
@@ -148,9 +148,9 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         import asyncio
         from dataclasses import replace
 
-        from omrl.executor import executor_for
         from omrl.policies.scripted import ScriptedPolicy
         from omrl.rollout import collect
+        from omrl.rollout.executor import executor_for
 
         demo_settings = replace(recipe.rollout, max_new_tokens=None)
         return asyncio.run(collect(None, _subset(train_tasks, recipe.demos.tasks), ScriptedPolicy(), store,
@@ -162,7 +162,7 @@ def _run_stages(recipe: IterateRecipe | dict[str, Any], *, on_stage: Callable[[s
         with shown("base", "starting checkpoint: build and evaluate"):
             model = recipe.model
             if model is None:
-                from omrl.models import build_tiny_model, default_corpus
+                from omrl.models.tiny import build_tiny_model, default_corpus
 
                 corpus = None
                 if recipe.tiny.corpus == "demos":
@@ -271,7 +271,7 @@ def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_ta
         tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
         collected = collect_round(recipe, checkpoint, tasks, store, r)
         if recipe.filter_reward is not None:
-            from omrl.executor import executor_for
+            from omrl.rollout.executor import executor_for
 
             extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r,
                                                executor=executor_for(recipe.ray))
@@ -321,7 +321,7 @@ def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: in
     combined reward, over the round's collection. Resumable: stored ok annotations are skipped and judge replies are cached, so
     a run killed here and started again asks the judge nothing it already answered."""
     from omrl.annotate.runner import annotate_with_recipe
-    from omrl.executor import LOCAL
+    from omrl.rollout.executor import LOCAL
 
     summary = annotate_with_recipe(store, reward, where=where, run_id=f"annotate/round-{round}",
                                    metadata={"grpo_round": round}, executor=executor or LOCAL)

@@ -37,8 +37,8 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
     import asyncio
     from dataclasses import replace
 
-    from omrl.executor import executor_for
     from omrl.rollout import evaluate
+    from omrl.rollout.executor import executor_for
 
     settings = recipe.eval
     base = replace(recipe.rollout, concurrency=settings.concurrency)

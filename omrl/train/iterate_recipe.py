@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omrl.config import section
 from omrl.errors import UsageError
-from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.grpo import GRPORecipe
 from omrl.train.ppo import PPORecipe
@@ -147,7 +147,7 @@ class IterateRecipe:
             raise UsageError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
                              "or use algorithm: grpo")
         if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
-            from omrl.distributed.ray_executor import require_ray
+            from omrl.rollout.ray_executor import require_ray
 
             require_ray()
         if self.reward is not None:  # a broken recipe is refused at load time, not after SFT
@@ -169,7 +169,7 @@ def grpo_recipe(recipe: IterateRecipe, values: dict[str, Any], round: int):
 def update_recipe(recipe: IterateRecipe, algorithm: str, values: dict[str, Any], round: int):
     """The recipe of round `round`'s update step (`algorithm`: grpo or ppo): its section of the iterate recipe,
     the run's rollout section seeded for the round, the run's reward where the section takes one, `values`."""
-    from omrl.recipes import to_dict
+    from omrl.config import to_dict
 
     section = getattr(recipe, algorithm)
     rollout = {**to_dict(recipe.rollout), "seed": round_seed(recipe.rollout.seed, round)}

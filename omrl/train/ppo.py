@@ -149,12 +149,12 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omrl.real_models import resolve_model
+    from omrl.models.real import resolve_model
     from omrl.tasks import load_tasks
     from omrl.train.rollout_step import RolloutStep
 
     if isinstance(recipe, dict):
-        from omrl.recipes import from_dict
+        from omrl.config import from_dict
 
         recipe = from_dict(PPORecipe, recipe, where="ppo")
     started = time.monotonic()

@@ -19,7 +19,7 @@ def make_critic(recipe: Any, policy: Any):
     import torch
     from transformers import AutoModel
 
-    from omrl.real_models import resolve_model
+    from omrl.models.real import resolve_model
 
     class Critic(torch.nn.Module):
         """A value head, on the policy's hidden state (trunk None) or on a trunk of its own."""

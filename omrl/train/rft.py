@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from omrl.config import section
 from omrl.errors import UsageError
 from omrl.progress import Reporter
-from omrl.recipes import section
 from omrl.rollout import RolloutSettings
 from omrl.train.sft import SFTRecipe
 from omrl.train.trainer import Trainer, TrainResult
@@ -71,11 +71,11 @@ def checkpoint_policy(model: str, settings) -> Any:
 def collect_with_model(model: str, tasks: list, store, settings, *, samples: int, round: int, run_id: str,
                        reporter: Any = None, executor: Any = None):
     """Play tasks x samples episodes with the checkpoint into `store`, as `settings`
-    (omrl.rollout.RolloutSettings) say, through `executor` (omrl.executor; default this process), shown by
+    (omrl.rollout.RolloutSettings) say, through `executor` (omrl.rollout.executor; default this process), shown by
     `reporter` (omrl.progress; default nothing); omrl.rollout.collect owns the episodes and the writing."""
-    from omrl.executor import LOCAL
     from omrl.progress import QUIET
     from omrl.rollout import collect
+    from omrl.rollout.executor import LOCAL
 
     return asyncio.run(collect(None, tasks, checkpoint_policy(model, settings), store, settings, samples=samples,
                                round=round, run_id=run_id, reporter=reporter or QUIET, executor=executor or LOCAL))
@@ -95,7 +95,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any], *, store: Any = None,
               reporter: Reporter | None = None) -> TrainResult:
     """Collect into `store` (default the recipe's, else output_dir/store), select the best of each group, SFT
     on them, the collection and the SFT steps shown by `reporter`; omrl.train.trainer's contract."""
-    from omrl.recipes import from_dict, to_dict
+    from omrl.config import from_dict, to_dict
     from omrl.store.query import quote_literal
     from omrl.tasks import load_tasks
     from omrl.train.sft import train_sft

@@ -49,7 +49,7 @@ class IterateState:
         """Record recipe `config` (a settings dataclass) under `key` as the one this state's stages are made with;
         refuse (UsageError) to resume stages made with another, naming what changed: skipping them would mix two
         setups in one result. A state recorded before recipes were kept is taken as made with this one."""
-        from omrl.recipes import to_dict
+        from omrl.config import to_dict
 
         recipe = json.loads(json.dumps(to_dict(config), default=str))  # as the state file holds it
         before = self.data.get(key)

@@ -107,7 +107,7 @@ def trl_config(recipe: SFTRecipe, **extra: Any):
     derives from the recipe's keys and `extra`, plus its `trl` section passed through."""
     from trl import SFTConfig
 
-    from omrl.recipes import pass_through
+    from omrl.config import pass_through
 
     use_cpu, bf16 = _devices(recipe)
     bridge = recipe.batching == "bridge"
@@ -210,8 +210,8 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
-    from omrl.real_models import resolve_model
-    from omrl.recipes import from_dict, to_dict
+    from omrl.config import from_dict, to_dict
+    from omrl.models.real import resolve_model
     from omrl.train.reporting import reporter_callback
 
     if isinstance(recipe, dict):

@@ -8,7 +8,7 @@ them, one example per trainable assistant turn, in the shape the bridge gives ev
     input_ids       = prompt ids + completion ids
     assistant_masks = 0 on the prompt, 1 on the completion
 
-prompt: the conversation before the turn as the model saw it (omrl.tokens_check.seen_messages: tools that went
+prompt: the conversation before the turn as the model saw it (omrl.policies.tokens_check.seen_messages: tools that went
 as text are rewritten as the policy sent them), rendered by the chat template with the generation prompt and
 tokenised as the server does (vLLM: same template, same text, no added special tokens). completion: the stored
 ids, plus the end-of-turn token only where the reply finished naturally but the ids lack it
@@ -32,8 +32,15 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.messages import to_chat_template
-from omrl.tokens_check import check_row, encode, render_turn, sampled_completion, seen_messages, seen_tools
+from omrl.policies.tokens_check import (
+    check_row,
+    encode,
+    render_turn,
+    sampled_completion,
+    seen_messages,
+    seen_tools,
+)
+from omrl.schema.messages import to_chat_template
 from omrl.train.masks import MaskError, is_trainable
 
 TOKEN_SOURCES = ("auto", "stored", "render")
@@ -115,7 +122,7 @@ def stored_examples(row: dict[str, Any], tokenizer: Any, *, max_length: int | No
 
 def drifting_turns(row: dict[str, Any], tokenizer: Any) -> int:
     """Trainable assistant turns of `row` whose stored ids the template's re-tokenisation does not reproduce
-    (omrl.tokens_check's completion and template drifts): what rendering the row would train wrongly."""
+    (omrl.policies.tokens_check's completion and template drifts): what rendering the row would train wrongly."""
     if not any(turn.get("completion_ids") for turn in row.get("turns") or []):
         return 0
     messages = seen_messages(row)

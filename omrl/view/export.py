@@ -18,9 +18,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.durable import staged_folder
 from omrl.errors import OmrlError, UsageError
 from omrl.store import MANIFEST, Store
+from omrl.store.durable import staged_folder
 from omrl.store.query_limits import QueryError
 from omrl.view import pages
 from omrl.view.data import ListPage, StoreReader

@@ -226,8 +226,8 @@ def list_html(page: ListPage, links: Links, store_name: str) -> str:
 
 def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The messages, each assistant message with its turn (reward, latency, tokens) and the notes the
-    environment left on it (omrl.render.turn_notes) when it has one."""
-    from omrl.render import turn_notes
+    environment left on it (omrl.view.transcript.turn_notes) when it has one."""
+    from omrl.view.transcript import turn_notes
 
     turns = {t.get("index"): t for t in row.get("turns") or []}
     out = []

@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from omrl.store import Store, StoreError
-from omrl.synthetic import synthetic_trajectories
+from omrl.testing.synthetic import synthetic_trajectories
 
 COMMAND_TIMEOUT_S = 300
 
@@ -394,7 +394,7 @@ def annotate_scenario(rows: int = 4000) -> Scenario:
 def iterate_scenario() -> Scenario:
     """Two tiny GRPO rounds; GRPO's own rollouts are left out of `lost` (a resumed step stores a new attempt)."""
     def prepare(work: Path) -> None:
-        from omrl.models import cached_tiny_model
+        from omrl.models.tiny import cached_tiny_model
         from omrl.tasks import shipped_datasets_dir
 
         tasks = shipped_datasets_dir() / "tasks"

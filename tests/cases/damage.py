@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from omrl.store import Store
 from omrl.store.layout import CompactPolicy, side_path
-from omrl.synthetic import synthetic_trajectories
+from omrl.testing.synthetic import synthetic_trajectories
 from tests.cases.chaos import _env as command_env
 
 CHECK_TIMEOUT_S = 120

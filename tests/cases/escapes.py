@@ -13,7 +13,7 @@
   (HOME/.duckdb), a setting of a caller's connection changed, or a long query was not stopped within
   SLOW_GRACE_S of its limit. Being refused (QueryError / ValueError, a one-line `Error:` from the CLI, a
   DuckDB error on a raw connection) without such an effect is not.
-- The bubblewrap sandbox for agent-written code (omrl/sandbox.py, the code env): `SANDBOX_ATTEMPTS`, each
+- The bubblewrap sandbox for agent-written code (omrl/sandbox/__init__.py, the code env): `SANDBOX_ATTEMPTS`, each
   a test file body the agent writes, run through CodeEnv.run_tests, and a judge of what it got.
   `run_sandbox_escapes(workdir)` runs them all and counts the attempts that succeeded (a secret seen, a
   host file read, listed or written, a connection made, more processes or disk than the limit, a late
@@ -214,7 +214,7 @@ def build_store(path: Path):
     """A small real store: six trajectories and one judge score (one part each: every query opens them all)."""
     from omrl.schema import Annotation
     from omrl.store import Store
-    from omrl.synthetic import synthetic_trajectories
+    from omrl.testing.synthetic import synthetic_trajectories
 
     store = Store.create(path)
     rows = list(synthetic_trajectories(6, seed=7, samples_per_task=2, tool_bytes=(20, 80)))
@@ -338,7 +338,7 @@ def where_paths(folder: Path) -> list[tuple[str, Callable[[Any, str], Any]]]:
     from omrl.annotate.runner import annotate
     from omrl.curate.augment import augment_store
     from omrl.curate.filters import FilterOptions, WhereFilter, filter_store
-    from omrl.hub import export_store
+    from omrl.formats.exporters import export_store
     from omrl.store.query import select_ids
     from omrl.train.bridge import load_rows
 
@@ -705,7 +705,7 @@ def _page_error(body: bytes) -> str:
 def build_viewer_store(path: Path, big_mb: float = BIG_MESSAGE_MB):
     """build_store's rows plus one trajectory whose tool message is `big_mb` MB of text ending in a script
     tag (past any cut)."""
-    from omrl.synthetic import synthetic_trajectories
+    from omrl.testing.synthetic import synthetic_trajectories
 
     store = build_store(path)
     big = dict(next(iter(synthetic_trajectories(1, seed=99))), id=BIG_ID, group_id="big-group")

@@ -3,7 +3,7 @@
 `write_fuzz_corpus(folder)` writes the files and returns one FuzzCase per file: the command it targets
 (`store append`, `import` with auto-detection or one format, `tasks import`, `tasks load`), a short label
 and what a good answer looks like. `run_fuzz_case(case, workdir)` feeds one case through the real public
-API (omrl.files.append_file, omrl.formats.importer.import_files, omrl.tasks.import_tasks / load_tasks) and
+API (omrl.store.record_files.append_file, omrl.formats.importer.import_files, omrl.tasks.import_tasks / load_tasks) and
 classifies what happened:
 
 - "located":   a clean error (the ValueError family the CLI prints as one line) whose message names the
@@ -577,7 +577,7 @@ def _classify(case: FuzzCase, exc: BaseException, message: str) -> str:
 
 def _run(case: FuzzCase, store: Any, out: Path | None) -> None:
     if case.target in ("store append", "store append annotations"):
-        from omrl.files import append_file
+        from omrl.store.record_files import append_file
 
         append_file(store, case.path, table="annotations" if case.target.endswith("annotations") else "trajectories")
     elif case.target.startswith("import "):

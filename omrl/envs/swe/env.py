@@ -23,10 +23,11 @@ from typing import Any
 import omrl.envs.patch_guard as guard
 import omrl.envs.swe.packages as packages
 import omrl.envs.swe.testrun as testrun
-from omrl import sandbox, sandbox_limits
+from omrl import sandbox
 from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task, tool_schema
 from omrl.envs.toolenv import InvalidAction, ToolEnv
 from omrl.errors import UsageError
+from omrl.sandbox import limits as sandbox_limits
 
 MAX_OBSERVATION_CHARS = 6_000
 WINDOW = 100

@@ -61,7 +61,7 @@ def write(package: str, failing: list[str], output: str, patch: str,
     template = bugs.problem_statement(package, failing, output)
     if model is None:
         return template, {"problem_statement_source": "template"}
-    from omrl.llm import LLMClient, LLMError
+    from omrl.llm.client import LLMClient, LLMError
 
     tests = "\n".join(f"- {test}" for test in failing[:20])
     errors = "\n".join(error_lines(output))

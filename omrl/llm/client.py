@@ -20,14 +20,14 @@ a failed variant; never a score):
 
 Every attempt passes through the transport, which counts it (`stats`, and `LLMError.attempts` per call).
 
-Load: the requests in flight adapt to what the endpoint sustains (omrl.endpoint): its stated slots
+Load: the requests in flight adapt to what the endpoint sustains (omrl.llm.endpoint): its stated slots
 (llama.cpp's /props) cap them, timeouts, 429 and 503 halve them, replies that waited in the server's queue
 lower them, good replies raise them again, never above `max_connections` (`adaptive=False`: always
 `max_connections`). A request waits for its turn here, off the wire, so a retry never joins the server's
 queue; a request given up on (timeout, cancelled episode) has its connection closed, which tells the server
 to stop. `server_info()` is what the endpoint said about itself (slots, context length), probed once.
 The limit and what the endpoint said carry over to the client's next event loop and to the next client of
-the same endpoint in this process (omrl.endpoint: Memory), so neither climbs again from one request.
+the same endpoint in this process (omrl.llm.endpoint: Memory), so neither climbs again from one request.
 
 Connections: at most `max_connections` requests in flight. The transport holds a slot only while a request
 is on the wire (not while backing off) and the httpx pool has as many connections. Large limits are split
@@ -45,10 +45,10 @@ import math
 from collections import Counter
 from typing import Any
 
-from omrl.endpoint import Throttle, learned, remember
 from omrl.errors import OmrlError, UsageError
-from omrl.redact import redact, remember_secret, remember_url
-from omrl.server_info import ServerInfo, probe, vllm_waiting
+from omrl.llm.endpoint import Throttle, learned, remember
+from omrl.llm.server_info import ServerInfo, probe, vllm_waiting
+from omrl.schema.redact import redact, remember_secret, remember_url
 
 try:
     import httpx2 as httpx  # the HTTP library of openai >= 3
@@ -182,7 +182,7 @@ class LLMClient:
             raise UsageError(f"max_connections must be at least 1, got {max_connections}")
         self.base_url = base_url
         self.api_key = api_key or "EMPTY"  # local servers accept any key; the client refuses to start without one
-        remember_secret(self.api_key)  # hidden from every error, row and console line from now on (omrl.redact)
+        remember_secret(self.api_key)  # hidden from every error, row and console line from now on (omrl.schema.redact)
         remember_url(base_url)
         self.timeout = timeout
         self.max_retries = max_retries
@@ -226,8 +226,8 @@ class LLMClient:
         return clients
 
     async def server_info(self) -> ServerInfo:
-        """What the endpoint says about itself (slots, context length; omrl.server_info.probe), asked once
-        (and not again by the next client of it in this process, omrl.endpoint.learned)."""
+        """What the endpoint says about itself (slots, context length; omrl.llm.server_info.probe), asked once
+        (and not again by the next client of it in this process, omrl.llm.endpoint.learned)."""
         if self._server is None:
             self._server = learned(self.base_url)[0] or await self._probe()
             remember(self.base_url, info=self._server)

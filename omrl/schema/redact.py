@@ -11,7 +11,7 @@ environment variables whose names say they hold one (OPENAI_API_KEY, *_API_KEY, 
 `Basic <base64>`, a URL's user info (`scheme://user:password@`) and `sk-...` keys with a digit. Values shorter than MIN_SECRET characters ("EMPTY", "x": what local servers
 accept) are placeholders, not secrets.
 
-Applied by: omrl.llm (every LLMError, so the policy's, the judge's and the paraphraser's failures), the
+Applied by: omrl.llm.client (every LLMError, so the policy's, the judge's and the paraphraser's failures), the
 `error` column of trajectories and annotations in omrl.schema (whatever wrote the row), and the CLI's
 consoles, error lines and warnings (omrl.cli.common).
 """

@@ -6,9 +6,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from omrl import readers
 from omrl.schema import NORMALIZERS, SchemaError
-from omrl.store import Appended, Store
+from omrl.store import Appended, Store, readers
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 

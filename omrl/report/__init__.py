@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.readers import json_kind
 from omrl.schema import SUCCESS_SQL
+from omrl.store.readers import json_kind
 
 # Success rate: solved / episodes with a known outcome (omrl.schema); failed and unknown counted beside it.
 ROUND_SQL = f"""

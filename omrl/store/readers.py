@@ -1,6 +1,6 @@
 """The one reading layer for record files (JSONL, JSON, CSV, Parquet): every error names the file and where.
 
-`omrl store append` (omrl.files), `omrl import` (omrl.formats) and `omrl tasks import` (omrl.tasks) read
+`omrl store append` (omrl.store.record_files), `omrl import` (omrl.formats) and `omrl tasks import` (omrl.tasks) read
 through here. What a reader can meet in a bad file (bytes that are not UTF-8, JSON cut short or nested
 too deeply for Python, ragged CSV rows, Parquet pages that do not decode, binary or empty files) is raised
 as the caller's ValueError subclass, one line naming the file and the line, item, row or row group, so the

@@ -659,7 +659,7 @@ def _struct(dtype: pa.StructType, record: type, what: str, overrides: dict[str, 
     """The normaliser of one struct type (a list item at `where`[`position`]): refuses a non-object,
     converts every field."""
     plan = _field_plan(dtype, record, overrides)
-    _STRUCT_PLANS[dtype] = plan  # omrl.schema_arrow converts the same fields column by column
+    _STRUCT_PLANS[dtype] = plan  # omrl.schema.arrow converts the same fields column by column
 
     def normalize(value: Any, where: str, position: int = 0) -> dict[str, Any]:
         if value.__class__ is not dict and not isinstance(value, dict):
@@ -789,7 +789,7 @@ def replace_lone_surrogates(value: Any) -> tuple[Any, int]:
     """(value, how many were replaced): every lone surrogate in its strings (dict keys too) made U+FFFD.
 
     Such a string is not Unicode text: Arrow cannot store it and httpx cannot send it. A model server's
-    reply or an environment's observation may hold one; text from a file is refused instead (omrl.readers)."""
+    reply or an environment's observation may hold one; text from a file is refused instead (omrl.store.readers)."""
     if isinstance(value, str):
         if not _LONE_SURROGATE.search(value):
             return value, 0
@@ -870,7 +870,7 @@ def normalize_annotation(row: dict[str, Any]) -> dict[str, Any]:
 
 def _redacted(out: dict[str, Any]) -> dict[str, Any]:
     """A row's error and metadata without the secrets omrl knows of (an endpoint may echo a key back)."""
-    from omrl.redact import redact
+    from omrl.schema.redact import redact
 
     for name in ("error", "metadata"):
         if out.get(name):

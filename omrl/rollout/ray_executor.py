@@ -1,9 +1,9 @@
 """The Ray executor: an engine's Work in shards on Ray actors, each shard's items committed by the driver.
 
-    executor = RayExecutor("auto")          # or omrl.executor.executor_for("auto"); "local" starts a cluster
+    executor = RayExecutor("auto")          # or omrl.rollout.executor.executor_for("auto"); "local" starts a cluster
     result = await collect(None, tasks, policy, store, settings, executor=executor)
 
-- The Work (omrl.executor) travels once through Ray's object store (its portable copy: an openai policy
+- The Work (omrl.rollout.executor) travels once through Ray's object store (its portable copy: an openai policy
   opens its own HTTP clients on a worker, an hf policy loads its own model there, a judge starts from the
   driver's reply cache) and is handed to each actor with its first shard, not to its constructor (a
   restarted actor whose constructor arguments live in the object store is a restart Ray warns about).
@@ -14,7 +14,7 @@
   they share the worker (episodes through one set of slots, judge shards one after the other).
 - A worker killed mid-shard is restarted by Ray and the shard is run again (TASK_RETRIES): nothing of a
   shard reaches the driver before the whole shard is done, so nothing is committed twice.
-- omrl.executor's types are met by shape here (no import back: executor_for imports this module).
+- omrl.rollout.executor's types are met by shape here (no import back: executor_for imports this module).
 - Progress counts the jobs of committed shards plus those the running shards have done (polled every
   TICK_S), never past the total and never back (a replayed shard does not move it).
 """

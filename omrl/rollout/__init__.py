@@ -12,7 +12,7 @@
 - `collect` plays the (task, sample) jobs not yet stored and appends finished rows in batches (every
   `batch_size` episodes or `flush_seconds`, and at the end); each append is one atomic part, so a
   killed run loses at most the episodes in flight and the unflushed batch. Where the episodes play is
-  the `executor` it is given (omrl.executor: this process, or Ray through EpisodeWork), how progress is
+  the `executor` it is given (omrl.rollout.executor: this process, or Ray through EpisodeWork), how progress is
   shown the `reporter` (omrl.progress); it asks neither.
 - Resume: ids are deterministic in (run, round, task, sample) and those already in the store are
   skipped, so re-running the same command continues where it stopped and never duplicates.
@@ -40,10 +40,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from omrl.agent import Episode, run_episode
 from omrl.errors import UsageError
-from omrl.executor import LOCAL, Executor, Placement
 from omrl.progress import QUIET, Reporter
+from omrl.rollout.agent import Episode, run_episode
+from omrl.rollout.executor import LOCAL, Executor, Placement
 from omrl.schema import is_failed, trajectory_id
 from omrl.store import Store
 
@@ -437,7 +437,7 @@ def _close_quietly(env: Any) -> None:
 
 
 class EpisodeWork:
-    """Collect's work for an executor (omrl.executor): plays shards of (task, sample) jobs through
+    """Collect's work for an executor (omrl.rollout.executor): plays shards of (task, sample) jobs through
     play_episodes and emits each finished episode's row.
 
     `pool` (this process's engines) and `on_episode` (called with each Episode after its row is emitted)
@@ -507,7 +507,7 @@ async def collect(env_spec: str | EnvFactory | None, tasks: Iterable[Any], polic
 
     The rollout knobs come from `settings` (RolloutSettings); keyword arguments named like its fields
     (max_turns=..., concurrency=...) replace single values. `env_spec` is an environment name or a
-    factory; None takes `settings.env`. `executor` plays the episodes (omrl.executor: LOCAL in this
+    factory; None takes `settings.env`. `executor` plays the episodes (omrl.rollout.executor: LOCAL in this
     process, or a RayExecutor on a cluster, where the env factory and policy are pickled to each worker);
     rows come back here and are appended the same way. `reporter` (omrl.progress) shows the progress.
     """

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.durable import pid_alive
+from omrl.store.durable import pid_alive
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The learning demo: `recipes/quickstart.yaml` run through the one orchestrator, omrl.train.iterate.
 
-    omrl demo [key=value ...]          (or: make demo, python -m omrl.demo, omrl train iterate -r recipes/quickstart.yaml)
+    omrl demo [key=value ...]          (or: make demo, python -m omrl.train.demo, omrl train iterate -r recipes/quickstart.yaml)
 
 A tiny offline model learns grid navigation on the CPU: the noisy scripted expert's own held-out
 success (stage expert), the untrained model (base), SFT on the expert's demonstrations (sft), GRPO
@@ -24,8 +24,8 @@ def run_demo(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...
     """Run the demo recipe through omrl.train.iterate (with key=value overrides); return the stage rows."""
     from rich.console import Console
 
+    from omrl.config import load_recipe
     from omrl.progress import terminal_reporter
-    from omrl.recipes import load_recipe
     from omrl.train.iterate import run_iterate
     from omrl.train.iterate_eval import round_table
     from omrl.train.iterate_recipe import IterateRecipe

@@ -30,10 +30,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from omrl.durable import staged_folder
 from omrl.errors import UsageError
-from omrl.messages import arguments_value, to_openai, tool_call_parts
+from omrl.schema.messages import arguments_value, to_openai, tool_call_parts
 from omrl.store import MANIFEST, Store, StoreError
+from omrl.store.durable import staged_folder
 
 EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "swebench-predictions",
                   "jsonl")
@@ -231,7 +231,7 @@ def _outcome(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Schema messages in the OpenAI fine-tuning form (omrl.messages.to_openai with reasoning and weights)."""
+    """Schema messages in the OpenAI fine-tuning form (omrl.schema.messages.to_openai with reasoning and weights)."""
     return to_openai(messages, export=True)
 
 

@@ -17,7 +17,7 @@ starts: the kernel does not apply RLIMIT_NPROC to processes that are root outsid
 the Python installation may sit where uid 65534 cannot look (e.g. /root/.pyenv), the outer layer shows it
 at a reachable path. `run_unsandboxed` is the explicit unsafe fallback: rlimits and a process-group kill.
 
-The limits of a run and how its total memory is held (cgroups or polling): omrl.sandbox_limits.
+The limits of a run and how its total memory is held (cgroups or polling): omrl.sandbox.limits.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omrl.errors import OmrlError, UsageError
-from omrl.sandbox_limits import PolledMemory, RunGroup, SandboxLimits, memory_cap, process_tree
+from omrl.sandbox.limits import PolledMemory, RunGroup, SandboxLimits, memory_cap, process_tree
 
 SANDBOX_UID = 65534          # "nobody": the sandbox's user inside, and outside too when omrl runs as root
 PROJECT_DIR = "/tmp/project"  # where the project is copied inside the sandbox (cwd of the command)

@@ -91,6 +91,6 @@ def executor_for(ray: str | None, workers: int | None = None) -> Executor:
 
             raise UsageError("--ray-workers needs --ray")
         return LOCAL
-    from omrl.distributed.ray_executor import RayExecutor
+    from omrl.rollout.ray_executor import RayExecutor
 
     return RayExecutor(ray, workers=workers)

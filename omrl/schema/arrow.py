@@ -135,7 +135,7 @@ def _trajectories(rows: pa.StructArray) -> pa.Table:
     columns = {}
     for f, (name, convert, kept) in zip(S.TRAJECTORY_SCHEMA, S._TRAJECTORY_FIELDS, strict=True):
         columns[name] = _column(_child(rows, name), f, convert, kept)
-    from omrl.redact import redact  # as _redacted: the secrets known now
+    from omrl.schema.redact import redact  # as _redacted: the secrets known now
 
     for name in ("error", "metadata"):
         columns[name] = _per_value(columns[name], lambda value, where: redact(value) if value else value, name,

@@ -1,7 +1,7 @@
 """Token fidelity: does re-tokenising the stored messages with a model's chat template give back the token
 ids the policy sampled (turns[].completion_ids)?
 
-Training re-renders a stored conversation through `omrl.messages.to_chat_template` and the tokenizer; RL
+Training re-renders a stored conversation through `omrl.schema.messages.to_chat_template` and the tokenizer; RL
 on a trajectory whose text no longer tokenises to what the model sampled (an edited message, a reply
 that decodes and re-encodes differently, tool calls re-serialised with other spacing, reasoning the
 template drops) trains on tokens the model never produced, silently. This check renders, for every
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.messages import to_chat_template
 from omrl.policies.parsing import TEXT_TOOLS_FORMAT, text_tool_messages
+from omrl.schema.messages import to_chat_template
 
 CONTEXT_CHARS = 80  # decoded text shown before a drift
 SHOWN_TOKENS = 6  # tokens shown from the drift on, each side

@@ -1,12 +1,12 @@
 """What an OpenAI-compatible endpoint sustains: its stated slots and context length, and an adaptive limit
-on the requests omrl keeps in flight to it (used by omrl.llm's transport; one Throttle per client and
+on the requests omrl keeps in flight to it (used by omrl.llm.client's transport; one Throttle per client and
 event loop).
 
-    info = await probe(base_url, api_key)    # omrl.server_info: what the server says about itself
+    info = await probe(base_url, api_key)    # omrl.llm.server_info: what the server says about itself
     throttle = Throttle(ceiling=16, info=info)
     async with throttle.slot() as ticket: ...; ticket.done(outcome, units)
 
-What the server says about itself (its slots, its context, vLLM's queue): omrl.server_info.
+What the server says about itself (its slots, its context, vLLM's queue): omrl.llm.server_info.
 
 The limit (`Throttle.limit`) starts at the stated slots, else at START, and moves by what replies show:
 - a timeout, a 429 or a 503 halves it (at most once per COOL_S): the server is past what it sustains,
@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from omrl.server_info import ServerInfo
+from omrl.llm.server_info import ServerInfo
 
 START = 1  # requests in flight before the first reply shows what the server sustains (its time alone)
 COOL_S = 1.0  # at most one halving per this long: a burst of timeouts is one signal

@@ -4,7 +4,7 @@ What a server says (read once, the three GETs at once, two seconds at most, fail
 - llama.cpp's server: GET /props gives `total_slots` (requests served at once) and the context `n_ctx`.
 - vLLM (and SGLang): GET /v1/models gives each model's `max_model_len`; vLLM's GET /metrics has no slot
   count but `vllm:num_requests_waiting`, the requests its scheduler could not take yet, polled while
-  requests are in flight (omrl.endpoint's Throttle, every POLL_S at most): a queue there means more in flight would only wait.
+  requests are in flight (omrl.llm.endpoint's Throttle, every POLL_S at most): a queue there means more in flight would only wait.
 - api.openai.com is not probed.
 """
 
