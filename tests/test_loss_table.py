@@ -1,10 +1,10 @@
-"""README's table of what each export format keeps, measured: every store row below goes through
+"""The table of what each export format keeps (docs/formats.md), measured: every store row below goes through
 `omrl export --format F` and `omrl import`, and each aspect is compared, row by row, with the original.
 
-The table in README.md (between the loss-table markers) must be exactly what this measures, with a note
+The table in docs/formats.md (between the loss-table markers) must be exactly what this measures, with a note
 for each loss (NOTES) and no note for what is kept; so it cannot drift from the code. After a change:
 
-    OMRL_UPDATE_README=1 python -m pytest tests/test_loss_table.py     # rewrites the table in README.md
+    OMRL_UPDATE_README=1 python -m pytest tests/test_loss_table.py     # rewrites the table in docs/formats.md
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from test_roundtrip import export_and_import, hand_made_rows, rl_row
 from omrl.schema.messages import arguments_value
 from omrl.store import Store
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "formats.md"  # the page holding the table
 START, END = "<!-- loss-table:start -->", "<!-- loss-table:end -->"
 FORMATS = ("omrl", "openai", "sharegpt", "atif", "adp", "otel")
 
@@ -128,10 +128,10 @@ def test_readme_table_is_what_the_round_trips_measure(tmp_path):
         assert kept["atif"][aspect] and kept["otel"][aspect], aspect  # the formats that carry what RL needs
     text = README.read_text(encoding="utf-8")
     block = re.compile(re.escape(START) + r"\n(?:.*?\n)?" + re.escape(END), re.S)
-    assert block.search(text), f"README.md has no {START} ... {END} block"
+    assert block.search(text), f"docs/formats.md has no {START} ... {END} block"
     wanted = f"{START}\n{table(kept)}\n{END}"
     if os.environ.get("OMRL_UPDATE_README"):
         README.write_text(block.sub(lambda _: wanted, text), encoding="utf-8")
     assert block.search(README.read_text(encoding="utf-8")).group(0) == wanted, (
-        "README's table differs from what the round trips measure; rerun with OMRL_UPDATE_README=1")
+        "docs/formats.md's table differs from what the round trips measure; rerun with OMRL_UPDATE_README=1")
 
