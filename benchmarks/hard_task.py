@@ -3,18 +3,18 @@
     nice -n 10 python benchmarks/hard_task.py                  # the full table (tens of minutes on 2 busy cores)
     python benchmarks/hard_task.py --quick                     # a smoke run of the whole path (minutes)
     python benchmarks/hard_task.py grpo.max_steps=20 ...       # key=value overrides of recipes/hard_grid.yaml
-    nice -n 10 python benchmarks/hard_task.py eval.tasks=200 eval.samples=4   # the README table's evaluation
+    nice -n 10 python benchmarks/hard_task.py eval.tasks=200 eval.samples=4   # the table's evaluation (docs/results/hard_task.md)
 
 1. `omrl train iterate` on recipes/hard_grid.yaml: the expert's held-out success, the tiny base model,
    SFT on the expert's demos, one GRPO round (stages expert, base, sft, grpo-1).
-2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds (omrl.train.compare.train_method):
-   GRPO with step credit (omrl/train/grpo_credit.py; GiGPO weight and gamma from --weight/--gamma), and PPO
+2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds (benchmarks.lib.compare.train_method):
+   GRPO with step credit (omrl/train/rl/grpo_credit.py; GiGPO weight and gamma from --weight/--gamma), and PPO
    (the recipe's `ppo` section, turn-level GAE) with max_steps x tasks_per_step x samples_per_task rollouts, as
    GRPO.
 3. Each is evaluated on the held-out walled tasks, sampled (eval.samples per task, temperature 1) and greedy.
 
 GRPO with step credit is train_grpo with the recipe's `step_credit` section (rollout_func hands TRL the
-per-token step advantages; omrl/train/grpo_credit.py's trainer adds them to TRL's episode advantage).
+per-token step advantages; omrl/train/rl/grpo_credit.py's trainer adds them to TRL's episode advantage).
 
 Prints ONE JSON line: success per method, and points against SFT (the baseline measured in this run).
 The same line is written to OUT/benchmark.json (the iterate stages' rows are in OUT/results.json; the
@@ -51,15 +51,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ppo-lr", type=float, default=None, help="PPO learning rate (default: the recipe's ppo section)")
     args = parser.parse_args(argv)
 
+    from benchmarks.lib.compare import train_method
     from omrl.config import load_recipe
     from omrl.rollout import shared_engines
     from omrl.store import Store
     from omrl.tasks import load_tasks
-    from omrl.train.compare import train_method
-    from omrl.train.iterate import run_iterate
-    from omrl.train.iterate_eval import evaluate_checkpoint
-    from omrl.train.iterate_recipe import IterateRecipe
-    from omrl.train.run_state import IterateState
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.evaluation import evaluate_checkpoint
+    from omrl.train.iterate.run import run_iterate
+    from omrl.train.iterate.state import IterateState
 
     started = time.monotonic()
     out = Path(args.out)

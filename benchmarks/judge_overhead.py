@@ -48,7 +48,8 @@ def main() -> None:
     from omrl.models.tiny import cached_tiny_model
     from omrl.rollout import RolloutSettings
     from omrl.testing.judge_server import JudgeProcess
-    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.config.grpo import GRPORecipe
 
     model = args.model or str(cached_tiny_model(hidden=64))
     work = Path(tempfile.mkdtemp(prefix="judge-overhead-"))

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from omrl.envs import generate_tasks, make_env  # noqa: E402
 from omrl.envs.engine_memory import jvm_caps  # noqa: E402
-from omrl.envs.scienceworld import JVM_HEAP_MB  # noqa: E402
+from omrl.envs.scienceworld.engine import JVM_HEAP_MB  # noqa: E402
 from omrl.sandbox.limits import process_tree  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.store.manifest import MANIFEST  # noqa: E402

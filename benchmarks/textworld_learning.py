@@ -25,7 +25,7 @@ GAE) on TextWorldExpress's Coin game, each RL method tuned on the dev games, two
 4. Figures per method: the mean over seeds and a 95% interval over test games (each game's success averaged
    over seeds and samples); differences between methods are paired per game. best_rl_greedy_gain_points: the
    RL method with the best dev score minus SFT (greedy, test); ppo_vs_sft_greedy_points: the better PPO level
-   (dev score) minus SFT. Step credit's diagnostics come from the stored turns (omrl.train.step_credit
+   (dev score) minus SFT. Step credit's diagnostics come from the stored turns (omrl.train.rl.step_credit
    credit_diagnostics: the SQL is there).
 
 Prints ONE JSON line. OUT/benchmark.json holds it and, beside it, the per-step training success of every
@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args((QUICK_ARGS if "--quick" in argv else []) + argv)
 
+    from benchmarks.lib.compare import Comparison, LoadMeter
     from omrl.rollout import shared_engines
     from omrl.tasks import load_tasks
-    from omrl.train.compare import Comparison, LoadMeter
-    from omrl.train.step_credit import ANCHORS
+    from omrl.train.rl.step_credit import ANCHORS
 
     started = time.monotonic()
     out = Path(args.out)
@@ -164,9 +164,9 @@ def play(bench, grids: dict[str, list], helper: bool = False) -> dict[str, Any]:
     """Every run of the benchmark (those recorded already are skipped): the first seed's SFT, tuning on its dev
     games, then per seed its SFT, the chosen settings, SFT continued, the test evaluations; diagnostics and curves.
     `helper`: take the methods and seeds in the opposite order (a second process sharing the work)."""
+    from benchmarks.lib.compare import RL_METHODS, training_curve, tune
     from omrl.store.query import quote_literal
-    from omrl.train.compare import RL_METHODS, training_curve, tune
-    from omrl.train.step_credit import credit_diagnostics
+    from omrl.train.rl.step_credit import credit_diagnostics
 
     seeds, first = bench.seeds, bench.seeds[0]
     methods = list(reversed(RL_METHODS)) if helper else list(RL_METHODS)
@@ -209,10 +209,10 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
     """The JSON line of a comparison cut short (complete: false): per method the test records made so far (over
     the seeds that have one), each seed's SFT on the dev games, every dev-tuning point, and the greedy gains over
     SFT on the seeds where both were tested; and the per-step training success of every recorded RL run."""
+    from benchmarks.lib.compare import RL_METHODS, dev_score, training_curve
+    from benchmarks.lib.compare_figures import paired_points, summarise
     from omrl.store import Store
-    from omrl.train.compare import RL_METHODS, dev_score, training_curve
-    from omrl.train.compare_figures import paired_points, summarise
-    from omrl.train.run_state import IterateState
+    from omrl.train.iterate.state import IterateState
 
     for seed, recipe in bench.recipes.items():
         bench.stores[seed] = Store(Path(recipe.output_dir) / "store")
@@ -269,8 +269,8 @@ def so_far(bench) -> tuple[dict[str, Any], dict[str, list]]:
 
 def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) -> dict[str, Any]:
     """The benchmark's JSON line (without the curves) from its runs."""
-    from omrl.train.compare import RL_METHODS, tuned_settings
-    from omrl.train.compare_figures import paired_points, summarise
+    from benchmarks.lib.compare import RL_METHODS, tuned_settings
+    from benchmarks.lib.compare_figures import paired_points, summarise
 
     seeds, first = bench.seeds, bench.seeds[0]
     recipe = bench.recipes[first]
@@ -343,7 +343,7 @@ def summary(bench, runs: dict[str, Any], grids: dict[str, list], quick: bool) ->
     }
 
 
-# How greedy episodes fail, from the game's state key after each turn (omrl/envs/twx.py): a turn "stalls" when
+# How greedy episodes fail, from the game's state key after each turn (omrl/envs/twx/engine.py): a turn "stalls" when
 # the state it led to is the one before it (a move into a wall, look, inventory); a failed episode "loops" when
 # its last 4 turns led to at most 2 states (stuck in one room, or back and forth between two).
 GREEDY_FAILURES_SQL = """
@@ -367,7 +367,7 @@ def greedy_failures(bench, name: str) -> list[dict[str, Any]]:
     """Per seed, how the greedy test episodes of `name` fail: failed share, the share of failures that loop
     between two states, the share of turns that stall (GREEDY_FAILURES_SQL)."""
     from omrl.store.query import quote_literal
-    from omrl.train.iterate_eval import eval_run_ids
+    from omrl.train.iterate.evaluation import eval_run_ids
 
     out = []
     for seed in bench.seeds:
@@ -387,7 +387,7 @@ def return_moves(bench, seed: int, checkpoints: dict[str, str]) -> dict[str, Any
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from omrl.store.query import quote_literal
-    from omrl.train.iterate_eval import eval_run_ids
+    from omrl.train.iterate.evaluation import eval_run_ids
 
     run = eval_run_ids(bench.recipes[seed], "test-sft")["sampled"]
     rows = bench.stores[seed].sql(f"SELECT messages FROM trajectories WHERE run_id = {quote_literal(run)} "

@@ -11,6 +11,7 @@ A config is a dataclass whose fields carry `metadata={"help": ...}`; nested data
 (GRPO's `rollout` defaults are not RolloutSettings' own). Values are converted to the field's type (a YAML
 `"1e-4"` string becomes a float); an unknown key is an error naming the key and the file. A list field given
 text takes it split at commas (`lora.target_modules=q_proj,v_proj`), or whole with `metadata={"comma": False}`;
+a `Literal[...]` field takes one of its values only (`batching: Literal["bridge", "trl"]`);
 a list of dataclasses may be written as a mapping keyed by each item's first field, a plain value standing
 for its second (`components: {env_reward: 1.0, judge:q: {weight: 0.5}}`). A config's own checks
 (`__post_init__` raising ValueError) become RecipeErrors naming the file and the section. A library's own
@@ -51,6 +52,11 @@ def _convert(value: Any, kind: Any, key: str, where: str, comma: bool = True) ->
     args = typing.get_args(kind)
     if kind is Any:
         return value
+    if origin is typing.Literal:  # one of the listed values, as written (`level: Literal["token", "turn"]`)
+        for allowed in args:
+            if value == allowed and type(value) is type(allowed):
+                return allowed
+        raise RecipeError(f"{where}: {key} must be one of {', '.join(str(a) for a in args)}, not {value!r}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -148,44 +154,6 @@ def from_dict(cls: type, data: dict[str, Any], *, where: str = "recipe", prefix:
         return cls(**values)
     except (TypeError, ValueError) as exc:  # the config's own checks (__post_init__)
         raise RecipeError(f"{where}: {prefix.rstrip('.') + ': ' if prefix else ''}{exc}") from None
-
-
-def section(cls: type, name: str, set_by_run: tuple[str, ...], doc: str) -> type:
-    """A typed recipe section: a dataclass of `cls`'s settings less `set_by_run` (the keys the enclosing run
-    fills in), each with its type, default and help; `to_recipe` gives the full `cls`.
-
-    A section's values are checked as `cls` checks them, when the section is made (so at load time, not
-    when the stage starts): `cls` is built with the run's required keys as placeholders.
-    """
-    hints = _hints(cls)
-    required = [f.name for f in dataclasses.fields(cls)
-                if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = sorted(set(required) - set(set_by_run))
-    if missing:
-        raise TypeError(f"a section of {cls.__name__} must leave {', '.join(missing)} to the run (no default)")
-    specs = []
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name in set_by_run:
-            continue
-        default = ({"default": f.default} if f.default is not dataclasses.MISSING
-                   else {"default_factory": f.default_factory})
-        specs.append((f.name, hints[f.name], dataclasses.field(metadata=f.metadata, **default)))
-
-    def values(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def __post_init__(self) -> None:
-        try:
-            cls(**{key: "-" for key in required}, **values(self))
-        except (TypeError, ValueError) as exc:
-            raise RecipeError(str(exc)) from None
-
-    def to_recipe(self, **run: Any) -> Any:
-        """The full config: this section's values and the run's keys (`run` wins)."""
-        return from_dict(cls, {**to_dict(self), **run}, where=name)
-
-    return dataclasses.make_dataclass(name, specs, namespace={
-        "__doc__": doc, "__module__": cls.__module__, "__post_init__": __post_init__, "to_recipe": to_recipe})
 
 
 def help_of(f: dataclasses.Field) -> str:

@@ -1,10 +1,11 @@
 """Named components from omrl and from installed packages: one Registry per kind.
 
-Four kinds are pluggable, each with its built-ins and an entry-point group an installed package adds
+Five kinds are pluggable, each with its built-ins and an entry-point group an installed package adds
 to in its pyproject.toml:
 
     [project.entry-points."omrl.envs"]        tiny = "omrl_tiny.env:TinyEnv"           # an environment class
     [project.entry-points."omrl.formats"]     tinylog = "omrl_tiny.format"             # a module with convert()
+    [project.entry-points."omrl.exporters"]   tinylog = "omrl_tiny.format:export_records"  # rows -> JSON records
     [project.entry-points."omrl.metrics"]     shouty = "omrl_tiny.metrics:shouty"      # a metric function
     [project.entry-points."omrl.policies"]    echo = "omrl_tiny.policy:EchoPolicy.from_spec"  # factory(arg, **options)
 
@@ -18,8 +19,8 @@ named in one warning line (PluginWarning: the plugin, its package and entry poin
 and skipped. Asking for a broken plugin by name is one error line (Registry.load, Registry.create).
 
 Every named kind in omrl is a Registry, built-ins declared as plugins declare theirs (name -> target):
-environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), metrics
-(omrl.annotate.metrics.METRICS), policies (omrl.policies.POLICIES), judge modes
+environments (omrl.envs.ENVIRONMENTS), import formats (omrl.formats.FORMATS), export formats
+(omrl.formats.EXPORTERS), metrics (omrl.annotate.metrics.METRICS), policies (omrl.policies.POLICIES), judge modes
 (omrl.annotate.judge.JUDGE_MODES), trainers (omrl.train.trainer.TRAINERS) and the CLI's verbs
 (omrl.cli.main.COMMANDS). The last three have no entry-point group: only omrl provides them.
 """
@@ -189,6 +190,7 @@ def entry_points(group: str) -> tuple[Entry, ...]:
 REGISTRIES = {
     "omrl.envs": "omrl.envs:ENVIRONMENTS",
     "omrl.formats": "omrl.formats:FORMATS",
+    "omrl.exporters": "omrl.formats:EXPORTERS",
     "omrl.metrics": "omrl.annotate.metrics:METRICS",
     "omrl.policies": "omrl.policies:POLICIES",
 }

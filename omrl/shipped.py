@@ -57,15 +57,28 @@ def shipped_recipes() -> list[str]:
 def resolve_tasks(source: str | Path) -> str | Path:
     """`shipped:NAME` -> the path of that shipped task set; any other source unchanged.
 
-    Raises FileNotFoundError naming the shipped sets when NAME is not one of them."""
+    Raises FileNotFoundError naming the shipped sets when NAME is not one of them, and "did you mean
+    shipped:NAME?" for a missing .jsonl path that ends like a shipped set (datasets/tasks/NAME.jsonl)."""
     return _resolve(source, "task set", shipped_datasets_dir() / "tasks", ".jsonl")
 
 
 def resolve_recipe(source: str | Path) -> str | Path:
     """`shipped:NAME` -> the path of that shipped recipe; any other source unchanged.
 
-    Raises FileNotFoundError naming the shipped recipes when NAME is not one of them."""
+    Raises FileNotFoundError naming the shipped recipes when NAME is not one of them, and "did you mean
+    shipped:NAME?" for a missing .yaml path that ends like a shipped recipe (recipes/NAME.yaml)."""
     return _resolve(source, "recipe", shipped_recipes_dir(), ".yaml")
+
+
+def _shipped_name_of_missing(path: Path, folder: Path, suffix: str) -> str | None:
+    """The shipped name a missing `path` with this suffix ends with (datasets/tasks/math_arith.jsonl ->
+    math_arith, recipes/judges/grid_goal.yaml -> judges/grid_goal), else None. Other sources (a Hub
+    dataset, a file that exists) are never matched."""
+    if path.suffix != suffix or path.exists():
+        return None
+    names = set(_names(folder, suffix))
+    parts = path.with_suffix("").parts
+    return next(("/".join(parts[i:]) for i in range(len(parts)) if "/".join(parts[i:]) in names), None)
 
 
 def _names(folder: Path, suffix: str) -> list[str]:
@@ -75,6 +88,9 @@ def _names(folder: Path, suffix: str) -> list[str]:
 def _resolve(source: str | Path, kind: str, folder: Path, suffix: str) -> str | Path:
     text = str(source)
     if not text.startswith(PREFIX):
+        name = _shipped_name_of_missing(Path(text), folder, suffix)
+        if name is not None:  # a checkout's path from an installed wheel (or another folder)
+            raise FileNotFoundError(f"{text}: no such file; did you mean {PREFIX}{name}?")
         return source
     name = text[len(PREFIX):].removesuffix(suffix)
     names = _names(folder, suffix)

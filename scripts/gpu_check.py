@@ -58,7 +58,8 @@ def grpo_figures(backend: str, args: argparse.Namespace, sft_checkpoint: Path, t
 
     from omrl.policies.hf import HFPolicy
     from omrl.rollout import RolloutSettings, evaluate
-    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.config.grpo import GRPORecipe
 
     out = Path(args.out)
     options: dict[str, Any] = {}
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from omrl.policies.scripted import ScriptedPolicy
     from omrl.rollout import collect
     from omrl.store import Store
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 from omrl.schema import Annotation, Message, ToolCall, Trajectory  # noqa: E402
 from omrl.schema.messages import to_chat_template  # noqa: E402
 from omrl.store import Store  # noqa: E402
-from omrl.train.bridge import (  # noqa: E402
+from omrl.train.data.bridge import (  # noqa: E402
     BridgeReport,
     TokenBudgetBatchSampler,
     batches_padding_fraction,
@@ -24,7 +24,7 @@ from omrl.train.bridge import (  # noqa: E402
     sft_examples,
     token_budget_batches,
 )
-from omrl.train.masks import incremental_mask, is_trainable, template_mask  # noqa: E402
+from omrl.train.data.masks import incremental_mask, is_trainable, template_mask  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
     "type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]}}},

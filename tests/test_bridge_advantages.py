@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from omrl.train.advantages import flat_groups, group_advantages
+from omrl.train.rl.advantages import flat_groups, group_advantages
 
 
 def test_flat_group_and_singleton_give_zero():

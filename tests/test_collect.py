@@ -146,6 +146,47 @@ def test_cancelled_run_keeps_finished_episodes_and_resumes(tmp_path: Path):
     assert result.played == 12 - kept and store.count() == 12 and store.check() == []
 
 
+def test_retry_failed_replays_failed_episodes_and_keeps_them_as_history(tmp_path: Path):
+    store = Store.create(tmp_path / "s")
+    tasks = count_tasks(3, target=1)
+    policy = make_policy("scripted")
+    run(collect(lambda: CountEnv(fail_at=1), tasks[:2], policy, store, samples=2, run_id="r"))  # 4 env_errors
+    run(collect(CountEnv, tasks[2:], policy, store, samples=2, run_id="r"))  # 2 ok
+    plain = run(collect(CountEnv, tasks, policy, store, samples=2, run_id="r"))
+    assert (plain.played, plain.skipped) == (0, 6)  # without the flag a failed episode counts as stored
+
+    retried = run(collect(CountEnv, tasks, policy, store, samples=2, run_id="r", retry_failed=True))
+    assert (retried.played, retried.retried, retried.skipped, retried.written) == (4, 4, 2, 4)
+    rows = store.read(columns=["id", "task_id", "sample", "status", "metadata"]).to_pylist()
+    assert len(rows) == 10 and len({r["id"] for r in rows}) == 10
+    failed = [r for r in rows if r["status"] == "env_error"]
+    assert {(r["task_id"], r["sample"]) for r in failed} == {(t.id, s) for t in tasks[:2] for s in (0, 1)}
+    replayed = {r["id"]: r for r in rows if json.loads(r["metadata"]).get("attempt") == 1}
+    assert set(replayed) == {trajectory_id("r", 0, t.id, s, 1) for t in tasks[:2] for s in (0, 1)}
+    assert {r["status"] for r in replayed.values()} == {"ok"}
+    assert trajectory_id("r", 0, "t0", 0, 0) == trajectory_id("r", 0, "t0", 0)  # first plays keep their ids
+
+    again = run(collect(CountEnv, tasks, policy, store, samples=2, run_id="r", retry_failed=True))
+    assert (again.played, again.retried, again.skipped) == (0, 0, 6)  # the last attempts succeeded
+    ev = run(evaluate(CountEnv, tasks, policy, store, samples=2, run_id="r"))  # reads each episode's last attempt
+    assert (ev.collect.played, ev.metrics["count"]["episodes"], ev.metrics["count"]["errors"]) == (0, 6, 0)
+
+
+def test_cli_collect_retry_failed_says_how_many_were_retried(tmp_path: Path):
+    tasks_file = write_tasks(tmp_path / "t.jsonl", count_tasks(2, target=1))
+    args = ["collect", "--env", "test_agent:CountEnv", "--tasks", str(tasks_file), "--policy", "scripted",
+            "--store", str(tmp_path / "s"), "--run", "r", "--no-progress"]
+    first = CliRunner().invoke(cli, [*args, "--env-option", "fail_at=1"], terminal_width=200)
+    assert first.exit_code == 0 and "--retry-failed" in first.output, first.output
+    plain = CliRunner().invoke(cli, args, terminal_width=200)
+    assert "0 played, 2 already stored" in plain.output, plain.output
+    retry = CliRunner().invoke(cli, [*args, "--retry-failed"], terminal_width=200)
+    assert retry.exit_code == 0, retry.output
+    assert "2 played (2 failed before, retried), 0 already stored, 2 written" in retry.output
+    assert Store(tmp_path / "s").count() == 4
+    assert "--retry-failed" in CliRunner().invoke(cli, ["eval", "--help"]).output
+
+
 def test_a_failing_on_episode_callback_keeps_the_finished_row(tmp_path: Path):
     store = Store.create(tmp_path / "s")
 
@@ -259,9 +300,9 @@ def test_collect_and_eval_flags_are_the_rollout_settings(tmp_path: Path, monkeyp
     out = CliRunner().invoke(cli, ["collect", "--env", "math", "--tasks", str(tasks_file), "--policy", "scripted",
                                    "--store", str(tmp_path / "s"), "--max-turns", "3", "--max-tokens", "7",
                                    "--temperature", "0.5", "--seed", "9", "--turn-timeout", "2.5", "-c", "2",
-                                   "--env-option", "level=3", "--unsafe-no-sandbox", "--no-progress"])
+                                   "--env-option", "max_calculator_calls=3", "--unsafe-no-sandbox", "--no-progress"])
     assert out.exit_code == 0, out.output
-    assert seen["settings"] == RolloutSettings(env="math", env_options={"level": 3, "unsafe_no_sandbox": True},
+    assert seen["settings"] == RolloutSettings(env="math", env_options={"max_calculator_calls": 3, "unsafe_no_sandbox": True},
                                                max_turns=3, max_new_tokens=7, temperature=0.5, seed=9,
                                                model_call_timeout=120.0, turn_timeout=2.5, concurrency=2)
     for command in ("collect", "eval"):

@@ -1,4 +1,4 @@
-"""omrl.train.compare.Comparison shared by several processes (benchmarks/textworld_learning.py --helper): a run
+"""benchmarks.lib.compare.Comparison shared by several processes (benchmarks/textworld_learning.py --helper): a run
 claimed by a live process is waited for, not run twice; a dead process's claim is taken over; every process's
 records are kept in the one state file."""
 
@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from omrl.train.compare import Comparison
+from benchmarks.lib.compare import Comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
@@ -38,7 +38,7 @@ def test_a_run_claimed_by_a_live_process_is_awaited_and_a_dead_ones_claim_taken_
     holder = textwrap.dedent(f"""
         import os, time
         from pathlib import Path
-        from omrl.train.run_state import IterateState
+        from omrl.train.iterate.state import IterateState
         claim = Path({str(tmp_path)!r}) / "claims" / "seed0__train__x.pid"
         claim.parent.mkdir(parents=True, exist_ok=True)
         claim.write_text(str(os.getpid()))

@@ -1,4 +1,4 @@
-"""The learning demo is recipes/quickstart.yaml run through omrl.train.iterate: here on a tiny budget (the
+"""The learning demo is recipes/quickstart.yaml run through omrl.train.iterate.run: here on a tiny budget (the
 full demo is `make demo`, minutes long). Checks the stages, results.json's shape and the console."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def tiny_budget(tmp_path, tiny) -> list[str]:
 
 
 def test_quickstart_is_an_iterate_recipe_with_the_demo_stages_and_its_settings():
-    from omrl.train.iterate import IterateRecipe
+    from omrl.train.config.iterate import IterateRecipe
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.yaml", IterateRecipe)
     assert recipe.baseline.expert and recipe.baseline.more_sft and recipe.rounds == 2
-    # the old quickstart's hyper-parameters, so the README's table stays comparable
+    # the old quickstart's hyper-parameters, so the demo's table (docs/results/demo.md) stays comparable
     assert (recipe.sft.epochs, recipe.sft.learning_rate, recipe.sft.batch_size) == (8, 1e-3, 32)
     assert (recipe.grpo.max_steps, recipe.grpo.learning_rate, recipe.grpo.samples_per_task) == (30, 2e-4, 8)
     assert (recipe.rollout.max_turns, recipe.rollout.max_new_tokens, recipe.rollout.env_options["noise"]) == (14, 4, 0.3)
@@ -42,7 +42,7 @@ def test_quickstart_is_an_iterate_recipe_with_the_demo_stages_and_its_settings()
 @pytest.mark.slow
 def test_demo_runs_the_quickstart_through_iterate_and_writes_the_results_table(tmp_path, capsys):
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.demo import run_demo
+    from omrl.train.iterate.demo import run_demo
 
     tiny = cached_tiny_model(hidden=32)
     results = run_demo(str(ROOT / "recipes" / "quickstart.yaml"), tiny_budget(tmp_path, tiny))

@@ -4,8 +4,8 @@ import pytest
 
 from omrl.envs import make_env
 from omrl.envs.base import Action, Task
-from omrl.envs.http import EnvServerError
-from omrl.envs.http_server import start_server
+from omrl.envs.http.env import EnvServerError
+from omrl.envs.http.server import start_server
 from omrl.envs.math import generate_tasks
 from omrl.envs.toolenv import play_episode
 

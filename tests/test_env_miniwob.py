@@ -28,7 +28,8 @@ from tests.engine_helpers import KillingPolicy, kill_collect_mid_run, marked_pro
 
 require_env("miniwob")
 
-from omrl.envs.miniwob import MiniWoBEnv, _read  # noqa: E402
+from omrl.envs.miniwob import MiniWoBEnv  # noqa: E402
+from omrl.envs.miniwob.page import read_page  # noqa: E402
 from omrl.envs.toolenv import play_episode  # noqa: E402
 from omrl.tasks import load_tasks  # noqa: E402
 
@@ -75,7 +76,7 @@ def test_the_agent_sees_what_the_page_shows(env, tasks):
     assert first.observation.startswith(f"Task: {task_of(tasks, 'click-checkboxes').instruction}\n")
     driver = env.engine.driver
     driver.execute_script(HIDDEN)
-    page = _read(driver)
+    page = read_page(driver)
     text = page.render()
     assert "hidden" not in text and "shown-extra" in text and "shown-again" in text
 

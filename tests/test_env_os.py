@@ -10,7 +10,8 @@ import pytest
 from omrl import sandbox
 from omrl.envs import generate_tasks, make_env
 from omrl.envs.base import Action, InvalidTask
-from omrl.envs.os_interaction import refusal, size_match, task_from_record
+from omrl.envs.os_interaction.env import size_match
+from omrl.envs.os_interaction.tasks import refusal, task_from_record
 from omrl.envs.toolenv import play_episode
 from tests.cases import os_hacks
 from tests.cases.escapes import processes_with

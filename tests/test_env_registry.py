@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from omrl.cli.main import cli
 from omrl.envs import ENVIRONMENTS, EnvSpecError, describe, env_class, make_env, unavailable
 from omrl.envs.base import Action, Environment, Task
-from omrl.envs.swebench import SwebenchUnavailable
+from omrl.envs.swebench.env import SwebenchUnavailable
 from omrl.tasks import load_tasks
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"

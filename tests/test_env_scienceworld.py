@@ -62,7 +62,7 @@ def test_wrong_commands_are_observations_and_a_failed_task_ends_unsolved(env):
 
 
 def test_splits_are_scienceworlds_own_and_disjoint_and_generation_is_deterministic():
-    from omrl.envs.scienceworld import variation_table
+    from omrl.envs.scienceworld.tasks import variation_table
 
     table = variation_table()
     assert len(table) == 30
@@ -109,7 +109,7 @@ def test_a_jvm_killed_mid_episode_is_an_env_error_and_the_episode_is_stored(tmp_
 
 
 def test_without_the_package_or_java_the_refusal_says_what_to_install(monkeypatch):
-    from omrl.envs import scienceworld
+    from omrl.envs.scienceworld import env as scienceworld
 
     monkeypatch.setattr(scienceworld.shutil, "which", lambda name: None)
     reason = scienceworld.SciWorldEnv.unavailable()

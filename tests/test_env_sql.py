@@ -6,7 +6,7 @@ import pytest
 
 from omrl.envs import make_env
 from omrl.envs.base import Action, Task
-from omrl.envs.sql import answers_match
+from omrl.envs.sql.env import answers_match
 from omrl.envs.toolenv import play_episode
 from omrl.tasks import import_tasks, load_tasks
 

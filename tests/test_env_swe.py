@@ -79,7 +79,7 @@ def test_generation_resumes_from_what_it_tried(sdist, tasks):
 
 def test_a_candidate_the_tests_do_not_catch_is_dropped(sdist):
     from omrl.envs.swe import packages
-    from omrl.envs.swe.generate import validate
+    from omrl.envs.swe.tasks import validate
 
     package = packages.fetch(sdist, progress=lambda _: None)
     original = (package.source / "src/tinycalc/__init__.py").read_text()
@@ -216,7 +216,8 @@ def test_sft_runs_on_expert_swe_trajectories(collected, tmp_path):
     """A smoke test: the tiny model trains on the scripted expert's SWE episodes end to end (no learning claim)."""
     pytest.importorskip("trl")
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     result = train_sft(SFTRecipe(model=str(cached_tiny_model()), store=str(collected[1]),
                                  output_dir=str(tmp_path / "o"), batch_size=2, max_steps=1, logging_steps=1,

@@ -10,7 +10,9 @@ import pytest
 
 from omrl.envs import EnvSpecError, generate_tasks, make_env
 from omrl.envs.base import Action
-from omrl.envs.textworld import TextWorldEnv, build_games, game_key, split_of
+from omrl.envs.textworld import TextWorldEnv, build_games
+from omrl.envs.textworld.env import game_key
+from omrl.envs.textworld.tasks import split_of
 from omrl.errors import UsageError
 from omrl.policies import make_policy
 from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_episodes

@@ -9,7 +9,8 @@ import pytest
 
 from omrl.envs import EnvSpecError, generate_tasks, make_env
 from omrl.envs.base import Action
-from omrl.envs.twx import FOLD_SEEDS, TwxEnv, canonical_params, draw_seeds
+from omrl.envs.twx import TwxEnv
+from omrl.envs.twx.tasks import FOLD_SEEDS, canonical_params, draw_seeds
 from omrl.errors import UsageError
 from omrl.policies import make_policy
 from omrl.rollout import EnvPool, RolloutSettings, collect, eval_metrics, play_episodes

@@ -234,8 +234,9 @@ pytest.importorskip("trl")
 def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
     from omrl.models.tiny import build_tiny_model
     from omrl.tasks import write_tasks
-    from omrl.train.grpo import GRPORecipe, train_grpo
-    from omrl.train.rollout_step import RolloutStep
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.data.rollout_step import RolloutStep
 
     ledger = Ledger(tmp_path / "log")
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=2)
@@ -259,7 +260,7 @@ def test_a_grpo_step_closes_every_environment_and_seeds_each_episode(tmp_path):
 def test_an_rft_round_closes_every_environment_and_seeds_each_episode(tmp_path):
     from omrl.envs.grid import grid_tasks
     from omrl.tasks import write_tasks
-    from omrl.train.rft import train_rft
+    from omrl.train.algorithms.rft import train_rft
     from tests.train_helpers import random_mover_model
 
     ledger = Ledger(tmp_path / "log")
@@ -374,8 +375,10 @@ def _letter_setup(tmp_path, n_tasks: int = 2):
 
 @pytest.mark.slow
 def test_grpo_and_ppo_keep_their_reusable_engines_across_steps_and_close_them(tmp_path):
-    from omrl.train.grpo import GRPORecipe, train_grpo
-    from omrl.train.ppo import PPORecipe, train_ppo
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.algorithms.ppo import train_ppo
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.ppo import PPORecipe
 
     ledger, model, _, tasks_file, rollout = _letter_setup(tmp_path)
     common = {"model": str(model), "tasks": str(tasks_file), "rollout": rollout, "max_steps": 3, "tasks_per_step": 2,
@@ -390,8 +393,10 @@ def test_grpo_and_ppo_keep_their_reusable_engines_across_steps_and_close_them(tm
 @pytest.mark.slow
 def test_inside_shared_engines_collect_eval_and_training_draw_from_one_pool(tmp_path):
     from omrl.rollout import evaluate, shared_engines
-    from omrl.train.grpo import GRPORecipe, train_grpo
-    from omrl.train.ppo import PPORecipe, train_ppo
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.algorithms.ppo import train_ppo
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.ppo import PPORecipe
 
     ledger, model, tasks, tasks_file, rollout = _letter_setup(tmp_path)
     store = Store.create(tmp_path / "store")

@@ -34,7 +34,7 @@ def test_user_errors_derive_from_one_base_and_keep_their_builtin_base():
     import omrl
     from omrl.config import RecipeError
     from omrl.envs import EnvSpecError
-    from omrl.formats.common import FormatError
+    from omrl.formats.records import FormatError
     from omrl.policies.base import PolicyError
     from omrl.sandbox import SandboxUnavailable
     from omrl.schema import SchemaError

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from omrl.formats.common import FormatError
 from omrl.formats.detect import detect_format
 from omrl.formats.importer import FileReport, iter_trajectories, load_trajectories
+from omrl.formats.records import FormatError
 from omrl.schema.arrow import to_table
 
 REAL_FORMATS = {

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.formats.common import FormatError
 from omrl.formats.importer import FileReport, import_files, iter_trajectories
+from omrl.formats.records import FormatError
 from omrl.schema import SchemaError, normalize_annotation, normalize_trajectory
 from omrl.store import Store
 from omrl.store.record_files import append_file

@@ -1,4 +1,4 @@
-"""GAE over multi-turn token sequences against hand-computed references (omrl/train/gae.py)."""
+"""GAE over multi-turn token sequences against hand-computed references (omrl/train/rl/gae.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from omrl.train.gae import (  # noqa: E402
+from omrl.train.rl.gae import (  # noqa: E402
     explained_variance,
     gae,
     masked_gae,

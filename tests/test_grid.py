@@ -129,7 +129,7 @@ def test_states_are_stored_with_the_rollouts_and_visible_in_sql(tmp_path):
     from omrl.rollout import RolloutSettings, collect
     from omrl.store import Store
     from omrl.store.query import run_query
-    from omrl.train.step_credit import turn_states
+    from omrl.train.rl.step_credit import turn_states
 
     store = Store.create(tmp_path / "store")
     tasks = grid_tasks(3, seed=0, split="eval")
@@ -152,7 +152,8 @@ def test_states_are_stored_with_the_rollouts_and_visible_in_sql(tmp_path):
 
 
 def test_walled_tasks_block_the_straight_route_and_stay_solvable():
-    from omrl.envs.grid import distances_to, grid_wall_tasks
+    from omrl.envs.grid import grid_wall_tasks
+    from omrl.envs.grid.env import distances_to
 
     train, held_out = grid_wall_tasks(300, seed=0, split="train"), grid_wall_tasks(100, seed=0, split="eval")
     assert [t.id for t in train] == [t.id for t in grid_wall_tasks(300, seed=0, split="train")]

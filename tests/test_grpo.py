@@ -15,7 +15,8 @@ from omrl.models.tiny import build_tiny_model  # noqa: E402
 from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402
-from omrl.train.grpo import GRPORecipe, train_grpo  # noqa: E402
+from omrl.train.algorithms.grpo import train_grpo  # noqa: E402
+from omrl.train.config.grpo import GRPORecipe  # noqa: E402
 
 
 class LetterEnv:
@@ -60,7 +61,7 @@ def test_one_grpo_step_changes_parameters_and_stores_rollout_groups(tmp_path):
     assert all(g["run_id"] == "t/round-3/step-00000" for g in groups)
     assert result.rollouts["run_prefix"] == "t/round-3"
     # A re-run (or a resumed iterate round) into the same store must not reuse these trajectory ids.
-    from omrl.train.rollout_step import RolloutStep
+    from omrl.train.data.rollout_step import RolloutStep
 
     assert RolloutStep(recipe, "grpo").run_id(0) == "t/round-3/attempt-2/step-00000"
     fresh = dataclasses.replace(recipe, store=str(tmp_path / "other-store"))
@@ -109,26 +110,29 @@ def test_a_partial_rollout_section_keeps_grpo_defaults_and_flat_keys_are_refused
 def test_use_vllm_is_refused_on_a_cpu_and_passed_to_trl_on_a_gpu():
     from trl import GRPOConfig
 
-    from omrl.train import grpo
+    from omrl.train.config import grpo
 
     recipe = GRPORecipe(model="m", tasks="t.jsonl", output_dir="o", use_vllm=True, use_cpu=True)
     with pytest.raises(ValueError, match="CUDA GPU"):
-        grpo._trl_config(recipe)
+        grpo.trl_config(recipe)
     # Off the CPU (use_cpu: false, as on a GPU machine) the vLLM settings reach TRL's own GRPOConfig, built
     # here for real (TRL starts vLLM only when the trainer does); with them the recipe's other settings.
-    config = grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="server",
+    config = grpo.trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="server",
                                                   vllm_server_base_url="http://127.0.0.1:8000",
                                                   vllm_gpu_memory_utilization=0.5))
     assert isinstance(config, GRPOConfig) and not config.use_cpu
     assert (config.use_vllm, config.vllm_mode, config.vllm_server_base_url, config.vllm_gpu_memory_utilization) \
         == (True, "server", "http://127.0.0.1:8000", 0.5)
     assert (config.num_generations, config.per_device_train_batch_size) == (8, 64)  # samples_per_task, x tasks
-    colocated = grpo._trl_config(dataclasses.replace(recipe, use_cpu=False))
+    colocated = grpo.trl_config(dataclasses.replace(recipe, use_cpu=False))
     assert (colocated.use_vllm, colocated.vllm_mode, colocated.vllm_gpu_memory_utilization) == (True, "colocate", 0.3)
-    plain = grpo._trl_config(dataclasses.replace(recipe, use_vllm=False))
+    plain = grpo.trl_config(dataclasses.replace(recipe, use_vllm=False))
     assert not plain.use_vllm and plain.use_cpu
-    with pytest.raises(ValueError, match="colocate or server"):
-        grpo._trl_config(dataclasses.replace(recipe, use_cpu=False, vllm_mode="remote"))
+    from omrl.config import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError, match="vllm_mode must be one of colocate, server, not 'remote'"):
+        load_recipe({"model": "m", "tasks": "t.jsonl", "output_dir": "o", "use_vllm": True}, GRPORecipe,
+                    ["vllm_mode=remote"])
 
 
 def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
@@ -136,7 +140,7 @@ def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
 
     from omrl.policies.hf import HFPolicy
     from omrl.policies.vllm import VLLMPolicy
-    from omrl.train.rollout_func import AgentRollout
+    from omrl.train.data.rollout_func import AgentRollout
 
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=1)
     tasks = [Task(id="a", instruction="go")]
@@ -163,7 +167,7 @@ def test_rollout_policy_is_vllm_when_the_trainer_generates_with_vllm(tmp_path):
 @pytest.mark.slow
 def test_step_credit_recipe_trains_through_train_grpo_and_stores_the_credit(tmp_path):
     from omrl.envs.grid import grid_tasks
-    from omrl.train.step_credit import StepCreditSettings
+    from omrl.train.rl.step_credit import StepCreditSettings
 
     model = build_tiny_model(tmp_path / "tiny", hidden=32, layers=1)
     tasks = write_tasks(grid_tasks(2, seed=3), tmp_path / "tasks.jsonl")

@@ -13,30 +13,22 @@ MAX_LINES = 400
 # Modules over MAX_LINES lines, each with why it stays whole for now. A module that grows past the limit
 # needs a split or an entry here; an entry whose module is back under the limit is removed.
 LONG_MODULES = {
-    "omrl/sandbox/__init__.py": "the bwrap runner and the long-lived shell share its argv, supervisor and pipes, and the "
-                       "README names omrl.sandbox.SandboxShell: the shell leaves only with a sandbox package",
-    "omrl/schema/__init__.py": "the record dataclasses' to_row call the normalisers, which take their defaults from the "
-                      "dataclasses: one unit until issue 27 settles whether the records stay",
-    "omrl/store/search.py": "one text index: tokenising, building and searching share its on-disk format, and "
-                            "its tests reach the parts as one module",
-    "omrl/rollout/__init__.py": "the episode runner and rollout engine, one lifecycle (writer, env pool, episode work), "
-                       "reshaped by the executor work (issue 27, item 4)",
-    "omrl/report/__init__.py": "omrl report's sections (rounds, steps, agreement, benchmark) share its plotting helpers "
-                      "and write_report: a split means a report package",
-    "omrl/view/data.py": "the viewer's StoreReader: every page query shares one snapshot of the parts and its "
-                         "connection pool",
-    "omrl/formats/otel.py": "one module per format (import and export share the span constants), as FORMATS "
-                            "loads it",
-    "omrl/formats/common.py": "the importers' shared helpers (reading, values, messages, rows), each small and "
-                              "used by several formats",
-    "omrl/store/storage.py": "the Storage interface and its two backends: the S3 one leaves only with storage_for "
-                             "and S3Path moved above both",
-    "omrl/curate/filters.py": "one filter pipeline: a small class per step, in the fixed order its docstring gives",
-    "omrl/store/readers.py": "the one reading layer for record files: every kind's reader shares its error and "
-                       "sniffing helpers",
-    "omrl/envs/code.py": "one environment: its tools, its tests run in the sandbox, its task generation",
-    "omrl/envs/miniwob/__init__.py": "one environment: the browser's lifecycle and its tools",
-    "omrl/store/store.py": "the Store facade, a method per operation delegating to parts, commit and query",
+    "omrl/store/search.py": "one search semantics (its docstring's one definition): the per-part index, its builder "
+                            "and the full scan standing in where a part has none must tokenise and match exactly "
+                            "alike; kept in one module so the three cannot drift apart",
+    "omrl/view/data.py": "one class, the viewer's StoreReader: each page's query is a method on the same snapshot of "
+                         "the parts and the same connection pool, and a class's methods do not split over modules",
+    "omrl/formats/otel.py": "one format both ways, as FORMATS and EXPORTERS load it by name: convert and "
+                            "export_records share the span-name and attribute tables a round trip must agree on "
+                            "(reading OTLP spans is otel_spans.py already)",
+    "omrl/curate/filters.py": "one filter pipeline: a small class per step, applied in the fixed order its "
+                              "docstring gives, each step's reason reported beside the others",
+    "omrl/store/readers.py": "the one reading layer for record files: every kind's reader (JSONL, JSON, CSV, "
+                             "Parquet) raises the same located, one-line errors through shared sniffing and error "
+                             "helpers",
+    "omrl/store/store.py": "one class, the Store facade: a public method per store operation (create, staged, "
+                           "append, check, repair, compact, select, sql), each delegating to parts, commit, check "
+                           "and query; its length is its API's",
 }
 
 
@@ -54,6 +46,7 @@ LAYERS = [
     {"cli"},
     {"testing"},          # fakes and synthetic data for tests, benchmarks and the demo
     {"view"},             # the browser viewer (shows training runs too)
+    {"study"},            # studies: methods x seeds x conditions, held-out sets new by fingerprint, the test ledger
     {"train"},            # trainers, the data bridge, iterate, the demo
     {"curate"},           # filters, dedupe, augment (read annotations)
     {"annotate", "formats", "report"},

@@ -85,7 +85,7 @@ def test_run_ids_relative_to_the_working_directory_across_commands(tmp_path, mon
 
 def test_records_a_store_holds_under_their_pre_content_id_are_not_imported_again(tmp_path):
     """A store filled before ids came from content: the same file again adds nothing."""
-    from omrl.formats.common import short_hash
+    from omrl.formats.values import short_hash
 
     path = _write(tmp_path / "old.json", [{"id": "t1", **_conv("q1")}, _conv("q2")])
     rows = load_trajectories(path)

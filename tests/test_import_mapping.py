@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.formats.common import FormatError
 from omrl.formats.detect import detect_format
 from omrl.formats.importer import load_trajectories
 from omrl.formats.mapping import load_mapping
+from omrl.formats.records import FormatError
 from omrl.store import Store
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "imports"

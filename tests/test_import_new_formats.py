@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.formats.common import FormatError
 from omrl.formats.detect import detect_format
 from omrl.formats.importer import load_trajectories
+from omrl.formats.records import FormatError
 from omrl.store import Store
 
 XML_TURN = ("Let me look at the file.\n<function=str_replace_editor>\n<parameter=command>view</parameter>\n"
@@ -70,7 +70,7 @@ def test_openhands_xml_blocks_are_those_the_non_greedy_pattern_finds():
     import random
     import re
 
-    from omrl.formats.common import XML_FUNCTION, xml_blocks
+    from omrl.formats.xml_calls import XML_FUNCTION, xml_blocks
 
     pattern = re.compile(r"<function=([^<>\s]+)>(.*?)</function>", re.S)
     pieces = ["<function=f>", "<function=g>", "</function>", "<parameter=p>", "</parameter>", "x", "\n", "<", ">",
@@ -124,9 +124,9 @@ def test_2mb_of_hostile_openhands_markup_is_parsed_in_one_pass(tmp_path):
 
 
 def test_openhands_markup_past_the_limit_is_refused_naming_file_and_record(tmp_path, monkeypatch):
-    from omrl.formats import common
+    from omrl.formats import xml_calls
 
-    monkeypatch.setattr(common, "XML_TEXT_LIMIT", 1000)
+    monkeypatch.setattr(xml_calls, "XML_TEXT_LIMIT", 1000)
     record = {"conversations": [{"from": "human", "value": "go"}, {"from": "gpt", "value": "<function=f>" * 200}]}
     path = _write(tmp_path / "big.json", [record])
     with pytest.raises(FormatError, match=r"big\.json record 0 conversations\[1\]: an assistant message of 2,400 "

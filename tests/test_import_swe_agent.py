@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.formats.common import FormatError
 from omrl.formats.importer import iter_trajectories, load_trajectories
+from omrl.formats.records import FormatError
 from omrl.formats.swe_agent import COMMAND
 from omrl.store import Store
 

@@ -7,6 +7,7 @@ test_import_cycles.py).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     out = _run([str(omrl), "collect", "--env", "code", "--tasks", str(shipped_code), "--policy", "scripted",
                 "--store", "code-store", "--limit", "2", *sandbox], work).stdout
     assert "2 written to code-store" in out and "success 100.0%" in out, out
-    tasks = _run([str(python), "-c", "from omrl.tasks import load_tasks; from omrl.envs.code import project_files; "
+    tasks = _run([str(python), "-c", "from omrl.tasks import load_tasks; from omrl.envs.code.projects import project_files; "
                   "tasks = load_tasks('shipped:code'); print(len(tasks), all(project_files(t) for t in tasks))"],
                  work).stdout.split()
     assert tasks == ["13", "True"]
@@ -90,10 +91,36 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     _run([str(omrl), "recipes", "copy", "quickstart"], work)
     assert (work / "quickstart.yaml").read_bytes() == (ROOT / "recipes" / "quickstart.yaml").read_bytes()
     counts = _run([str(python), "-c", "from omrl.config import load_recipe; from omrl.tasks import load_tasks; "
-                   "from omrl.train.iterate import IterateRecipe; r = load_recipe('shipped:quickstart', IterateRecipe); "
+                   "from omrl.train.config.iterate import IterateRecipe; r = load_recipe('shipped:quickstart', IterateRecipe); "
                    "print(len(load_tasks(r.train_tasks)), len(load_tasks(r.eval_tasks)))"], work).stdout.split()
     assert counts == ["1000", "200"], counts
     assert list(work.iterdir()) and not (work / "datasets").exists()
+
+
+def readme_quickstart() -> list[str]:
+    """The command lines of README.md's "## Quickstart" bash block, in order (blank lines left out)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, re.M | re.S)
+    assert section, "README.md has no '## Quickstart' section"
+    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.M | re.S)
+    assert block, "README.md's Quickstart has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_runs_from_the_wheel(installed, tmp_path, monkeypatch):
+    """Each line of README's Quickstart block, verbatim, in an empty folder with the wheel's omrl first on PATH."""
+    lines = readme_quickstart()
+    assert 5 <= len(lines) <= 12 and all(line.startswith("omrl ") for line in lines), lines
+    work = tmp_path / "empty"
+    work.mkdir()
+    monkeypatch.setenv("PATH", f"{installed / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")  # _run passes it on
+    assert _run(["bash", "-c", "command -v omrl"], work).stdout.strip() == str(installed / "bin" / "omrl")
+    for line in lines:
+        _run(["bash", "-c", line], work, timeout=900)
+    assert (work / "sft" / "config.json").is_file() and list((work / "sft").glob("*.safetensors")), "no checkpoint"
+    assert (work / "report" / "report.md").stat().st_size and (work / "report" / "report.html").is_file()
+    assert not (work / "datasets").exists() and not (work / "recipes").exists()  # shipped data came from the wheel
 
 
 def test_shipped_data_is_found_in_the_checkout():

@@ -21,7 +21,7 @@ class Killed(RuntimeError):
 
 
 def recipe(tmp_path, tiny):
-    from omrl.train.iterate import IterateRecipe
+    from omrl.train.config.iterate import IterateRecipe
 
     return load_recipe({
         "output_dir": str(tmp_path / "run"), "model": str(tiny), "train_tasks": str(TASKS / "grid_train.jsonl"),
@@ -39,7 +39,7 @@ def recipe(tmp_path, tiny):
 @pytest.mark.slow
 def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.iterate import run_iterate
+    from omrl.train.iterate.run import run_iterate
 
     tiny = cached_tiny_model(hidden=32)
     config = recipe(tmp_path, tiny)
@@ -95,7 +95,7 @@ def test_iterate_records_stages_and_resumes_after_a_kill(tmp_path):
 
 def test_bad_nested_settings_are_named(tmp_path):
     from omrl.config import RecipeError
-    from omrl.train.iterate import IterateRecipe
+    from omrl.train.config.iterate import IterateRecipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
     with pytest.raises(RecipeError, match="unknown key sft.learning_rte"):
@@ -108,13 +108,13 @@ def test_bad_nested_settings_are_named(tmp_path):
         load_recipe({**base, "grpo": {"learnin_rate": 1e-4}}, IterateRecipe)
     with pytest.raises(RecipeError, match="grpo.max_steps must be int"):
         load_recipe({**base, "grpo": {"max_steps": "many"}}, IterateRecipe)
-    with pytest.raises(RecipeError, match="batching must be 'bridge' or 'trl'"):  # SFTRecipe's own check, at load
+    with pytest.raises(RecipeError, match="sft_best.batching must be one of bridge, trl, not 'fast'"):  # at load
         load_recipe({**base, "sft_best": {"batching": "fast"}}, IterateRecipe)
 
 
 def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
     from omrl.config import RecipeError, describe
-    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
+    from omrl.train.config.iterate import IterateRecipe, grpo_recipe
 
     base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
     new = load_recipe({**base, "rollout": {"env": "math", "max_turns": 4, "max_new_tokens": 6}},
@@ -136,7 +136,7 @@ def test_sections_are_typed_and_rollout_settings_are_one_section(tmp_path):
 
 def test_grpo_settings_are_converted_to_their_types():
     from omrl.config import from_dict
-    from omrl.train.grpo import GRPORecipe
+    from omrl.train.config.grpo import GRPORecipe
 
     # YAML 1.1 reads `1e-4` (no dot) as text: the recipe must still hand TRL a float.
     grpo = from_dict(GRPORecipe, {"model": "m", "tasks": "t", "output_dir": "o", "learning_rate": "1e-4",
@@ -157,7 +157,8 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
 
     from omrl.models.tiny import cached_tiny_model
     from omrl.testing.judge_server import JudgeProcess
-    from omrl.train.iterate import IterateRecipe, run_iterate
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import run_iterate
 
     tiny = cached_tiny_model(hidden=32)
     with JudgeProcess(rule="grid", latency=0.3) as judge:
@@ -174,8 +175,8 @@ def test_iterate_with_a_judge_resumes_after_a_kill_in_annotate_without_re_judgin
                      "logging_steps": 1},
             "eval": {"tasks": 2, "samples": 1, "greedy": False},
         }
-        code = ("import json, sys\nfrom omrl.config import load_recipe\nfrom omrl.train.iterate import IterateRecipe,"
-                " run_iterate\nrun_iterate(load_recipe(json.loads(sys.argv[1]), IterateRecipe))\n")
+        code = ("import json, sys\nfrom omrl.config import load_recipe\nfrom omrl.train.config.iterate import IterateRecipe\n"
+                "from omrl.train.iterate.run import run_iterate\nrun_iterate(load_recipe(json.loads(sys.argv[1]), IterateRecipe))\n")
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(values)], cwd=Path(__file__).parents[1],
                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -216,7 +217,8 @@ def test_ppo_rounds_are_ppo_stages_and_bad_algorithms_are_refused(tmp_path):
     reward with ppo, or an unknown algorithm, is refused at load time."""
     from omrl.config import RecipeError
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.iterate import IterateRecipe, run_iterate
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import run_iterate
 
     tiny = cached_tiny_model(hidden=32)
     config = dataclasses.replace(recipe(tmp_path, tiny), rounds=1, algorithm="ppo")
@@ -238,8 +240,8 @@ def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp
     from omrl.errors import UsageError
     from omrl.models.tiny import default_corpus, train_tokenizer
     from omrl.schema import Message, Trajectory
-    from omrl.train.iterate import demo_success, demo_texts
-    from omrl.train.iterate_recipe import TinySettings
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import demo_success, demo_texts
 
     store = Store.create(tmp_path / "s")
     game = "You are in the scullery. Admissible commands: move widdershins, take doubloon"
@@ -255,5 +257,6 @@ def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp
     taught = train_tokenizer(default_corpus() + texts * 20, vocab_size=1024)
     for word in (" scullery", " widdershins", " doubloon"):
         assert len(taught.encode(word, add_special_tokens=False)) == 1 < len(plain.encode(word, add_special_tokens=False))
-    with pytest.raises(UsageError, match="tiny.corpus must be default or demos"):
-        TinySettings(corpus="wiki")
+    with pytest.raises(UsageError, match="tiny.corpus must be one of default, demos, not 'wiki'"):
+        load_recipe({"output_dir": "x", "train_tasks": "a", "eval_tasks": "b", "tiny": {"corpus": "wiki"}},
+                     IterateRecipe)

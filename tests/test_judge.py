@@ -298,3 +298,56 @@ def test_re_asks_send_the_original_prompt_and_a_clipped_reply_so_prompts_do_not_
     sizes = [prompt_chars(r) for r in server.requests]
     assert sizes[1] == sizes[2] == sizes[3]  # every re-ask is the same size, not one reply longer each time
     assert sizes[1] - sizes[0] < 1200 < len(junk)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_recipe_judge_without_a_server_stops_up_front_in_one_line(store, monkeypatch):
+    from omrl.annotate.runner import annotate_with_recipe
+    from omrl.errors import UsageError
+
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    monkeypatch.setenv("OMRL_JUDGE_URL", url)
+    monkeypatch.setenv("OMRL_JUDGE_MODEL", "m")
+    with pytest.raises(UsageError) as caught:
+        annotate_with_recipe(store, "shipped:reward")
+    line = str(caught.value)
+    assert "\n" not in line and f"judge judge:task_quality of reward recipe shipped:reward needs a server at {url}" in line
+    assert "set OMRL_JUDGE_URL" in line and "shipped:reward_offline" in line
+    assert store.count("annotations") == 0  # not an error annotation per row
+    # The same judge given by hand, without a recipe: the line names its URL too.
+    with pytest.raises(UsageError, match=f"judge judge:q needs a server at {re.escape(url)} and none answers"):
+        annotate(store, judge=JudgeConfig(rubric=RUBRIC, model="m", base_url=url))
+    assert store.count("annotations") == 0
+
+
+def test_a_reachable_judge_that_fails_still_writes_error_rows_never_zero(store):
+    with FakeOpenAIServer(responder=lambda request: {"status": 500}) as server:
+        summary = annotate(store, judge=config(server, max_retries=0))
+    assert summary.errors["judge:q"] == 3
+    rows = store.read("annotations").to_pylist()
+    assert len(rows) == 3 and all(r["status"] == "error" and r["score"] is None for r in rows)
+
+
+def test_offline_the_shipped_reward_recipe_says_what_it_needs_and_the_offline_one_runs(store):
+    from click.testing import CliRunner
+
+    from omrl.cli.main import cli
+
+    args = ["annotate", str(store.path), "--metric", "exact_match", "--reward-recipe"]
+    result = CliRunner().invoke(cli, [*args, "shipped:reward"], terminal_width=400)
+    assert result.exit_code != 0
+    assert "judge:task_quality (--judge shipped:judges/task_quality" in result.output
+    assert "$OMRL_JUDGE_URL" in result.output and "shipped:reward_offline" in result.output
+    assert store.count("annotations") == 0  # stopped before writing anything
+    result = CliRunner().invoke(cli, [*args, "shipped:reward_offline"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    statuses = store.sql("SELECT annotator, status FROM annotations").to_pylist()
+    assert len(statuses) == 6 and {r["status"] for r in statuses} == {"ok"}

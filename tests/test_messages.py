@@ -122,7 +122,7 @@ def policy_trace(model, tokenizer, live: list[dict], bridge_ids: list[int]) -> l
 
 @pytest.mark.parametrize("mask_source", ["template", "incremental"])
 def test_policy_and_bridge_give_identical_token_ids(tiny, mask_source):
-    from omrl.train.bridge import sft_examples
+    from omrl.train.data.bridge import sft_examples
 
     model, tokenizer = tiny
     live = live_conversation()

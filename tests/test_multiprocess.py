@@ -61,7 +61,7 @@ def test_two_process_ppo_matches_one_process(tmp_path):
 
     from omrl.schema import trajectory_id
     from omrl.store import Store
-    from omrl.train.ppo import LOGGED, train_ppo
+    from omrl.train.algorithms.ppo import LOGGED, train_ppo
     from tests.train_helpers import random_mover_model
 
     model = random_mover_model(tmp_path / "mover")

@@ -16,7 +16,8 @@ from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402
 from omrl.testing.judge_server import JudgeProcess  # noqa: E402
-from omrl.train.grpo import GRPORecipe, train_grpo  # noqa: E402
+from omrl.train.algorithms.grpo import train_grpo  # noqa: E402
+from omrl.train.config.grpo import GRPORecipe  # noqa: E402
 
 RUBRIC = {"name": "brevity", "criteria": ["Shorter replies are better."], "scale": {"min": 0, "max": 10}}
 
@@ -162,7 +163,7 @@ def test_a_recipe_component_nothing_computes_is_refused(tmp_path, tiny):
 
 
 def test_turn_rewards_keep_the_env_shaping_and_add_up_to_the_trained_reward():
-    from omrl.train.advantages import turn_rewards
+    from omrl.train.rl.advantages import turn_rewards
 
     row = {"id": "a", "reward": 1.0, "turns": [{"reward": 0.0}, {"reward": 0.25}, {"reward": 0.75}]}
     assert turn_rewards(row) == [0.0, 0.25, 0.75]

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from test_roundtrip import hand_made_rows, rl_row
 
 from omrl.cli.main import cli
-from omrl.formats.common import FormatError
 from omrl.formats.importer import load_trajectories
+from omrl.formats.records import FormatError
 from omrl.store import Store
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")  # the dev extra installs these

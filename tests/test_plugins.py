@@ -1,4 +1,4 @@
-"""Plugins: environments, import formats, metrics and policies that an installed package registers through
+"""Plugins: environments, import and export formats, metrics and policies that an installed package registers through
 entry points (omrl/plugins.py). In process: a real .dist-info folder on sys.path. End to end: the example
 package under examples/ installed with pip into a fresh virtual environment, then used through the CLI."""
 
@@ -53,6 +53,9 @@ def installed_dist(tmp_path, monkeypatch):
 
         def policy(arg, **options):
             return ("policy", arg, options)
+
+        def export_records(rows):
+            return ({"task": row["task_id"], "won": row["success"]} for row in rows)
     '''))
     info = tmp_path / "fake_plugin-1.0.dist-info"
     info.mkdir()
@@ -66,6 +69,9 @@ def installed_dist(tmp_path, monkeypatch):
         loud = fake_plugin:loud
         [omrl.formats]
         fake-log = fake_plugin
+        [omrl.exporters]
+        fake-export = fake_plugin:export_records
+        openai = fake_plugin:export_records
         [omrl.policies]
         fake = fake_plugin:policy
     '''))
@@ -103,12 +109,12 @@ def test_every_named_kind_is_one_registry_and_the_unpluggable_ones_take_no_plugi
     from omrl.annotate.rubric import Rubric
     from omrl.cli.main import COMMANDS
     from omrl.envs import ENVIRONMENTS
-    from omrl.formats import FORMATS
+    from omrl.formats import EXPORTERS, FORMATS
     from omrl.policies import POLICIES
 
-    kinds = [ENVIRONMENTS, FORMATS, METRICS, POLICIES, JUDGE_MODES, COMMANDS]
+    kinds = [ENVIRONMENTS, FORMATS, EXPORTERS, METRICS, POLICIES, JUDGE_MODES, COMMANDS]
     assert all(isinstance(kind, plugins.Registry) for kind in kinds)
-    assert plugins.registries() == kinds[:4]  # the pluggable ones, as `omrl plugins` lists them
+    assert plugins.registries() == kinds[:5]  # the pluggable ones, as `omrl plugins` lists them
     assert FORMATS.plugin_names() == ["fake-log"] and METRICS.plugin_names() == ["loud"]
     for name in METRICS.builtins:  # a built-in is loaded from its target, as a plugin is
         assert load_metric(name).fn is getattr(sys.modules["omrl.annotate.metrics"], name)
@@ -123,6 +129,32 @@ def test_every_named_kind_is_one_registry_and_the_unpluggable_ones_take_no_plugi
         JudgeConfig(rubric=Rubric(name="r", criteria=["c"]), model="m", base_url="http://x", mode="best")
     with pytest.raises(UsageError, match="unknown judge mode 'best'"):
         judge_mode("best")
+
+
+def test_omrl_export_writes_a_plugin_format_and_a_plugin_never_replaces_a_built_in(installed_dist, tmp_path):
+    """An exporter registered under omrl.exporters is one of `omrl export`'s formats; the built-ins load from
+    their targets the same way, and a plugin's `openai` stays behind the built-in one."""
+    from click.testing import CliRunner
+    from conftest import make_trajectory
+
+    from omrl.cli.main import cli
+    from omrl.formats import EXPORTERS
+    from omrl.formats import exporters as builtin
+    from omrl.store import Store
+
+    assert EXPORTERS.plugin_names() == ["fake-export"] and EXPORTERS.get("openai").provider == "omrl"
+    assert EXPORTERS.load("openai") is builtin.openai_records and "fake-export" in builtin.export_formats()
+    store = Store.create(tmp_path / "s")
+    store.append([make_trajectory(i, success=i == 0).to_row() for i in range(2)])
+    for fmt, name in (("fake-export", "fake.jsonl"), ("openai", "openai.jsonl")):
+        result = CliRunner().invoke(cli, ["export", str(store.path), "--out", str(tmp_path / name), "--format", fmt])
+        assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (tmp_path / "fake.jsonl").read_text().splitlines()]
+    assert sorted(lines, key=lambda r: r["task"]) == [{"task": "task-0", "won": True}, {"task": "task-1", "won": False}]
+    assert all("messages" in json.loads(line) for line in (tmp_path / "openai.jsonl").read_text().splitlines())
+    unknown = CliRunner().invoke(cli, ["export", str(store.path), "--out", str(tmp_path / "x.jsonl"), "--format", "nope"])
+    assert unknown.exit_code != 0 and "unknown export format 'nope'" in unknown.output and "fake-export" in unknown.output
+
 
 @pytest.fixture
 def broken_plugins(tmp_path, monkeypatch):
@@ -268,8 +300,8 @@ def test_the_example_plugin_installs_into_a_fresh_venv_and_collects(tmp_path):
 
     omrl = [str(python), "-m", "omrl"]
     listed = _run([*omrl, "plugins"], tmp_path)
-    for group, name in [("omrl.envs", "echo-word"), ("omrl.formats", "qa-log"), ("omrl.metrics", "shouting"),
-                        ("omrl.policies", "parrot")]:
+    for group, name in [("omrl.envs", "echo-word"), ("omrl.formats", "qa-log"), ("omrl.exporters", "qa-log"),
+                        ("omrl.metrics", "shouting"), ("omrl.policies", "parrot")]:
         assert any(group in line and name in line and "omrl-plugin-example" in line
                    for line in listed.splitlines()), listed
     assert "echo-word" in _run([*omrl, "envs", "list"], tmp_path)
@@ -282,9 +314,12 @@ def test_the_example_plugin_installs_into_a_fresh_venv_and_collects(tmp_path):
                 "--store", "store", "--no-progress"], tmp_path)
     assert "6 written to store" in out and "success 0.0%" in out, out
     _run([*omrl, "annotate", "store", "--metric", "shouting"], tmp_path)
-    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"question": "2+2?", "answer": "FOUR", "correct": True}, {"question": "3+3?", "answer": "7", "correct": False}]))
+    qa = [{"question": "2+2?", "answer": "FOUR", "correct": True}, {"question": "3+3?", "answer": "7", "correct": False}]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
     _run([*omrl, "import", "qa.jsonl", "--store", "store"], tmp_path)  # detected by the plugin's detect()
+    _run([*omrl, "export", "store", "--out", "back.jsonl", "--format", "qa-log", "--where", "env = 'import:qa-log'"],
+         tmp_path)  # the plugin's exporter
+    assert sorted(_lines((tmp_path / "back.jsonl").read_text()), key=lambda r: r["question"]) == qa
     rows = _lines(_run([*omrl, "query", "store", "--format", "json",
                             "SELECT env, count(*) AS n, round(avg(reward), 2) AS reward FROM trajectories "
                             "GROUP BY env ORDER BY env"], tmp_path))

@@ -1,4 +1,4 @@
-"""PPO for multi-turn agents (omrl/train/ppo.py): real steps on tiny models and the grid environment."""
+"""PPO for multi-turn agents (omrl/train/algorithms/ppo.py): real steps on tiny models and the grid environment."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from omrl.envs.base import Task  # noqa: E402
 from omrl.rollout import RolloutSettings  # noqa: E402
 from omrl.store import Store  # noqa: E402
 from omrl.tasks import write_tasks  # noqa: E402
-from omrl.train.ppo import LOGGED, PPORecipe, train_ppo  # noqa: E402
+from omrl.train.algorithms.ppo import LOGGED, train_ppo  # noqa: E402
+from omrl.train.config.ppo import PPORecipe  # noqa: E402
 from tests.train_helpers import random_mover_model  # noqa: E402
 
 PROMPT = "Reach the goal. Answer one move: up, down, left or right."
@@ -159,7 +160,7 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
     from types import SimpleNamespace
 
     from omrl.policies.hf import SCRATCH_KEY
-    from omrl.train.ppo_update import episodes_to_batch
+    from omrl.train.rl.ppo_update import episodes_to_batch
 
     trace = {"prompt_ids": [5, 6], "completion_ids": [1, 2, 9, 9, 3, 4], "env_mask": [1, 1, 0, 0, 1, 1],
              "logprobs": [-1.0, -0.5, 0.0, 0.0, -0.2, -0.1]}
@@ -175,8 +176,8 @@ def test_episode_batch_places_turn_rewards_on_each_turn_s_last_model_token():
 
 
 def test_environment_tokens_get_no_policy_loss_and_no_value_loss():
-    from omrl.train.gae import turn_starts
-    from omrl.train.ppo_update import ppo_losses
+    from omrl.train.rl.gae import turn_starts
+    from omrl.train.rl.ppo_update import ppo_losses
 
     gen = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 0, 0]], dtype=torch.float32)

@@ -303,7 +303,7 @@ LEGIT_WHERES = {
 
 def test_legit_wheres_select_the_right_rows_on_every_path(store, tmp_path):
     from omrl.curate.filters import FilterOptions, filter_store
-    from omrl.train.bridge import load_rows
+    from omrl.train.data.bridge import load_rows
 
     for where, ids in LEGIT_WHERES.items():
         assert sorted(select_ids(store, where)) == ids, where

@@ -424,8 +424,9 @@ def test_judge_shards_keep_tasks_and_groups_whole():
 def test_an_iterate_round_on_ray_resumes_without_doubling_rows(tmp_path: Path, cluster, monkeypatch):
     from omrl.config import load_recipe
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train import grpo as grpo_module
-    from omrl.train.iterate import IterateRecipe, run_iterate
+    from omrl.train.algorithms import grpo as grpo_module
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import run_iterate
 
     config = load_recipe({
         "output_dir": str(tmp_path / "run"), "model": str(cached_tiny_model(hidden=32)), "rounds": 1,

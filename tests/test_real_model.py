@@ -80,7 +80,7 @@ def test_a_policy_spec_resolves_through_the_resolver(cache):
 @pytest.mark.slow  # importing TRL
 def test_a_recipes_model_resolves_through_the_same_resolver(cache, tmp_path):
     pytest.importorskip("trl")
-    from omrl.train.sft import train_sft
+    from omrl.train.algorithms.sft import train_sft
 
     recipe = {"model": f"hf:{NAME}", "store": str(tmp_path / "store"), "output_dir": str(tmp_path / "out")}
     with pytest.raises(UsageError, match=HINT):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
@@ -16,10 +18,10 @@ ACCELERATE = sorted((RECIPES / "accelerate").glob("*.yaml"))
 
 
 def config_class(command: str):
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate import IterateRecipe
-    from omrl.train.rft import RFTRecipe
-    from omrl.train.sft import SFTRecipe
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     for verb, cls in (("sft", SFTRecipe), ("grpo", GRPORecipe), ("rft", RFTRecipe), ("iterate", IterateRecipe)):
         if re.search(rf"omrl train {verb}\b", command):
@@ -61,7 +63,7 @@ def test_accelerate_configs_are_valid_yaml(path):
 
 
 def test_overrides_convert_types_and_nest():
-    from omrl.train.sft import SFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     config = load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe,
                          ["learning_rate=1e-4", "lora.r=4", "lora.enabled=true", "where=reward > 0.5",
@@ -73,7 +75,7 @@ def test_overrides_convert_types_and_nest():
 
 
 def test_unknown_and_bad_keys_are_named():
-    from omrl.train.sft import SFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     with pytest.raises(RecipeError, match="unknown key learnin_rate"):
         load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["learnin_rate=1"])
@@ -90,10 +92,10 @@ def test_unknown_and_bad_keys_are_named():
 
 
 def test_every_setting_has_help():
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate import IterateRecipe
-    from omrl.train.rft import RFTRecipe
-    from omrl.train.sft import SFTRecipe
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     for cls in (SFTRecipe, GRPORecipe, RFTRecipe, IterateRecipe):
         for key, _default, text in describe(cls):
@@ -116,9 +118,9 @@ def test_train_cli_prints_resolved_config():
 def test_rollout_settings_are_a_section_of_every_training_recipe():
     pytest.importorskip("trl")
     from omrl.rollout import RolloutSettings
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate import IterateRecipe
-    from omrl.train.rft import RFTRecipe
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.config.rft import RFTRecipe
 
     for name, cls in (("grpo_grid", GRPORecipe), ("rft_grid", RFTRecipe), ("iterate_grid", IterateRecipe)):
         config = load_recipe(RECIPES / f"{name}.yaml", cls, ["rollout.max_turns=4", "rollout.env_options.noise=0"])
@@ -155,7 +157,7 @@ def test_shipped_recipes_resolve_by_name_only():
     for bad in ("shipped:nope", "shipped:../pyproject", "shipped:/etc/passwd", "shipped:"):
         with pytest.raises(FileNotFoundError, match="shipped:quickstart"):
             resolve_recipe(bad)
-    from omrl.train.iterate import IterateRecipe
+    from omrl.train.config.iterate import IterateRecipe
 
     assert load_recipe("shipped:quickstart", IterateRecipe) == load_recipe(RECIPES / "quickstart.yaml", IterateRecipe)
 
@@ -189,11 +191,12 @@ def _shipped_values() -> dict[str, tuple]:
     from omrl.annotate.reward import load_reward_recipe
     from omrl.annotate.rubric import load_rubric
     from omrl.formats.mapping import load_mapping
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate import IterateRecipe
-    from omrl.train.ppo import PPORecipe
-    from omrl.train.rft import RFTRecipe
-    from omrl.train.sft import SFTRecipe
+    from omrl.study.spec import load_study
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.config.ppo import PPORecipe
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     def config(cls):
         return lambda path: load_recipe(path, cls)
@@ -229,6 +232,9 @@ def _shipped_values() -> dict[str, tuple]:
             [(c.name, c.weight, c.scale) for c in r.components], r.missing, r.metrics, r.judges[0]["model"]),
             ([("env_reward", 1.0, None), ("exact_match", 0.5, None), ("judge:task_quality", 0.25, (1.0, 10.0))],
              "null", ["exact_match"], "$OMRL_JUDGE_MODEL")),
+        "reward_offline.yaml": (load_reward_recipe, lambda r: (
+            [(c.name, c.weight, c.scale) for c in r.components], r.missing, r.metrics, r.judges),
+            ([("env_reward", 1.0, None), ("exact_match", 0.5, None)], "null", ["exact_match"], [])),
         "judges/correctness.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator),
                                     (0.0, 1.0, "judge:correctness")),
         "judges/grid_goal.yaml": (load_rubric, lambda r: (r.scale_min, r.scale_max, r.annotator, len(r.criteria)),
@@ -241,6 +247,10 @@ def _shipped_values() -> dict[str, tuple]:
                                    ("traj", "task_id", ("info.task", "info.reward_info"), "tau_bench", ())),
         "imports/chat_with_tools.yaml": (load_mapping, lambda m: (m.messages, m.model, m.success, m.name),
                                          ("conversation", ("meta.model", "model"), "result.solved", "mapped")),
+        "studies/grid.yaml": (load_study, lambda s: (s.env, s.tasks.test, [m.kind for m in s.methods], s.seeds,
+                                                     s.budget.unit, s.primary.a, s.primary.condition),
+                              ("grid", "shipped:grid_eval[100:]", ["sft", "more_sft", "rft", "grpo", "step_credit"],
+                               5, "optimizer_steps", "best_rl_on_dev", "noisy")),
     }
 
 
@@ -258,12 +268,12 @@ def test_every_shipped_recipe_loads_to_the_values_it_states():
 def test_quickstart_hands_trl_the_same_config_values():
     """The demo's GRPO round and SFT stage reach TRL with the values the recipe has always given it."""
     pytest.importorskip("trl")
-    from omrl.train.grpo import _trl_config
-    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
-    from omrl.train.sft import trl_config
+    from omrl.train.config.grpo import trl_config as grpo_trl_config
+    from omrl.train.config.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.config.sft import trl_config
 
     recipe = load_recipe(RECIPES / "quickstart.yaml", IterateRecipe)
-    grpo = _trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
+    grpo = grpo_trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
     assert (grpo.learning_rate, grpo.warmup_steps, grpo.lr_scheduler_type, grpo.beta, grpo.loss_type,
             grpo.temperature, grpo.max_completion_length, grpo.per_device_train_batch_size, grpo.num_generations,
             grpo.max_steps, grpo.seed, grpo.logging_steps) == (
@@ -306,9 +316,9 @@ def test_one_loader_names_file_and_dotted_key(tmp_path):
 
 def test_the_trl_section_is_passed_to_trl_and_checked_at_load_time():
     pytest.importorskip("trl")
-    from omrl.train.grpo import _trl_config
-    from omrl.train.iterate_recipe import IterateRecipe, grpo_recipe
-    from omrl.train.sft import SFTRecipe, trl_config
+    from omrl.train.config.grpo import trl_config as grpo_trl_config
+    from omrl.train.config.iterate import IterateRecipe, grpo_recipe
+    from omrl.train.config.sft import SFTRecipe, trl_config
 
     sft = load_recipe(RECIPES / "sft_tiny.yaml", SFTRecipe, ["trl.max_grad_norm=0.5", "trl.adam_beta2=0.99"])
     config = trl_config(sft)
@@ -324,5 +334,45 @@ def test_the_trl_section_is_passed_to_trl_and_checked_at_load_time():
     with pytest.raises(RecipeError, match=r"trl\.use_vllm: omrl sets GRPOConfig\.use_vllm"):
         load_recipe(RECIPES / "quickstart.yaml", IterateRecipe, ["grpo.trl.use_vllm=true"])
     recipe = load_recipe(RECIPES / "quickstart.yaml", IterateRecipe, ["grpo.trl.max_grad_norm=0.25"])
-    grpo = _trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
+    grpo = grpo_trl_config(grpo_recipe(recipe, {"model": "m", "tasks": "t", "output_dir": "o"}, round=1))
     assert (grpo.max_grad_norm, grpo.learning_rate, grpo.loss_type) == (0.25, 2e-4, "dapo")
+
+
+@dataclass
+class Inner:  # module level: the loader resolves the annotations in the module's names
+    mode: Literal["fast", "slow"] = "fast"
+
+
+@dataclass
+class Settings:
+    level: Literal["token", "turn"] = "token"
+    width: Literal[1, 2] | None = None
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_a_literal_setting_takes_only_its_values_from_a_file_a_mapping_or_an_override(tmp_path):
+    from omrl.annotate.reward import load_reward_recipe
+    from omrl.config import from_dict
+
+    assert from_dict(Settings, {"level": "turn", "width": 2, "inner": {"mode": "slow"}}) == \
+        Settings("turn", 2, Inner("slow"))
+    assert from_dict(Settings, {"width": None}).width is None
+    path = tmp_path / "s.yaml"
+    path.write_text("level: turn  # the file's value\n")
+    assert load_recipe(path, Settings).level == "turn"
+    assert load_recipe(path, Settings, ["level=token", "inner.mode=slow"]) == Settings("token", None, Inner("slow"))
+    with pytest.raises(RecipeError, match=r"s\.yaml: level must be one of token, turn, not 'episode'"):
+        load_recipe(path, Settings, ["level=episode"])
+    path.write_text("inner: {mode: medium}\n")
+    with pytest.raises(RecipeError, match=r"s\.yaml: inner\.mode must be one of fast, slow, not 'medium'"):
+        load_recipe(path, Settings)
+    with pytest.raises(RecipeError, match="width must be one of 1, 2, not 3"):
+        from_dict(Settings, {"width": 3})
+    with pytest.raises(RecipeError, match="width must be one of 1, 2, not '1'"):  # text is not the number
+        from_dict(Settings, {"width": "1"})
+    with pytest.raises(RecipeError, match="level must be one of token, turn, not True"):
+        from_dict(Settings, {"level": True})
+    # a library recipe's Literal key: the reward recipe's `missing`
+    assert load_reward_recipe({"components": {"env_reward": 1.0}, "missing": None}).missing == "null"
+    with pytest.raises(RecipeError, match="missing must be one of null, renormalize, not 'skip'"):
+        load_reward_recipe({"components": {"env_reward": 1.0}, "missing": "skip"})

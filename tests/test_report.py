@@ -103,7 +103,8 @@ def test_grpo_run_log_and_stored_rollouts_give_per_step_curves(tmp_path):
     from omrl.report import find_run_logs
     from omrl.rollout import RolloutSettings
     from omrl.tasks import write_tasks
-    from omrl.train.grpo import GRPORecipe, train_grpo
+    from omrl.train.algorithms.grpo import train_grpo
+    from omrl.train.config.grpo import GRPORecipe
 
     model = build_tiny_model(tmp_path / "tiny", hidden=64, layers=2)
     tasks = write_tasks([Task(id=f"t{i}", instruction="say", env="letter") for i in range(4)],
@@ -166,7 +167,8 @@ def test_ppo_run_log_gives_its_value_and_clip_curves(tmp_path):
     from omrl.report import STEP_KEYS, find_run_logs
     from omrl.rollout import RolloutSettings
     from omrl.tasks import write_tasks
-    from omrl.train.ppo import PPORecipe, train_ppo
+    from omrl.train.algorithms.ppo import train_ppo
+    from omrl.train.config.ppo import PPORecipe
     from tests.train_helpers import random_mover_model
 
     model = random_mover_model(tmp_path / "mover")
@@ -339,6 +341,7 @@ def test_judge_agreement_per_step_matches_scipy_and_flags_the_step_that_inverts(
     from scipy import stats
 
     import omrl.report as report
+    from omrl.report import plots
 
     store, pairs = _step_store(tmp_path)
     rows = report.step_agreement(store)
@@ -358,13 +361,13 @@ def test_judge_agreement_per_step_matches_scipy_and_flags_the_step_that_inverts(
     assert "low (r < 0.3)" in flags[4] and "since the previous step" in flags[4]
 
     titles = []
-    real_save = report._save
+    real_save = plots._save
 
     def save(fig, path):
         titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
         return real_save(fig, path)
 
-    monkeypatch.setattr(report, "_save", save)
+    monkeypatch.setattr(plots, "_save", save)
     md = _report(store.path, tmp_path / "rep")
     assert "judge vs env r" in titles  # the steps plot got its agreement panel
     table = _md_rows(md, "| annotator | run | round | kind | step | n |")
@@ -374,9 +377,9 @@ def test_judge_agreement_per_step_matches_scipy_and_flags_the_step_that_inverts(
 
 
 def test_long_runs_list_only_the_flagged_steps_and_each_series_end(tmp_path, monkeypatch):
-    import omrl.report as report
+    from omrl.report import sections
 
-    monkeypatch.setattr(report, "STEP_TABLE_ROWS", 3)
+    monkeypatch.setattr(sections, "STEP_TABLE_ROWS", 3)
     store, _ = _step_store(tmp_path)
     md = _report(store.path, tmp_path / "rep")
     table = _md_rows(md, "| annotator | run | round | kind | step | n |")

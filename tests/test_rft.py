@@ -24,7 +24,7 @@ def test_rft_keeps_the_best_of_each_group_above_the_threshold_and_trains(tmp_pat
     from omrl.envs.grid import grid_tasks
     from omrl.store import Store
     from omrl.tasks import write_tasks
-    from omrl.train.rft import train_rft
+    from omrl.train.algorithms.rft import train_rft
 
     model = random_mover_model(tmp_path / "mover")  # answers a random move: rewards vary within a group
     tasks = [t for t in grid_tasks(100, seed=2)
@@ -67,7 +67,7 @@ def test_rft_with_a_reward_recipe_annotates_the_attempts_with_its_judge_and_keep
     from omrl.store import Store
     from omrl.tasks import write_tasks
     from omrl.testing.judge_server import JudgeProcess
-    from omrl.train.rft import train_rft
+    from omrl.train.algorithms.rft import train_rft
 
     model = random_mover_model(tmp_path / "mover")
     tasks_file = write_tasks(grid_tasks(4, seed=3), tmp_path / "tasks.parquet")

@@ -5,7 +5,7 @@ ids, tool_call_id links, name, trainable), reward, success, task id, tools, mode
 per-turn token ids and logprobs. Row ids, run ids and metadata are not compared: an imported row's id
 comes from the file's content, its run from the file's path.
 
-What each format cannot carry is measured aspect by aspect and listed in README's table by
+What each format cannot carry is measured aspect by aspect and listed in docs/formats.md's table by
 tests/test_loss_table.py, which checks the table against the code; `dropped` below applies exactly
 those losses to the hand-made rows, field by field (ADP: no system role; one message per action;
 ShareGPT, OpenAI, ADP: no token ids; OpenAI, OTel: no training flags on non-assistant messages).
@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.formats.common import first_user_text
 from omrl.formats.exporters import export_store
 from omrl.formats.importer import load_trajectories
+from omrl.formats.rows import first_user_text
 from omrl.schema import Message, ToolCall, Trajectory, Turn
 from omrl.schema.messages import arguments_value
 from omrl.store import Store

@@ -1,4 +1,4 @@
-"""Stores on S3-compatible object storage, against moto's real S3 server on 127.0.0.1 (omrl.store.storage).
+"""Stores on S3-compatible object storage, against moto's real S3 server on 127.0.0.1 (omrl.store.s3).
 
 The same rows give the same reads and queries as a local store; compaction keeps every row once, even
 when it dies between its merged part and the deletes; ids stay unique under concurrent writers; a
@@ -30,10 +30,11 @@ moto_server = pytest.importorskip("moto.server")
 from omrl.cli.main import cli  # noqa: E402
 from omrl.errors import UsageError  # noqa: E402
 from omrl.store import REPLACES_KEY, Store, StoreError  # noqa: E402
-from omrl.store import storage as storage_module  # noqa: E402
+from omrl.store import s3 as s3_module  # noqa: E402
 from omrl.store.query import QueryError  # noqa: E402
+from omrl.store.s3 import S3Path, s3_storage  # noqa: E402
 from omrl.store.search import search  # noqa: E402
-from omrl.store.storage import S3Path, StorageError, s3_storage  # noqa: E402
+from omrl.store.storage import StorageError  # noqa: E402
 
 BUCKET = "omrl-test"
 TESTS = Path(__file__).resolve().parent
@@ -243,7 +244,7 @@ def test_a_held_lock_is_refused_without_wait_and_an_expired_one_is_taken_over(ur
 
 
 def test_a_writer_that_lost_its_lease_writes_nothing(url, monkeypatch):
-    monkeypatch.setattr(storage_module, "LEASE_SECONDS", 0.6)
+    monkeypatch.setattr(s3_module, "LEASE_SECONDS", 0.6)
     store = Store.create(url)
     lock_key = f"{store.path.key}/.write.lock"
     with pytest.raises(StorageError, match="lost the store lock"), store._lock("write"):
@@ -262,12 +263,12 @@ CRASHING_APPEND = textwrap.dedent("""
     import http.client, sys, time
     from urllib.parse import urlparse
     sys.path.insert(0, {tests!r})
-    import omrl.store.storage as storage
+    import omrl.store.s3 as s3
     from conftest import make_trajectory
     from omrl.store import Store
 
-    storage.LEASE_SECONDS = 1.0  # so the test's next writer takes the lock over soon
-    real_put = storage.S3Storage._put
+    s3.LEASE_SECONDS = 1.0  # so the test's next writer takes the lock over soon
+    real_put = s3.S3Storage._put
 
     def put(self, key, data, **condition):
         if "/data/trajectories/part-" not in key:
@@ -283,7 +284,7 @@ CRASHING_APPEND = textwrap.dedent("""
         open({marker!r}, "w").write(key)
         time.sleep(600)
 
-    storage.S3Storage._put = put
+    s3.S3Storage._put = put
     Store({url!r}).append([make_trajectory(i).to_row() for i in range(100, 160)])
 """)
 

@@ -164,8 +164,8 @@ def test_sandbox_run_reports_its_result():
 
 def no_bwrap(monkeypatch) -> None:
     """The availability probe as on a machine without bubblewrap (the cached answer is restored afterwards)."""
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
-    monkeypatch.setattr(sandbox, "_status", None)
+    monkeypatch.setattr(sandbox.runner, "_bwrap", lambda: None)
+    monkeypatch.setattr(sandbox.runner, "_status", None)
 
 
 def test_without_a_sandbox_the_env_refuses_unless_told_otherwise(monkeypatch):
@@ -440,7 +440,7 @@ def test_a_command_cannot_end_its_output_early_by_printing_a_guess_of_the_marker
 
 @needs_sandbox
 def test_a_command_that_reads_the_shells_saved_pipe_costs_it_its_shell():
-    """The documented residual risk (omrl/sandbox/__init__.py, _SHELL_LOOP): a builtin reading bash's saved copy of fd 3
+    """The documented residual risk (omrl/sandbox/shell.py, _SHELL_LOOP): a builtin reading bash's saved copy of fd 3
     takes the waiting token and may end its output early; the loop then exits at the next command."""
     steal = r"""for n in $(ls /proc/$$/fd); do
   [ "$n" -ge 10 ] && read -u "$n" -r -d '' token 2>/dev/null && printf '\n%s 0\n' "$token"

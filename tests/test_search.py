@@ -142,6 +142,50 @@ def test_indexed_search_equals_the_scan_and_brute_force(corpus):
     assert (first, 2) in _keys(S.search(corpus, "alpha")) and (first, 3) in _keys(S.search(corpus, "omega"))
 
 
+def _brute_force_patterns(store: Store, patterns: list[str]) -> list[tuple[str, int]]:
+    """Written apart from omrl.store.search: a message is a hit when each pattern (`*`: any characters) matches
+    one of its tokens whole."""
+    from fnmatch import fnmatchcase
+
+    hits = []
+    for row in _stored_rows(store):
+        for position, message in enumerate(row["messages"]):
+            have = re.findall(r"\w+", (message["content"] or "").lower())
+            if all(any(fnmatchcase(token, p.lower()) for token in have) for p in patterns):
+                hits.append((row["id"], position))
+    return sorted(hits)
+
+
+@pytest.mark.parametrize("query", ["alp*", "*ta", "*amm*", "foo*", "*_bar", "*oo_ba*", "q*", "*q", "qq*qq",
+                                   "a*x", "A*Y", "*ж*", "*z", "z*", "ıs*", "x*", "alp* *ta", "*no_such*"])
+def test_patterns_match_inside_tokens_and_the_index_equals_the_scan(corpus, query):
+    """A term with `*` matches tokens whole, `*` standing for any word characters: also tokens longer than the
+    index keeps (q * 80, a + ж * 40 + x: their cut terms decide nothing alone)."""
+    expected = _brute_force_patterns(corpus, query.split())
+    indexed = S.search(corpus, query)
+    assert _keys(indexed) == expected, query
+    assert S.search(corpus, query, use_index=False).equals(indexed), query
+    assert S.search_ids(corpus, query).to_pylist() == sorted({i for i, _ in expected}), query
+    if query != "*no_such*":
+        assert expected, query  # the comparison is not between empty results
+
+
+def test_a_word_matches_whole_tokens_a_pattern_parts_and_the_cli_says_0_hits(tmp_path):
+    store = Store.create(tmp_path / "s")
+    row = make_trajectory(0).to_row()
+    row["messages"] = [{"role": "assistant", "content": "def is_palindrome(s): return s == s[::-1]"}]
+    store.append([row])
+    assert S.search(store, "palindrome").num_rows == 0  # whole tokens only
+    for pattern in ("*palindrome*", "*palindrome", "is_pal*", "IS_*DROME"):
+        hits = S.search(store, pattern).to_pylist()
+        assert [(h["position"], "is_palindrome" in h["snippet"]) for h in hits] == [(0, True)], pattern
+    assert S.search(store, "*palindrome return").num_rows == 1
+    empty = _cli(str(store.path), "--search", "palindrome")
+    assert empty.exit_code == 0 and empty.output.startswith("0 hits (words match whole tokens"), empty.output
+    found = _cli(str(store.path), "--search", "*palindrome*")
+    assert found.exit_code == 0 and "0 hits" not in found.output and "is_palindrome" in found.output
+
+
 def test_hits_carry_role_snippet_and_deterministic_order(corpus):
     hits = S.search(corpus, "segfault")
     assert hits.column_names == ["trajectory_id", "position", "role", "snippet"]

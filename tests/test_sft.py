@@ -28,7 +28,8 @@ def _params(path):
 
 
 def test_one_sft_step_changes_parameters_with_finite_loss(tmp_path, tiny):
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     store = demo_store(tmp_path / "s", untrainable=True)
     recipe = SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "out"), batch_size=4,
@@ -48,7 +49,8 @@ def test_one_sft_step_changes_parameters_with_finite_loss(tmp_path, tiny):
 
 
 def test_sft_learns_the_demonstrations(tmp_path, tiny):
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     store = demo_store(tmp_path / "s")
     result = train_sft(SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "o"),
@@ -57,7 +59,8 @@ def test_sft_learns_the_demonstrations(tmp_path, tiny):
 
 
 def test_token_budget_batches_are_what_the_model_is_fed(tmp_path, tiny):
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     store = mixed_length_store(tmp_path / "s", n=24, max_turns=8)
     result = train_sft(SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "o"),
@@ -73,7 +76,8 @@ def test_token_budget_batches_are_what_the_model_is_fed(tmp_path, tiny):
 
 def test_lora_and_trl_batching(tmp_path, tiny):
     pytest.importorskip("peft")
-    from omrl.train.sft import SFTRecipe, train_sft
+    from omrl.train.algorithms.sft import train_sft
+    from omrl.train.config.sft import SFTRecipe
 
     store = demo_store(tmp_path / "s")
     recipe = SFTRecipe(model=str(tiny), store=str(store.path), output_dir=str(tmp_path / "lora"), batch_size=4,

@@ -1,4 +1,4 @@
-"""Step-level credit for GRPO (omrl/train/step_credit.py): step groups and advantages on hand-made groups,
+"""Step-level credit for GRPO (omrl/train/rl/step_credit.py): step groups and advantages on hand-made groups,
 rows' turn infos in and out, per-token spreading, and the credit stored with real grid rollouts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from omrl.train.step_credit import (
+from omrl.train.rl.step_credit import (
     RESET_STATE,
     EpisodeSteps,
     StepCreditSettings,
@@ -106,8 +106,10 @@ def test_the_visited_anchor_tells_a_first_visit_from_a_return():
     assert visited.step_advantages[0][1] == pytest.approx(-0.375) and visited.step_advantages[1][1] == pytest.approx(0.375)
     assert visited.episode_advantages == [0.0, 0.0]  # both found the coin: only the steps tell them apart
     assert visited_states(["A", None, "B"]) == [("A", ()), None, None]  # after an unknown state, unknown
-    with pytest.raises(ValueError, match="anchor"):
-        StepCreditSettings(anchor="history")
+    from omrl.config import RecipeError, from_dict
+
+    with pytest.raises(RecipeError, match="anchor must be one of state, visited, not 'history'"):
+        from_dict(StepCreditSettings, {"anchor": "history"})
 
 
 def test_turn_values_spread_over_each_turns_trainable_tokens_only():
@@ -161,7 +163,7 @@ def test_credit_of_real_grid_rollouts_is_stored_in_turn_info_and_visible_in_sql(
     with pytest.raises(ValueError, match="rows"):
         store_in_turns(rows[:1], credit)
     # the diagnostics over the stored turns agree with the credit computed in Python
-    from omrl.train.step_credit import credit_diagnostics
+    from omrl.train.rl.step_credit import credit_diagnostics
 
     turns = [(credit.step_group_sizes[i][k], credit.step_advantages[i][k], credit.episode_advantages[i],
               credit.step_groups[i][k]) for i in range(len(rows)) for k in range(len(rows[i]["turns"]))]
@@ -186,11 +188,11 @@ def test_credit_of_real_grid_rollouts_is_stored_in_turn_info_and_visible_in_sql(
     assert credit_diagnostics([(store, "FALSE")])["share_in_step_group"] is None
 
 
-# ---------------------------------------------------------------- the GRPO trainer piece (omrl/train/grpo_credit.py)
+# ---------------------------------------------------------------- the GRPO trainer piece (omrl/train/rl/grpo_credit.py)
 
 def test_add_step_advantages_broadcasts_the_episode_advantage_and_masks_env_tokens():
     torch = pytest.importorskip("torch")
-    from omrl.train.grpo_credit import add_step_advantages
+    from omrl.train.rl.grpo_credit import add_step_advantages
 
     output = {"advantages": torch.tensor([1.0, 0.0]), "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
               "tool_mask": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])}
@@ -216,7 +218,7 @@ def test_one_grpo_step_with_per_token_step_advantages(tmp_path):
 
     from datasets import Dataset
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.grpo_credit import STEP_ADVANTAGES, step_credit_trainer
+    from omrl.train.rl.grpo_credit import STEP_ADVANTAGES, step_credit_trainer
 
     source = cached_tiny_model(hidden=32)
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -297,7 +299,7 @@ def test_the_step_credit_trainer_refuses_a_whole_sequence_loss(tmp_path):
 
     from datasets import Dataset
     from omrl.models.tiny import cached_tiny_model
-    from omrl.train.grpo_credit import step_credit_trainer
+    from omrl.train.rl.grpo_credit import step_credit_trainer
 
     source = cached_tiny_model(hidden=32)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,

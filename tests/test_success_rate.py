@@ -13,7 +13,7 @@ from omrl.report.stats import store_stats
 from omrl.rollout import eval_metrics
 from omrl.schema import FAILED_STATUSES, STATUSES, SuccessCounts, is_failed, success_counts
 from omrl.store import Store
-from omrl.train.bridge import load_rows
+from omrl.train.data.bridge import load_rows
 
 # (status, success): 3 solved, 3 unsolved (one truncated), 3 failed (one of them an import's success=False,
 # still not a failure), 2 finished with unknown success.
@@ -92,9 +92,9 @@ def test_rl_progress_and_iterate_interval_use_the_one_definition(tmp_path):
     from types import SimpleNamespace
 
     from omrl.progress import LineReporter
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.iterate_eval import success_ci95
-    from omrl.train.rollout_step import RolloutStep
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.data.rollout_step import RolloutStep
+    from omrl.train.iterate.evaluation import success_ci95
 
     shown = LineReporter(every_s=3600)
     rollouts = RolloutStep(GRPORecipe(model="m", tasks="t.jsonl", output_dir="o"), "grpo", reporter=shown)

@@ -21,10 +21,10 @@ from test_import_swe_agent import _legacy
 
 from omrl.cli.main import cli
 from omrl.formats import FORMATS, format_module
-from omrl.formats.common import FormatError, read_records
 from omrl.formats.detect import detect_format
 from omrl.formats.importer import load_trajectories
 from omrl.formats.mapping import load_mapping
+from omrl.formats.records import FormatError, read_records
 
 # Keys whose values are enumerations an importer maps (a role, an item's class), not text; and the ids
 # that link a trace's spans into a tree (the import turns the tree into the messages' order).

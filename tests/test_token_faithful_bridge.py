@@ -20,7 +20,7 @@ from omrl.rollout.agent import run_episode  # noqa: E402
 from omrl.schema import Message, ToolCall, Trajectory, Turn  # noqa: E402
 from omrl.schema.messages import to_chat_template, to_openai  # noqa: E402
 from omrl.testing.openai_server import FakeOpenAIServer  # noqa: E402
-from omrl.train.bridge import chat_dataset, sft_examples  # noqa: E402
+from omrl.train.data.bridge import chat_dataset, sft_examples  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
     "type": "object", "properties": {"direction": {"type": "string"}}, "required": ["direction"]}}}]
@@ -216,12 +216,14 @@ def test_a_text_tools_row_trains_its_sampled_call_after_the_text_prompt(smol_tem
 
 
 def test_the_sft_recipe_takes_a_token_source():
-    from omrl.train.sft import SFTRecipe
+    from omrl.config import RecipeError, load_recipe
+    from omrl.train.config.sft import SFTRecipe
 
     keys = {"model": "m", "store": "s", "output_dir": "o"}
     assert SFTRecipe(**keys).token_source == "auto"
-    with pytest.raises(ValueError, match="token_source must be one of"):
-        SFTRecipe(**keys, token_source="sampled")
+    assert load_recipe(keys, SFTRecipe, ["token_source=stored"]).token_source == "stored"
+    with pytest.raises(RecipeError, match="token_source must be one of auto, stored, render, not 'sampled'"):
+        load_recipe(keys, SFTRecipe, ["token_source=sampled"])
     with pytest.raises(ValueError, match="needs batching: bridge"):
         SFTRecipe(**keys, token_source="stored", batching="trl")
 

@@ -41,10 +41,10 @@ class Seen:
 
 
 def test_every_trainer_is_registered_with_its_recipe_and_a_command_help():
-    from omrl.train.grpo import GRPORecipe
-    from omrl.train.ppo import PPORecipe
-    from omrl.train.rft import RFTRecipe
-    from omrl.train.sft import SFTRecipe
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.ppo import PPORecipe
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.config.sft import SFTRecipe
 
     assert TRAINERS.names() == ["grpo", "ppo", "rft", "sft"]
     recipes = {name: TRAINERS.load(name).recipe for name in TRAINERS.names()}
@@ -59,8 +59,8 @@ def test_every_trainer_is_registered_with_its_recipe_and_a_command_help():
 def test_omrl_train_lists_the_registry_without_importing_a_trainer():
     code = ("import sys; from click.testing import CliRunner; from omrl.cli.main import cli\n"
             "out = CliRunner().invoke(cli, ['train', '--help']).output\n"
-            "print('LOADED', sorted(m for m in sys.modules if m in ('omrl.train.sft', 'omrl.train.grpo', "
-            "'omrl.train.ppo', 'omrl.train.rft', 'torch', 'trl')))\nprint(out)")
+            "print('LOADED', sorted(m for m in sys.modules if m in ('omrl.train.algorithms.sft', 'omrl.train.algorithms.grpo', "
+            "'omrl.train.algorithms.ppo', 'omrl.train.algorithms.rft', 'torch', 'trl')))\nprint(out)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "LOADED []" in out
     for name in ("sft", "grpo", "ppo", "rft", "iterate"):
@@ -143,7 +143,7 @@ def test_every_trainer_returns_a_train_result_whose_checkpoint_loads_and_reports
 @pytest.mark.slow
 def test_a_store_handed_in_receives_the_rollouts_and_ppo_stops_when_every_rollout_failed(tmp_path):
     from omrl.store import Store
-    from omrl.train.ppo import train_ppo
+    from omrl.train.algorithms.ppo import train_ppo
 
     recipe = _recipes(tmp_path)["ppo"]
     store = Store.create(tmp_path / "given")
@@ -177,7 +177,8 @@ def test_iterate_runs_its_update_step_through_the_registered_trainer(tmp_path, m
     from omrl.config import load_recipe
     from omrl.models.tiny import cached_tiny_model
     from omrl.store import Store
-    from omrl.train.iterate import IterateRecipe, run_iterate
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import run_iterate
 
     tasks = Path(__file__).resolve().parents[1] / "datasets" / "tasks"
     config = load_recipe({
@@ -186,7 +187,7 @@ def test_iterate_runs_its_update_step_through_the_registered_trainer(tmp_path, m
         "algorithm": algorithm, "rollout": {"env": "grid", "max_turns": 2, "max_new_tokens": 4},
         "demos": {"enabled": False}, "collect": {"enabled": False}, "eval": {"tasks": 1, "samples": 1, "greedy": False},
     }, IterateRecipe)
-    module = importlib.import_module(f"omrl.train.{algorithm}")
+    module = importlib.import_module(f"omrl.train.algorithms.{algorithm}")
     calls = []
 
     class Caught(RuntimeError):

@@ -37,7 +37,7 @@ def build_store(path: Path, n: int = 60) -> Store:
     child derived from it, and a judge annotation with a rationale."""
     store = Store.create(path)
     rows = list(synthetic_trajectories(n, seed=1))
-    for i, row in enumerate(rows[:40]):  # GRPO rollouts of 4 steps, tagged as omrl.train.rollout_func does
+    for i, row in enumerate(rows[:40]):  # GRPO rollouts of 4 steps, tagged as omrl.train.data.rollout_func does
         row["metadata"] = json.dumps({"grpo_step": i % 4, "grpo_round": 0})
     evil = dict(rows[0])
     evil.update(

@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 from omrl.schema import parse_task
+from omrl.schema.payloads import metadata_of
+from omrl.schema.rows import TrajectoryRow
 
 # Tool names that submit the final answer; the first argument value (or "answer") is the answer.
 ANSWER_TOOLS = ("answer", "submit", "final_answer", "submit_answer", "finish")
@@ -65,11 +67,11 @@ def final_answer(messages: list[dict[str, Any]], metadata: dict[str, Any] | None
     return None
 
 
-def metric_inputs(row: dict[str, Any]) -> dict[str, Any]:
+def metric_inputs(row: TrajectoryRow) -> dict[str, Any]:
     """Every argument a metric may ask for, computed from one trajectory row (as read from a store)."""
     messages = row.get("messages") or []
     task = parse_task(row.get("task"))  # payload decoded, also on rows whose payload was encoded twice
-    metadata = parse_json(row.get("metadata"), {})
+    metadata = metadata_of(row)
     return {
         "trajectory": row,
         "messages": messages,

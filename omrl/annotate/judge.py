@@ -33,6 +33,7 @@ from omrl.annotate.rubric import Rubric
 from omrl.errors import OmrlError, UsageError
 from omrl.llm.client import LLMClient, LLMError, LLMStatusError
 from omrl.plugins import Registry
+from omrl.schema.rows import TrajectoryRow, UncheckedRow
 
 
 def judged_together(mode: str) -> str | None:
@@ -265,17 +266,17 @@ class JudgeMode:
         """The annotator name this mode's annotations carry."""
         return f"{rubric.annotator}:{self.name}"
 
-    def sets(self, rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    def sets(self, rows: list[TrajectoryRow]) -> dict[Any, list[TrajectoryRow]]:
         """`rows` by the value of the field this mode judges together, in the order first seen."""
-        out: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        out: dict[Any, list[TrajectoryRow]] = defaultdict(list)
         for row in rows:
             out[row[self.together]].append(row)
         return out
 
-    def row(self, config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> dict[str, Any]:
-        """An annotation row for one trajectory; an error when `fields` has no score."""
-        row = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
-               "rubric": config.rubric.name, "run_id": run_id, "kind": self.kind}
+    def row(self, config: JudgeConfig, tid: str, run_id: str, answer: Answer | None, **fields: Any) -> UncheckedRow:
+        """An annotation row for one trajectory (not yet normalised); an error when `fields` has no score."""
+        row: dict[str, Any] = {"trajectory_id": tid, "annotator": config.annotator, "judge_model": config.model,
+                               "rubric": config.rubric.name, "run_id": run_id, "kind": self.kind}
         if answer is not None:
             row.update(prompt_hash=answer.prompt_hash, prompt_tokens=answer.prompt_tokens,
                        completion_tokens=answer.completion_tokens,
@@ -284,8 +285,8 @@ class JudgeMode:
         row["status"] = "error" if row.get("error") else "ok"
         return row
 
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+    async def judge(self, judge: Judge, rows: list[TrajectoryRow], run_id: str,
+                    progress: Progress = lambda n: None) -> list[UncheckedRow]:
         """Annotation rows for `rows` (a failed call is an error row, never a score)."""
         raise NotImplementedError
 
@@ -302,14 +303,14 @@ def judge_mode(name: str) -> JudgeMode:
     return JUDGE_MODES.load(name)()
 
 
-async def judge_rows(judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                     progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+async def judge_rows(judge: Judge, rows: list[TrajectoryRow], run_id: str,
+                     progress: Progress = lambda n: None) -> list[UncheckedRow]:
     """Annotation rows for trajectory rows, judged in the judge's configured mode."""
     return await judge_mode(judge.config.mode).judge(judge, rows, run_id, progress)
 
 
-async def run_judge(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str, cache: JudgeCache | None = None,
-                    progress: Progress = lambda n: None) -> tuple[list[dict[str, Any]], JudgeStats]:
+async def run_judge(config: JudgeConfig, rows: list[TrajectoryRow], run_id: str, cache: JudgeCache | None = None,
+                    progress: Progress = lambda n: None) -> tuple[list[UncheckedRow], JudgeStats]:
     """Judge trajectory rows in the configured mode; returns annotation rows and call statistics."""
     judge = Judge(config, cache)
     try:

@@ -38,11 +38,12 @@ from omrl.annotate.judge import (
 from omrl.annotate.render import render_trajectory
 from omrl.annotate.rubric import Rubric
 from omrl.errors import UsageError
+from omrl.schema.rows import TrajectoryRow, UncheckedRow
 
 MIN_RENDER_CHARS = 200  # below this a trajectory rendering says nothing: refuse instead
 
 
-def _render(config: JudgeConfig, row: dict[str, Any], budget: int | None = None) -> str:
+def _render(config: JudgeConfig, row: TrajectoryRow, budget: int | None = None) -> str:
     return render_trajectory(row, max_chars=budget or config.max_chars, keep_last=config.keep_last)
 
 
@@ -103,14 +104,14 @@ class Pointwise(JudgeMode):
             return {"score": score, "rationale": str(data.get("rationale") or "")}
         return check
 
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+    async def judge(self, judge: Judge, rows: list[TrajectoryRow], run_id: str,
+                    progress: Progress = lambda n: None) -> list[UncheckedRow]:
         cfg = judge.config
         check = self.validate(cfg.rubric)
 
         budget = render_budget(cfg, self.messages(cfg.rubric, ""), 1, cfg.max_chars)
 
-        async def one(row: dict[str, Any]) -> dict[str, Any]:
+        async def one(row: TrajectoryRow) -> UncheckedRow:
             if budget < MIN_RENDER_CHARS:
                 progress(1)
                 return self.row(cfg, row["id"], run_id, None, error=_too_small(budget, 1),
@@ -153,8 +154,8 @@ class Pairwise(JudgeMode):
             raise UsageError(f'"preference" must be "A", "B" or "tie", got {data.get("preference")!r}')
         return {"preference": pref, "rationale": str(data.get("rationale") or "")}
 
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+    async def judge(self, judge: Judge, rows: list[TrajectoryRow], run_id: str,
+                    progress: Progress = lambda n: None) -> list[UncheckedRow]:
         cfg = judge.config
         by_task = self.sets(rows)
         budget = max(MIN_RENDER_CHARS, render_budget(cfg, self.messages(cfg.rubric, "", ""), 2, cfg.max_chars))
@@ -164,7 +165,7 @@ class Pairwise(JudgeMode):
         judge.stats.skipped += len(singles)
         progress(len(singles))
 
-        async def both_orders(a: dict[str, Any], b: dict[str, Any]) -> tuple[Answer, Answer]:
+        async def both_orders(a: TrajectoryRow, b: TrajectoryRow) -> tuple[Answer, Answer]:
             ab, ba = await asyncio.gather(
                 judge.ask(self.messages(cfg.rubric, renders[a["id"]], renders[b["id"]]), self.validate),
                 judge.ask(self.messages(cfg.rubric, renders[b["id"]], renders[a["id"]]), self.validate))
@@ -249,12 +250,12 @@ class Group(JudgeMode):
             return out
         return check
 
-    async def judge(self, judge: Judge, rows: list[dict[str, Any]], run_id: str,
-                    progress: Progress = lambda n: None) -> list[dict[str, Any]]:
+    async def judge(self, judge: Judge, rows: list[TrajectoryRow], run_id: str,
+                    progress: Progress = lambda n: None) -> list[UncheckedRow]:
         cfg = judge.config
         groups = self.sets(rows)
 
-        async def one(members: list[dict[str, Any]], chunk: int, of: int, size: int) -> list[dict[str, Any]]:
+        async def one(members: list[TrajectoryRow], chunk: int, of: int, size: int) -> list[UncheckedRow]:
             n = len(members)
             # Without a prompt budget, the historic per-member floor; with one, what the budget leaves.
             default = max(1500, cfg.max_chars // n) if cfg.max_prompt_tokens is None else cfg.max_chars // n

@@ -24,6 +24,8 @@ from typing import Any
 from omrl.annotate.inputs import metric_inputs
 from omrl.errors import UsageError
 from omrl.plugins import Registry
+from omrl.schema.payloads import info_of
+from omrl.schema.rows import TrajectoryRow, UncheckedRow
 
 Metric = Callable[..., Any]
 
@@ -168,11 +170,8 @@ def tool_error_rate(messages, turns):
     errors = sum(1 for m in results if _ERROR_TEXT.match(m.get("content") or ""))
     flagged = 0
     for turn in turns:
-        try:
-            info = json.loads(turn.get("info") or "{}")
-        except json.JSONDecodeError:
-            continue
-        if isinstance(info, dict) and (info.get("invalid_action") or info.get("error")):
+        info = info_of(turn)
+        if info.get("invalid_action") or info.get("error"):
             flagged += 1
     return min(1.0, max(errors, flagged) / len(results))
 
@@ -272,8 +271,8 @@ def result_fields(value: Any) -> dict[str, Any] | None:
     raise TypeError(f"metric returned {type(value).__name__}; expected a number, bool, str, dict or None")
 
 
-def annotate_row(row: dict[str, Any], metrics: list[NamedMetric], run_id: str,
-                 inputs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def annotate_row(row: TrajectoryRow, metrics: list[NamedMetric], run_id: str,
+                 inputs: dict[str, Any] | None = None) -> tuple[list[UncheckedRow], list[str]]:
     """Annotation rows for one trajectory, and the names of the metrics that were not applicable (skipped)."""
     inputs = inputs or metric_inputs(row)
     out, skipped = [], []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.annotate.inputs import final_answer, parse_json
+from omrl.annotate.inputs import final_answer
+from omrl.schema.payloads import metadata_of
+from omrl.schema.rows import TrajectoryRow
 
 ELIDED_MESSAGES = "[... {n} messages elided ...]"
 ELIDED_CHARS = "[... {n} chars elided ...]"
@@ -37,12 +39,12 @@ def clip(text: str, limit: int) -> str:
     return text[:head] + ELIDED_CHARS.format(n=cut) + (text[-tail:] if tail else "")
 
 
-def outcome_line(row: dict[str, Any]) -> str:
-    answer = final_answer(row.get("messages") or [], parse_json(row.get("metadata"), {}))
+def outcome_line(row: TrajectoryRow) -> str:
+    answer = final_answer(row.get("messages") or [], metadata_of(row))
     return f"OUTCOME: status={row.get('status') or 'ok'}; final answer: {answer if answer is not None else '(none)'}"
 
 
-def render_trajectory(row: dict[str, Any], max_chars: int = 12000, keep_last: int = 6) -> str:
+def render_trajectory(row: TrajectoryRow, max_chars: int = 12000, keep_last: int = 6) -> str:
     """The trajectory as judge-readable text, within about `max_chars` (see the module docstring)."""
     header = f"TASK: {row.get('instruction') or '(no instruction)'}"
     outcome = outcome_line(row)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -35,7 +35,7 @@ from omrl.errors import UsageError
 from omrl.store import Store
 
 ENV_REWARD = "env_reward"
-MISSING_POLICIES = ("null", "renormalize")
+MissingPolicy = Literal["null", "renormalize"]  # a recipe's `missing`, checked when it is loaded
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RewardRecipe:
     components: list[Component] = field(metadata={
         "help": "name -> weight, or {weight, scale}: the terms of the sum"})
     name: str = field(default="reward", metadata={"help": "the annotator the combined reward is written as"})
-    missing: str | None = field(default="null", metadata={"help": "null (or YAML null) or renormalize"})
+    missing: MissingPolicy | None = field(default="null", metadata={"help": "null (or YAML null) or renormalize"})
     metrics: list[str] = field(default_factory=list, metadata={
         "comma": False, "help": "metric specs (omrl.annotate.metrics.load_metric) computing metric components"})
     judges: list[dict[str, Any]] = field(default_factory=list, metadata={
@@ -69,8 +69,6 @@ class RewardRecipe:
 
     def __post_init__(self) -> None:
         self.missing = "null" if self.missing is None else self.missing
-        if self.missing not in MISSING_POLICIES:
-            raise UsageError(f"'missing' must be null or renormalize, got {self.missing!r}")
         if not self.components:
             raise UsageError("'components' must map names to weights")
         for c in self.components:

@@ -3,7 +3,7 @@
 Annotations are appended (history kept); the `scores` view shows the latest ok score per annotator.
 Judge replies are cached in STORE/cache/judge/ so a re-run costs no calls. `annotate_with_recipe` runs a
 reward recipe's own metrics and judges (its `metrics` / `judges` keys) and then its combined reward: the
-annotate stage of RFT and iterate; GRPO scores online with the same pieces (omrl/train/online_reward.py).
+annotate stage of RFT and iterate; GRPO scores online with the same pieces (omrl/train/data/online_reward.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from omrl.annotate.cache import JudgeCache
 from omrl.annotate.judge import JudgeConfig, JudgeStats, judge_config, judged_together, run_judge
 from omrl.annotate.metrics import NamedMetric, annotate_row, load_metric, metric_names
+from omrl.annotate.preflight import check_components_supplied, check_judges_reachable
 from omrl.annotate.reward import (
     ENV_REWARD,
     RewardRecipe,
@@ -32,6 +33,7 @@ from omrl.errors import UsageError
 from omrl.progress import QUIET, Reporter
 from omrl.rollout.executor import LOCAL, Executor, Placement
 from omrl.schema import new_id
+from omrl.schema.rows import TrajectoryRow, UncheckedRow
 from omrl.store import Store
 
 WRITE_BATCH = 2000  # annotation rows per appended part: bounded memory, few parts
@@ -100,14 +102,14 @@ class JudgeWork:
     def placement(self) -> Placement:
         return Placement(in_flight=self.config.concurrency, unit="requests", worker_cpus=self.WORKER_CPUS)
 
-    def group(self, row: dict[str, Any]) -> Any:
+    def group(self, row: TrajectoryRow) -> Any:
         key = judged_together(self.config.mode)
         return row[key] if key else None
 
     def portable(self, in_flight: int) -> JudgeWork:
         return JudgeWork(self.config, self.run_id, cached=dict(self.cache.entries) if self.cache else {})
 
-    async def run(self, shard: list[dict[str, Any]], emit: Callable[[dict[str, Any]], Any],
+    async def run(self, shard: list[TrajectoryRow], emit: Callable[[dict[str, Any]], Any],
                   tick: Callable[[int], None]) -> None:
         if self.cache is not None:
             rows, stats = await run_judge(self.config, shard, self.run_id, self.cache, tick)
@@ -123,8 +125,8 @@ class JudgeWork:
         await emit({"rows": rows, "stats": vars(stats), "replies": replies})
 
 
-def judge_all(config: JudgeConfig, rows: list[dict[str, Any]], run_id: str, cache: JudgeCache,
-               commit: Callable[[list[dict[str, Any]]], None], executor: Executor,
+def judge_all(config: JudgeConfig, rows: list[TrajectoryRow], run_id: str, cache: JudgeCache,
+               commit: Callable[[list[UncheckedRow]], None], executor: Executor,
                reporter: Reporter) -> JudgeStats:
     """Judge `rows` through `executor`; `commit(annotations)` once per finished shard, after its replies are
     in `cache`. Returns the summed JudgeStats of the shards."""
@@ -170,11 +172,12 @@ class _Writer:
     """Buffers annotation rows and appends them in batches, counting per annotator."""
 
     def __init__(self, store: Store, summary: AnnotateSummary, metadata: dict[str, Any] | None = None):
-        self.store, self.summary, self.buffer = store, summary, []
+        self.store, self.summary = store, summary
+        self.buffer: list[UncheckedRow] = []
         self.metadata = metadata or {}
 
-    def add(self, rows: list[dict[str, Any]], whole: bool = False) -> None:
-        """Buffer rows (written every WRITE_BATCH); `whole` commits them at once, in one part."""
+    def add(self, rows: list[UncheckedRow], whole: bool = False) -> None:
+        """Buffer annotation rows (written every WRITE_BATCH); `whole` commits them at once, in one part."""
         if self.metadata:
             rows = [{**r, "metadata": {**(r.get("metadata") if isinstance(r.get("metadata"), dict) else {}),
                                        **self.metadata}} for r in rows]
@@ -199,10 +202,10 @@ def annotated_pairs(store: Store) -> set[tuple[str, str, str, str]]:
             for r in data.to_pylist() if r["status"] == "ok"}
 
 
-def _judge_todo(rows: list[dict[str, Any]], judge: JudgeConfig, done: set[tuple[str, ...]]) -> list[dict[str, Any]]:
+def _judge_todo(rows: list[TrajectoryRow], judge: JudgeConfig, done: set[tuple[str, ...]]) -> list[TrajectoryRow]:
     """The rows the judge still has to score. Pairwise and group judges compare the members of a task or
     group with each other, so such a set is judged again whole unless every member already has its score."""
-    def is_done(row: dict[str, Any]) -> bool:
+    def is_done(row: TrajectoryRow) -> bool:
         return (row["id"], judge.annotator, judge.rubric.name or "", judge.model or "") in done
 
     key = judged_together(judge.mode)
@@ -242,6 +245,16 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
     summary.trajectories = len(rows)
     writer = _Writer(store, summary, metadata)
     done_pairs = set() if redo else annotated_pairs(store)
+    judges = [] if judge is None else [judge] if isinstance(judge, JudgeConfig) else list(judge)
+    if rows:
+        # Up front, one line: a judge without a server, or a recipe component nothing gives, would otherwise
+        # be an error annotation on every row. A reachable server's failed calls stay errors, row by row.
+        if recipe is not None:
+            selected = {r["id"] for r in rows}
+            stored = {p[1] for p in (annotated_pairs(store) if redo else done_pairs) if p[0] in selected}
+            check_components_supplied(recipe, {m.name for m in loaded} | {c.annotator for c in judges}, stored)
+        if executor is LOCAL:  # Ray workers may reach a URL this machine does not
+            check_judges_reachable([c for c in judges if _judge_todo(rows, c, done_pairs)], recipe)
 
     if loaded:
         reporter.start("metrics", total=len(rows))
@@ -257,7 +270,6 @@ def annotate(store: Store | str, metrics: list[str | NamedMetric] = (),
         finally:
             reporter.finish()
 
-    judges = [] if judge is None else [judge] if isinstance(judge, JudgeConfig) else list(judge)
     cache = JudgeCache(cache_dir if cache_dir is not None else store.cache_dir("judge")) if judges else None
     for config in judges:
         judge_rows = _judge_todo(rows, config, done_pairs)

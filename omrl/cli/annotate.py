@@ -52,7 +52,8 @@ def annotate(store, metrics, rubric, judge_model, base_url, api_key, mode, where
              ray_address, ray_workers):
     """Score trajectories with metrics, an LLM judge and a reward recipe.
 
-    Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe recipes/reward.yaml
+    \b
+    Example:  omrl annotate runs/demo --metric exact_match --metric num_turns --reward-recipe shipped:reward_offline
     """
     from rich.table import Table
 

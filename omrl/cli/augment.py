@@ -25,6 +25,7 @@ OP_NAMES = ["paraphrase", "observation_noise", "tool_rename", "error_recovery", 
 def augment(store, out, ops, n, seed, where, no_originals, base_url, model, api_key):
     """Multiply training data with outcome-preserving perturbations.
 
+    \b
     Example:  omrl augment runs/demo-sft --out runs/demo-aug --op tool_rename --op error_recovery --n 2
     """
     from rich.table import Table

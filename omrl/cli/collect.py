@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,18 +11,22 @@ import click
 from omrl.cli.common import console, err_console, user_errors
 
 
-def env_options(values: tuple[str, ...], flag: str = "--env-option") -> dict[str, Any]:
-    """KEY=VALUE pairs; values are read as JSON when they parse (numbers, true/false), else as text."""
-    out: dict[str, Any] = {}
+def option_texts(values: tuple[str, ...], flag: str = "--env-option") -> dict[str, str]:
+    """KEY=VALUE pairs as key -> its text."""
+    out: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = value
     return out
+
+
+def env_options(values: tuple[str, ...], flag: str = "--env-option") -> dict[str, Any]:
+    """KEY=VALUE pairs; values are read as JSON when they parse (numbers, true/false), else as text."""
+    from omrl.envs.options import read_value
+
+    return {key: read_value(text) for key, text in option_texts(values, flag).items()}
 
 
 def _settings_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
@@ -89,6 +92,11 @@ def rollout_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="UNSAFE: run agent-written code (the code env's tests) without the bubblewrap sandbox, "
                           "with your privileges, files and network. Same as --env-option unsafe_no_sandbox=true."),
         click.option("--batch-size", default=64, show_default=True, help="Episodes per store append."),
+        click.option("--retry-failed", is_flag=True, default=False,
+                     help="Also play again each episode whose stored rows all failed (env_error, policy_error, "
+                          "timeout), as its next attempt: the attempt number joins its id's inputs (run, round, "
+                          "task, sample), so the failed rows stay in the store as history beside the new one; "
+                          "eval counts each episode's last attempt."),
         click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS|local",
                      help="Play the episodes on a Ray cluster: auto (the running one), HOST:PORT, or local "
                           "(start one on this machine). Needs `pip install omrl[ray]`."),
@@ -143,11 +151,12 @@ def rollout_settings(args: dict[str, Any]):
     """The RolloutSettings the flags describe."""
     import dataclasses
 
+    from omrl.envs import env_options as typed_env_options
     from omrl.rollout import RolloutSettings
 
     values = {f.name: args[f.name] for f in dataclasses.fields(RolloutSettings) if f.name in args}
     return RolloutSettings(**values, env=args["env_spec"], ray_resources=ray_resources(args.get("ray_resource", ())),
-                           env_options={**env_options(args["env_option"]),
+                           env_options={**typed_env_options(args["env_spec"], option_texts(args["env_option"])),
                                         **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})})
 
 
@@ -174,10 +183,43 @@ def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
     # First: without Ray installed, --ray says so before tasks or models load.
     executor = executor_for(args.get("ray_address"))
     return {"settings": rollout_settings(args), "round": args["round_"], "batch_size": args["batch_size"],
-            "executor": executor}
+            "executor": executor, "retry_failed": args.get("retry_failed", False)}
 
 
-@click.command()
+def run_interruptible(work: Callable[[Callable[[Any], None]], Awaitable[Any]], run_id: str, kept_in: str) -> Any:
+    """asyncio.run(work(on_finish)); on Ctrl-C, one line saying what the interrupted run kept (collect writes its
+    finished episodes before it stops), then exit 130, the shell's code for an interrupt."""
+    finished: list[Any] = []
+    try:
+        return asyncio.run(work(finished.append))
+    except KeyboardInterrupt:
+        if finished:
+            done = finished[-1]
+            console.print(f"interrupted: run {run_id} round {done.round}: {done.played} played, {done.written} "
+                          f"written to {kept_in}; run the same command again to play the rest", highlight=False)
+        else:
+            console.print(f"interrupted: run {run_id}: no episode finished, nothing written", highlight=False)
+        raise SystemExit(130) from None
+
+
+class RequiredFirstCommand(click.Command):
+    """A command whose --help lists the options a run needs first (click's required ones and `needed`, which
+    the command checks itself), then the others as declared; parsing stays click's own."""
+
+    def __init__(self, *args: Any, needed: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.needed = needed
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        params = self.get_params(ctx)
+        first = [p for p in params if p.required or p.name in self.needed]
+        rows = [row for p in first + [p for p in params if p not in first] if (row := p.get_help_record(ctx))]
+        if rows:
+            with formatter.section("Options"):
+                formatter.write_dl(rows)
+
+
+@click.command(cls=RequiredFirstCommand, needed=("policy_spec",))  # --policy: optional for eval, not here
 @rollout_options
 @click.option("--store", "store_path", required=True, type=click.Path(), help="Store to append to (created if missing).")
 @click.option("--samples", "-n", default=1, show_default=True, help="Samples per task (the GRPO group size).")
@@ -185,7 +227,8 @@ def rollout_kwargs(args: dict[str, Any]) -> dict[str, Any]:
 def collect(store_path: str, samples: int, **args: Any) -> None:
     """Play tasks x samples episodes with a policy and append them to a store; re-running resumes.
 
-    Example:  omrl collect --env math --tasks tasks.parquet --policy openai:qwen --store runs -n 4 -c 32
+    \b
+    Example:  omrl collect --env math --tasks shipped:math_arith --policy openai:qwen --store runs -n 4 -c 32
     """
     from omrl.progress import terminal_reporter
     from omrl.rollout import collect as run_collect
@@ -199,11 +242,14 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
     run_id = args["run_id"] or default_run_name(args["env_spec"], args["tasks_path"], args["policy_spec"])
     store = Store.create(store_path)
     with terminal_reporter(args["progress"], err_console) as reporter:
-        result = asyncio.run(closing(policy, run_collect(None, tasks, policy, store, samples=samples,
-                                                         run_id=run_id, reporter=reporter, **options)))
+        result = run_interruptible(
+            lambda on_finish: closing(policy, run_collect(None, tasks, policy, store, samples=samples, run_id=run_id,
+                                                          reporter=reporter, on_finish=on_finish, **options)),
+            run_id, store_path)
     statuses = ", ".join(f"{s} {n}" for s, n in sorted(result.statuses.items())) or "nothing to do"
     rate = f"{result.success_rate:.1%}" if result.success_rate is not None else "-"
-    console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played, "
+    retried = f" ({result.retried} failed before, retried)" if result.retried else ""
+    console.print(f"run [bold]{run_id}[/bold] round {result.round}: {result.played} played{retried}, "
                   f"{result.skipped} already stored, {result.written} written to {store_path}; "
                   f"success {rate}; {statuses}", highlight=False)
     if result.already_stored:
@@ -211,4 +257,5 @@ def collect(store_path: str, samples: int, **args: Any) -> None:
                       "same command; those rows were not written twice", highlight=False)
     if result.errors:
         console.print(f"[yellow]{result.errors} episode(s) failed; see: omrl query {store_path} "
-                      f"\"SELECT status, error FROM trajectories WHERE status NOT IN ('ok', 'truncated')\"[/yellow]")
+                      f"\"SELECT status, error FROM trajectories WHERE status NOT IN ('ok', 'truncated')\"; "
+                      "play them again with --retry-failed[/yellow]")

@@ -152,7 +152,7 @@ def _cell(value: Any, max_width: int) -> str:
 
 class StorePath(click.Path):
     """A store argument: a local folder (checked like click.Path) or an `s3://bucket/prefix` URL, passed on
-    as given (the store checks that one exists when it opens it: omrl.store.storage)."""
+    as given (the store checks that one exists when it opens it: omrl.store.location)."""
 
     name = "store"
 

@@ -20,6 +20,6 @@ def demo(recipe: str, out_dir: str | None, verbose: bool, overrides: tuple[str, 
 
     Example:  omrl demo grpo.max_steps=10 rounds=1
     """
-    from omrl.train.demo import run_demo
+    from omrl.train.iterate.demo import run_demo
 
     run_demo(recipe, (*overrides, *([f"output_dir={out_dir}"] if out_dir else [])), verbose=verbose)

@@ -75,12 +75,12 @@ def _row(name: str, provider: str) -> tuple[str, ...]:
 def serve(env: str, tasks_path: str, host: str, port: int) -> None:
     """Serve ENV over the AgentGym HTTP protocol (create/reset/step/observation/close) until Ctrl-C.
 
-    Example:  omrl envs serve math --tasks datasets/tasks/math_arith.jsonl --port 8000
+    Example:  omrl envs serve math --tasks shipped:math_arith --port 8000
     """
     import time
 
     from omrl.envs import env_class
-    from omrl.envs.http_server import start_server
+    from omrl.envs.http.server import start_server
     from omrl.tasks import load_tasks
 
     env_class(env)  # an unknown environment is an error now, not on the first /create

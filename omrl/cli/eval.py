@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from typing import Any
 
 import click
 from rich.table import Table
 
-from omrl.cli.collect import closing, prepare, rollout_kwargs, rollout_options
+from omrl.cli.collect import closing, prepare, rollout_kwargs, rollout_options, run_interruptible
 from omrl.cli.common import console, err_console, user_errors
 
 
@@ -25,7 +24,8 @@ from omrl.cli.common import console, err_console, user_errors
 def eval_(store_path: str | None, samples: int, predictions_path: str | None, **args: Any) -> None:
     """Evaluate a policy: success rate, mean reward and pass@k per environment.
 
-    Example:  omrl eval --env grid --tasks datasets/tasks/grid_eval.jsonl --policy hf:tiny -k 4 --store evals
+    \b
+    Example:  omrl eval --env grid --tasks shipped:grid_eval --policy hf:tiny -k 4 --store evals
               omrl eval --env swe --tasks swe.jsonl --predictions preds.jsonl
     """
     from omrl.progress import terminal_reporter
@@ -44,8 +44,10 @@ def eval_(store_path: str | None, samples: int, predictions_path: str | None, **
     with tempfile.TemporaryDirectory(prefix="omrl-eval-") as tmp, \
             terminal_reporter(args["progress"], err_console) as reporter:
         store = Store.create(store_path or f"{tmp}/store")
-        result = asyncio.run(closing(policy, evaluate(None, tasks, policy, store, samples=samples,
-                                                      run_id=run_id, reporter=reporter, **options)))
+        result = run_interruptible(
+            lambda on_finish: closing(policy, evaluate(None, tasks, policy, store, samples=samples, run_id=run_id,
+                                                       reporter=reporter, on_finish=on_finish, **options)),
+            run_id, store_path or "a temporary store (not kept)")
     table = Table(title=f"eval {run_id} ({args['policy_spec']})")
     pass_keys = sorted({k for m in result.metrics.values() for k in m if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))
@@ -57,6 +59,9 @@ def eval_(store_path: str | None, samples: int, predictions_path: str | None, **
         table.add_row(env, str(m["tasks"]), str(m["episodes"]), success, reward,
                       *(f"{m[k]:.1%}" if k in m else "-" for k in pass_keys), str(m["truncated"]), str(m["errors"]))
     console.print(table)
+    if result.collect.retried:
+        console.print(f"{result.collect.retried} episode(s) whose stored attempts all failed were played again "
+                      "(--retry-failed); the table counts each episode's last attempt", highlight=False)
     if store_path is None:
         console.print("[dim]episodes were not kept; pass --store to keep them[/dim]")
 

@@ -33,11 +33,12 @@ def filter_(store, out, where, success, min_reward, status, dedupe, near_thresho
             max_turns, split, seed, rejects, reward_recipe, rebuild_from):
     """Filter, deduplicate, rejection-sample and split trajectories into a new store.
 
+    \b
     Example:  omrl filter runs/demo --out runs/demo-sft --status ok --success --dedupe near --split val=0.05
     """
     from rich.table import Table
 
-    from omrl.curate.filters import FilterOptions, filter_store, rebuild, summary_rows
+    from omrl.curate.filters import FilterOptions, filter_store, rebuild, summary_table
 
     if rebuild_from:
         result = rebuild(store, out)
@@ -50,8 +51,8 @@ def filter_(store, out, where, success, min_reward, status, dedupe, near_thresho
     table = Table(title=f"filter {store} -> {out} ({result.source_rows} rows in)")
     table.add_column("what")
     table.add_column("rows", justify="right")
-    for row in summary_rows(result):
-        table.add_row(row["what"], str(row["rows"]))
+    for line in summary_table(result):
+        table.add_row(line["what"], str(line["rows"]))
     console.print(table)
     for name, path in result.stores.items():
         console.print(f"{name}: {path}")

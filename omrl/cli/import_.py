@@ -35,7 +35,8 @@ def _key_option(name: str):
               help="Source format; auto decides from the extension and the keys of the first record. Installed "
                    "plugins add formats (omrl plugins lists them).")
 @click.option("--map", "map_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A YAML mapping of record keys onto the schema (see recipes/imports/); the --*-key flags override it.")
+              help="A YAML mapping of record keys onto the schema (`omrl recipes copy imports/tau_bench` gives one "
+                   "to edit); the --*-key flags override it.")
 @_key_option("messages")
 @_key_option("reward")
 @_key_option("success")

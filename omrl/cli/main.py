@@ -33,6 +33,7 @@ COMMANDS = Registry("command", None, {
     "import": ("omrl.cli.import_:import_cmd", "Import trajectory files (ShareGPT, OpenAI, SWE-agent, ...) into a store."),
     "export": ("omrl.cli.export:export", "Export a store to a dataset folder or JSONL (omrl/OpenAI/ShareGPT); push to the Hub."),
     "view": ("omrl.cli.view:view", "Browse trajectories in a local read-only web viewer, or export static HTML."),
+    "study": ("omrl.cli.study:study", "Check a study (methods x seeds x conditions, held-out sets new by fingerprint)."),
 })
 
 

@@ -11,8 +11,8 @@ from omrl.cli.common import console, user_errors
 @click.option("--all", "show_all", is_flag=True, help="Also list omrl's own built-ins.")
 @user_errors
 def plugins(show_all: bool) -> None:
-    """List the environments, import formats, metrics and policies installed packages register
-    (entry-point groups omrl.envs, omrl.formats, omrl.metrics, omrl.policies).
+    """List the environments, import and export formats, metrics and policies installed packages register
+    (entry-point groups omrl.envs, omrl.formats, omrl.exporters, omrl.metrics, omrl.policies).
 
     Example:  omrl plugins --all
     """
@@ -33,4 +33,4 @@ def plugins(show_all: bool) -> None:
         console.print(table)
     else:
         console.print("no plugins installed (a package adds them through the entry-point groups omrl.envs, "
-                      "omrl.formats, omrl.metrics and omrl.policies; see examples/omrl-plugin-example)")
+                      "omrl.formats, omrl.exporters, omrl.metrics and omrl.policies; see examples/omrl-plugin-example)")

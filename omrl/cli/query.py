@@ -27,7 +27,8 @@ def _json_default(value):
 @click.argument("store", type=click.Path(file_okay=False))
 @click.argument("sql", required=False)
 @click.option("--search", "search_text", default=None, metavar="TEXT",
-              help='Find messages holding all these words and "quoted phrases" (index-backed, exact); '
+              help='Find messages holding all these words and "quoted phrases" (index-backed, exact; a word '
+                   "matches a whole token, a term with * a pattern: palin*, *palindrome*); "
                    "with SQL, the hits are the view search_hits (trajectory_id, position, role, snippet), "
                    "without it they are printed.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
@@ -64,6 +65,10 @@ def query(store: str, sql: str | None, search_text: str | None, fmt: str, out: s
     if fmt == "table" and not out:
         head = _Head(max_rows)
         _run(open_store(store), sql, search_text, timeout, head)
+        if sql is None and head.total == 0:  # a search that found nothing says so, and why words may miss
+            console.print("0 hits (words match whole tokens: palindrome does not match is_palindrome; "
+                          "*palindrome* matches inside words, palin* their start)", highlight=False)
+            return
         console.print(arrow_to_rich(head.table(), max_rows=max_rows, total=head.total))
         return
     writer = _Writer("csv" if fmt == "table" else fmt, out)

@@ -17,6 +17,7 @@ def recipes() -> None:
     import mappings and accelerate configs. Any command that takes a recipe path also takes
     shipped:NAME.
 
+    \b
     Example:  omrl recipes copy quickstart && omrl train iterate -r quickstart.yaml rounds=1
     """
 

@@ -16,7 +16,8 @@ from omrl.store.record_files import append_files
 def store() -> None:
     """Create, append to, check and compact trajectory stores.
 
-    Example:  omrl store init my-store && omrl store append my-store datasets/samples/synthetic_small.jsonl
+    \b
+    Example:  omrl export demo-store --out rows.jsonl && omrl store append my-store rows.jsonl
     """
 
 
@@ -47,7 +48,8 @@ def append(path: str, files: tuple[str, ...], table: str, create: bool, skip_exi
 
     Every record of every file is checked first; then all rows are committed as one part, or none are.
 
-    Example:  omrl store append my-store datasets/samples/synthetic_small.jsonl
+    \b
+    Example:  omrl export demo-store --out rows.jsonl && omrl store append my-store rows.jsonl
     """
     target = open_store(path, create=create)
     appended = append_files(target, files, table=table, skip_existing=skip_existing)
@@ -74,6 +76,7 @@ def check(path: str, repair: bool, accept_loss: bool, model: str | None, where: 
     """List lost, damaged or unlisted parts and side files, a broken card, ids stored twice (and, with --tokens,
     token drifts); exit 1 on any.
 
+    \b
     Example:  omrl store check my-store --repair
               omrl store check my-store --tokens Qwen/Qwen2.5-0.5B-Instruct
     """
@@ -136,6 +139,7 @@ def _drifts(n: int) -> str:
 def compact(path: str, table: tuple[str, ...], no_index: bool) -> None:
     """Merge many small part files into one per table (readers see the same rows) and index it for search.
 
+    \b
     Example:  omrl store compact my-store --no-index && omrl store check my-store --repair
     """
     target = open_store(path)

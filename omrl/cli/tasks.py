@@ -35,6 +35,7 @@ def import_(src: str, out: str, id_: str | None, instruction: str | None, answer
             split: str | None, fmt: str | None, mapping: str | None, source: str | None) -> None:
     """Import SRC (JSONL, JSON, CSV, Parquet, a saved `datasets` folder or a Hub name) into a tasks file.
 
+    \b
     Example:  omrl tasks import agentbench_dbbench_dev.jsonl --out sql.parquet
               omrl tasks import swe-bench-lite.json --source checkouts/ --out lite.jsonl   (then --env swe)
     """
@@ -56,7 +57,7 @@ def import_(src: str, out: str, id_: str | None, instruction: str | None, answer
 def show(path: str, examples: int) -> None:
     """Summarise a tasks file: counts per env and split, and a few examples.
 
-    Example:  omrl tasks show datasets/tasks/code.jsonl
+    Example:  omrl tasks show shipped:code
     """
     from omrl.tasks import load_tasks, tasks_table
 
@@ -84,6 +85,7 @@ def generate(kind: str, out: str, n: int, seed: int, split: str | None, options:
              packages: tuple[str, ...], earlier: tuple[str, ...]) -> None:
     """Generate tasks with environment ENV's own generator (math, shop, code, grid, swe, os, ...; see `omrl envs`).
 
+    \b
     Example:  omrl tasks generate math --n 200 --seed 1 --out math.parquet
               omrl tasks generate swe --package more-itertools==10.2.0 --package toolz==0.12.1 --n 40 --out swe.jsonl
               omrl tasks generate swe --package more-itertools==10.2.0 --earlier more-itertools==10.1.0 --out swe.jsonl

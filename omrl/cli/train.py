@@ -35,7 +35,7 @@ def _shown(verbose: bool):
     """(the libraries' output context, the reporter) a training command runs inside: omrl's progress on stderr,
     TRL's printer, bars and warnings off unless `verbose`."""
     from omrl.progress import terminal_reporter
-    from omrl.train.reporting import quiet_libraries
+    from omrl.train.trainer_progress import quiet_libraries
 
     return quiet_libraries(not verbose), terminal_reporter(console=err_console)
 
@@ -107,7 +107,7 @@ class TrainGroup(click.Group):
 def train() -> None:
     """Train on stored experience: sft, grpo, ppo, rft (rejection sampling), iterate (rounds of all).
 
-    Example:  omrl train sft --recipe recipes/sft_tiny.yaml epochs=3
+    Example:  omrl train sft --recipe shipped:sft_tiny epochs=3
     """
 
 
@@ -120,11 +120,12 @@ def iterate(recipe: str | None, overrides: tuple[str, ...], print_config: bool, 
     With reward=RECIPE each round's collection is annotated by its metrics and judges, the filter ranks by
     it and GRPO is scored online by it.
 
-    Example:  omrl train iterate --recipe recipes/iterate_grid.yaml rounds=2 [reward=recipes/reward.yaml]
+    \b
+    Example:  omrl train iterate --recipe shipped:iterate_grid rounds=2 [reward=shipped:reward]
     """
-    from omrl.train.iterate import run_iterate
-    from omrl.train.iterate_eval import round_table
-    from omrl.train.iterate_recipe import IterateRecipe
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.evaluation import round_table
+    from omrl.train.iterate.run import run_iterate
 
     config = _load(recipe, overrides, IterateRecipe)
     if print_config:

@@ -41,6 +41,7 @@ def view(store: str, port: int, host: str, open_browser: bool, export_dir: str |
     Pages answer only this machine's browser: requests from other sites are refused, a page's queries
     stop at --timeout and share --query-memory.
 
+    \b
     Example:  omrl view demo-store --open
               omrl view demo-store --export site --where "NOT success" --limit 200
               omrl view demo-store --export site --search '"tool call" timeout' --overwrite

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from omrl.annotate.inputs import parse_json
 from omrl.errors import OmrlError, UsageError
 from omrl.schema import TRAJECTORY_SCHEMA
+from omrl.schema.payloads import metadata_of
 from omrl.store import Store
 
 Row = dict[str, Any]
@@ -161,7 +162,7 @@ def op_tool_rename(row: Row, rng: random.Random, k: int) -> Row | None:
             msg["name"] = mapping[msg["name"]]
         if msg["role"] == "system" and msg.get("content"):
             msg["content"] = pattern.sub(lambda m: mapping[m.group(1)], msg["content"])
-    meta = parse_json(out.get("metadata"), {})
+    meta = metadata_of(out)
     meta["tool_rename"] = mapping  # lets answer extraction and envs map names back
     out["metadata"] = json.dumps(meta, ensure_ascii=False)
     return out
@@ -339,7 +340,7 @@ def augment_store(source: Store | str | Path, out: str | Path, ops: list[str], n
                 if variant is None:
                     result.not_applicable[op] += 1
                     continue
-                meta = parse_json(variant.get("metadata"), {})
+                meta = metadata_of(variant)
                 meta["augment"] = {"op": op, "k": k, "seed": seed, "parent_id": row["id"]}
                 variant.update(id=augmented_id(row["id"], op, k, seed), parent_id=row["id"],
                                source=f"augmented:{op}", metadata=json.dumps(meta, ensure_ascii=False),

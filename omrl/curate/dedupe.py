@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+
+from omrl.schema.rows import TrajectoryRow
 
 
 def _canonical(arguments: str | None) -> str:
@@ -19,7 +20,7 @@ def _canonical(arguments: str | None) -> str:
         return arguments or ""
 
 
-def content_text(row: dict[str, Any]) -> str:
+def content_text(row: TrajectoryRow) -> str:
     """The normalised trainable content of a trajectory as one text."""
     parts = [f"task: {row.get('instruction') or ''}"]
     for msg in row.get("messages") or []:
@@ -29,6 +30,6 @@ def content_text(row: dict[str, Any]) -> str:
     return " ".join(" ".join(parts).lower().split())
 
 
-def content_hash(row: dict[str, Any]) -> str:
+def content_hash(row: TrajectoryRow) -> str:
     """The exact-duplicate key of a trajectory."""
     return hashlib.sha256(content_text(row).encode()).hexdigest()

@@ -475,9 +475,9 @@ def rebuild(path: str | Path, out: str | Path) -> FilterResult:
     return result
 
 
-def summary_rows(result: FilterResult) -> list[dict[str, Any]]:
-    """Summary table rows: kept per split, dropped per reason."""
-    rows = [{"what": f"kept ({name})", "rows": n} for name, n in result.kept.items()]
-    rows += [{"what": f"dropped: {reason}", "rows": n} for reason, n in sorted(result.dropped.items())]
-    return rows
+def summary_table(result: FilterResult) -> list[dict[str, Any]]:
+    """The summary table's lines ({"what", "rows"}): kept per split, dropped per reason."""
+    lines = [{"what": f"kept ({name})", "rows": n} for name, n in result.kept.items()]
+    lines += [{"what": f"dropped: {reason}", "rows": n} for reason, n in sorted(result.dropped.items())]
+    return lines
 

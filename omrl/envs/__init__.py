@@ -1,41 +1,63 @@
-"""Environments: the protocol (base.py) and the built-in environments, one module each.
+"""Environments: the protocol (base.py), shared plumbing (toolenv, textgame, engine, ...) and the built-in
+environments, one package each (<name>/env.py, with tasks.py and expert.py where it has them).
 
-ENVIRONMENTS (a Registry, omrl/plugins.py) maps a built-in name to "module:Class"; installed packages
-add their own through the `omrl.envs` entry-point group (name = "package.module:Class"; see omrl/plugins.py). Modules are
-imported only when an environment is made, described or asked for tasks, so listing them stays cheap. `make_env` also
-accepts any "package.module:ClassName" following the protocol.
+ENVIRONMENTS (a Registry, omrl/plugins.py) maps a name to "module:Class". Built-ins and plugins come in one way:
+the `omrl.envs` entry-point group, omrl's own entries declared in its pyproject.toml (BUILTIN_NAMES says which
+must be there), installed packages adding theirs (name = "package.module:Class"; see omrl/plugins.py). Modules
+are imported only when an environment is made, described or asked for tasks, so listing them stays cheap.
+`make_env` also accepts any "package.module:ClassName" following the protocol. An environment's constructor
+options are typed by its `options_class` dataclass (`--env-option`, checked in omrl/envs/options.py).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from omrl.envs.base import Environment, Task
 from omrl.errors import OmrlError
-from omrl.plugins import Entry, Registry, load_target
+from omrl.plugins import BUILTIN_PROVIDER, Entry, Registry, load_target
 
 
 class EnvSpecError(OmrlError, ValueError):
     """An environment name or class path that cannot be used."""
 
 
-ENVIRONMENTS = Registry("environment", "omrl.envs", {
-    "math": "omrl.envs.math:MathEnv",
-    "sql": "omrl.envs.sql:SqlEnv",
-    "code": "omrl.envs.code:CodeEnv",
-    "swebench": "omrl.envs.swebench:SwebenchEnv",
-    "shop": "omrl.envs.shop:ShopEnv",
-    "http": "omrl.envs.http:HttpEnv",
-    "grid": "omrl.envs.grid:GridEnv",
-    "bfcl": "omrl.envs.bfcl:BfclEnv",
-    "os": "omrl.envs.os_interaction:OsEnv",
-    "scienceworld": "omrl.envs.scienceworld:SciWorldEnv",
-    "textworld": "omrl.envs.textworld:TextWorldEnv",
-    "twx": "omrl.envs.twx:TwxEnv",
-    "swe": "omrl.envs.swe:SweEnv",
-    "miniwob": "omrl.envs.miniwob:MiniWoBEnv",
-}, error=EnvSpecError)
+# The built-in environments, in listing order; their targets are omrl's entry points in the omrl.envs group.
+BUILTIN_NAMES = ("math", "sql", "code", "swebench", "shop", "http", "grid", "bfcl", "os", "scienceworld", "textworld",
+                 "twx", "swe", "miniwob")
+
+
+class EnvironmentRegistry(Registry):
+    """The environments' Registry, its built-ins read from omrl's installed metadata (the same entry-point group
+    plugins use) when first asked for, so importing omrl.envs reads no metadata."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__("environment", "omrl.envs", {}, error=EnvSpecError)
+        del self.builtins  # the cached property below reads them
+        self.builtin_names = names
+
+    @functools.cached_property
+    def builtins(self) -> dict[str, Entry]:
+        """omrl's own entries in the group, in BUILTIN_NAMES order; one missing is an install older than
+        pyproject.toml, an EnvSpecError saying how to fix it."""
+        try:
+            points = importlib.metadata.distribution(BUILTIN_PROVIDER).entry_points.select(group=self.group)
+        except importlib.metadata.PackageNotFoundError:
+            points = ()
+        targets = {point.name: point.value for point in points}
+        missing = [name for name in self.builtin_names if name not in targets]
+        if missing:
+            raise EnvSpecError(f"omrl's installed metadata lacks the built-in environment(s) {', '.join(missing)} "
+                               f"(entry-point group {self.group}, declared in pyproject.toml): reinstall omrl, "
+                               "e.g. pip install -e .")
+        return {name: Entry(name, targets[name], BUILTIN_PROVIDER) for name in self.builtin_names}
+
+
+ENVIRONMENTS = EnvironmentRegistry(BUILTIN_NAMES)
 
 
 def registry() -> dict[str, Entry]:
@@ -64,6 +86,15 @@ def env_class(spec: str) -> type:
                            "(see omrl/envs/base.py for the protocol)")
     return cls
 
+
+def env_options(spec: str, texts: Mapping[str, str]) -> dict[str, Any]:
+    """`--env-option` texts (option -> its text) as environment `spec`'s constructor options, typed and checked
+    by its options dataclass (omrl/envs/options.py; a RecipeError names the option and `spec`); none given: {}."""
+    if not texts:
+        return {}
+    from omrl.envs.options import checked_options  # the recipe loader: only when options are given
+
+    return checked_options(spec, env_class(spec), texts)
 
 def unavailable(cls: type) -> str | None:
     """Why the environment class cannot run on this machine (its `unavailable()`), or None."""

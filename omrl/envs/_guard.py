@@ -13,7 +13,7 @@ The engine is reaped only after its group was killed, so the group id cannot be 
 process in between. The engine also gets PR_SET_PDEATHSIG(SIGKILL) towards the guard's main thread,
 which lives as long as the guard: killing the guard kills the engine too.
 
-Standard library only and run with -I -S (not from its folder on sys.path, where omrl.envs.math would
+Standard library only and run with -I -S (not from its folder on sys.path, where the omrl.envs.math package would
 shadow the standard library's math): it starts in tens of milliseconds and imports nothing of omrl.
 """
 

@@ -1,6 +1,6 @@
 """Engine processes that omrl starts and owns: slow engines (JVMs, game interpreters, browsers).
 
-    engine = EngineWorker("omrl.envs.twx:TwxEngine", {"step_limit": 50}, name="twx")
+    engine = EngineWorker("omrl.envs.twx.env:TwxEngine", {"step_limit": 50}, name="twx")
     first = engine.call("reset", payload)     # runs in the engine's own process; returns what it returned
     engine.ensure()                           # a new process if the old one died (between episodes)
     engine.close()

@@ -1,4 +1,4 @@
-"""Importers for trajectory data made outside omrl: one module per format, plus detection.
+"""Importers and exporters for trajectory data made outside omrl: one module per format, plus detection.
 
 FORMATS (a Registry, omrl/plugins.py) names the built-in formats. Each format module has NAME and
 `convert(record, ctx) -> trajectory dict` (or a list of them; it may have `detect(record) -> bool`, used
@@ -6,6 +6,11 @@ for plugin formats when no built-in format matches, and, when its records are no
 (otel: one per trace, gathered from the whole file), `read_records(path)`); `omrl.formats.importer` reads
 files, converts, validates and appends to a store. Installed packages add formats through the
 `omrl.formats` entry-point group (name = "package.module"; see omrl/plugins.py).
+
+EXPORTERS (a Registry too) names the formats `omrl export` writes one JSON record per line of: each target
+is `export_records(rows) -> records`, trajectory row dicts in, JSON-ready dicts out, in order (atif may
+fold subagent rows into their parents). Installed packages add them through the `omrl.exporters` group
+(name = "package.module:function"). The folder exports (parquet, traces) are omrl.formats.exporters' own.
 """
 
 from __future__ import annotations
@@ -24,6 +29,18 @@ FORMATS = Registry("format", "omrl.formats", {
     "adp": "omrl.formats.adp",
     "steps": "omrl.formats.steps",
     "otel": "omrl.formats.otel",
+})
+
+
+EXPORTERS = Registry("export format", "omrl.exporters", {
+    "omrl": "omrl.formats.exporters:omrl_records",
+    "openai": "omrl.formats.exporters:openai_records",
+    "sharegpt": "omrl.formats.exporters:sharegpt_records",
+    "atif": "omrl.formats.atif:export_records",
+    "adp": "omrl.formats.exporters:adp_records",
+    "otel": "omrl.formats.otel:export_records",
+    "swebench-predictions": "omrl.formats.exporters:swebench_predictions",
+    "jsonl": "omrl.formats.exporters:omrl_records",  # omrl's older name
 })
 
 

@@ -16,17 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from omrl.formats.common import (
-    AT,
-    FIELDS,
-    FormatError,
-    RecordContext,
-    leftovers,
-    make_row,
-    message,
-    require_dict,
-    tool_call,
-)
+from omrl.formats.messages import AT, FIELDS, message, tool_call
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import leftovers, require_dict
 
 NAME = "adp"
 ACTIONS = ("message_action", "api_action", "code_action")

@@ -32,19 +32,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from omrl import __version__
-from omrl.formats.common import (
-    PREVIOUS_ID,
-    FormatError,
-    RecordContext,
-    list_field,
-    make_row,
-    message,
-    object_field,
-    require_dict,
-    text,
-    tool_call,
-)
+from omrl.formats.messages import message, tool_call
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import PREVIOUS_ID, make_row
+from omrl.formats.values import list_field, object_field, require_dict, text
 from omrl.schema.messages import arguments_value, tool_call_parts
+from omrl.schema.payloads import decoded
+from omrl.schema.rows import TrajectoryRow, TurnRow
 
 NAME = "atif"
 VERSION = "ATIF-v1.7"  # what we write: the RFC's current version (subagent embedding, extra on calls and results)
@@ -195,11 +189,11 @@ def _result_message(result: dict[str, Any], answers_calls: bool, at: str, refs: 
 # ---------------------------------------------------------------- export
 
 
-def export_records(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def export_records(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
     """ATIF trajectories of store rows; a row imported as a subagent of another exported row is embedded in it."""
     rows = list(rows)
     ids = {row["id"] for row in rows}
-    children: dict[str, list[dict[str, Any]]] = {}
+    children: dict[str, list[TrajectoryRow]] = {}
     top = []
     for row in rows:
         parent = _subagent_parent(row)
@@ -211,22 +205,18 @@ def export_records(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield to_record(row, children)
 
 
-def _subagent_parent(row: dict[str, Any]) -> str | None:
+def _subagent_parent(row: TrajectoryRow) -> str | None:
     if not row.get("parent_id"):
         return None
-    meta = _json(row.get("metadata")) or {}
+    meta = decoded(row.get("metadata"), None) or {}
     sub = meta.get(SUBAGENT) if isinstance(meta, dict) else None
     return row["parent_id"] if isinstance(sub, dict) and sub.get("parent") == row["parent_id"] else None
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def to_record(row: dict[str, Any], children: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+def to_record(row: TrajectoryRow, children: dict[str, list[TrajectoryRow]] | None = None) -> dict[str, Any]:
     """One store row as an ATIF trajectory (see the module docstring for where each field goes)."""
     children = children or {}
-    meta = _json(row.get("metadata")) or {}
+    meta = decoded(row.get("metadata"), None) or {}
     refs = {r.get("tool_call_id"): r.get("refs") for r in meta.get("subagent_refs") or [] if isinstance(r, dict)}
     turns = list(row.get("turns") or [])
     last = sum(1 for m in row["messages"] if m["role"] == "assistant") - 1
@@ -268,7 +258,7 @@ def to_record(row: dict[str, Any], children: dict[str, list[dict[str, Any]]] | N
     agent: dict[str, Any] = {"name": "omrl", "version": __version__}
     if row.get("model"):
         agent["model_name"] = row["model"]
-    tools = _json(row.get("tools")) or []
+    tools = decoded(row.get("tools"), None) or []
     if tools:
         agent["tool_definitions"] = tools
     own = {key: row.get(key) for key in ("instruction", "error") if row.get(key)}
@@ -282,7 +272,7 @@ def to_record(row: dict[str, Any], children: dict[str, list[dict[str, Any]]] | N
            "steps": steps, "final_metrics": _present(final), "extra": _present(extra)}
     subs = [to_record(child, children) for child in children.get(row["id"], [])]
     for child, sub in zip(children.get(row["id"], []), subs, strict=True):
-        sub["trajectory_id"] = (_json(child.get("metadata")) or {}).get(SUBAGENT, {}).get("trajectory_id") or child["id"]
+        sub["trajectory_id"] = (decoded(child.get("metadata"), None) or {}).get(SUBAGENT, {}).get("trajectory_id") or child["id"]
     if subs:
         out["subagent_trajectories"] = subs
     return out
@@ -330,12 +320,12 @@ METRICS = ("cached_tokens", "cost_usd", "extra")  # ATIF metrics an import keeps
 AGENT_STEP = ("timestamp", "model_name", "reasoning_effort", "llm_call_count", "is_copied_context", "extra")
 
 
-def _metrics(turn: dict[str, Any], last: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _metrics(turn: TurnRow, last: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(ATIF step metrics, omrl's own turn fields, step fields) of one turn; `done` only when it is not `last`.
 
     What an ATIF import put in the turn's info (prompt token ids, other metrics, the step's own fields)
     goes back where it came from."""
-    info = _json(turn.get("info")) or {}
+    info = decoded(turn.get("info"), None) or {}
     info = dict(info) if isinstance(info, dict) else {"value": info}
     prompt_ids = info.pop(PROMPT_IDS, None)
     metrics = {"prompt_tokens": turn.get("prompt_tokens"), "completion_tokens": turn.get("completion_tokens"),

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import (
-    AT,
-    FIELDS,
-    FormatError,
-    message,
-    native_text,
-    openai_tool_calls,
-    parse_json_text,
-    tool_call,
-)
+from omrl.formats.messages import AT, FIELDS, message, native_text, openai_tool_calls, tool_call
+from omrl.formats.records import FormatError
+from omrl.formats.values import parse_json_text
 
 # OpenAI roles -> schema roles
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "ai": "assistant",
@@ -69,14 +62,15 @@ def convert_messages(raw: Any, where: str, key: str = "messages",
     return out
 
 
-def trainable_flag(turn: dict[str, Any]) -> bool | None:
-    """The turn's training flag from `loss`, `mask` or `weight`; None when the source says nothing."""
-    if turn.get("loss") is not None:
-        return bool(turn["loss"])
-    if turn.get("mask") is not None:
-        return not bool(turn["mask"])
-    if turn.get("weight") is not None:
-        return bool(turn["weight"])
+def trainable_flag(entry: dict[str, Any]) -> bool | None:
+    """A conversation entry's (a ShareGPT turn's) training flag from `loss`, `mask` or `weight`; None when the
+    source says nothing."""
+    if entry.get("loss") is not None:
+        return bool(entry["loss"])
+    if entry.get("mask") is not None:
+        return not bool(entry["mask"])
+    if entry.get("weight") is not None:
+        return bool(entry["weight"])
     return None
 
 

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from omrl.formats import FORMATS, format_module, format_names, plugin_formats
-from omrl.formats.common import BadRecord, FormatError, first_record, json_kind
 from omrl.formats.otel_spans import is_span_record
+from omrl.formats.records import BadRecord, FormatError, first_record
 from omrl.formats.steps import step_list
 from omrl.store import readers
+from omrl.store.readers import json_kind
 
 OPENMANUS_KEYS = {"reward_model", "item_id", "data_source", "extra_info"}
 

@@ -16,12 +16,14 @@ which tests/test_loss_table.py measures):
             file exporter writes), a trace per trajectory: invoke_agent, chat per turn, execute_tool per call
   traces    a folder of Hugging Face Hub agent traces (omrl.formats.hf_traces): one session file per
             trajectory, which the Hub's trace viewer shows once pushed (--push); not re-importable
+Installed packages add JSONL formats through the `omrl.exporters` entry-point group (omrl.formats.EXPORTERS).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,12 +33,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from omrl.errors import UsageError
+from omrl.formats import EXPORTERS
 from omrl.schema.messages import arguments_value, to_openai, tool_call_parts
+from omrl.schema.payloads import info_of, task_of, tools_of
+from omrl.schema.rows import TrajectoryRow
 from omrl.store import MANIFEST, Store, StoreError
 from omrl.store.durable import staged_folder
 
-EXPORT_FORMATS = ("parquet", "omrl", "openai", "sharegpt", "atif", "adp", "otel", "traces", "swebench-predictions",
-                  "jsonl")
+# Written as folders by this module; every other format is an EXPORTERS entry (omrl.formats), one JSON
+# record per line, which installed packages add to through the omrl.exporters entry-point group.
+FOLDER_FORMATS = ("parquet", "traces")
 # Files a store keeps for itself (locks, temporary parts): never part of an upload.
 PUSH_IGNORE = [".*", "**/.*"]
 
@@ -49,6 +55,11 @@ class ExportResult:
     annotations: int = 0
 
 
+def export_formats() -> list[str]:
+    """Every format `omrl export` writes: the folder ones, then the JSONL ones (built-in and plugins), by name."""
+    return [*FOLDER_FORMATS, *EXPORTERS.names()]
+
+
 def guess_format(out: str | Path) -> str:
     """parquet for a folder (no suffix), jsonl for a .jsonl/.json file."""
     suffix = Path(out).suffix.lower()
@@ -56,28 +67,29 @@ def guess_format(out: str | Path) -> str:
         return "parquet"
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
-    raise UsageError(f"cannot tell the export format from {out}; pass --format ({', '.join(EXPORT_FORMATS)})")
+    raise UsageError(f"cannot tell the export format from {out}; pass --format ({', '.join(export_formats())})")
 
 
 def export_store(store: Store | str | Path, out: str | Path, fmt: str | None = None,
                  where: str | None = None, overwrite: bool = False) -> ExportResult:
-    """Write the selected trajectories of a store to `out` in one of EXPORT_FORMATS."""
+    """Write the selected trajectories of a store to `out` in one of export_formats()."""
     store = store if isinstance(store, Store) else Store(store)
     out = Path(out)
     fmt = fmt or guess_format(out)
-    if fmt not in EXPORT_FORMATS:
-        raise UsageError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    if fmt not in FOLDER_FORMATS and EXPORTERS.get(fmt) is None:
+        raise UsageError(f"unknown export format {fmt!r}; choose one of {', '.join(export_formats())}")
     refuse_unsafe_output(store, out, fmt, overwrite)
     rows = store.select(where)
     if fmt == "parquet":
         return _export_parquet(store, rows, out, where)
     if fmt == "traces":
         return _export_traces(store, rows, out, where)
+    export_records = EXPORTERS.load(fmt)  # a plugin that cannot be imported stops here, before a file is opened
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for record in _records(fmt, rows):
+            for record in export_records(_rows(rows)):
                 f.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
         os.replace(tmp, out)  # readers never see half a file
     except BaseException:
@@ -114,9 +126,6 @@ def refuse_unsafe_output(store: Store, out: Path, fmt: str, overwrite: bool) -> 
     if fmt == "traces" and not _is_traces_export(out):
         raise StoreError(f"--out {out} is not empty and is not an earlier traces export (README.md and sessions/ "
                          "only): --overwrite would delete it; give a new or empty folder")
-
-
-FOLDER_FORMATS = ("parquet", "traces")
 
 
 def _refuse_store_output(store: Store, out: Path, fmt: str, overwrite: bool) -> None:
@@ -173,21 +182,10 @@ def _export_traces(store: Store, rows: pa.Table, out: Path, where: str | None) -
     return ExportResult(out, "traces", rows.num_rows)
 
 
-def _rows(rows: pa.Table):
+def _rows(rows: pa.Table) -> Iterator[TrajectoryRow]:
+    """The table's trajectory rows, a thousand at a time from Arrow."""
     for batch in rows.to_batches(max_chunksize=1000):
         yield from batch.to_pylist()
-
-
-def _records(fmt: str, rows: pa.Table):
-    """The JSON records of a JSONL export, in the rows' order."""
-    if fmt in ("atif", "otel"):  # the format module's own writer (atif embeds subagent rows in their parents)
-        from omrl.formats import format_module
-
-        return format_module(fmt).export_records(_rows(rows))
-    convert = {"omrl": _jsonable_row, "jsonl": _jsonable_row, "openai": to_openai_record,
-               "sharegpt": to_sharegpt_record, "adp": to_adp_record,
-               "swebench-predictions": to_swebench_prediction}[fmt]
-    return (convert(row) for row in _rows(rows))
 
 
 def _export_parquet(store: Store, rows: pa.Table, out: Path, where: str | None) -> ExportResult:
@@ -215,15 +213,35 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    return row
+# The built-in JSONL exporters (EXPORTERS' targets): trajectory rows in, one JSON record per row out.
 
 
-def _tools(row: dict[str, Any]) -> list[Any]:
-    return json.loads(row.get("tools") or "[]")
+def omrl_records(rows: Iterable[TrajectoryRow]) -> Iterator[TrajectoryRow]:
+    """omrl rows as they are, everything kept (re-importable with `omrl store append`)."""
+    return iter(rows)
 
 
-def _outcome(row: dict[str, Any]) -> dict[str, Any]:
+def openai_records(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
+    return (to_openai_record(row) for row in rows)
+
+
+def sharegpt_records(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
+    return (to_sharegpt_record(row) for row in rows)
+
+
+def adp_records(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
+    return (to_adp_record(row) for row in rows)
+
+
+def swebench_predictions(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
+    return (to_swebench_prediction(row) for row in rows)
+
+
+def _tools(row: TrajectoryRow) -> list[Any]:
+    return tools_of(row)
+
+
+def _outcome(row: TrajectoryRow) -> dict[str, Any]:
     """The top-level keys the openai and sharegpt importers map back: task id, reward, success, model, instruction."""
     out = {"task_id": row.get("task_id"), "reward": row.get("reward"), "success": row.get("success"),
            "model": row.get("model"), "instruction": row.get("instruction")}
@@ -235,23 +253,21 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return to_openai(messages, export=True)
 
 
-def to_openai_record(row: dict[str, Any]) -> dict[str, Any]:
+def to_openai_record(row: TrajectoryRow) -> dict[str, Any]:
     """{"messages", "tools"} (one fine-tuning example) with the task id, reward, success, model and instruction beside."""
     return {"messages": to_openai_messages(row["messages"]), "tools": _tools(row), **_outcome(row)}
 
 
-def to_swebench_prediction(row: dict[str, Any]) -> dict[str, Any]:
+def to_swebench_prediction(row: TrajectoryRow) -> dict[str, Any]:
     """SWE-bench's prediction record: instance_id, model_name_or_path and model_patch, the diff the episode's
     submit produced (turns.info.model_patch; "" when it never submitted)."""
-    task = row.get("task") or {}
-    task = json.loads(task) if isinstance(task, str) else task
+    task = task_of(row)
     payload = task.get("payload") or {}
     payload = json.loads(payload) if isinstance(payload, str) else payload
     patch = ""
     for turn in reversed(row.get("turns") or []):
-        info = turn.get("info") or {}
-        info = json.loads(info) if isinstance(info, str) else info
-        if isinstance(info, dict) and isinstance(info.get("model_patch"), str):
+        info = info_of(turn)
+        if isinstance(info.get("model_patch"), str):
             patch = info["model_patch"]
             break
     return {"instance_id": payload.get("instance_id") or row["task_id"], "model_name_or_path": row.get("model") or "",
@@ -261,7 +277,7 @@ def to_swebench_prediction(row: dict[str, Any]) -> dict[str, Any]:
 SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}
 
 
-def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
+def to_sharegpt_record(row: TrajectoryRow) -> dict[str, Any]:
     """ShareGPT with LLaMA-Factory's tool roles: an assistant's tool calls follow it as a `function_call` turn.
 
     Call arguments are written as objects (LLaMA-Factory's form), so their JSON text may be re-spaced; the
@@ -298,7 +314,7 @@ def to_sharegpt_record(row: dict[str, Any]) -> dict[str, Any]:
     return {**out, **_outcome(row)}
 
 
-def to_adp_record(row: dict[str, Any]) -> dict[str, Any]:
+def to_adp_record(row: TrajectoryRow) -> dict[str, Any]:
     """One ADP standardized trajectory: user and tool messages as text observations, assistant text as a
     message_action (reasoning as its description), each tool call as an api_action with its id.
 

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from omrl.schema.messages import arguments_value, tool_call_parts
+from omrl.schema.rows import TrajectoryRow
 
 NAME = "traces"
 HARNESS = "omrl"  # the header's harness id: the Hub picks the renderer, icon and label from it
@@ -34,7 +35,7 @@ def session_path(row_id: str) -> str:
     return f"sessions/{digest[:2]}/{name}.jsonl"
 
 
-def session_lines(row: dict[str, Any]) -> list[dict[str, Any]]:
+def session_lines(row: TrajectoryRow) -> list[dict[str, Any]]:
     """The header and message lines of one trajectory's session file."""
     title = (row.get("instruction") or "").strip().splitlines()
     header = {"type": "session", "harness": HARNESS, "id": row["id"]}

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from omrl.formats import format_module
-from omrl.formats.common import PREVIOUS_ID, FormatError, RecordContext, read_records, record_digest
 from omrl.formats.detect import detect_format
+from omrl.formats.records import FormatError, RecordContext, read_records, record_digest
+from omrl.formats.rows import PREVIOUS_ID
 from omrl.progress import QUIET, Reporter
 from omrl.schema import SchemaError, group_id, normalize_trajectory
 from omrl.store import MANIFEST, Store
-from omrl.store.storage import storage_for
+from omrl.store.location import storage_for
 
 
 @dataclass

@@ -20,28 +20,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omrl.errors import UsageError
 from omrl.formats.chat import convert_conversation, convert_messages
-from omrl.formats.common import (
-    MISSING,
-    FormatError,
-    RecordContext,
-    get_path,
-    json_kind,
-    leftovers,
-    make_row,
-    message,
-    require_dict,
-    task_text,
-)
+from omrl.formats.messages import message
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import MISSING, get_path, make_row, task_text
+from omrl.formats.values import leftovers, require_dict
+from omrl.store.readers import json_kind
 
 FIELDS = ("messages", "reward", "success", "id", "instruction", "tools", "model", "system")
 ID_KEYS = ("instance_id", "id", "task_id", "item_id", "query_id")
 TOOL_KEYS = ("tools", "available_tools", "functions", "tool_definitions")
 SUCCESS_KEYS = ("success", "resolved", "win")
-STYLES = ("auto", "openai", "sharegpt")
+Style = Literal["auto", "openai", "sharegpt"]  # a mapping's `style`, checked when it is loaded
 Paths = str | tuple[str, ...] | None
 
 
@@ -76,11 +69,9 @@ class RecordMapping:
     content: tuple[str, ...] = field(default=(), metadata={"comma": False})
     task: tuple[str, ...] = field(default=(), metadata={"comma": False})  # paths copied into the task payload
     name: str = "mapped"
-    style: str = "auto"  # the messages' shape: openai {role, content}, sharegpt {from, value}, auto: by the first
+    style: Style = "auto"  # the messages' shape: openai {role, content}, sharegpt {from, value}, auto: by the first
 
     def __post_init__(self) -> None:
-        if self.style not in STYLES:
-            raise UsageError(f"style must be one of {', '.join(STYLES)}, not {self.style!r}")
         if not self.name:
             raise UsageError("name must be text")
         for f in fields(self):

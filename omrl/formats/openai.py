@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import RecordContext
 from omrl.formats.mapping import RecordMapping
+from omrl.formats.records import RecordContext
 
 NAME = "openai"
 ID_KEYS = ("instance_id", "id", "task_id", "item_id")

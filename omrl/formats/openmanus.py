@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.formats.chat import convert_conversation
-from omrl.formats.common import RecordContext, leftovers, make_row, require_dict
+from omrl.formats.records import RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import leftovers, require_dict
 
 NAME = "openmanus"
 TASK_KEYS = ("reward_model", "data_source", "ability", "prompt", "extra_info")

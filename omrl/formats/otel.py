@@ -33,9 +33,14 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from omrl.formats.common import FormatError, RecordContext, make_row, message, require_dict, text, tool_call
+from omrl.formats.messages import message, tool_call
 from omrl.formats.otel_spans import encode_attributes, read_traces
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import require_dict, text
 from omrl.schema.messages import arguments_value, tool_call_parts
+from omrl.schema.payloads import decoded, info_of, tools_of
+from omrl.schema.rows import TrajectoryRow, TurnRow
 
 NAME = "otel"
 CHAT_OPS = ("chat", "text_completion", "generate_content")
@@ -482,13 +487,13 @@ def _time(nanos: int) -> datetime:
 # ---------------------------------------------------------------- export
 
 
-def export_records(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def export_records(rows: Iterable[TrajectoryRow]) -> Iterator[dict[str, Any]]:
     """One OTLP JSON request (a line of the Collector's file exporter) per trajectory."""
     for row in rows:
         yield to_request(row)
 
 
-def to_request(row: dict[str, Any]) -> dict[str, Any]:
+def to_request(row: TrajectoryRow) -> dict[str, Any]:
     """A trajectory as one trace: an invoke_agent span, a chat span per assistant turn, an execute_tool span
     per answered call (see the module docstring)."""
     trace_id = hashlib.sha256(f"omrl:{row['id']}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -535,7 +540,7 @@ def to_request(row: dict[str, Any]) -> dict[str, Any]:
                      "gen_ai.tool.call.result": result["content"] if result is not None else None}
             spans.append(_span(trace_id, new_span_id(), root_id, f"execute_tool {name}", 1, start, start, attrs))
             start += 1
-    tools = json.loads(row.get("tools") or "[]")
+    tools = tools_of(row)
     own = {"id": row["id"], "task_id": row.get("task_id"), "reward": row.get("reward"), "success": row.get("success"),
            "status": row.get("status") if row.get("status") != "ok" else None, "error": row.get("error"),
            "instruction": row.get("instruction") or None, "prompt_tokens": row.get("prompt_tokens"),
@@ -589,16 +594,13 @@ def _genai(m: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return out
 
 
-def _finish(turn: dict[str, Any], m: dict[str, Any]) -> str:
-    info = turn.get("info")
-    info = json.loads(info) if isinstance(info, str) else info or {}
-    reason = info.get("finish_reason") if isinstance(info, dict) else None
+def _finish(turn: TurnRow, m: dict[str, Any]) -> str:
+    reason = info_of(turn).get("finish_reason")
     return reason if isinstance(reason, str) else ("tool_call" if m["tool_calls"] else "stop")
 
 
-def _turn_attributes(turn: dict[str, Any], m: dict[str, Any], last: bool) -> dict[str, Any]:
-    info = turn.get("info")
-    info = json.loads(info) if isinstance(info, str) else info or {}
+def _turn_attributes(turn: TurnRow, m: dict[str, Any], last: bool) -> dict[str, Any]:
+    info = decoded(turn.get("info"), {})
     info = dict(info) if isinstance(info, dict) else {"value": info}
     prompt_ids = info.pop(PROMPT_IDS, None)
     return {OMRL + "turn.completion_ids": list(turn.get("completion_ids") or []) or None,

@@ -26,7 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from omrl.formats.common import BadRecord, FormatError, json_kind, list_field, read_records
+from omrl.formats.records import BadRecord, FormatError, read_records
+from omrl.formats.values import list_field
+from omrl.store.readers import json_kind
 
 HEX_ID = re.compile(r"(0x)?([0-9a-fA-F]{16}|[0-9a-fA-F]{32})")
 # OTLP's ranges: times are fixed64 nanoseconds since 1970 (up to the year 2554), integers int64.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import RecordContext
 from omrl.formats.mapping import RecordMapping
+from omrl.formats.records import RecordContext
 
 NAME = "sharegpt"
 

@@ -12,16 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from omrl.formats.common import (
-    FormatError,
-    RecordContext,
-    get_path,
-    leftovers,
-    make_row,
-    message,
-    require_dict,
-    task_text,
-)
+from omrl.formats.messages import message
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import get_path, make_row, task_text
+from omrl.formats.values import leftovers, require_dict
 
 NAME = "steps"
 LIST_KEYS = ("steps", "trajectory")

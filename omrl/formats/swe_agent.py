@@ -24,22 +24,10 @@ import json
 import re
 from typing import Any
 
-from omrl.formats.common import (
-    AT,
-    DROPPED,
-    FIELDS,
-    FormatError,
-    RecordContext,
-    list_field,
-    make_row,
-    message,
-    native_text,
-    object_field,
-    openai_tool_calls,
-    require_dict,
-    text,
-    tool_call,
-)
+from omrl.formats.messages import AT, DROPPED, FIELDS, message, native_text, openai_tool_calls, tool_call
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import list_field, object_field, require_dict, text
 
 NAME = "swe_agent"
 TRUNCATED = ("exit_cost", "exit_context", "exit_total_execution_time", "exit_command_timeout", "exit_max_steps")

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.formats.chat import convert_messages
-from omrl.formats.common import FormatError, RecordContext, make_row, require_dict, short_hash
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import require_dict, short_hash
 
 NAME = "toolbench"
 

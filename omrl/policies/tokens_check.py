@@ -15,7 +15,7 @@ the first differing position and the decoded text around it.
 The conversation re-rendered is the one the model saw (`seen_messages`, `seen_tools`): an episode whose tools went
 as text (metadata["prompt_format"] == "text_tools", recorded by the agent loop) is passed through
 omrl.policies.parsing.text_tool_messages and rendered without `tools`, as the policy sent it. The training
-bridge (omrl.train.token_bridge) builds its examples from the same functions, so the check and the training
+bridge (omrl.train.data.token_bridge) builds its examples from the same functions, so the check and the training
 agree on what a turn's prompt and completion are.
 """
 
@@ -29,6 +29,8 @@ from typing import Any
 from omrl.errors import UsageError
 from omrl.policies.parsing import TEXT_TOOLS_FORMAT, text_tool_messages
 from omrl.schema.messages import to_chat_template
+from omrl.schema.payloads import decoded, info_of
+from omrl.schema.rows import TrajectoryRow, TurnRow
 
 CONTEXT_CHARS = 80  # decoded text shown before a drift
 SHOWN_TOKENS = 6  # tokens shown from the drift on, each side
@@ -94,20 +96,15 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 # ------------------------------------------------------------------- the conversation as the model saw it
 
 
-def _json_field(row: dict[str, Any], name: str, default: Any) -> Any:
+def _json_field(row: TrajectoryRow, name: str, default: Any) -> Any:
     """A JSON-text column of `row` as its value (a dict or list given as is); invalid JSON is a UsageError."""
-    value = row.get(name)
-    if value is None or value == "":
-        return default
-    if not isinstance(value, str):
-        return value
     try:
-        return json.loads(value)
+        return decoded(row.get(name), default)
     except json.JSONDecodeError as exc:
         raise UsageError(f"trajectory {row.get('id')!r}: field {name!r} is not valid JSON ({exc})") from None
 
 
-def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
+def parse_tools(row: TrajectoryRow) -> list[dict[str, Any]]:
     """The row's tool schemas as objects (the store keeps them as JSON text)."""
     parsed = _json_field(row, "tools", [])
     if not isinstance(parsed, list):
@@ -115,26 +112,26 @@ def parse_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
     return parsed
 
 
-def prompt_format(row: dict[str, Any]) -> str:
+def prompt_format(row: TrajectoryRow) -> str:
     """How the row's conversation went to the model: metadata["prompt_format"], "native" when unrecorded."""
     meta = _json_field(row, "metadata", {})
     fmt = meta.get("prompt_format") if isinstance(meta, dict) else None
     return fmt or "native"
 
 
-def _tools_as_text(row: dict[str, Any]) -> bool:
+def _tools_as_text(row: TrajectoryRow) -> bool:
     # The policy rewrites the conversation only when there are tools to describe (OpenAIPolicy._request).
     return prompt_format(row) == TEXT_TOOLS_FORMAT and bool(parse_tools(row))
 
 
-def seen_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+def seen_messages(row: TrajectoryRow) -> list[dict[str, Any]]:
     """The row's messages (store shape) as the model read them: through text_tool_messages when its tools
     went as text, else as stored. Assistant turns keep their order and `trainable` flags."""
     messages = list(row.get("messages") or [])
     return text_tool_messages(messages, parse_tools(row)) if _tools_as_text(row) else messages
 
 
-def seen_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
+def seen_tools(row: TrajectoryRow) -> list[dict[str, Any]]:
     """The tools the chat template was given: none when they went as text (they are in the system message)."""
     return [] if _tools_as_text(row) else parse_tools(row)
 
@@ -163,14 +160,12 @@ def render_turn(tokenizer: Any, chat: list[dict[str, Any]], tools: list[dict[str
     return prompt, encode(tokenizer, rest[: end + len(eos_text)] if end >= 0 else rest)
 
 
-def finish_reason(turn: dict[str, Any]) -> str | None:
+def finish_reason(turn: TurnRow) -> str | None:
     """The turn's finish_reason ("stop", "length", ...) as the agent loop keeps it in turns[].info."""
-    info = turn.get("info") or "{}"
-    info = json.loads(info) if isinstance(info, str) else info  # JSON text, checked when the row was written
-    return info.get("finish_reason") if isinstance(info, dict) else None
+    return info_of(turn).get("finish_reason")
 
 
-def sampled_completion(turn: dict[str, Any], eos_id: int | None) -> list[int]:
+def sampled_completion(turn: TurnRow, eos_id: int | None) -> list[int]:
     """The turn's completion as the model wrote it: its stored ids, plus the end-of-turn token when they lack
     it but the reply finished naturally (finish_reason "stop": a server that leaves the stop token out).
     Without that, ids that do not end with it are a reply cut at max_tokens: the model never wrote it."""
@@ -183,7 +178,7 @@ def sampled_completion(turn: dict[str, Any], eos_id: int | None) -> list[int]:
 # ------------------------------------------------------------------------------------------ the check
 
 
-def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
+def check_row(row: TrajectoryRow, tokenizer: Any) -> tuple[int, list[Drift]]:
     """(turns checked, drifts) of one stored trajectory row, against the conversation the model saw."""
     messages = seen_messages(row)
     chat, tools = to_chat_template(messages), seen_tools(row)
@@ -224,7 +219,7 @@ def check_row(row: dict[str, Any], tokenizer: Any) -> tuple[int, list[Drift]]:
     return checked, drifts
 
 
-def check_tokens(rows: Iterable[dict[str, Any]], model: str, tokenizer: Any = None) -> TokenReport:
+def check_tokens(rows: Iterable[TrajectoryRow], model: str, tokenizer: Any = None) -> TokenReport:
     """Re-tokenise every stored turn that has completion ids with `model`'s chat template (see the module docstring)."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
     report = TokenReport(model)

@@ -36,6 +36,7 @@ from typing import Any
 from omrl.envs.base import Action, Reset, StepResult
 from omrl.policies.base import ContextFull, EpisodeContext, PolicyError, PolicyReply, PolicyTimeout
 from omrl.schema import group_id, is_failed, normalize_trajectory, replace_lone_surrogates, trajectory_id
+from omrl.schema.rows import TrajectoryRow
 
 DEFAULT_SYSTEM_PROMPT = ("You are an agent solving a task step by step. Use the tools offered to act; "
                          "each tool result comes back as the next message.")
@@ -46,7 +47,7 @@ DEFAULT_TEXT_SYSTEM_PROMPT = "You are an agent solving a task step by step. Repl
 class Episode:
     """A finished episode: the stored row and the context the policy played in."""
 
-    row: dict[str, Any]
+    row: TrajectoryRow
     context: EpisodeContext
 
     @property
@@ -128,9 +129,12 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
                       max_turns: int = 10, temperature: float = 1.0, seed: int | None = None,
                       max_tokens: int | None = None, model_call_timeout: float | None = None,
                       turn_timeout: float | None = None, episode_timeout: float | None = None,
-                      source: str = "collected", metadata: dict[str, Any] | None = None) -> Episode:
-    """Play one episode of `task` in `env` with `policy`; never raises for env or policy failures."""
-    tid = trajectory_id(run_id, round, task.id, sample)
+                      source: str = "collected", metadata: dict[str, Any] | None = None,
+                      attempt: int = 0) -> Episode:
+    """Play one episode of `task` in `env` with `policy`; never raises for env or policy failures.
+
+    `attempt` > 0 replays an episode whose earlier attempts failed (a new id, metadata "attempt")."""
+    tid = trajectory_id(run_id, round, task.id, sample, attempt)
     context = EpisodeContext(env=env, task=task, episode_id=tid, sample=sample, temperature=temperature,
                              seed=seed, max_tokens=max_tokens, model_call_timeout=model_call_timeout)
     state: dict[str, Any] = {"messages": [], "turns": [], "tools": [], "last": None, "invalid": 0, "replaced": 0}
@@ -155,7 +159,7 @@ async def run_episode(env: Any, task: Any, policy: Any, *, run_id: str, round: i
     else:
         reward, success = None, None
     meta = {"seed": seed, "temperature": temperature, "max_turns": max_turns,
-            "invalid_actions": state["invalid"], **(metadata or {})}
+            "invalid_actions": state["invalid"], **(metadata or {}), **({"attempt": attempt} if attempt else {})}
     meta.update(_prompt_format(policy))
     if is_failed(status):
         meta["partial_reward"] = earned

@@ -1,11 +1,11 @@
 """Records to an Arrow table by omrl.schema's normalisers (to_table), trajectories a column at a time where it can.
 
-The row-by-row normaliser (omrl.schema.normalize_trajectory) calls a converter per field of every message,
+The row-by-row normaliser (omrl.schema.normalise.normalize_trajectory) calls a converter per field of every message,
 turn and tool call: on a big batch that cost as much as writing the rows as JSONL. Here pyarrow reads the rows
 as they are, inferring each field's type in C++, and each field then gets the normaliser's own converter,
 applied column by column:
 
-- a field whose values are all of a class the converter keeps as it is (omrl.schema._kept: text in most
+- a field whose values are all of a class the converter keeps as it is (omrl.schema.plans._kept: text in most
   message fields) is taken as read;
 - any other field's converter runs once per distinct value (a system prompt, a status, "{}" info: a few
   calls per batch), so its checks, defaults and conversions are the normaliser's exactly;
@@ -24,14 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import omrl.schema as S
+from omrl.schema.convert import SchemaError
+from omrl.schema.ids import group_id
+from omrl.schema.normalise import _TRAJECTORY_FIELDS, _TRAJECTORY_NAMES, NORMALIZERS
+from omrl.schema.plans import _STRUCT_PLANS, Converter
+from omrl.schema.rows import UncheckedRow
+from omrl.schema.tables import SCHEMAS, STATUSES, TOOL_CALL_TYPE, TRAJECTORY_SCHEMA, TURN_TYPE
 
 # Inferred types whose values reach a converter as the Python values the row held, by target type.
 _READS_AS = {
@@ -41,13 +46,13 @@ _READS_AS = {
     "boolean": (pa.bool_(), pa.null()),
 }
 # Float fields of rows and turns: pyarrow reads True after a float as 1.0, which the normaliser refuses.
-_FLOAT_FIELDS = tuple(f.name for f in S.TRAJECTORY_SCHEMA if pa.types.is_floating(f.type))
-_TURN_FLOAT_FIELDS = tuple(f.name for f in S.TURN_TYPE if pa.types.is_floating(f.type))
-_ERRORS = (pa.ArrowException, S.SchemaError, TypeError, ValueError, OverflowError, UnicodeError, RecursionError,
+_FLOAT_FIELDS = tuple(f.name for f in TRAJECTORY_SCHEMA if pa.types.is_floating(f.type))
+_TURN_FLOAT_FIELDS = tuple(f.name for f in TURN_TYPE if pa.types.is_floating(f.type))
+_ERRORS = (pa.ArrowException, SchemaError, TypeError, ValueError, OverflowError, UnicodeError, RecursionError,
            AttributeError, KeyError, IndexError)
 
 
-def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Table:
+def to_table(rows: Sequence[UncheckedRow], table: str = "trajectories") -> pa.Table:
     """Validate records and build an Arrow table with the explicit schema (never inferred types).
 
     Rows a normaliser already returned (and nobody changed since) are not checked again: rows are
@@ -57,10 +62,10 @@ def to_table(rows: list[dict[str, Any]], table: str = "trajectories") -> pa.Tabl
         fast = trajectories_table(rows)  # column by column, the same rules; None where rows need the normaliser
         if fast is not None:
             return fast
-    normalize = S.NORMALIZERS[table]
+    normalize = NORMALIZERS[table]
     with _collector_paused():
         normalized = [normalize(r) for r in rows]
-    return pa.Table.from_pylist(normalized, schema=S.SCHEMAS[table])
+    return pa.Table.from_pylist(normalized, schema=SCHEMAS[table])
 
 
 @contextlib.contextmanager
@@ -84,7 +89,7 @@ class _GiveUp(Exception):
     """This batch takes the row-by-row normaliser."""
 
 
-def trajectories_table(rows: list[Any]) -> pa.Table | None:
+def trajectories_table(rows: Sequence[Any]) -> pa.Table | None:
     """The table `to_table(rows)` returns, built column by column; None where the normaliser must decide."""
     if not rows:
         return None
@@ -99,7 +104,7 @@ def trajectories_table(rows: list[Any]) -> pa.Table | None:
         return None
 
 
-def _bool_in_floats(rows: list[dict[str, Any]]) -> bool:
+def _bool_in_floats(rows: Sequence[UncheckedRow]) -> bool:
     """Whether a float field of a row or turn holds a bool (pyarrow would read it as 1.0 after a float)."""
     for row in rows:
         if any(type(row.get(name)) is bool for name in _FLOAT_FIELDS):
@@ -119,7 +124,7 @@ def _child(array: pa.StructArray, name: str) -> pa.Array:
 
 def _trajectories(rows: pa.StructArray) -> pa.Table:
     names = {f.name for f in rows.type}
-    if names - S._TRAJECTORY_NAMES:
+    if names - _TRAJECTORY_NAMES:
         raise _GiveUp  # unknown fields: the normaliser names them
     # The row checks normalize_trajectory makes before converting.
     for name in ("id", "task_id"):
@@ -130,10 +135,10 @@ def _trajectories(rows: pa.StructArray) -> pa.Table:
     if status.type not in _READS_AS["string"]:
         raise _GiveUp
     filled = pc.fill_null(pc.if_else(pc.equal(status, ""), pa.scalar(None, pa.string()), status), "ok")
-    if not pc.all(pc.is_in(filled, pa.array(S.STATUSES))).as_py():
+    if not pc.all(pc.is_in(filled, pa.array(STATUSES))).as_py():
         raise _GiveUp
     columns = {}
-    for f, (name, convert, kept) in zip(S.TRAJECTORY_SCHEMA, S._TRAJECTORY_FIELDS, strict=True):
+    for f, (name, convert, kept) in zip(TRAJECTORY_SCHEMA, _TRAJECTORY_FIELDS, strict=True):
         columns[name] = _column(_child(rows, name), f, convert, kept)
     from omrl.schema.redact import redact  # as _redacted: the secrets known now
 
@@ -142,10 +147,10 @@ def _trajectories(rows: pa.StructArray) -> pa.Table:
                                    pa.string())
     columns["num_turns"] = _num_turns(columns["num_turns"], columns["messages"])
     columns["group_id"] = _group_ids(columns)
-    return pa.Table.from_arrays([columns[f.name] for f in S.TRAJECTORY_SCHEMA], schema=S.TRAJECTORY_SCHEMA)
+    return pa.Table.from_arrays([columns[f.name] for f in TRAJECTORY_SCHEMA], schema=TRAJECTORY_SCHEMA)
 
 
-def _column(values: pa.Array, f: pa.Field, convert: S.Converter, kept: tuple[type, ...]) -> pa.Array:
+def _column(values: pa.Array, f: pa.Field, convert: Converter, kept: tuple[type, ...]) -> pa.Array:
     """One field of every row (or item) through its converter, as the normaliser would convert it."""
     target = f.type
     if pa.types.is_list(target):
@@ -215,14 +220,14 @@ def _struct_list(values: pa.Array, target: pa.ListType) -> pa.Array:
 
 def _struct_items(items: pa.StructArray, item_type: pa.StructType, offsets: np.ndarray) -> pa.StructArray:
     present = {f.name for f in items.type}
-    if item_type == S.TOOL_CALL_TYPE and "function" in present:
+    if item_type == TOOL_CALL_TYPE and "function" in present:
         raise _GiveUp  # OpenAI's nested form: the normaliser's `prepare` unpacks it
     flat = dict(zip((f.name for f in items.type), items.flatten(), strict=True))  # unknown keys: ignored, as there
     children = []
-    for f, (name, convert, kept) in zip(item_type, S._STRUCT_PLANS[item_type], strict=True):
+    for f, (name, convert, kept) in zip(item_type, _STRUCT_PLANS[item_type], strict=True):
         child = flat.get(name, pa.nulls(len(items)))
         children.append(_column(child, f, convert, kept))
-    if item_type == S.TURN_TYPE:  # _turn_index: a turn without an index gets its position
+    if item_type == TURN_TYPE:  # _turn_index: a turn without an index gets its position
         at = item_type.get_field_index("index")
         index = children[at]
         if index.null_count:
@@ -268,5 +273,5 @@ def _group_ids(columns: dict[str, pa.Array]) -> pa.Array:
     picked = [columns[name].take(pa.array(missing)).to_pylist() for name in ("run_id", "round", "task_id")]
     values = given.to_pylist()
     for i, run_id, round_, task_id in zip(missing.tolist(), *picked, strict=True):
-        values[i] = S.group_id(run_id, round_, task_id)
+        values[i] = group_id(run_id, round_, task_id)
     return pa.array(values, pa.string())

@@ -27,7 +27,8 @@ from typing import Any
 
 def tool_call_parts(call: dict[str, Any]) -> tuple[str | None, str, Any]:
     """(id, name, arguments as given) of a flat or `function`-nested tool call."""
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    function = call.get("function")
+    fn = function if isinstance(function, dict) else call
     return call.get("id"), fn.get("name") or "", fn.get("arguments")
 
 

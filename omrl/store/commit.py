@@ -82,7 +82,7 @@ class StoreWriter(StoreReader):
     @contextlib.contextmanager
     def _lock(self, name: str, wait: bool = True) -> Iterator[bool]:
         """An exclusive advisory lock shared by all processes using this store; yields whether it is held
-        (always True when `wait`): flock on local disk, a lease object on S3 (omrl.store.storage)."""
+        (always True when `wait`): flock on local disk, a lease object on S3 (omrl.store.s3)."""
         with self.storage.lock(self.path, name, wait) as held:
             yield held
 
@@ -273,7 +273,7 @@ class StoreWriter(StoreReader):
         for path in scan.leftovers:
             self._remove_part(path)
             removed += 1
-        if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.store.storage)
+        if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.store.s3)
             for tmp in self.table_dir(table).glob(".part-*.tmp"):
                 if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +65,13 @@ TOOL_CALLS_SCHEMA = pa.schema([
 ])
 
 
-def write_parquet(data: pa.Table, sink: str | os.PathLike[str] | BinaryIO, row_group_rows: int | None = None) -> None:
+class BinarySink(Protocol):
+    """Where Parquet bytes go: a binary file, or a wrapper that counts and hashes them (omrl.store.manifest)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
+def write_parquet(data: pa.Table, sink: str | os.PathLike[str] | BinarySink, row_group_rows: int | None = None) -> None:
     """Write `data` with the v2 options: zstd, dictionary pages sized for repeated message text, page
     checksums, row groups of `row_group_rows` rows each or, when None, of about ROW_GROUP_BYTES each
     (`row_group_sizes`)."""

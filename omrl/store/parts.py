@@ -22,8 +22,10 @@ import pyarrow.parquet as pq
 
 from omrl.schema import SCHEMAS, conform
 from omrl.store.layout import SIDE_DIR, side_matches, side_path
+from omrl.store.location import storage_for
 from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, listing, parse_manifest
-from omrl.store.storage import S3Path, Stat, Storage, storage_for
+from omrl.store.s3 import S3Path
+from omrl.store.storage import Stat, Storage
 
 # Parquet key listing the parts a compacted part replaces: readers of a store without a listing (and older
 # omrl versions) skip those if a crash left them behind.
@@ -94,7 +96,7 @@ class StoreReader:
     def __init__(self, path: str | os.PathLike[str]):
         self.path: Path | S3Path
         self.storage: Storage
-        self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.store.storage)
+        self.path, self.storage = storage_for(path)  # local disk, or S3 for s3://bucket/prefix (omrl.store.location)
         try:
             self.manifest  # noqa: B018 - read once here, so a broken or too new manifest is refused at once
         except FileNotFoundError:
@@ -176,7 +178,8 @@ class StoreReader:
         if scan.records is None:
             # As before the listing: a part is there once renamed in (a killed first commit's part too:
             # the upgrade then lists it), unless a compaction replaced it.
-            readable, replaced = [], set()
+            readable: list[Path] = []
+            replaced: set[str] = set()
             for name in sorted(stats):
                 path = directory / name
                 footer = self._footer(path, stats[name])
@@ -306,7 +309,8 @@ class StoreReader:
         """All rows of a table as a Hugging Face `datasets.Dataset`."""
         import datasets
 
-        return datasets.Dataset(self.read(table))
+        # mypy resolves `datasets` to the repository's datasets/ folder (task data), not Hugging Face's package
+        return datasets.Dataset(self.read(table))  # type: ignore[attr-defined]
 
     def count(self, table: str = "trajectories") -> int:
         return sum(self._each_part(table, lambda p: self._footer(p).num_rows))
@@ -332,7 +336,8 @@ class StoreReader:
         """(side files, parts without one) of the live trajectories parts: readers use the side files and
         unnest only the parts lacking one (v1 parts, a side file lost or damaged: `store check` names those)."""
         def listing_now() -> tuple[list[Path], list[Path]]:
-            sides, lacking = [], []
+            sides: list[Path] = []
+            lacking: list[Path] = []
             records = {r.name: r for r in (listing(self.manifest) or {}).get("trajectories", [])}
             # S3: one listing of the side folder instead of a HEAD per side file
             listed = None if self.storage.local else self.storage.list_stats(self.table_dir("trajectories") / SIDE_DIR)

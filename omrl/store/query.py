@@ -138,7 +138,7 @@ def _vanished(exc: BaseException) -> bool:
         isinstance(exc, duckdb.Error) and any(m in str(exc) for m in _VANISHED_MESSAGES))
 
 
-# How a removed part fails inside a scan: the OS's message (local parts), pyarrow's S3 client's (omrl.store.storage),
+# How a removed part fails inside a scan: the OS's message (local parts), pyarrow's S3 client's (omrl.store.s3),
 # and a GET cut off mid-body (moto's server does that when a compaction deletes the object being read; a
 # fresh listing reads the merged part instead, and a failure that persists still surfaces after the retries).
 _VANISHED_MESSAGES = ("No such file or directory", "The specified key does not exist", "Path does not exist",

@@ -38,6 +38,13 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _skip_space(text: str, pos: int) -> int:
+    """The position of the first character at or after `pos` that is not JSON whitespace."""
+    found = _WS.match(text, pos)
+    assert found is not None  # `_WS` matches the empty string: it matches at every position
+    return found.end()
+
+
 class ReadError(OmrlError, ValueError):
     """A file that cannot be read as records; the message names the file and the line, item or row."""
 
@@ -58,7 +65,7 @@ class BadLine:
 class Record(NamedTuple):
     """One record of a file: its position among the records (from 0), where it is, and its value."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the record's position: shadows tuple.index, which no caller uses
     where: str  # "<file> line 3", "<file> item 2", "<file> row 7"
     value: Any  # a parsed JSON value, a dict for CSV and Parquet rows, or a BadLine
 
@@ -235,7 +242,7 @@ def read_json(path: str | Path, *, error: type[Exception] = ReadError) -> Any:
     data = _read_bytes(path, error)
     _sniff(data[:_SNIFF_BYTES], path, "json", error)
     text = _decode_text(data, path, error)
-    start = _WS.match(text).end()
+    start = _skip_space(text, 0)
     if start == len(text):
         raise _empty(path, error)
     if text[start] == "[":
@@ -266,7 +273,7 @@ def _line_of(text: str, pos: int) -> int:
 
 
 def _trailing(text: str, end: int, path: Path, error: type[Exception]) -> None:
-    end = _WS.match(text, end).end()
+    end = _skip_space(text, end)
     if end < len(text):
         raise _fail(error, f"{path.name} line {_line_of(text, end)}: extra data after the JSON document "
                     "(JSON lines? name the file .jsonl)", "bad json")
@@ -274,7 +281,7 @@ def _trailing(text: str, end: int, path: Path, error: type[Exception]) -> None:
 
 def _json_items(text: str, start: int, path: Path, error: type[Exception]) -> Iterator[Any]:
     decoder = json.JSONDecoder()
-    pos = _WS.match(text, start + 1).end()
+    pos = _skip_space(text, start + 1)
     if pos < len(text) and text[pos] == "]":
         _trailing(text, pos + 1, path, error)
         return
@@ -298,7 +305,7 @@ def _json_items(text: str, start: int, path: Path, error: type[Exception]) -> It
         if problem:
             raise _fail(error, f"{where} (line {_line_of(text, pos)}) {problem}", "bad encoding")
         yield value
-        pos = _WS.match(text, end).end()
+        pos = _skip_space(text, end)
         if pos >= len(text):
             raise _fail(error, f"{where} (line {_line_of(text, end)}): the JSON list is cut short after this "
                         "item (no closing ']')", "bad json")
@@ -308,7 +315,7 @@ def _json_items(text: str, start: int, path: Path, error: type[Exception]) -> It
         if text[pos] != ",":
             raise _fail(error, f"{where} (line {_line_of(text, pos)} column {pos - text.rfind(chr(10), 0, pos)}): "
                         "expected ',' or ']' after this item", "bad json")
-        pos = _WS.match(text, pos + 1).end()
+        pos = _skip_space(text, pos + 1)
         index += 1
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.schema import NORMALIZERS, SchemaError
+from omrl.schema.rows import AnnotationRow, TrajectoryRow
 from omrl.store import Appended, Store, readers
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -21,7 +22,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
         yield record.where, record.value
 
 
-def read_rows(path: str | Path, table: str = "trajectories") -> list[dict[str, Any]]:
+def read_rows(path: str | Path, table: str = "trajectories") -> list[TrajectoryRow | AnnotationRow]:
     """Every record of an omrl-format file, validated; a bad record raises SchemaError naming its place."""
     normalize = NORMALIZERS[table]
     rows = []

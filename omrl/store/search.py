@@ -8,7 +8,10 @@ Semantics (the one definition; the index and the full scan both follow it):
   `\\w`: letters, digits, underscore, in any script) is one token. The query is tokenised the same way.
 - A query is whitespace-separated terms and "quoted phrases". A term that is one token is a word; a
   phrase, or a term that splits into several tokens (`os.path`, `don't`), must occur as consecutive tokens.
-  A message is a hit when every word and every phrase occurs in it: matches never span two messages.
+  Words match whole tokens only (`palindrome` does not match `is_palindrome`); a term of word characters
+  and `*` is a pattern, matching a token where each `*` stands for any word characters (`palin*` a prefix,
+  `*palindrome*` a part of a token).
+  A message is a hit when every word, phrase and pattern occurs in it: matches never span two messages.
 - A hit is one message: (trajectory_id, position, role, snippet), ordered by trajectory_id then position,
   `limit` taken after ordering. Rows of every live trajectories part are searched.
 
@@ -25,9 +28,11 @@ card list). It holds
 - `messages.parquet`: for every message with a token, (text, row, position, role), sorted by text;
 - `rows.parquet`: the trajectory id of each row of the part.
 
-So a search is tantivy's boolean query (every word a term; every phrase a phrase query over positions when
-the index has them, else all its terms, whose candidate texts are then read and checked), its text numbers
-mapped to messages and ids by the two tables: no message text is read to decide a word's hits.
+So a search is tantivy's boolean query (every word a term; every pattern a regex over the terms, where only
+texts holding a cut term are read and checked; every phrase a phrase query over positions when the index has
+them, else all its terms, whose candidate texts are then read and checked), its text numbers mapped to
+messages and ids by the two tables: no message text is read to decide a word's hits. Patterns are a query
+over the same index: its format (INDEX_VERSION) is unchanged by them.
 Text is read only for the snippets of the hits returned (after `limit`; none with `snippets=False` or
 `search_ids`). A part without a usable index (an old store, an index of an older version, a crash between
 the part and its index, a part rewritten since) is scanned with the same rules instead.
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -80,6 +86,7 @@ if TYPE_CHECKING:  # a type only: any store; search needs only the reading half 
     from omrl.store.parts import StoreReader as Store
 
 TOKEN = re.compile(r"\w+")
+_PATTERN = re.compile(r"[\w*]*\w[\w*]*")  # a term of word characters and `*`, at least one word character
 INDEX_SUFFIX = ".search"
 INDEX_VERSION = 3  # 3: exact documents per distinct text, positions optional (2: blocks of rows, checked on read)
 META_FILE = "omrl-search.json"
@@ -145,15 +152,20 @@ class Query:
     words: tuple[str, ...]  # every token of the query, phrases' included (a phrase's tokens occur too)
     phrases: tuple[tuple[str, ...], ...]
 
+    patterns: tuple[str, ...] = ()  # terms with `*` (any word characters): `palin*`, `*palindrome*`
+
     def matches(self, text: str | None) -> bool:
         """Whether one message's text is a hit."""
         if not text:
             return False
         lowered = text.lower()
-        if any(word not in lowered for word in self.words):  # substring test: cheap, never drops a hit
+        pieces = [piece for pattern in self.patterns for piece in pattern.split("*") if piece]
+        if any(word not in lowered for word in (*self.words, *pieces)):  # substring test: cheap, never drops a hit
             return False
         tokens = TOKEN.findall(lowered)
         if not set(self.words) <= set(tokens):
+            return False
+        if not all(any(_pattern_regex(p).fullmatch(token) for token in tokens) for p in self.patterns):
             return False
         return all(_has_run(tokens, phrase) for phrase in self.phrases)
 
@@ -161,6 +173,17 @@ class Query:
     def index_is_exact(self) -> bool:
         """Whether the index alone decides this query (no token of it is cut in the index)."""
         return all(index_term(word) == word for word in self.words)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_regex(pattern: str) -> re.Pattern:
+    """A pattern (word characters and `*`) as a regex over one token: each `*` any word characters."""
+    return re.compile(r"\w*".join(map(re.escape, pattern.split("*"))))
+
+
+def _index_regex(pattern: str) -> str:
+    """A pattern as tantivy's regex over the index's terms (the whole term must match)."""
+    return ".*".join(map(re.escape, pattern.split("*")))
 
 
 def _has_run(tokens: list[str], phrase: tuple[str, ...]) -> bool:
@@ -176,14 +199,19 @@ def parse_query(text: str) -> Query:
         raise UsageError(f'the search {text!r} has an unclosed quote; close each "phrase" with a second "')
     words: dict[str, None] = {}  # ordered set: the first word gives the snippet
     phrases: dict[tuple[str, ...], None] = {}
+    patterns: dict[str, None] = {}
     for match in re.finditer(r'"([^"]*)"|([^\s"]+)', text):
-        tokens = tokenize(match.group(1) if match.group(1) is not None else match.group(2))
+        term = match.group(2)
+        if term is not None and "*" in term and _PATTERN.fullmatch(term):
+            patterns[re.sub(r"\*+", "*", term.lower())] = None
+            continue
+        tokens = tokenize(match.group(1) if match.group(1) is not None else term)
         words.update(dict.fromkeys(tokens))
         if len(tokens) > 1:
             phrases[tuple(tokens)] = None
-    if not words:
+    if not words and not patterns:
         raise UsageError(f"the search {text!r} has no words (letters or digits) to look for")
-    return Query(tuple(words), tuple(phrases))
+    return Query(tuple(words), tuple(phrases), tuple(patterns))
 
 
 # ------------------------------------------------------------------------------------- part contents
@@ -284,6 +312,7 @@ def _row_group_messages(part: Path) -> Iterator[_Messages]:
     with ThreadPoolExecutor(max_workers=1) as reader:
         ahead = reader.submit(file.read_row_group, 0, columns=_COLUMNS) if groups else None
         for group in range(groups):
+            assert ahead is not None  # set when there are groups
             table = ahead.result()
             if group + 1 < groups:
                 ahead = reader.submit(file.read_row_group, group + 1, columns=_COLUMNS)
@@ -492,7 +521,7 @@ def build_index(part: Path) -> Path:
         messages = _joined(pieces, text_counts)
         num_rows = len(messages.ids)
         _write_tables(temp, messages, indexed)
-        meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,
+        meta = {"version": INDEX_VERSION, "tantivy": tantivy.__version__, "part": part.name,  # type: ignore[attr-defined]  # not in tantivy's stubs
                 "part_bytes": part.stat().st_size, "rows": int(num_rows), "texts": int(indexed.sum()),
                 "messages": len(messages.text_id), "max_term_bytes": MAX_TERM_BYTES, "positions": POSITIONS}
         (temp / META_FILE).write_text(json.dumps(meta) + "\n")
@@ -532,7 +561,8 @@ def _meta_if_usable(part: Path) -> tuple[os.stat_result, dict] | None:
         stat = meta_path.stat()
         meta = json.loads(meta_path.read_text())
         usable = (isinstance(meta, dict) and meta.get("version") == INDEX_VERSION
-                  and meta.get("tantivy") == tantivy.__version__ and meta.get("part") == part.name
+                  and meta.get("tantivy") == tantivy.__version__  # type: ignore[attr-defined]  # not in tantivy's stubs
+                  and meta.get("part") == part.name
                   and meta.get("part_bytes") == part.stat().st_size and meta.get("max_term_bytes") == MAX_TERM_BYTES
                   and isinstance(meta.get("positions"), bool))
     except (OSError, ValueError):
@@ -598,8 +628,12 @@ class _Opened:
     occurrences: pa.Table  # row, position, role
     ids: pa.Array  # trajectory id of each row
 
-    def matching_texts(self, query: Query) -> np.ndarray:
-        """The sorted text numbers whose terms hold every word and phrase of `query` (`index_term`s)."""
+    def matching_texts(self, query: Query, cut_terms: bool = False) -> np.ndarray:
+        """The sorted text numbers whose terms hold every word, phrase and pattern of `query` (`index_term`s).
+
+        A pattern matched by a term is a true match (a cut term matches only through its kept prefix); a
+        token longer than MAX_TERM_BYTES may match a pattern its cut term does not: `cut_terms` also takes,
+        for each pattern, any cut term (the texts to read and check)."""
         import tantivy
 
         if self.searcher.num_docs == 0:
@@ -611,6 +645,10 @@ class _Opened:
                    for word in query.words if word not in in_phrases]
         clauses += [(tantivy.Occur.Must, tantivy.Query.phrase_query(schema, _FIELD, list(map(index_term, phrase))))
                     for phrase in phrases]
+        for pattern in query.patterns:
+            regexes = [_index_regex(pattern), *([".*" + re.escape(CUT_MARK)] if cut_terms else [])]
+            clauses.append((tantivy.Occur.Must, tantivy.Query.boolean_query(
+                [(tantivy.Occur.Should, tantivy.Query.regex_query(schema, _FIELD, r)) for r in regexes])))
         # ordered by the fast field, tantivy hands back each document's text number instead of a score
         hits = self.searcher.search(tantivy.Query.boolean_query(clauses), limit=self.searcher.num_docs,
                                     count=False, order_by_field=_TEXT).hits
@@ -665,11 +703,17 @@ def _indexed_hits(part: Path, opened: _Opened, query: Query) -> pa.Table:
     """The hits of one indexed part, decided by the index alone, except for a query holding a token the
     index keeps cut, or a phrase where the index has no positions: then the candidate texts are read and checked."""
     texts = opened.matching_texts(query)
-    if not (query.index_is_exact and (opened.positions or not query.phrases)) and len(texts):
-        first = np.searchsorted(opened.text, texts)  # each candidate text's first message: its text is read
+    unsure = np.zeros(0, dtype=np.int64)  # candidate texts read and checked
+    if not (query.index_is_exact and (opened.positions or not query.phrases)):
+        texts, unsure = unsure, texts
+    if query.patterns:  # texts where only a cut term could hold a pattern's token
+        unsure = np.union1d(unsure, np.setdiff1d(opened.matching_texts(query, cut_terms=True), texts))
+    if len(unsure):
+        first = np.searchsorted(opened.text, unsure)  # each candidate text's first message: its text is read
         found = message_texts(part, opened.occurrences.column("row").to_numpy()[first],
                               opened.occurrences.column("position").to_numpy()[first])
-        texts = texts[np.fromiter((query.matches(text) for text in found), dtype=bool, count=len(found))]
+        hits = np.fromiter((query.matches(text) for text in found), dtype=bool, count=len(found))
+        texts = np.union1d(texts, unsure[hits]).astype(np.int64)
     where = pa.array(opened.messages_of(texts))
     hits = opened.occurrences.take(where)
     rows = hits.column("row").combine_chunks()
@@ -729,8 +773,12 @@ def _warn_unusable(part: Path, why: str) -> None:
 
 def _snippet(text: str, query: Query) -> str:
     """About SNIPPET_CHARS characters of `text` around the first phrase or word, whitespace collapsed."""
-    first = query.phrases[0] if query.phrases else (query.words[0],)  # a phrase is the rarer sight
-    found = re.search(r"(?<!\w)" + r"\W+".join(map(re.escape, first)) + r"(?!\w)", text, re.IGNORECASE)
+    if query.phrases or query.words:
+        first = query.phrases[0] if query.phrases else (query.words[0],)  # a phrase is the rarer sight
+        look = r"\W+".join(map(re.escape, first))
+    else:
+        look = _pattern_regex(query.patterns[0]).pattern
+    found = re.search(r"(?<!\w)" + look + r"(?!\w)", text, re.IGNORECASE)
     at = found.start() if found else 0  # lower-casing can move offsets (rare scripts): then the start
     start = max(0, at - SNIPPET_CHARS // 3)
     piece = " ".join(text[start:start + SNIPPET_CHARS].split())
@@ -748,7 +796,7 @@ def _add_snippets(hits: pa.Table, parts: list[Path], part_of_hit: np.ndarray, qu
         chosen = missing[part_of_hit[missing] == p]
         distinct, first = np.unique(texts[chosen], return_index=True)
         read = message_texts(parts[p], rows[chosen][first], positions[chosen][first])
-        made = dict(zip(distinct.tolist(), (_snippet(text, query) for text in read), strict=True))
+        made = dict(zip(distinct.tolist(), (_snippet(text or "", query) for text in read), strict=True))
         for i in chosen.tolist():
             snippets[i] = made[int(texts[i])]
     return pa.array(snippets, pa.string())

@@ -35,7 +35,7 @@ class ThriftError(ValueError):
 # ------------------------------------------------------------------------ Thrift compact protocol
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     shift = value = 0
     while True:
         byte = buf[pos]
@@ -68,11 +68,11 @@ class Raw(bytes):
 ALL = None  # a spec that decodes everything below it
 # What `read_struct` decodes of a footer (field id -> spec of its struct or of its list's structs): the row
 # groups' offsets and the key-value metadata; a column's statistics, encodings and the schema stay Raw.
-_COLUMN_CHUNK = {_CHUNK_META: {}}
+_COLUMN_CHUNK: dict[int, Any] = {_CHUNK_META: {}}
 _FOOTER_SPEC = {_FILE_GROUPS: {_GROUP_COLUMNS: _COLUMN_CHUNK}, _FILE_KEYS: ALL}
 
 
-def _skip(buf: bytes, pos: int, kind: int) -> int:
+def _skip(buf: bytes | memoryview, pos: int, kind: int) -> int:
     """The position after a value of `kind` at `pos`."""
     if kind == 3:
         return pos + 1
@@ -118,7 +118,7 @@ def _skip(buf: bytes, pos: int, kind: int) -> int:
     raise ThriftError(f"unknown Thrift compact type {kind} at byte {pos}")
 
 
-def _read_value(buf: bytes, pos: int, kind: int, spec: dict | None = ALL) -> tuple[Any, int]:
+def _read_value(buf: bytes | memoryview, pos: int, kind: int, spec: dict | None = ALL) -> tuple[Any, int]:
     if kind == 3:  # byte
         return buf[pos], pos + 1
     if kind in (4, 5, 6):  # i16, i32, i64
@@ -161,7 +161,7 @@ def _read_value(buf: bytes, pos: int, kind: int, spec: dict | None = ALL) -> tup
     raise ThriftError(f"unknown Thrift compact type {kind} at byte {pos}")
 
 
-def read_struct(buf: bytes, pos: int = 0, spec: dict | None = ALL) -> tuple[list[list], int]:
+def read_struct(buf: bytes | memoryview, pos: int = 0, spec: dict | None = ALL) -> tuple[list[list], int]:
     """A Thrift compact struct at `pos` as [field id, type, value] lists, in order; and the position after it.
     With a `spec`, only scalars and the container fields it names (with their own specs) are decoded; other
     containers are Raw."""
@@ -243,7 +243,8 @@ def write_struct(out: bytearray, fields: list[list]) -> None:
     out.append(0)
 
 
-def _get(fields: list[list], field: int) -> list | None:
+def _get(fields: list[list], field: int) -> Any:
+    """The field's [id, type, value] list, or None; Any: what its value holds depends on the field."""
     return next((f for f in fields if f[0] == field), None)
 
 
@@ -348,7 +349,7 @@ def splice(footers: list[Footer], schema: pa.Schema, write) -> None:
     keys.append([[1, 8, ARROW_SCHEMA_KEY], [2, 8, base64.b64encode(schema.serialize().to_pybytes())]])
     write(MAGIC)
     at = len(MAGIC)
-    groups = []
+    groups: list[list] = []
     for footer in footers:
         shift = at - len(MAGIC)
         groups += [_moved(group, shift, len(groups) + i) for i, group in enumerate(footer.groups)]

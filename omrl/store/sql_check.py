@@ -125,7 +125,7 @@ def _check_sources(node, allowed: frozenset[str]) -> None:
         if key == "cte_map":
             continue
         if key == "right" and node.get("type") == "RECURSIVE_CTE_NODE":  # its recursive part reads itself
-            _check_sources(value, allowed | {node.get("cte_name")})
+            _check_sources(value, allowed | {node.get("cte_name", "")})
         else:
             _check_sources(value, allowed)
 

@@ -19,7 +19,7 @@ listing existed are read as before (their folders listed) and get the listing at
 Once small parts accumulate, an append compacts them (CompactPolicy).
 
 A store may also live under an S3-compatible prefix (`s3://bucket/prefix`): every file operation goes
-through `self.storage` (omrl.store.storage, which explains the commit protocol there: whole-object PUTs,
+through `self.storage` (omrl.store.storage; omrl.store.s3 explains the commit protocol there: whole-object PUTs,
 order of PUTs and deletes, a lease object for the lock). Create, append, read, SQL, check, repair and
 compaction work the same there. Not on S3: derived stores (`staged`: filter, augment, export write
 local folders) and text search (tantivy indexes need a local folder; none are built for S3 parts, and
@@ -47,10 +47,12 @@ import pyarrow.compute as pc
 from omrl.errors import OmrlError, UsageError
 from omrl.schema import conform, utcnow
 from omrl.schema.arrow import to_table
+from omrl.schema.rows import UncheckedRow
 from omrl.store.card import dataset_card
 from omrl.store.commit import PART_INDEXES, StoreWriter
 from omrl.store.durable import fsync_path, is_stale
 from omrl.store.layout import CompactPolicy
+from omrl.store.location import storage_for
 from omrl.store.manifest import (
     MANIFEST,
     TABLES,
@@ -61,7 +63,8 @@ from omrl.store.manifest import (
     new_manifest,
 )
 from omrl.store.parts import REPLACES_KEY
-from omrl.store.storage import LOCAL, S3Path, Storage, storage_for
+from omrl.store.s3 import S3Path
+from omrl.store.storage import LOCAL, Storage
 
 if TYPE_CHECKING:  # a type only: omrl.store.check imports this module
     from omrl.store.check import RepairReport
@@ -210,7 +213,7 @@ class Store(StoreWriter):
         # Written new: in a fresh local staging folder, and on S3 only if absent (racing creators: one wins)
         storage.write_new(root / MANIFEST, lambda f: f.write(manifest))
 
-    def append(self, rows: Iterable[dict[str, Any]] | pa.Table, table: str = "trajectories",
+    def append(self, rows: Iterable[UncheckedRow] | pa.Table, table: str = "trajectories",
                metadata: dict[bytes, bytes] | None = None, skip_existing: bool = False) -> Appended:
         """Validate rows and commit them as one new part, whole or not at all.
 

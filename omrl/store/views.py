@@ -46,7 +46,7 @@ class _OwnThreadScans(ds.FileSystemDataset):
 
 def _parts_dataset(store: Store, files: list, schema: pa.Schema, isolated: bool = False) -> ds.Dataset:
     """Parquet files of the store as one pyarrow dataset, opened through the store's storage (local disk or
-    S3: omrl.store.storage), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
+    S3: omrl.store.s3), so that DuckDB scans Arrow and never opens a path itself. `isolated`: its scans
     decode in the query's own threads (_OwnThreadScans)."""
     dataset = ds.dataset([store.storage.arrow_path(p) for p in files], schema=schema, format=_PARQUET,
                          filesystem=store.storage.filesystem)

@@ -5,7 +5,8 @@ id, instruction, answer (gold, text; lists/objects as JSON), env, split, payload
 other source column). Environments receive rows as `omrl.envs.base.Task`.
 
 The row schema and checks are in omrl.tasks.rows, the benchmark converters (GSM8K, DBBench, SWE-bench) in
-omrl.tasks.benchmarks, the shipped task sets (`shipped:NAME`) in omrl.shipped.
+omrl.tasks.benchmarks, the shipped task sets (`shipped:NAME`) in omrl.shipped; omrl.tasks.shipped_files
+regenerates the shipped grid files.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ builds (pointwise "Trajectory:" or group "=== TRAJECTORY i ===" renderings, and 
 LO (worst) to HI (best)") and answers the JSON the rubric asks for, scoring each trajectory FROM ITS
 TEXT by a stated rule; it never sees the environment's reward.
 
-Rule "grid" (grid navigation, omrl/envs/grid.py renderings): the first observation "goal: 3 left, 2 up"
+Rule "grid" (grid navigation, omrl/envs/grid/env.py renderings): the first observation "goal: 3 left, 2 up"
 gives the shortest path (5 moves); a trajectory whose last observation is "reached the goal" scores
 1 - 0.25 per move beyond the shortest path (at least 0.1: reaching beats not reaching), one that does not
 reach it scores 0; the 0..1 value is mapped onto the rubric's scale.

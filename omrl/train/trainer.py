@@ -10,7 +10,7 @@ registered in TRAINERS with its recipe class.
   Store or a path; None: the recipe's `store`.
 - `reporter` (omrl.progress): shown the training steps as they go (start, one advance per optimizer step with
   loss / reward / success, finish); None: nothing is shown by omrl (TRL's own output is the recipe's `quiet`'s,
-  and omrl.train.reporting.quiet_libraries' when a command runs inside it).
+  and omrl.train.trainer_progress.quiet_libraries' when a command runs inside it).
 
 `omrl train sft|grpo|ppo|rft` are generated from TRAINERS (omrl/cli/train.py), and iterate's update step
 (`algorithm: grpo|ppo`) is the registered trainer of that name. The trainers still write their record
@@ -66,10 +66,10 @@ class Trainer:
 
 # name -> (module:attribute of its Trainer, one-line help known without importing the trainer)
 TRAINERS = Registry("trainer", None, {
-    "sft": ("omrl.train.sft:TRAINER", "Supervised fine-tuning (TRL SFTTrainer) on a store's trainable turns."),
-    "grpo": ("omrl.train.grpo:TRAINER", "GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop."),
-    "ppo": ("omrl.train.ppo:TRAINER", "PPO for multi-turn agents: a critic, GAE over tokens or turns."),
-    "rft": ("omrl.train.rft:TRAINER", "Rejection-sampling fine-tuning: sample, keep the best above a threshold, SFT."),
+    "sft": ("omrl.train.algorithms.sft:TRAINER", "Supervised fine-tuning (TRL SFTTrainer) on a store's trainable turns."),
+    "grpo": ("omrl.train.algorithms.grpo:TRAINER", "GRPO (TRL GRPOTrainer) on a tasks file, rollouts by omrl's agent loop."),
+    "ppo": ("omrl.train.algorithms.ppo:TRAINER", "PPO for multi-turn agents: a critic, GAE over tokens or turns."),
+    "rft": ("omrl.train.algorithms.rft:TRAINER", "Rejection-sampling fine-tuning: sample, keep the best above a threshold, SFT."),
 })
 
 

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any, TypedDict, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -22,11 +23,12 @@ import pyarrow.parquet as pq
 from omrl.errors import UsageError
 from omrl.report import AGREEMENT_SQL, STEP_AGREEMENT_SQL, STEPS_SQL, flag_agreement, flag_step_agreement
 from omrl.schema import success_sql
+from omrl.schema.rows import TrajectoryRow
 from omrl.store import Store
 from omrl.store.query import close, connect, run_query, select_where
 from omrl.store.query_limits import QueryError, QueryLimits, check_timeout, query_limits
 from omrl.store.views import quote_literal
-from omrl.train.advantages import group_advantages
+from omrl.train.rl.advantages import group_advantages
 from omrl.view.pool import ConnectionPool
 from omrl.view.rows import Location, RowGroups, scan_keys
 
@@ -61,8 +63,33 @@ QUERY_CONNECTIONS = 3  # lent one per query: a slow one (a user's WHERE) leaves 
 LIST_COLUMNS = ("id, task_id, group_id, env, round, model, reward, success, status, num_turns, "
                 "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
                 "source, parent_id, created_at")
-ANNOTATION_FIELDS = ["annotator", "kind", "score", "label", "rationale", "status", "error", "judge_model", "rubric",
-                     "created_at"]
+
+
+class ShownAnnotation(TypedDict):
+    """An annotation as a trajectory's page shows it: these columns of its AnnotationRow."""
+
+    annotator: str
+    kind: str | None
+    score: float | None
+    label: str | None
+    rationale: str | None
+    status: str | None
+    error: str | None
+    judge_model: str | None
+    rubric: str | None
+    created_at: datetime | None
+
+
+class ShownTrajectory(TrajectoryRow):
+    """A trajectory row as its page shows it: with its annotations (newest first), the rows derived from it
+    (id, source, reward, success) and whether its parent is in the store."""
+
+    annotations: list[ShownAnnotation]
+    children: list[dict[str, Any]]
+    parent_exists: bool
+
+
+ANNOTATION_FIELDS = list(ShownAnnotation.__annotations__)
 ANNOTATION_COLUMNS = ", ".join(ANNOTATION_FIELDS)
 GROUP_COLUMNS = ("id, sample, model, reward, success, status, error, num_turns, "
                  "coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0) AS tokens, duration_s, "
@@ -111,7 +138,7 @@ class Group:
     flat: bool = field(default=False)
 
 
-def _group_row(row: dict[str, Any]) -> dict[str, Any]:
+def _group_sample(row: TrajectoryRow) -> dict[str, Any]:
     """A full row cut to what the group page shows (GROUP_COLUMNS, computed in Python)."""
     keep = ("id", "sample", "model", "reward", "success", "status", "error", "num_turns", "duration_s",
             "task_id", "run_id", "round", "instruction")
@@ -322,7 +349,7 @@ class StoreReader:
             self._hits = hits
         return hits[1]
 
-    def _rows(self, ids: list[str]) -> list[dict[str, Any]] | None:
+    def _rows(self, ids: list[str]) -> list[TrajectoryRow] | None:
         """Under the lock: full rows of these ids read straight from their row groups (None: no index;
         unknown ids dropped). A part that a compaction removed raises FileNotFoundError."""
         snap = self._snap()
@@ -443,12 +470,12 @@ class StoreReader:
         hits = self._search_ids(search) if search else None
         return self._window(where, hits, DEFAULT_SORT, True, 0, int(limit))
 
-    def annotations(self, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    def annotations(self, ids: list[str]) -> dict[str, list[ShownAnnotation]]:
         """The annotations of these trajectories, newest first, by trajectory id (read from their row
         groups through the index; one query when there is none)."""
         if not ids:
             return {}
-        out: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+        out: dict[str, list[ShownAnnotation]] = {i: [] for i in ids}
 
         def indexed() -> bool:
             index = self._note_index()
@@ -466,8 +493,8 @@ class StoreReader:
             out[a.pop("trajectory_id")].append(a)
         return out
 
-    def trajectory(self, trajectory_id: str, annotations: list[dict[str, Any]] | None = None
-                   ) -> dict[str, Any] | None:
+    def trajectory(self, trajectory_id: str, annotations: list[ShownAnnotation] | None = None
+                   ) -> ShownTrajectory | None:
         """One trajectory row, with `annotations` (read unless given), `children` (rows derived from it)
         and `parent_exists`."""
         tid = quote_literal(trajectory_id)
@@ -500,7 +527,7 @@ class StoreReader:
         far = ("\uffff", 0, 0)
         return sorted(ids, key=lambda i: snap.where.get(i, far))
 
-    def _indexed(self, ids: list[str]) -> list[dict[str, Any]] | None:
+    def _indexed(self, ids: list[str]) -> list[TrajectoryRow] | None:
         """`_rows` under the lock, with the index built again once when a part vanished."""
         return self._cached(lambda: self._rows(ids))
 
@@ -516,7 +543,7 @@ class StoreReader:
         ids = self._group_ids(group_id)
         full = self._indexed(ids) if ids is not None else None
         if full is not None:
-            rows = sorted((_group_row(r) for r in full),
+            rows = sorted((_group_sample(r) for r in full),
                           key=lambda r: (r["sample"] is None, r["sample"] or 0, r["id"]))
         else:
             rows = self.sql(f"SELECT {GROUP_COLUMNS} FROM trajectories "

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 
 from omrl.report import AGREEMENT_LOW, AGREEMENT_RULE, STEP_TABLE_ROWS
-from omrl.view.data import SORTS, Group, ListPage, search_available
+from omrl.view.data import SORTS, Group, ListPage, ShownTrajectory, search_available
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
 TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
@@ -155,7 +155,7 @@ def thousands(n: int) -> str:
     return f"{n:,}"
 
 
-def text_of(row: dict[str, Any], field: str, at: int | None = None, call: int | None = None) -> str | None:
+def text_of(row: ShownTrajectory, field: str, at: int | None = None, call: int | None = None) -> str | None:
     """One text of a trajectory row: a message's content, reasoning or tool call arguments (`at` its
     position, `call` the call's index), an annotation's rationale or error (`at` its place in
     row["annotations"]), or the row's own (instruction, error, task, tools, metadata). None: no such text."""
@@ -182,7 +182,7 @@ def text_of(row: dict[str, Any], field: str, at: int | None = None, call: int | 
     return None if value is None else str(value)
 
 
-def long_texts(row: dict[str, Any]) -> list[tuple[str, int | None, int | None]]:
+def long_texts(row: ShownTrajectory) -> list[tuple[str, int | None, int | None]]:
     """The (field, at, call) of each text of the row that its page cuts (longer than CUT_CHARS)."""
     found = [(field, None, None) for field in ROW_TEXTS]
     for at, message in enumerate(row.get("messages") or []):
@@ -224,7 +224,7 @@ def list_html(page: ListPage, links: Links, store_name: str) -> str:
                   sort_link=sort_link, page_link=page_link, search_box=search_available())
 
 
-def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
+def _thread(row: ShownTrajectory) -> list[dict[str, Any]]:
     """The messages, each assistant message with its turn (reward, latency, tokens) and the notes the
     environment left on it (omrl.view.transcript.turn_notes) when it has one."""
     from omrl.view.transcript import turn_notes
@@ -243,7 +243,7 @@ def _thread(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def trajectory_html(row: dict[str, Any], links: Links, store_name: str) -> str:
+def trajectory_html(row: ShownTrajectory, links: Links, store_name: str) -> str:
     return render("trajectory.html", links, t=row, thread=_thread(row), store_name=store_name)
 
 
@@ -260,7 +260,7 @@ def _message_text(message: dict[str, Any]) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def diff_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def aligned_messages(a: ShownTrajectory, b: ShownTrajectory) -> list[dict[str, Any]]:
     """The two conversations aligned message by message (difflib over (role, text)): runs of equal
     messages, and changed, removed or added ones with both sides."""
     left = [(m.get("role"), _message_text(m)) for m in a.get("messages") or []]
@@ -278,19 +278,19 @@ def diff_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def diff_html(a: dict[str, Any], b: dict[str, Any], links: Links, store_name: str) -> str:
+def diff_html(a: ShownTrajectory, b: ShownTrajectory, links: Links, store_name: str) -> str:
     fields = ["task_id", "env", "model", "round", "sample", "reward", "success", "status", "num_turns",
               "prompt_tokens", "completion_tokens", "duration_s", "source"]
-    return render("diff.html", links, a=a, b=b, rows=diff_rows(a, b), fields=fields, store_name=store_name)
+    return render("diff.html", links, a=a, b=b, rows=aligned_messages(a, b), fields=fields, store_name=store_name)
 
 
-def _bars(rows: list[dict[str, Any]], label: str, value: str, maximum: float | None = None) -> dict[str, Any]:
-    """An SVG bar chart's geometry: one bar per row (no JS, no inline style: CSP allows none)."""
-    values = [r.get(value) for r in rows]
+def _bars(counts: list[dict[str, Any]], label: str, value: str, maximum: float | None = None) -> dict[str, Any]:
+    """An SVG bar chart's geometry: one bar per entry of `counts` (no JS, no inline style: CSP allows none)."""
+    values = [r.get(value) for r in counts]
     top = maximum or max([v for v in values if v is not None] or [1]) or 1
     width, row_height = 360, 22
     bars = []
-    for i, (r, v) in enumerate(zip(rows, values, strict=True)):
+    for i, (r, v) in enumerate(zip(counts, values, strict=True)):
         bars.append({"y": i * row_height, "w": 0 if v is None else max(1.0, width * float(v) / top),
                      "label": fmt(r.get(label)), "value": fmt(v, 3)})
     return {"bars": bars, "height": max(row_height, len(bars) * row_height), "width": width}
@@ -337,11 +337,11 @@ def _step_charts(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
             "reward": _lines(reward) if reward else None}
 
 
-def _agreement_chart(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _agreement_chart(agreements: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The judge's Pearson r with the environment's reward per training step, a line per annotator, run
     and round (None: no step has an r)."""
     series: dict[str, list[tuple[float, float]]] = {}
-    for row in rows:
+    for row in agreements:
         if row["pearson"] is not None:
             series.setdefault(f"{row['annotator']} · {row['run']} · round {row['round']}", []).append(
                 (row["step"], row["pearson"]))
@@ -359,7 +359,7 @@ def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
                   step_table_rows=STEP_TABLE_ROWS)
 
 
-def full_text_html(row: dict[str, Any], field: str, at: int | None, call: int | None, links: Links,
+def full_text_html(row: ShownTrajectory, field: str, at: int | None, call: int | None, links: Links,
                    store_name: str) -> str | None:
     """The page of one whole text of a trajectory (None: the row has no such text)."""
     text = text_of(row, field, at, call)

@@ -10,6 +10,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from omrl.schema.payloads import decoded
+from omrl.schema.rows import TrajectoryRow
+
 ROLE_STYLES = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
 
 
@@ -20,7 +23,7 @@ def _pretty_arguments(arguments: str) -> str:
         return arguments  # keep what the model wrote, even when it is not JSON
 
 
-def render_trajectory(row: dict[str, Any], max_chars: int = 2000) -> Group:
+def render_trajectory(row: TrajectoryRow, max_chars: int = 2000) -> Group:
     """A rich renderable of one trajectory row (as read from the store)."""
     header = Table.grid(padding=(0, 2))
     header.add_column(style="bold")
@@ -64,7 +67,7 @@ def render_trajectory(row: dict[str, Any], max_chars: int = 2000) -> Group:
 def turn_notes(info: Any) -> list[str]:
     """The short notes an environment left on a turn's steps (info["note"]: e.g. a checker's verdict)."""
     try:
-        info = json.loads(info) if isinstance(info, str) else info
+        info = decoded(info, None)
     except json.JSONDecodeError:
         return []
     if not isinstance(info, dict):

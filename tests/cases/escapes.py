@@ -13,7 +13,7 @@
   (HOME/.duckdb), a setting of a caller's connection changed, or a long query was not stopped within
   SLOW_GRACE_S of its limit. Being refused (QueryError / ValueError, a one-line `Error:` from the CLI, a
   DuckDB error on a raw connection) without such an effect is not.
-- The bubblewrap sandbox for agent-written code (omrl/sandbox/__init__.py, the code env): `SANDBOX_ATTEMPTS`, each
+- The bubblewrap sandbox for agent-written code (omrl/sandbox/, the code env): `SANDBOX_ATTEMPTS`, each
   a test file body the agent writes, run through CodeEnv.run_tests, and a judge of what it got.
   `run_sandbox_escapes(workdir)` runs them all and counts the attempts that succeeded (a secret seen, a
   host file read, listed or written, a connection made, more processes or disk than the limit, a late
@@ -340,7 +340,7 @@ def where_paths(folder: Path) -> list[tuple[str, Callable[[Any, str], Any]]]:
     from omrl.curate.filters import FilterOptions, WhereFilter, filter_store
     from omrl.formats.exporters import export_store
     from omrl.store.query import select_ids
-    from omrl.train.bridge import load_rows
+    from omrl.train.data.bridge import load_rows
 
     counter = iter(range(10**9))
 

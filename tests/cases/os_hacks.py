@@ -1,4 +1,4 @@
-"""Reward hacks against the `os` environment's scorer (omrl/envs/os_interaction.py), as scripted episodes.
+"""Reward hacks against the `os` environment's scorer (omrl/envs/os_interaction/env.py), as scripted episodes.
 
     report = run_os_hacks("agentbench_os_dev.json")   # {"tried": 9, "scored": [], "honest_ok": True, ...}
 

@@ -1,10 +1,15 @@
-"""`qa-log`: JSON lines {"question", "answer", "correct"} from some QA bot, one trajectory per line."""
+"""`qa-log`: JSON lines {"question", "answer", "correct"} from some QA bot, one trajectory per line; imported
+(convert, detect) and exported (export_records) the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from omrl.formats.common import FormatError, RecordContext, make_row, message, require_dict
+from omrl.formats.messages import message
+from omrl.formats.records import FormatError, RecordContext
+from omrl.formats.rows import make_row
+from omrl.formats.values import require_dict
 
 NAME = "qa-log"
 KEYS = {"question", "answer", "correct"}
@@ -23,3 +28,10 @@ def convert(record: Any, ctx: RecordContext) -> dict[str, Any]:
     messages = [message("user", record["question"]), message("assistant", record["answer"])]
     return make_row(ctx, native_id=None, messages=messages, success=record.get("correct"),
                     reward=1.0 if record.get("correct") else 0.0)
+
+
+def export_records(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each trajectory row as a qa-log record: the first user message, the last assistant text, its success."""
+    for row in rows:
+        texts = {m["role"]: m["content"] for m in reversed(row["messages"]) if m["content"]}
+        yield {"question": texts.get("user", ""), "answer": texts.get("assistant", ""), "correct": row["success"]}

@@ -163,3 +163,8 @@ def call_arguments(item: dict[str, Any], text: str) -> tuple[str, dict[str, Any]
             bound = inspect.signature(method).bind(None, *args, **kwargs)
             return name, {k: v for k, v in list(bound.arguments.items())[1:]}
     raise BfclDataError(f"entry {item['id']}: no involved class has the function {name!r}")
+
+
+def turn_text(messages: list[dict[str, Any]]) -> str:
+    """One user turn as one observation (BFCL's turns hold one user message; several are joined)."""
+    return "\n\n".join(str(m.get("content") or "") for m in messages)

@@ -192,3 +192,26 @@ class PageState:
         if not self.elements:
             return "(the page shows no elements)"
         return "\n".join(e.describe() for e in self.elements)
+
+
+READY_TRIES = 40  # x 50 ms: how long a task may take to say it is ready (WOB_TASK_READY)
+
+
+def start_episode(driver: Any, seed: str, data_mode: str, time_limit_s: float | None) -> None:
+    """Seed the task, set its data mode (and timer), start the episode, wait until the task says it is ready."""
+    import time
+
+    driver.execute_script(
+        CLEAR_REFS_SCRIPT + "Math.seedrandom(arguments[0]); core.setDataMode(arguments[1]);"
+        "if (arguments[2] !== null) { core.EPISODE_MAX_TIME = arguments[2]; }"
+        "core.startEpisodeReal();", seed, data_mode, None if time_limit_s is None else int(time_limit_s * 1000))
+    for _ in range(READY_TRIES):
+        if driver.execute_script("return WOB_TASK_READY;"):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the MiniWoB task did not get ready within 2 s")
+
+
+def read_page(driver: Any) -> PageState:
+    """The page as the agent sees it, read by PAGE_SCRIPT."""
+    return PageState.from_script(driver.execute_script(PAGE_SCRIPT))

@@ -1,5 +1,5 @@
 """Candidate bugs for a package's source: omrl's own procedural modifiers (one small change to one function), and
-functions reverted to an earlier release's body; generate.py keeps a candidate only when the tests catch it.
+functions reverted to an earlier release's body; tasks.py keeps a candidate only when the tests catch it.
 
 A modifier looks at one function's AST and proposes changes of one expression or statement; the change is made
 on the source text (only that expression's characters, or that statement's lines), so the fix is a small diff.

@@ -1,6 +1,6 @@
 """`swe`: fix a bug injected into a real package's source, with SWE-agent-style tools inside the sandbox.
 
-Tasks come from `generate_tasks(packages=[NAME==VERSION, ...])` (see generate.py): each carries SWE-bench's
+Tasks come from `generate_tasks(packages=[NAME==VERSION, ...])` (see tasks.py): each carries SWE-bench's
 fields (instance_id, package, version, patch, FAIL_TO_PASS, PASS_TO_PASS, problem_statement) and the bug as
 a patch on the pristine sdist tree. An episode copies the tree into a persistent sandboxed shell at /testbed
 (the bug applied there, with git, so the agent's change is `git diff`), the package's test environment
@@ -17,6 +17,7 @@ import math
 import random
 import shlex
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,19 @@ print("Edited %s." % path)
 """
 
 
+@dataclass
+class SweOptions:
+    """SweEnv's constructor options, as `--env-option KEY=VALUE` gives them (checked by the recipe loader)."""
+
+    command_timeout_s: float = 60.0
+    episode_timeout_s: float = 1800.0
+
+
 class SweEnv(ToolEnv):
     """SWE tasks from real package sdists: an injected bug, SWE-agent tools in the sandbox, SWE-bench's resolved."""
 
     name = "swe"
+    options_class = SweOptions
     tools = TOOLS
     splits = ("test",)
 
@@ -81,11 +91,11 @@ class SweEnv(ToolEnv):
                        statement_base_url: str | None = None, statement_api_key_env: str = "OPENAI_API_KEY",
                        statement_timeout_s: float = 60.0) -> list[Task]:
         """Validated bug-fix tasks from the sdists of `packages` (NAME==VERSION or local .tar.gz), `earlier` their
-        earlier releases to revert functions to, `modifiers` omrl's or SWE-smith's; see generate.py. With
+        earlier releases to revert functions to, `modifiers` omrl's or SWE-smith's; see tasks.py. With
         `statement_model` and `statement_base_url` (an OpenAI-compatible endpoint, key from `statement_api_key_env`)
         a model writes each problem_statement from the failing tests (statement.py), else the template does."""
-        from omrl.envs.swe.generate import generate
         from omrl.envs.swe.statement import StatementModel
+        from omrl.envs.swe.tasks import generate
 
         if not packages:
             raise InvalidTask("swe tasks are made from package sources: give --package NAME==VERSION (repeatable)")

@@ -1,0 +1,5 @@
+"""The `swebench` environment: SWE-bench task rows, run in Docker task images (env.py)."""
+
+from omrl.envs.swebench.env import SwebenchEnv
+
+__all__ = ["SwebenchEnv"]
