@@ -194,6 +194,12 @@ def _newest_first(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return dated + [a for a in notes if a["created_at"] is None]
 
 
+# The scripted expert's episodes: the demos stage's run (omrl.train.iterate.run: run_id 'demos', round 0) and any
+# run of the scripted policy (model 'scripted', omrl.policies.scripted). They are a ceiling to compare with, so the
+# runs page shows them apart instead of as round 0 of the policy's rounds (where a GRPO round looked like a regression).
+EXPERT_SQL = "coalesce(run_id = 'demos' OR model = 'scripted', false)"
+
+
 class StoreReader:
     """What the viewer reads, two ways: the cached list and indexes of the current parts, under one lock and
     built on a connection of their own (short, in-memory work once built); and SQL (a user's WHERE, the runs
@@ -582,11 +588,13 @@ class StoreReader:
             for key in ("env", "status", "model", "source")
         }
         rounds = self.sql(
-            f"SELECT run_id, round, count(*) AS n, avg(reward) AS mean_reward, {rate} "
-            "FROM trajectories GROUP BY run_id, round ORDER BY run_id, round")
-        by_round = self.sql(
+            f"SELECT run_id, round, {EXPERT_SQL} AS expert, count(*) AS n, avg(reward) AS mean_reward, {rate} "
+            "FROM trajectories GROUP BY run_id, round, expert ORDER BY expert DESC, run_id, round")
+        by_round = self.sql(  # the policy's rounds only: the expert's episodes are its own series (`expert`)
             f"SELECT round, count(*) AS n, avg(reward) AS mean_reward, {rate} "
-            "FROM trajectories GROUP BY round ORDER BY round")
+            f"FROM trajectories WHERE NOT {EXPERT_SQL} GROUP BY round ORDER BY round")
+        expert = self.sql(f"SELECT 'expert' AS round, true AS expert, count(*) AS n, avg(reward) AS mean_reward, "
+                          f"{rate} FROM trajectories WHERE {EXPERT_SQL} HAVING count(*) > 0")
         total = self.sql("SELECT count(*) AS n, count(DISTINCT group_id) AS groups FROM trajectories")[0]
         annotations = self.sql(
             "SELECT annotator, count(*) FILTER (WHERE status = 'ok') AS n, "
@@ -597,6 +605,6 @@ class StoreReader:
         steps = self.sql(STEPS_SQL)
         agreement = flag_agreement(self.sql(AGREEMENT_SQL))  # judge vs environment, omrl report's rule
         step_agreement = flag_step_agreement(self.sql(STEP_AGREEMENT_SQL)) if steps else []
-        return {"counts": counts, "rounds": rounds, "by_round": by_round, "total": total,
+        return {"counts": counts, "rounds": rounds, "by_round": by_round, "expert": expert, "total": total,
                 "annotations": annotations, "steps": steps, "agreement": agreement,
                 "step_agreement": step_agreement}

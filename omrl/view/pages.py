@@ -244,7 +244,11 @@ def _thread(row: ShownTrajectory) -> list[dict[str, Any]]:
 
 
 def trajectory_html(row: ShownTrajectory, links: Links, store_name: str) -> str:
-    return render("trajectory.html", links, t=row, thread=_thread(row), store_name=store_name)
+    """A trajectory's page: the conversation first (with its environment's own view, omrl.view.env_views, when
+    the env has one), the row's metadata folded."""
+    from omrl.view.env_views import env_view
+
+    return render("trajectory.html", links, t=row, thread=_thread(row), view=env_view(row), store_name=store_name)
 
 
 def group_html(group: Group, links: Links, store_name: str) -> str:
@@ -292,7 +296,7 @@ def _bars(counts: list[dict[str, Any]], label: str, value: str, maximum: float |
     bars = []
     for i, (r, v) in enumerate(zip(counts, values, strict=True)):
         bars.append({"y": i * row_height, "w": 0 if v is None else max(1.0, width * float(v) / top),
-                     "label": fmt(r.get(label)), "value": fmt(v, 3)})
+                     "label": fmt(r.get(label)), "value": fmt(v, 3), "expert": bool(r.get("expert"))})
     return {"bars": bars, "height": max(row_height, len(bars) * row_height), "width": width}
 
 
@@ -350,7 +354,7 @@ def _agreement_chart(agreements: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
     charts = {key: _bars(rows, "name", "n") for key, rows in runs["counts"].items()}
-    by_round = runs["by_round"]
+    by_round = (runs.get("expert") or []) + runs["by_round"]  # the expert's bar first, apart from round 0
     success = _bars(by_round, "round", "success_rate", maximum=1.0)
     reward = _bars(by_round, "round", "mean_reward")
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
