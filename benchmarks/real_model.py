@@ -4,6 +4,7 @@ gives against omrl's in-process HF policy. Prints one JSON line.
 
     python benchmarks/real_model.py --part zero_shot,serving          # about 20 minutes on 2 idle cores
     python benchmarks/real_model.py --part serving --n 16
+    python benchmarks/real_model.py --part training                    # about 5 minutes on 2 idle cores
 
 zero_shot: per environment, --n tasks of its test split (a few), the model through vLLM started as a user
 would (no tool parser: omrl's openai: policy falls back to tools as text), each episode at most
@@ -13,6 +14,14 @@ serving: the same math tasks x samples collected through vLLM and through `hf:` 
 same model: `vllm_vs_hf_collect` (episodes/s ratio); `tool_episodes_policy_error_share` (episodes of the tool
 environments that ended as policy_error on vLLM's defaults: 0 expected); `token_drift_turns` (turns whose
 stored completion ids are not what re-tokenising their text gives, `omrl store check --tokens`'s check).
+training: one GRPO optimizer step of the model on the CPU, with LoRA and with full fine-tuning, on the same
+batch (--grpo-prompts prompts x --grpo-samples completions of --completion-tokens tokens, fixed by a
+rollout_func, so no generation is timed), with omrl's GRPO settings (omrl.train.config.grpo.trl_config:
+gradient checkpointing, TRL's fused LM head). Each variant runs in a child process of its own so their peaks
+do not mix: `lora_grpo_step_s`, `full_grpo_step_s` (the last of --grpo-steps steps: the first warms up),
+`lora_grpo_peak_gb`, `full_grpo_peak_gb` (the child's peak RSS, from os.wait4's rusage), `lora_vs_full_step`
+(the LoRA step's time over the full one's) and `loadavg_1m` (/proc/loadavg before the part: the machine is
+shared). vLLM is started only for zero_shot and serving.
 """
 
 from __future__ import annotations
@@ -112,6 +121,91 @@ def serving(server: VLLMServer, model_dir: Path, n: int, samples: int) -> dict:
             "token_drift_kinds": dict(Counter(d.kind for d in report.drifts))}
 
 
+GRPO_PROMPTS = ("What is 17 + 25? Answer with the number.", "Go north, take the coin, then say done.",
+                "Call get_weather for Paris.", "List the files in /tmp with one shell command.")
+GRPO_REPLY = "Let me think step by step. First I read the task, then I answer with one short line: "
+
+
+def grpo_step(variant: str, model_dir: Path, prompts: int, samples: int, completion_tokens: int,
+              steps: int) -> dict:
+    """In this process: `steps` GRPO optimizer steps of the model (`variant` lora or full) on one fixed batch
+    (a rollout_func that returns the same completions every step); the seconds of each step."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from datasets import Dataset
+    from omrl.train.config.base import LoraSettings
+    from omrl.train.config.grpo import GRPORecipe, trl_config
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # as train_grpo loads it
+    with tempfile.TemporaryDirectory(prefix="omrl-grpo-step-") as out:
+        recipe = GRPORecipe(model=str(model_dir), tasks="-", output_dir=out, max_steps=steps, tasks_per_step=prompts,
+                            samples_per_task=samples, warmup_steps=0, learning_rate=1e-5, logging_steps=1,
+                            max_completion_length=completion_tokens, use_cpu=True, quiet=True,
+                            lora=LoraSettings(enabled=variant == "lora"))
+        texts = {p: tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                  add_generation_prompt=True) for p in GRPO_PROMPTS[:prompts]}
+        reply = tokenizer(GRPO_REPLY * 8, add_special_tokens=False)["input_ids"]
+
+        def rollout(batch_prompts, trainer):
+            ids = [tokenizer(texts[p], add_special_tokens=False)["input_ids"] for p in batch_prompts]
+            completions = [reply[i % 7: i % 7 + completion_tokens] for i in range(len(batch_prompts))]
+            return {"prompt_ids": ids, "completion_ids": completions,
+                    "logprobs": [[-1.0] * len(c) for c in completions], "sample": list(range(len(batch_prompts)))}
+
+        def reward(prompts, completions, sample, **kwargs):  # varies within a group: nonzero advantages
+            return [float(s % 2) for s in sample]
+
+        times: list[float] = []
+
+        class StepClock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                self.started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                times.append(time.perf_counter() - self.started)
+
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=trl_config(recipe),
+                              train_dataset=Dataset.from_dict({"prompt": list(texts) * 4}),
+                              processing_class=tokenizer, rollout_func=rollout, callbacks=[StepClock()],
+                              peft_config=recipe.lora.peft_config())
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        trainer.train()
+    return {"step_s": times, "trainable_parameters": trainable, "dtype": str(model.dtype).replace("torch.", ""),
+            "prompt_tokens": [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]}
+
+
+def training(model_dir: Path, args: argparse.Namespace) -> dict:
+    """Each variant's GRPO step in a child process (grpo_step), its peak RSS from the child's own rusage."""
+    import subprocess
+
+    out: dict = {"loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
+                 "grpo_batch": f"{args.grpo_prompts} prompts x {args.grpo_samples} completions of "
+                               f"{args.completion_tokens} tokens"}
+    for variant in ("lora", "full"):
+        child = subprocess.Popen([sys.executable, __file__, "--grpo-step", variant, "--grpo-prompts",
+                                  str(args.grpo_prompts), "--grpo-samples", str(args.grpo_samples),
+                                  "--completion-tokens", str(args.completion_tokens), "--grpo-steps",
+                                  str(args.grpo_steps)], stdout=subprocess.PIPE, text=True)
+        lines = child.stdout.read().strip().splitlines()
+        _, status, usage = os.wait4(child.pid, 0)  # this child's rusage alone
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0 or not lines:
+            raise RuntimeError(f"the {variant} GRPO step failed (exit {child.returncode})")
+        result = json.loads(lines[-1])
+        out[f"{variant}_grpo_step_s"] = round(result["step_s"][-1], 2)
+        out[f"{variant}_grpo_steps_s"] = [round(t, 2) for t in result["step_s"]]
+        out[f"{variant}_grpo_peak_gb"] = round(usage.ru_maxrss / 2**20, 2)  # ru_maxrss is in KiB on Linux
+        out[f"{variant}_trainable_parameters"] = result["trainable_parameters"]
+        out["grpo_dtype"], out["grpo_prompt_tokens"] = result["dtype"], result["prompt_tokens"]
+    out["lora_vs_full_step"] = round(out["lora_grpo_step_s"] / out["full_grpo_step_s"], 3)
+    return out
+
+
 def _default_turns(env: str) -> int:
     """The environment's own turn budget (a text game's step limit, ...), as collect uses it by default."""
     from omrl.envs import env_class
@@ -125,18 +219,39 @@ def _drop_rows(run: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", default="zero_shot,serving", help="comma-separated: zero_shot, serving")
+    parser.add_argument("--part", default="zero_shot,serving",
+                        help="comma-separated: zero_shot, serving, training")
     parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
     parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
     parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
     parser.add_argument("--max-turns", type=int, default=12,
                         help="the model's turn budget, at most the environment's own (scripted and random get that)")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--grpo-prompts", type=int, default=4, help="prompts of the GRPO step's batch (training)")
+    parser.add_argument("--grpo-samples", type=int, default=4, help="completions per prompt (training)")
+    parser.add_argument("--completion-tokens", type=int, default=32, help="tokens per completion (training)")
+    parser.add_argument("--grpo-steps", type=int, default=2, help="steps per variant, the last reported (training)")
+    parser.add_argument("--grpo-step", choices=("lora", "full"), help=argparse.SUPPRESS)  # a training child
     args = parser.parse_args()
+    if args.grpo_step:
+        print(json.dumps(grpo_step(args.grpo_step, fetch(MODEL), args.grpo_prompts, args.grpo_samples,
+                                   args.completion_tokens, args.grpo_steps)))
+        return
     parts = set(args.part.split(","))
     started, load_before = time.monotonic(), os.getloadavg()[0]
     model_dir = fetch(MODEL)
     out: dict = {"model": MODEL, "load_before": round(load_before, 1)}
+    if "training" in parts:
+        out.update(training(model_dir, args))
+    if parts & {"zero_shot", "serving"}:
+        serve(out, parts, model_dir, args)
+    out.update({"seconds": round(time.monotonic() - started, 1), "load_after": round(os.getloadavg()[0], 1)})
+    print(json.dumps(out))
+
+
+def serve(out: dict, parts: set[str], model_dir: Path, args: argparse.Namespace) -> None:
+    """The parts that need the model served by vLLM (zero_shot, serving), into `out`."""
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="omrl-real-model-") as work, \
             VLLMServer(model_dir, "smollm2", max_model_len=args.max_model_len, max_num_seqs=16) as server:
         server.start(progress=lambda line: print(line, file=sys.stderr))
@@ -151,8 +266,6 @@ def main() -> None:
             out["tool_episodes_policy_error_share"] = round(errors / episodes, 3) if episodes else None
         if "serving" in parts:
             out.update(serving(server, model_dir, args.n, args.samples))
-    out.update({"seconds": round(time.monotonic() - started, 1), "load_after": round(os.getloadavg()[0], 1)})
-    print(json.dumps(out))
 
 
 if __name__ == "__main__":

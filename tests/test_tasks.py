@@ -63,6 +63,39 @@ def test_cli_imports_dbbench_as_sql_tasks(tmp_path):
     assert first.payload["table"]["table_name"].startswith("US Ambassadors") and "headers" in first.instruction
 
 
+@needs_real
+def test_cli_imports_agentbench_os_tasks_whole_with_their_evaluation(tmp_path):
+    from omrl.envs.os_interaction.tasks import task_from_record
+
+    out = tmp_path / "os.parquet"
+    source = REAL / "agentbench_os_dev.json"
+    result = CliRunner().invoke(cli, ["tasks", "import", str(source), "--env", "os", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    tasks = load_tasks(out)
+    records = json.loads(source.read_text())
+    assert len(tasks) == 26 and {t.env for t in tasks} == {"os"}
+    assert all(t.payload.get("match") is not None or t.payload.get("check") for t in tasks)
+    # The same payload `omrl tasks generate os --option source=FILE` plays: one reader of AgentBench OS records.
+    assert [t.payload for t in tasks] == [task_from_record(r, i, "train", "x").payload for i, r in enumerate(records)]
+    assert tasks[0].answer == tasks[0].payload["match"] == "1" and tasks[3].payload["check"] == {"file": "check/0.sh"}
+
+
+def test_an_import_that_drops_a_field_the_environment_needs_is_refused_there(tmp_path):
+    src = tmp_path / "os.json"
+    src.write_text(json.dumps([{"description": "How many files are in /etc?", "evaluation": {"match": "3"}},
+                               {"description": "Which user runs cron?", "evaluation": {}}]))
+    with pytest.raises(TaskError, match=r"^os.json: row 2 \(id 'agentbench_os-1'\): environment 'os' needs the "
+                                        r"payload field 'match' or 'check', which this row lacks; AgentBench OS "
+                                        r"files are read whole by `omrl tasks import FILE"):
+        import_tasks(src)
+    plain = CliRunner().invoke(cli, ["tasks", "import", str(src), "--format", "plain", "--env", "os",
+                                     "--out", str(tmp_path / "t.parquet")])
+    assert plain.exit_code != 0 and "row 1 (id 'os-0'): environment 'os' needs the payload field 'match' or " \
+        "'check'" in plain.output and "omrl tasks generate os --option source=FILE" in plain.output
+    assert not (tmp_path / "t.parquet").exists()
+    assert import_tasks(src, format="plain", env="math").num_rows == 2  # math declares no such need
+
+
 def test_gsm8k_extractor():
     assert extract_gsm8k_answer("so 3+4=7\n#### 7") == "7"
     assert extract_gsm8k_answer("#### 1,000") == "1000"
@@ -173,7 +206,8 @@ def test_shipped_task_sets_are_named_without_a_path(tmp_path):
 def test_benchmark_converters_live_in_their_own_module():
     from omrl.tasks import benchmarks, detect_benchmark
 
-    assert detect_benchmark is benchmarks.detect_benchmark and set(benchmarks.CONVERTERS) == {"gsm8k", "dbbench", "swebench"}
+    assert detect_benchmark is benchmarks.detect_benchmark and set(benchmarks.CONVERTERS) == {"gsm8k", "dbbench", "agentbench_os",
+                                                                                   "swebench"}
     assert benchmarks.extract_gsm8k_answer("so\n#### 1,000") == "1000"
 
 

@@ -148,16 +148,51 @@ async def closing(policy: Any, work: Awaitable[Any]) -> Any:
 
 
 def rollout_settings(args: dict[str, Any]):
-    """The RolloutSettings the flags describe."""
+    """The RolloutSettings the flags describe, with an hf:CHECKPOINT policy's saved settings for the flags not
+    given (checkpoint_rollout)."""
     import dataclasses
 
     from omrl.envs import env_options as typed_env_options
     from omrl.rollout import RolloutSettings
 
     values = {f.name: args[f.name] for f in dataclasses.fields(RolloutSettings) if f.name in args}
-    return RolloutSettings(**values, env=args["env_spec"], ray_resources=ray_resources(args.get("ray_resource", ())),
-                           env_options={**typed_env_options(args["env_spec"], option_texts(args["env_option"])),
+    saved = checkpoint_rollout(args)
+    options = {**saved.pop("env_options", {}), **typed_env_options(args["env_spec"], option_texts(args["env_option"]))}
+    return RolloutSettings(**{**values, **saved}, env=args["env_spec"],
+                           ray_resources=ray_resources(args.get("ray_resource", ())),
+                           env_options={**options,
                                         **({"unsafe_no_sandbox": True} if args.get("unsafe_no_sandbox") else {})})
+
+
+def checkpoint_rollout(args: dict[str, Any]) -> dict[str, Any]:
+    """The rollout settings an hf:CHECKPOINT policy was trained with (its omrl_rollout.json) for each flag the
+    command line did not give (click's ParameterSource; env options key by key), said in one line; {} for other
+    policies, a checkpoint without the file, or one trained on another environment than --env (also said)."""
+    from pathlib import Path
+
+    from omrl.rollout.checkpoint_settings import CARRIED, read_rollout_settings
+
+    spec = args.get("policy_spec") or ""
+    folder = Path(spec[3:]) if spec.startswith("hf:") else None
+    saved = read_rollout_settings(folder) if folder is not None and folder.is_dir() else None
+    if not saved:
+        return {}
+    if saved.get("env") not in (None, args["env_spec"]):
+        err_console.print(f"the checkpoint was trained on env {saved['env']}: its rollout settings are not used "
+                          f"for --env {args['env_spec']}", highlight=False)
+        return {}
+    ctx = click.get_current_context(silent=True)
+    given = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT,
+             click.core.ParameterSource.PROMPT}
+    flags = set(option_texts(args["env_option"]))
+    saved["env_options"] = {k: v for k, v in (saved.get("env_options") or {}).items() if k not in flags}
+    used = {name: saved[name] for name in CARRIED if saved.get(name) not in (None, {}) and
+            (name == "env_options" or ctx is None or ctx.get_parameter_source(name) not in given)}
+    if used:
+        err_console.print("using the checkpoint's rollout settings: "
+                          + ", ".join(f"{name}={value}" for name, value in used.items())
+                          + " (a flag overrides each)", highlight=False)
+    return used
 
 
 def ray_resources(values: tuple[str, ...]) -> dict[str, float]:

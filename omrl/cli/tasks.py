@@ -24,8 +24,8 @@ def tasks() -> None:
 @click.option("--answer", help="Column holding the gold answer.")
 @click.option("--env", help="Environment name for every task (default: the format's, or an `env` column).")
 @click.option("--split", help="Split name for every task (default: a `split` column, else train).")
-@click.option("--format", "fmt", type=click.Choice(["auto", "plain", "gsm8k", "dbbench", "swebench"]),
-              default=None, help="Source format; auto detects GSM8K, AgentBench DBBench and SWE-bench files.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "plain", "gsm8k", "dbbench", "agentbench_os", "swebench"]),
+              default=None, help="Source format; auto detects GSM8K, AgentBench DBBench and OS, and SWE-bench files.")
 @click.option("--mapping", type=click.Path(exists=True, dir_okay=False),
               help="YAML file with keys id, instruction, answer, env, split, format (flags override it).")
 @click.option("--source", type=click.Path(exists=True, file_okay=False),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from omrl.envs.base import Environment, Task
@@ -35,15 +35,20 @@ class EnvironmentRegistry(Registry):
     """The environments' Registry, its built-ins read from omrl's installed metadata (the same entry-point group
     plugins use) when first asked for, so importing omrl.envs reads no metadata."""
 
+    group: str  # always omrl.envs (a Registry without plugins has None)
+
     def __init__(self, names: tuple[str, ...]) -> None:
         super().__init__("environment", "omrl.envs", {}, error=EnvSpecError)
         del self.builtins  # the cached property below reads them
         self.builtin_names = names
 
+    # why the ignore: mypy takes a cached_property for read-only, but it is a writable attribute at run time
+    # (Registry.__init__ sets it, __init__ above deletes it); a stub gap: typeshed#9726 (no __set__).
     @functools.cached_property
-    def builtins(self) -> dict[str, Entry]:
+    def builtins(self) -> dict[str, Entry]:  # type: ignore[override]
         """omrl's own entries in the group, in BUILTIN_NAMES order; one missing is an install older than
         pyproject.toml, an EnvSpecError saying how to fix it."""
+        points: Iterable[importlib.metadata.EntryPoint]
         try:
             points = importlib.metadata.distribution(BUILTIN_PROVIDER).entry_points.select(group=self.group)
         except importlib.metadata.PackageNotFoundError:

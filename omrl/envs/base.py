@@ -37,13 +37,17 @@ Optional parts of the contract, looked up on the class (omrl.envs reads them; no
 - `default_max_turns`: the turn budget an episode gets when the user sets none (a text game needs more
   moves than a one-shot tool task); omrl.rollout.turn_budget reads it.
 - `resource_limits() -> str | None` (a classmethod): the resource limits in force on this host, shown by `omrl envs`.
+- `required_payload`: the payload fields every task needs, each a name or a tuple of names one of which must be
+  given (not null), and `payload_reader`: one line naming the command that reads the environment's source files
+  whole; `omrl tasks import` refuses a row lacking one (omrl.tasks.payload_needs) instead of playing env_errors.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from omrl.errors import OmrlError
 
@@ -86,6 +90,17 @@ class StepResult:
     tools: list[dict[str, Any]] | None = None  # when set: the tools offered from now on (an episode may add some)
 
 
+class TaskRow(TypedDict):
+    """One checked row of a tasks file (omrl.tasks.TASK_SCHEMA), payload as JSON text of an object."""
+
+    id: str
+    instruction: str
+    answer: str | None
+    env: str | None
+    split: str | None
+    payload: str | None
+
+
 @dataclass
 class Task:
     """One task as environments receive it (a row of a tasks file)."""
@@ -98,14 +113,15 @@ class Task:
     payload: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Task:
-        payload = row.get("payload") or {}
+    def from_row(cls, record: Mapping[str, Any]) -> Task:
+        """A task from a task row, or a record in its form (payload JSON text or an object, id any scalar)."""
+        payload = record.get("payload") or {}
         if isinstance(payload, str):
             payload = json.loads(payload)
-        return cls(id=str(row["id"]), instruction=row.get("instruction") or "", answer=row.get("answer"),
-                   env=row.get("env"), split=row.get("split"), payload=payload)
+        return cls(id=str(record["id"]), instruction=record.get("instruction") or "", answer=record.get("answer"),
+                   env=record.get("env"), split=record.get("split"), payload=payload)
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> TaskRow:
         return {"id": self.id, "instruction": self.instruction, "answer": self.answer, "env": self.env,
                 "split": self.split, "payload": json.dumps(self.payload, ensure_ascii=False)}
 

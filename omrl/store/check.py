@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
@@ -32,9 +31,11 @@ from omrl.schema import conform
 from omrl.store.card import card_parts
 from omrl.store.layout import SIDE_KINDS, side_matches, side_path, side_tables
 from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, listing
+from omrl.store.storage import StorePath, local_path
 
-if TYPE_CHECKING:  # a type only: any store, through the committing half of Store
+if TYPE_CHECKING:  # types only: any store, through the committing half of Store (the reading half to find damage)
     from omrl.store.commit import StoreWriter as Store
+    from omrl.store.parts import StoreReader
 
 QUARANTINE_DIR = ".quarantine"  # hidden: never listed, never uploaded (hub.PUSH_IGNORE)
 _CHUNK = 8 << 20
@@ -75,7 +76,7 @@ def check_store(store: Store) -> list[PartProblem]:
     return problems
 
 
-def damaged_files(store: Store) -> list[PartProblem]:
+def damaged_files(store: StoreReader) -> list[PartProblem]:
     """The live parts and side files whose bytes are not what was written (or, unhashed, do not decode):
     what a failed read of the store ran into (omrl.store.query names them)."""
     out = []
@@ -94,7 +95,7 @@ def damaged_files(store: Store) -> list[PartProblem]:
     return out
 
 
-def verify_part(store: Store, path: Path, record: PartRecord | None) -> str | None:
+def verify_part(store: StoreReader, path: StorePath, record: PartRecord | None) -> str | None:
     """Why the part at `path` is not the one listed (None when it is): its hash, or for a part without a
     record (a store from before the listing), whether every page decodes and it has an id column."""
     try:
@@ -109,7 +110,7 @@ def verify_part(store: Store, path: Path, record: PartRecord | None) -> str | No
         return None  # compacted away since the listing: its rows are in the merged part
 
 
-def _unusable(store: Store, path: Path) -> str | None:
+def _unusable(store: StoreReader, path: StorePath) -> str | None:
     """Why a part file cannot serve as a part (None when every page decodes and it has an id column)."""
     try:
         parquet = pq.ParquetFile(store.storage.arrow_source(path, whole=True), page_checksum_verification=True)
@@ -124,20 +125,21 @@ def _unusable(store: Store, path: Path) -> str | None:
     return None
 
 
-def _sha256(store: Store, path: Path) -> tuple[str, int]:
+def _sha256(store: StoreReader, path: StorePath) -> tuple[str, int]:
     """(hex SHA-256, size) of a file, read in chunks on local disk."""
     if not store.storage.local:
         data = store.storage.read_bytes(path)
         return hashlib.sha256(data).hexdigest(), len(data)
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
+    with open(local_path(path), "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
 
 
-def _side_problems(store: Store, live: list[Path], records: dict[str, PartRecord]) -> list[tuple[Path, str]]:
+def _side_problems(store: StoreReader, live: list[StorePath], records: dict[str, PartRecord]
+                   ) -> list[tuple[StorePath, str]]:
     """(side file, why) for each live trajectories part whose side file is missing, damaged or another's."""
     out = []
     for part in live:
@@ -162,10 +164,10 @@ def _side_problems(store: Store, live: list[Path], records: dict[str, PartRecord
     return out
 
 
-def _side_fits(store: Store, side: Path, part: Path) -> bool:
+def _side_fits(store: StoreReader, side: StorePath, part: StorePath) -> bool:
     rows = store._footer(part).num_rows
     if store.storage.local:
-        return side_matches(side, part.name, rows)
+        return side_matches(local_path(side), part.name, rows)
     return side_matches(store.storage.arrow_source(side), part.name, rows)
 
 
@@ -225,11 +227,12 @@ def repair_store(store: Store, accept_loss: bool = False) -> RepairReport:
         report.upgraded = listing(manifest) is None
         manifest = store._upgraded(manifest)
         parts = {}
-        dropped: list[Path] = []
+        dropped: list[StorePath] = []
         for table in TABLES:
             scan = store._scan(table, manifest, unlisted=True)
             report.removed += store._finish_cleanup(table, scan)
             folder = store.table_dir(table)
+            assert scan.records is not None  # the manifest is upgraded: it has a listing
             records = list(scan.records)
             lost = {r.name: f"{r.rows} rows, missing" for r in scan.missing}
             lost |= {p.path.name: f"{_rows(records, p.path.name)} rows, damaged: {p.error}" for p in scan.damaged}
@@ -272,7 +275,7 @@ def _rows(records: list[PartRecord], name: str) -> int | str:
     return record.rows if record is not None else "?"
 
 
-def _with_sides(store: Store, folder: Path, record: PartRecord, report: RepairReport) -> PartRecord:
+def _with_sides(store: Store, folder: StorePath, record: PartRecord, report: RepairReport) -> PartRecord:
     """The record of a sound trajectories part, its side files rebuilt from it where missing or damaged."""
     part = folder / record.name
     if not [side for side, _ in _side_problems(store, [part], {record.name: record})] and set(record.sides) == set(
@@ -288,7 +291,7 @@ def _with_sides(store: Store, folder: Path, record: PartRecord, report: RepairRe
     return PartRecord(record.name, record.rows, record.file, sides)
 
 
-def _set_aside(store: Store, path: Path) -> None:
+def _set_aside(store: Store, path: StorePath) -> None:
     """Move a file out of the parts (into its table's hidden quarantine folder), keeping its bytes."""
     target = path.parent / QUARANTINE_DIR / path.name
     data = store.storage.read_bytes(path)

@@ -12,7 +12,6 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -45,6 +44,7 @@ from omrl.store.manifest import (
 )
 from omrl.store.parts import LISTED_KEY, StoreReader, _Scan
 from omrl.store.splice import Footer, splice, spliceable
+from omrl.store.storage import StorePath, local_path
 
 # Writers put their pid in temporary names (`.part-<time>-<pid>-<rand>.parquet.tmp`, `.NAME.staging-<pid>-<rand>`).
 _TMP_PID = re.compile(r"^\.part-\d{8}T\d{12}-(\d+)-[0-9a-f]+\.parquet\.tmp$")
@@ -56,13 +56,13 @@ class PartIndex:
     PART_INDEXES when it is imported (omrl.store imports it), so the store tells it about parts without
     importing it. Each method is called outside the write lock, after the commit it follows."""
 
-    def compacted(self, store: StoreWriter, part: Path) -> None:
+    def compacted(self, store: StoreWriter, part: StorePath) -> None:
         """A compaction committed `part`."""
 
     def complete(self, store: StoreWriter) -> None:
         """`omrl store compact` found nothing to merge: index the live parts that lack an index."""
 
-    def removed(self, store: StoreWriter, part: Path) -> None:
+    def removed(self, store: StoreWriter, part: StorePath) -> None:
         """`part` was deleted (compacted away, or dropped by a repair)."""
 
 
@@ -123,7 +123,7 @@ class StoreWriter(StoreReader):
         # Row groups sized by bytes (layout.ROW_GROUP_BYTES), for appends and compactions alike.
         return PartRecord(name, data.num_rows, self._write_file(final, data), sides)
 
-    def _splice_sources(self, parts: list[Path], table: str) -> tuple[list[Footer], dict[str, pa.Table]] | None:
+    def _splice_sources(self, parts: list[StorePath], table: str) -> tuple[list[Footer], dict[str, pa.Table]] | None:
         """The parts' footers and side tables when a compaction can splice them (omrl.store.splice: same
         current schema, row groups averaging a quarter of layout.ROW_GROUP_BYTES encoded or more, every side
         file there and matching); None when their rows must be decoded and written again."""
@@ -174,7 +174,7 @@ class StoreWriter(StoreReader):
         self.storage.write_new(final, write)
         return PartRecord(name, rows, written[-1], records)
 
-    def _write_file(self, path: Path, data: pa.Table, row_group_rows: int | None = None) -> FileRecord:
+    def _write_file(self, path: StorePath, data: pa.Table, row_group_rows: int | None = None) -> FileRecord:
         """Write one Parquet file new and whole (store_layout.write_parquet); its size and hash as written."""
         written: list[FileRecord] = []
 
@@ -205,7 +205,7 @@ class StoreWriter(StoreReader):
             parts[table] = [self._record_of(path) for path in self._scan(table, manifest).live]
         return with_listing(manifest, parts)
 
-    def _record_of(self, part: Path) -> PartRecord:
+    def _record_of(self, part: StorePath) -> PartRecord:
         """The listing record of a part already in the folder (and of its side files that match it)."""
         record = file_record(self.storage.read_bytes(part))
         rows = self._footer(part).num_rows
@@ -274,7 +274,7 @@ class StoreWriter(StoreReader):
             self._remove_part(path)
             removed += 1
         if temporary and self.storage.local:  # S3 writes have no temporaries (omrl.store.s3)
-            for tmp in self.table_dir(table).glob(".part-*.tmp"):
+            for tmp in local_path(self.table_dir(table)).glob(".part-*.tmp"):
                 if is_stale(tmp, _TMP_PID):
                     tmp.unlink(missing_ok=True)
                     removed += 1
@@ -294,7 +294,7 @@ class StoreWriter(StoreReader):
         for name in names:
             side = folder / name
             if name.startswith("."):
-                orphan = temporary and self.storage.local and is_stale(side, _SIDE_TMP_PID)
+                orphan = temporary and self.storage.local and is_stale(local_path(side), _SIDE_TMP_PID)
             else:
                 orphan = part_of_side(side) not in parts
             if orphan:
@@ -302,7 +302,7 @@ class StoreWriter(StoreReader):
                 removed += 1
         return removed
 
-    def _remove_part(self, part: Path) -> None:
+    def _remove_part(self, part: StorePath) -> None:
         """Delete a part and then what belongs to it (a crash in between leaves orphans, removed later)."""
         self.storage.delete(part)
         for kind in SIDE_KINDS:
@@ -311,7 +311,7 @@ class StoreWriter(StoreReader):
             for index in PART_INDEXES:
                 index.removed(self, part)
 
-    def _ids_locked(self, table: str, parts: list[Path]) -> set[str]:
+    def _ids_locked(self, table: str, parts: list[StorePath]) -> set[str]:
         """The ids of the live `parts`. Kept between commits and grown by the parts added since, so a
         long collect run does not re-read the store for each batch; rebuilt when a part went away."""
         live = {}

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from omrl.errors import UsageError
+from omrl.store.storage import StorePath
 
 ZSTD_LEVEL = 3  # levels 6 and 9 made content 4-11% smaller but writes 2-3.5x slower (benchmarks/store_bench.py)
 # Per column, measured on a compacted 5,000-row store_bench part (15.9 MB; write CPU 1.7 s): message content
@@ -141,12 +142,12 @@ def row_group_sizes(data: pa.Table, target: int | None = None) -> list[int]:
 # ------------------------------------------------------------------------------------------ side data
 
 
-def side_path(part: Path, kind: str = "tool_calls") -> Path:
+def side_path(part: StorePath, kind: str = "tool_calls") -> StorePath:
     """Where the `kind` side file of a part lives (not a `part-*.parquet` name: never taken for a part)."""
     return part.parent / SIDE_DIR / f"{part.stem}.{kind}.parquet"
 
 
-def part_of_side(side: Path) -> str:
+def part_of_side(side: StorePath) -> str:
     """The name of the part a side file belongs to."""
     stem = side.name.removesuffix(".parquet")
     return stem.rsplit(".", 1)[0] + ".parquet"
@@ -241,7 +242,7 @@ class CompactPolicy:
             raise UsageError(f"unknown auto_compact setting(s) {sorted(unknown)}; known: {sorted(names)}")
         return cls(**{k: int(v) for k, v in given.items()})
 
-    def small(self, parts: list[Path]) -> list[Path]:
+    def small(self, parts: list[StorePath]) -> list[StorePath]:
         """The parts small enough to merge, or [] while there are too few of them to bother."""
         if self.small_parts == 0:
             return []

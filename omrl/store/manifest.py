@@ -24,11 +24,11 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from omrl.errors import OmrlError
 from omrl.schema import SCHEMA_VERSION
+from omrl.store.storage import StorePath
 
 TABLES = ("trajectories", "annotations")
 MANIFEST = "omrl.json"
@@ -216,5 +216,5 @@ def _count(value: Any, where: str) -> int:
 class PartProblem:
     """A file of the store that is lost, damaged or out of place, and what `omrl store check --repair` does."""
 
-    path: Path
+    path: StorePath
     error: str

@@ -25,7 +25,7 @@ from omrl.store.layout import SIDE_DIR, side_matches, side_path
 from omrl.store.location import storage_for
 from omrl.store.manifest import MANIFEST, TABLES, PartProblem, PartRecord, StoreError, listing, parse_manifest
 from omrl.store.s3 import S3Path
-from omrl.store.storage import Stat, Storage
+from omrl.store.storage import Stat, Storage, StorePath, local_path
 
 # Parquet key listing the parts a compacted part replaces: readers of a store without a listing (and older
 # omrl versions) skip those if a crash left them behind.
@@ -79,11 +79,11 @@ class _Scan:
     """A table's folder held against the manifest's listing of it."""
 
     records: list[PartRecord] | None  # the listing; None for a store from before the listing existed
-    live: list[Path] = field(default_factory=list)  # listed (or, without a listing, found) and usable, in order
+    live: list[StorePath] = field(default_factory=list)  # listed (or, without a listing, found) and usable, in order
     missing: list[PartRecord] = field(default_factory=list)  # listed, not there
     damaged: list[PartProblem] = field(default_factory=list)  # there, but of the wrong size or unreadable
-    leftovers: list[Path] = field(default_factory=list)  # unlisted, omrl's own: a killed commit, replaced parts
-    strays: list[Path] = field(default_factory=list)  # unlisted, not omrl's: an older omrl's part, a file copied in
+    leftovers: list[StorePath] = field(default_factory=list)  # unlisted, omrl's own: a killed commit, replaced parts
+    strays: list[StorePath] = field(default_factory=list)  # unlisted, not omrl's: an older omrl's part, a file copied in
 
     @property
     def listed(self) -> bool:
@@ -112,7 +112,7 @@ class StoreReader:
         """omrl.json, read now and checked (StoreError naming what is wrong; FileNotFoundError when absent)."""
         return parse_manifest(self.storage.read_bytes(self.path / MANIFEST), str(self.path / MANIFEST))
 
-    def table_dir(self, table: str) -> Path:
+    def table_dir(self, table: str) -> StorePath:
         if table not in TABLES:
             raise StoreError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
         return self.path / "data" / table
@@ -120,28 +120,28 @@ class StoreReader:
     def cache_dir(self, name: str) -> Path:
         """A local folder for the store's caches (judge replies): inside a local store; for an S3 store,
         under ~/.cache/omrl/s3/BUCKET/PREFIX (a cache is per machine, never shared through the bucket)."""
-        if self.storage.local:
-            return self.path / "cache" / name
-        return Path.home() / ".cache" / "omrl" / "s3" / self.path.key / name
+        if isinstance(self.path, S3Path):  # the store's storage is S3 (omrl.store.location)
+            return Path.home() / ".cache" / "omrl" / "s3" / self.path.key / name
+        return self.path / "cache" / name
 
-    def _all_parts(self, table: str) -> list[Path]:
+    def _all_parts(self, table: str) -> list[StorePath]:
         """Every part file in the table's folder, listed or not."""
         directory = self.table_dir(table)
         names = [n for n in self.storage.list_names(directory) if n.startswith("part-") and n.endswith(".parquet")]
         return [directory / name for name in names]
 
-    def _stat(self, path: Path) -> Stat:
+    def _stat(self, path: StorePath) -> Stat:
         """A part's size and mtime (local disk: asked again, FileNotFoundError when gone; S3: from the
         newest listing, Storage.part_stat)."""
         return self.storage.part_stat(path)
 
-    def _read_parquet(self, path: Path, columns: list[str] | None = None) -> pa.Table:
+    def _read_parquet(self, path: StorePath, columns: list[str] | None = None) -> pa.Table:
         """A part (or side file) read through the store's storage, its page checksums verified;
         FileNotFoundError when it is gone."""
         return pq.read_table(self.storage.arrow_source(path, whole=True), columns=columns,
                              page_checksum_verification=True)
 
-    def _footer(self, path: Path, st: Stat | None = None) -> _Footer:
+    def _footer(self, path: StorePath, st: Stat | None = None) -> _Footer:
         """The part's footer, read once per name, size and mtime (every listing of parts needs it).
 
         Raises FileNotFoundError for a part a compaction has just removed: callers list the parts again.
@@ -178,7 +178,7 @@ class StoreReader:
         if scan.records is None:
             # As before the listing: a part is there once renamed in (a killed first commit's part too:
             # the upgrade then lists it), unless a compaction replaced it.
-            readable: list[Path] = []
+            readable: list[StorePath] = []
             replaced: set[str] = set()
             for name in sorted(stats):
                 path = directory / name
@@ -241,11 +241,11 @@ class StoreReader:
                          f"or drop them with `omrl store check {self.path} --repair --accept-loss` (their rows "
                          "are then gone)")
 
-    def _each_part(self, table: str, read: Callable[[Path], T]) -> list[T]:
+    def _each_part(self, table: str, read: Callable[[StorePath], T]) -> list[T]:
         """`read` applied to every live part, consistent even while another process compacts the table."""
         return retry_vanished(lambda: [read(p) for p in self.parts(table)])
 
-    def parts(self, table: str = "trajectories", warn: bool = True) -> list[Path]:
+    def parts(self, table: str = "trajectories", warn: bool = True) -> list[StorePath]:
         """The live parts of a table, in order. StoreError when a listed part is missing or damaged (the
         message names it). A store without a listing skips unreadable parts, with a warning unless `warn`
         is false."""
@@ -283,7 +283,7 @@ class StoreReader:
     def read(self, table: str = "trajectories", columns: list[str] | None = None) -> pa.Table:
         """All rows of a table as Arrow, in the current schema (older parts are conformed). StoreError naming
         a part that cannot be read (a store without a listing skips it with a warning, as it always did)."""
-        def load(path: Path) -> pa.Table | None:
+        def load(path: StorePath) -> pa.Table | None:
             try:
                 return conform(self._read_parquet(path), table)
             except FileNotFoundError:
@@ -322,22 +322,22 @@ class StoreReader:
             out.update(ids.to_pylist())
         return out
 
-    def _side_matches(self, side: Path, part_name: str, rows: int, size: int) -> bool:
+    def _side_matches(self, side: StorePath, part_name: str, rows: int, size: int) -> bool:
         """Whether `side` is the readable side file of this part (layout.side_matches, through the storage)."""
         if self.storage.local:
-            return side_matches(side, part_name, rows)
+            return side_matches(local_path(side), part_name, rows)
         try:
             with self.storage.arrow_source(side, size=size) as f:
                 return side_matches(f, part_name, rows)
         except FileNotFoundError:
             return False
 
-    def side_files(self, kind: str = "tool_calls") -> tuple[list[Path], list[Path]]:
+    def side_files(self, kind: str = "tool_calls") -> tuple[list[StorePath], list[StorePath]]:
         """(side files, parts without one) of the live trajectories parts: readers use the side files and
         unnest only the parts lacking one (v1 parts, a side file lost or damaged: `store check` names those)."""
-        def listing_now() -> tuple[list[Path], list[Path]]:
-            sides: list[Path] = []
-            lacking: list[Path] = []
+        def listing_now() -> tuple[list[StorePath], list[StorePath]]:
+            sides: list[StorePath] = []
+            lacking: list[StorePath] = []
             records = {r.name: r for r in (listing(self.manifest) or {}).get("trajectories", [])}
             # S3: one listing of the side folder instead of a HEAD per side file
             listed = None if self.storage.local else self.storage.list_stats(self.table_dir("trajectories") / SIDE_DIR)

@@ -176,7 +176,8 @@ class _Gathered:
     """A result gathered whole from its batches, refused once it outgrows `cap_mb`."""
 
     def __init__(self, cap_mb: int):
-        self.cap_mb, self.batches, self.bytes, self.rows = cap_mb, [], 0, 0
+        self.cap_mb, self.bytes, self.rows = cap_mb, 0, 0
+        self.batches: list[pa.RecordBatch] = []
 
     def __call__(self, batch: pa.RecordBatch) -> None:
         self.batches.append(batch)
@@ -211,7 +212,8 @@ class _QueryClock:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, limit: float):
         self.con, self.limit, self.fired = con, limit, threading.Event()
-        self._paused_s, self._paused_at = 0.0, None
+        self._paused_s = 0.0
+        self._paused_at: float | None = None  # when the running pause began
         self._lock = threading.Lock()  # the watch thread reads the two pause fields together
         self._started = time.monotonic()
         self._done = threading.Event()
@@ -239,12 +241,12 @@ class _QueryClock:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._lock:
-            self._paused_at = time.monotonic()
+            self._paused_at = began = time.monotonic()
         try:
             yield
         finally:
             with self._lock:
-                self._paused_s += time.monotonic() - self._paused_at
+                self._paused_s += time.monotonic() - began
                 self._paused_at = None
 
     def stop(self) -> None:

@@ -38,11 +38,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
 from omrl.errors import UsageError
-from omrl.store.storage import Stat, Storage, StorageError
+from omrl.store.storage import ObjectPath, Stat, Storage, StorageError, StorePath
 
 S3_SCHEME = "s3://"
 LEASE_SECONDS = 30.0  # a killed writer's lock is taken over this long after its last renewal
@@ -55,7 +55,7 @@ def is_s3(path: str | os.PathLike[str]) -> bool:
     return isinstance(path, S3Path) or (isinstance(path, str) and path.startswith(S3_SCHEME))
 
 
-class S3Path(PurePosixPath):
+class S3Path(ObjectPath):
     """`bucket/key...` of an object, with the path arithmetic of PurePosixPath; str() is the s3:// URL.
 
     os.fspath refuses it, so `open(path)` and pyarrow's readers cannot take it for a local file; but
@@ -167,10 +167,10 @@ class S3Storage(Storage):
         self._leases_guard = threading.Lock()  # also guards _parts_listed
         self._parts_listed: dict[str, dict[str, Stat]] = {}  # folder key -> its parts in the newest listing
 
-    def arrow_path(self, path: Path | S3Path) -> str:
+    def arrow_path(self, path: StorePath) -> str:
         return _key(path)
 
-    def arrow_source(self, path: Path | S3Path, size: int | None = None, whole: bool = False) -> Any:
+    def arrow_source(self, path: StorePath, size: int | None = None, whole: bool = False) -> Any:
         import pyarrow as pa
 
         if whole:  # a whole part: one GET beats the many small ranged reads a pyarrow file would make
@@ -201,18 +201,18 @@ class S3Storage(Storage):
         bucket, _, name = key.partition("/")
         return self.s3.call_s3("head_object", Bucket=bucket, Key=name)
 
-    def exists(self, path: Path | S3Path) -> bool:
+    def exists(self, path: StorePath) -> bool:
         try:
             self._head(_key(path))
         except FileNotFoundError:
             return False
         return True
 
-    def stat(self, path: Path | S3Path) -> Stat:
+    def stat(self, path: StorePath) -> Stat:
         reply = self._head(_key(path))
         return Stat(int(reply["ContentLength"]), _mtime_ns(reply.get("LastModified")))
 
-    def list_stats(self, folder: Path | S3Path) -> dict[str, Stat]:
+    def list_stats(self, folder: StorePath) -> dict[str, Stat]:
         try:
             entries = self.s3.ls(_key(folder), detail=True)
         except FileNotFoundError:
@@ -223,21 +223,21 @@ class S3Storage(Storage):
             self._parts_listed[_key(folder)] = {n: st for n, st in stats.items() if n.startswith("part-")}
         return stats
 
-    def part_stat(self, path: Path | S3Path) -> Stat:
+    def part_stat(self, path: StorePath) -> Stat:
         # From the newest listing, else a HEAD: the store sizes every part after each listing, and layout
         # code every small part after each append (CompactPolicy), a round trip each otherwise.
         with self._leases_guard:
             listed = self._parts_listed.get(_key(path.parent), {}).get(path.name)
         return listed if listed is not None else self.stat(path)
 
-    def read_bytes(self, path: Path | S3Path) -> bytes:
+    def read_bytes(self, path: StorePath) -> bytes:
         return self.s3.cat_file(_key(path), max_concurrency=1)  # one GET, no HEAD first
 
-    def write_bytes(self, path: Path | S3Path, data: bytes) -> None:
+    def write_bytes(self, path: StorePath, data: bytes) -> None:
         self._check_leases()
         self._put(_key(path), data)
 
-    def write_new(self, path: Path | S3Path, write: Callable[[BinaryIO], None]) -> None:
+    def write_new(self, path: StorePath, write: Callable[[BinaryIO], object]) -> None:
         buffer = io.BytesIO()
         write(buffer)  # serialised whole before anything is sent: one PUT, the object appears complete
         self._check_leases()
@@ -246,14 +246,14 @@ class S3Storage(Storage):
         except FileExistsError:
             raise FileExistsError(f"{path} exists already (objects omrl writes are never overwritten)") from None
 
-    def delete(self, path: Path | S3Path) -> None:
+    def delete(self, path: StorePath) -> None:
         self._check_leases()
         self.s3.rm_file(_key(path))  # S3 answers a delete of a missing key with success
         with self._leases_guard:
             self._parts_listed.get(_key(path.parent), {}).pop(path.name, None)
 
     @contextlib.contextmanager
-    def lock(self, root: Path | S3Path, name: str, wait: bool = True) -> Iterator[bool]:
+    def lock(self, root: StorePath, name: str, wait: bool = True) -> Iterator[bool]:
         # Threads of one process wait for each other like processes do (as with flock on separate opens).
         lease = self._acquire(f"{_key(root)}/.{name}.lock", wait)
         if lease is None:
@@ -309,7 +309,7 @@ def _mtime_ns(modified: Any) -> int:
     return int(modified.timestamp() * 1e9) if modified is not None else 0
 
 
-def _key(path: Path | S3Path) -> str:
+def _key(path: StorePath) -> str:
     if not isinstance(path, S3Path):
         raise TypeError(f"{path!r} is not an S3 path")
     return path.key

@@ -80,6 +80,7 @@ from omrl.errors import UsageError
 from omrl.store.commit import PART_INDEXES, PartIndex
 from omrl.store.durable import fsync_path, is_stale  # is_stale: the one rule for dead writers' leftovers
 from omrl.store.parts import retry_vanished
+from omrl.store.storage import StorePath, local_path
 
 if TYPE_CHECKING:  # a type only: any store; search needs only the reading half of Store
     from omrl.store.commit import StoreWriter
@@ -580,12 +581,12 @@ def missing_indexes(store: Store) -> list[Path]:
     on an S3 store, which is never indexed (tantivy needs a local folder)."""
     if not store.storage.local:
         return []
-    return [part for part in store.parts("trajectories", warn=False) if not _usable(part)]
+    return [part for part in map(local_path, store.parts("trajectories", warn=False)) if not _usable(part)]
 
 
 def _leftovers(store: Store) -> list[Path]:
     """Index folders whose part is gone, stale ones of rewritten parts, and temporary folders of dead builders."""
-    folder = store.table_dir("trajectories")
+    folder = local_path(store.table_dir("trajectories"))  # build_missing's: a local store
     out = []
     for path in folder.glob(f".part-*{INDEX_SUFFIX}*"):
         if _BUILDING.search(path.name):
@@ -840,7 +841,7 @@ def search(store: Store, query: str, limit: int | None = None, *, use_index: boo
         column = _add_snippets(hits, parts, hits.column("_part").to_numpy(), parsed)
         return hits.select(_HITS_SCHEMA.names).append_column("snippet", column)
 
-    return retry_vanished(lambda: work(store.parts("trajectories")))
+    return retry_vanished(lambda: work([local_path(part) for part in store.parts("trajectories")]))
 
 
 def search_ids(store: Store, query: str, *, use_index: bool = True) -> pa.Array:
@@ -868,13 +869,13 @@ def hits_view(store: Store, query: str, name: str = "search_hits", *, snippets: 
 class _TextIndex(PartIndex):
     """This index as the store's commits see it (PART_INDEXES): none on S3 (tantivy needs a local folder)."""
 
-    def compacted(self, store: StoreWriter, part: Path) -> None:
+    def compacted(self, store: StoreWriter, part: StorePath) -> None:
         """Build the part's index. The part is committed already: a failure is a warning, and searches scan
         the part instead."""
         if not store.storage.local:
             return
         try:
-            build_index(part)
+            build_index(local_path(part))
         except FileNotFoundError:
             return  # compacted away meanwhile: the merged part gets its own index
         except Exception as exc:  # any failure of the index library: the committed part must stand
@@ -885,9 +886,9 @@ class _TextIndex(PartIndex):
         for part in missing_indexes(store):  # none on S3
             self.compacted(store, part)
 
-    def removed(self, store: StoreWriter, part: Path) -> None:
+    def removed(self, store: StoreWriter, part: StorePath) -> None:
         if store.storage.local:
-            remove_index(part)
+            remove_index(local_path(part))
 
 
 PART_INDEXES.append(_TextIndex())

@@ -37,8 +37,24 @@ class Stat:
     st_mtime_ns: int
 
 
-# A store's file: a local Path, or an S3Path (omrl.store.s3, a PurePosixPath of bucket/key).
-StorePath = Path | PurePosixPath
+class ObjectPath(PurePosixPath):
+    """A file in object storage (omrl.store.s3.S3Path): the path arithmetic of PurePosixPath, and `stat()`,
+    its one file method (layout code sizes parts with `part.stat()`)."""
+
+    def stat(self) -> Stat:
+        raise NotImplementedError
+
+
+# A store's file: a local Path, or an object's path (omrl.store.s3.S3Path: bucket/key).
+StorePath = Path | ObjectPath
+
+
+def local_path(path: StorePath) -> Path:
+    """A store file as the local Path it is where `Storage.local` (files on disk: glob, stat, open); a
+    TypeError for an S3 path, which code working on disk must have checked `storage.local` to rule out."""
+    if not isinstance(path, Path):
+        raise TypeError(f"{path!r} is not a local path")
+    return path
 
 
 class Storage:
@@ -84,7 +100,7 @@ class Storage:
         """Replace `path` with `data` whole (a reader sees the old or the new content, never a mix)."""
         raise NotImplementedError
 
-    def write_new(self, path: StorePath, write: Callable[[BinaryIO], None]) -> None:
+    def write_new(self, path: StorePath, write: Callable[[BinaryIO], object]) -> None:
         """Create the file `path` whole from what `write` writes to a binary file (parts, side files)."""
         raise NotImplementedError
 
@@ -153,7 +169,7 @@ class LocalStorage(Storage):
         os.replace(tmp, path)
         fsync_path(path.parent)
 
-    def write_new(self, path: StorePath, write: Callable[[BinaryIO], None]) -> None:
+    def write_new(self, path: StorePath, write: Callable[[BinaryIO], object]) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.tmp"  # hidden and not *.parquet: no reader ever picks it up

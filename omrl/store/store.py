@@ -63,8 +63,7 @@ from omrl.store.manifest import (
     new_manifest,
 )
 from omrl.store.parts import REPLACES_KEY
-from omrl.store.s3 import S3Path
-from omrl.store.storage import LOCAL, Storage
+from omrl.store.storage import LOCAL, Storage, StorePath, local_path
 
 if TYPE_CHECKING:  # a type only: omrl.store.check imports this module
     from omrl.store.check import RepairReport
@@ -82,7 +81,7 @@ class AutoCompactWarning(UserWarning):
 class Appended:
     """What one append committed: the new part (None when nothing was written) and the row counts."""
 
-    part: Path | None
+    part: StorePath | None
     written: int
     skipped: int = 0  # rows whose id the store already held (only with skip_existing)
 
@@ -97,6 +96,7 @@ class Store(StoreWriter):
         root, storage = storage_for(path)
         if not storage.local:
             return cls._create_remote(root, storage, exist_ok, description, lineage)
+        root = local_path(root)
         if (root / MANIFEST).is_file():
             return cls._open_created(root, exist_ok)
         try:
@@ -130,7 +130,7 @@ class Store(StoreWriter):
         return store
 
     @classmethod
-    def _create_remote(cls, root: S3Path, storage: Storage, exist_ok: bool, description: str,
+    def _create_remote(cls, root: StorePath, storage: Storage, exist_ok: bool, description: str,
                        lineage: dict[str, Any] | None) -> Store:
         """Create a store under an S3 prefix: the card, then the manifest, which is what makes it a store.
 
@@ -170,6 +170,7 @@ class Store(StoreWriter):
         if not storage.local:
             raise UsageError(f"{root}: derived stores (filter, augment, export output) are written to local "
                              "folders only; write it locally and copy it to S3")
+        root = local_path(root)
         if (root / MANIFEST).is_file():
             if not replace:
                 raise StoreError(f"{root} already holds a store; choose a new output folder")
@@ -202,12 +203,12 @@ class Store(StoreWriter):
         store.path = root
 
     @staticmethod
-    def _lay_out(storage: Storage, root: Path | S3Path, name: str, description: str,
+    def _lay_out(storage: Storage, root: StorePath, name: str, description: str,
                  lineage: dict[str, Any] | None) -> None:
         """Write a new store's card and manifest (the manifest last: it is what makes `root` a store)."""
         if storage.local:  # S3 has no folders: a table's prefix exists once it holds a part
             for table in TABLES:
-                (root / "data" / table).mkdir(parents=True, exist_ok=True)
+                local_path(root / "data" / table).mkdir(parents=True, exist_ok=True)
         manifest = manifest_bytes(new_manifest(utcnow().isoformat(), [lineage] if lineage else []))
         storage.write_bytes(root / "README.md", dataset_card(name, description).encode())
         # Written new: in a fresh local staging folder, and on S3 only if absent (racing creators: one wins)
@@ -247,6 +248,7 @@ class Store(StoreWriter):
                 self._rewrite_card(self._live_names(manifest))
                 return Appended(None, 0, skipped)
             record = self._write_part(data, table, metadata, store_id=manifest["store_id"])
+            assert scan.records is not None  # the manifest is upgraded: it has a listing
             self._commit(manifest, {table: [*scan.records, record]}, wrote_part=True)
             part = self.table_dir(table) / record.name
         # No search index here: building it cost more than the append itself. Compaction (automatic or
@@ -269,7 +271,7 @@ class Store(StoreWriter):
         return repair_store(self, accept_loss)
 
     def compact(self, table: str = "trajectories", min_parts: int = 2, policy: CompactPolicy | None = None,
-                wait: bool = True, index: bool = True) -> Path | None:
+                wait: bool = True, index: bool = True) -> StorePath | None:
         """Merge all readable parts into one, keeping the first copy of any repeated id; crash-safe.
 
         The merged part names the parts it replaces and is renamed in before they are removed, so a
@@ -309,7 +311,9 @@ class Store(StoreWriter):
             names = {p.name for p in parts}
             with self._lock("write"):
                 manifest = self._upgraded(self.manifest)
-                records = listing(manifest)[table]
+                listed = listing(manifest)
+                assert listed is not None  # the manifest is upgraded: it has a listing
+                records = listed[table]
                 if not names <= {r.name for r in records}:  # the compaction lock keeps repair out: a bug
                     raise StoreError(f"{self.table_dir(table)}: parts changed during the compaction; nothing "
                                      "compacted, run it again")
@@ -344,7 +348,7 @@ class Store(StoreWriter):
         self.update_manifest(auto_compact={"small_parts": policy.small_parts,
                                            "small_part_bytes": policy.small_part_bytes})
 
-    def _auto_compact(self, table: str, policy: CompactPolicy) -> Path | None:
+    def _auto_compact(self, table: str, policy: CompactPolicy) -> StorePath | None:
         """Merge the small parts once the policy says there are enough (after a commit, outside its lock).
 
         The append before it is committed whatever happens here: a failure is a warning, not an error

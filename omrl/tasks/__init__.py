@@ -4,7 +4,8 @@ A tasks file has one row per task with the columns of TASK_SCHEMA:
 id, instruction, answer (gold, text; lists/objects as JSON), env, split, payload (JSON text holding every
 other source column). Environments receive rows as `omrl.envs.base.Task`.
 
-The row schema and checks are in omrl.tasks.rows, the benchmark converters (GSM8K, DBBench, SWE-bench) in
+The row schema and checks are in omrl.tasks.rows (an environment's required payload fields in
+omrl.tasks.payload_needs), the benchmark converters (GSM8K, DBBench, AgentBench OS, SWE-bench) in
 omrl.tasks.benchmarks, the shipped task sets (`shipped:NAME`) in omrl.shipped; omrl.tasks.shipped_files
 regenerates the shipped grid files.
 """
@@ -16,17 +17,19 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from omrl.envs.base import Task
+from omrl.envs.base import Task, TaskRow
 from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
 from omrl.store import readers
 from omrl.store.readers import json_kind
 from omrl.tasks.benchmarks import CONVERTERS, detect_benchmark, extract_gsm8k_answer
+from omrl.tasks.payload_needs import check_payload
 from omrl.tasks.rows import (
     TASK_COLUMNS,
     TASK_SCHEMA,
@@ -36,7 +39,7 @@ from omrl.tasks.rows import (
     load_task_mapping,
     short_repr,
     slug,
-    task_row,
+    task_record,
     tasks_table,
     validate_row,
 )
@@ -47,7 +50,7 @@ __all__ = [
     "shipped_task_sets", "summarize", "tasks_table", "write_tasks",
 ]
 
-FORMATS = ("auto", "plain", "gsm8k", "dbbench", "swebench")
+FORMATS = ("auto", "plain", "gsm8k", "dbbench", "agentbench_os", "swebench")
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 
 # Column names tried, in order, when the mapping does not name one.
@@ -101,7 +104,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
     return data
 
 
-def _dataset_rows(dataset: Any) -> list[dict[str, Any]]:
+def _dataset_records(dataset: Any) -> list[dict[str, Any]]:
     import datasets
 
     if isinstance(dataset, (datasets.DatasetDict, dict)):
@@ -118,7 +121,7 @@ def _read_saved_dataset(path: Path) -> list[dict[str, Any]]:
     import datasets
 
     try:
-        return _dataset_rows(datasets.load_from_disk(str(path)))
+        return _dataset_records(datasets.load_from_disk(str(path)))
     except FileNotFoundError:
         raise TaskError(f"{path}: a folder must be saved by datasets' save_to_disk") from None
 
@@ -128,7 +131,7 @@ def _read_hub(name: str) -> list[dict[str, Any]]:
 
     repo, _, config = name.partition(":")
     try:
-        return _dataset_rows(datasets.load_dataset(repo, config or None))
+        return _dataset_records(datasets.load_dataset(repo, config or None))
     except Exception as exc:  # the Hub client raises many types; report them as one clear error
         raise TaskError(f"could not load Hub dataset {repo!r} (offline, private or misspelled?): {exc}") from None
 
@@ -136,16 +139,16 @@ def _read_hub(name: str) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- converting
 
 
-def convert_rows(rows: list[dict[str, Any]], mapping: TaskMapping, name: str = "task") -> list[dict[str, Any]]:
-    """Source rows -> task rows (dicts with TASK_COLUMNS, payload as JSON text), validated."""
-    fmt = detect_benchmark(rows) if mapping.format == "auto" else mapping.format
+def convert_rows(records: list[dict[str, Any]], mapping: TaskMapping, name: str = "task") -> list[TaskRow]:
+    """Source records -> task rows (TASK_COLUMNS, payload as JSON text), validated."""
+    fmt = detect_benchmark(records) if mapping.format == "auto" else mapping.format
     if fmt not in FORMATS:
         raise TaskError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     converter = CONVERTERS.get(fmt, _plain_row)
     prefix = mapping.id_prefix or (fmt if fmt != "plain" else slug(name))
-    columns = _resolve_columns(rows, mapping, fmt)
-    out, seen = [], {}
-    for index, row in enumerate(rows):
+    columns = _resolve_columns(records, mapping, fmt)
+    out, seen, needs = [], {}, {}
+    for index, row in enumerate(records):
         try:
             task = converter(row, index, columns, mapping, prefix)
         except TaskError:
@@ -154,19 +157,20 @@ def convert_rows(rows: list[dict[str, Any]], mapping: TaskMapping, name: str = "
             raise TaskError(f"row {index + 1}: cannot read it as a {fmt} row ({type(exc).__name__}: "
                             f"{short_repr(str(exc), 120)})") from None
         validate_row(task, index, seen)
+        check_payload(task, index, needs)  # a field the environment needs is refused missing here, not at play
         out.append(task)
     return out
 
 
-def _resolve_columns(rows: list[dict[str, Any]], mapping: TaskMapping, fmt: str) -> dict[str, str | None]:
-    available = list(dict.fromkeys(key for row in rows[:100] for key in row))
+def _resolve_columns(records: list[dict[str, Any]], mapping: TaskMapping, fmt: str) -> dict[str, str | None]:
+    available = list(dict.fromkeys(key for record in records[:100] for key in record))
     columns: dict[str, str | None] = {}
     for role in ("id", "instruction", "answer"):
         named = getattr(mapping, role)
         if named is not None:
             # A dotted path reaches into a nested field (`eval.reference_answers`) when no column has that name.
             if named not in available and not (
-                    "." in named and any(dotted(row, named) is not MISSING for row in rows[:100])):
+                    "." in named and any(dotted(record, named) is not MISSING for record in records[:100])):
                 raise TaskError(f"column {named!r} (given for {role}) is not in the data; columns are {available}"
                                 + ("" if "." in named else "; a dotted path (a.b) reaches into nested fields"))
             columns[role] = named
@@ -190,7 +194,7 @@ def _plain_row(row, index, columns, mapping, prefix):
         payload["solution"] = answer  # GSM8K-style: keep the worked solution, answer the number
         answer = extract_gsm8k_answer(answer)
     env, split = env_split(row, mapping, None)
-    return task_row(row_id, column_value(row, columns["instruction"]), answer, env, split, payload)
+    return task_record(row_id, column_value(row, columns["instruction"]), answer, env, split, payload)
 
 
 def _payload_object(value: Any, index: int, row_id: Any) -> dict[str, Any]:
@@ -214,9 +218,9 @@ def _payload_object(value: Any, index: int, row_id: Any) -> dict[str, Any]:
 MISSING = object()
 
 
-def dotted(row: dict[str, Any], path: str) -> Any:
-    """The value at a dotted path into nested objects (lists by index), or MISSING."""
-    value: Any = row
+def dotted(record: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path into a source record's nested objects (lists by index), or MISSING."""
+    value: Any = record
     for part in path.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
@@ -227,11 +231,12 @@ def dotted(row: dict[str, Any], path: str) -> Any:
     return value
 
 
-def column_value(row: dict[str, Any], column: str) -> Any:
-    """A column by name, else by dotted path; None when absent (the row checks then name what is missing)."""
-    if column in row:
-        return row[column]
-    value = dotted(row, column) if "." in column else MISSING
+def column_value(record: dict[str, Any], column: str) -> Any:
+    """A source record's column by name, else by dotted path; None when absent (the row checks then name what
+    is missing)."""
+    if column in record:
+        return record[column]
+    value = dotted(record, column) if "." in column else MISSING
     return None if value is MISSING else value
 
 
@@ -308,11 +313,11 @@ def load_tasks(path: str | Path, split: str | None = None, env: str | None = Non
         raise TaskError(f"{label}: {exc}") from None
 
 
-def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
-    """Task objects from rows in task-row form, each checked like an imported row."""
+def _tasks_of(records: Sequence[Mapping[str, Any]]) -> list[Task]:
+    """Task objects from records in task-row form, each checked like an imported row."""
     seen: dict[str, int] = {}
     tasks = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(records):
         check = {"id": row.get("id"), "instruction": row.get("instruction"), "env": row.get("env"),
                  "split": row.get("split"), "answer": row.get("answer")}
         validate_row(check, index, seen)

@@ -1,4 +1,5 @@
-"""Converters for benchmark task formats: GSM8K (math), AgentBench DBBench (sql) and SWE-bench (swebench).
+"""Converters for benchmark task formats: GSM8K (math), AgentBench DBBench (sql), AgentBench OS interaction
+(os) and SWE-bench (swebench).
 
 Each turns one source row into a task row for the environment that plays it; `detect_benchmark` picks one
 from the first row's columns. Plain rows (any other columns) are converted in omrl.tasks.
@@ -12,18 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from omrl.store.readers import json_kind
-from omrl.tasks.rows import TaskError, env_split, task_row
+from omrl.tasks.rows import TaskError, env_split, task_record
 
 _GSM8K_FINAL = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
 
-def detect_benchmark(rows: list[dict[str, Any]]) -> str:
-    """gsm8k, dbbench, swebench or plain, from the first row's columns."""
-    if not rows:
+def detect_benchmark(records: list[dict[str, Any]]) -> str:
+    """gsm8k, dbbench, agentbench_os, swebench or plain, from the first source record's columns."""
+    if not records:
         return "plain"
-    first = rows[0]
+    first = records[0]
     if {"description", "label", "table"} <= set(first):
         return "dbbench"
+    if {"description", "evaluation"} <= set(first) and isinstance(first["evaluation"], dict):
+        return "agentbench_os"
     if {"instance_id", "problem_statement", "repo"} <= set(first):
         return "swebench"
     if {"question", "answer"} <= set(first) and "####" in str(first.get("answer")):
@@ -54,7 +57,7 @@ def _gsm8k_row(row, index, columns, mapping, prefix):
     payload["solution"] = solution
     row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
     env, split = env_split(row, mapping, "math")
-    return task_row(row_id, row.get(instruction_col), answer, env, split, payload)
+    return task_record(row_id, row.get(instruction_col), answer, env, split, payload)
 
 
 def _dbbench_row(row, index, columns, mapping, prefix):
@@ -76,7 +79,19 @@ def _dbbench_row(row, index, columns, mapping, prefix):
         instruction = f"{instruction}\n{row['add_description']}"
     row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
     env, split = env_split(row, mapping, "sql")
-    return task_row(row_id, instruction, label, env, split, payload)
+    return task_record(row_id, instruction, label, env, split, payload)
+
+
+def _agentbench_os_row(row, index, columns, mapping, prefix):
+    from omrl.envs.os_interaction.tasks import task_from_record  # the one reader of AgentBench OS records
+
+    if not isinstance(row.get("evaluation"), dict):
+        raise TaskError(f"row {index + 1}: missing column 'evaluation' (AgentBench OS rows need description and "
+                        "evaluation{match or check})")
+    row_id = row.get(columns["id"]) if columns.get("id") else f"{prefix}-{index}"
+    env, split = env_split(row, mapping, "os")
+    task = task_from_record(row, index, str(split), prefix)
+    return task_record(row_id, task.instruction, task.answer, env, split, task.payload)
 
 
 def _swebench_row(row, index, columns, mapping, prefix):
@@ -98,7 +113,8 @@ def _swebench_row(row, index, columns, mapping, prefix):
             raise TaskError(f"row {index + 1}: SWE-bench instance {row['instance_id']}: no checkout {checkout} "
                             f"(--source DIR holds one per instance, at its base_commit)")
         payload["source"] = str(checkout.resolve())
-    return task_row(row["instance_id"], row["problem_statement"], row.get("patch"), env, split, payload)
+    return task_record(row["instance_id"], row["problem_statement"], row.get("patch"), env, split, payload)
 
 
-CONVERTERS = {"gsm8k": _gsm8k_row, "dbbench": _dbbench_row, "swebench": _swebench_row}
+CONVERTERS = {"gsm8k": _gsm8k_row, "dbbench": _dbbench_row, "agentbench_os": _agentbench_os_row,
+              "swebench": _swebench_row}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,10 @@ def check_env_name(env: str | None) -> None:
                         "or give package.module:ClassName")
 
 
-def task_row(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
-          payload: dict[str, Any]) -> dict[str, Any]:
-    """A task row; id, instruction, env and split stay as given until `validate_row` checks their types."""
+def task_record(row_id: Any, instruction: Any, answer: Any, env: Any, split: Any,
+                payload: dict[str, Any]) -> dict[str, Any]:
+    """A task row not yet checked: id, instruction, env and split stay as given until `validate_row` checks
+    their types."""
     try:
         payload_text = json.dumps(payload, ensure_ascii=False, default=str)
     except (RecursionError, ValueError):
@@ -98,9 +100,10 @@ def answer_text(answer: Any) -> str | None:
     return str(answer)
 
 
-def env_split(row: dict[str, Any], mapping: TaskMapping, default_env: str | None) -> tuple[Any, Any]:
-    env = mapping.env or row.get("env") or default_env
-    split = mapping.split or row.get("split") or "train"
+def env_split(record: Mapping[str, Any], mapping: TaskMapping, default_env: str | None) -> tuple[Any, Any]:
+    """A source record's env and split: the mapping's, else its own columns, else the defaults."""
+    env = mapping.env or record.get("env") or default_env
+    split = mapping.split or record.get("split") or "train"
     return env, split
 
 
@@ -146,10 +149,10 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "task"
 
 
-def tasks_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Task rows (dicts, payload as dict or JSON text) -> an Arrow table with TASK_SCHEMA."""
+def tasks_table(task_rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Task rows (payload as an object or JSON text) -> an Arrow table with TASK_SCHEMA."""
     clean = []
-    for row in rows:
+    for row in task_rows:
         payload = row.get("payload")
         if not isinstance(payload, str):
             payload = json.dumps(payload or {}, ensure_ascii=False, default=str)

@@ -26,20 +26,36 @@ SHOWN = ("loss", "reward")  # the logged values a Trainer's reporter shows besid
 
 def reporter_callback(reporter: Reporter, label: str) -> Any:
     """A TrainerCallback that starts `label` on `reporter` with the run's steps, advances it once per optimizer
-    step and shows the logged loss and reward (the trainer calls reporter.finish when training ends)."""
+    step and shows the loss and reward logged at that step with it, once (the trainer calls reporter.finish
+    when training ends)."""
     from transformers import TrainerCallback
 
     class ReporterCallback(TrainerCallback):
+        # A Trainer logs a step after its on_step_end: the step is counted when the next begins (or training
+        # ends), so its loss and reward, and the success its rollouts gave during it, are shown on its line.
+        ended = 0
+
         def on_train_begin(self, args, state, control, **kwargs):
             reporter.start(label, total=state.max_steps or None)
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._count()
+
         def on_step_end(self, args, state, control, **kwargs):
-            reporter.advance(1)
+            self.ended += 1
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             fields = {key: logs[key] for key in SHOWN if key in (logs or {})}
             if fields:
                 reporter.advance(0, **fields)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._count()
+
+        def _count(self) -> None:
+            if self.ended:
+                reporter.advance(self.ended)
+                self.ended = 0
 
     return ReporterCallback()
 

@@ -95,6 +95,9 @@ class OsEnv(ToolEnv):
     options_class = OsOptions
     tools = TOOLS
     splits = ("dev",)
+    required_payload = (("match", "check"),)  # the evaluation: a task without one cannot be scored
+    payload_reader = ("AgentBench OS files are read whole by `omrl tasks import FILE --out TASKS` (format "
+                      "agentbench_os) or `omrl tasks generate os --option source=FILE --out TASKS`")
     example_timeout_s = 60.0  # the example script's time at reset, when it computes a check task's expected answer
 
     @classmethod

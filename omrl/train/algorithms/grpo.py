@@ -18,6 +18,12 @@ is left out of its group's baseline; the group-relative advantages are TRL's. Af
 are appended to the store with their round and step, so GRPO data can be queried like any collection.
 The TrainResult's `details` hold, with a reward recipe, `reward_steps` and `reward_summary` (as omrl_grpo.json).
 
+With `lora.enabled` TRL wraps the model in peft's LoRA and only the adapters train; they are saved in
+output_dir/adapter and, with `lora.merge`, merged into output_dir's checkpoint (omrl.models.adapters).
+TRL scores the completions with its fused LM head (log-probs computed in tiles of the vocabulary projection),
+so a step never holds the batch's full-vocabulary logits; `gradient_checkpointing` (on, TRL's default)
+recomputes the layers' activations in the backward pass.
+
 On a CPU generation runs through transformers (HFPolicy). On a GPU, `use_vllm: true` turns on TRL's
 vLLM generation (`vllm_mode` colocate or server): rollout_func then hands the agent loop a VLLMPolicy
 (omrl/policies/vllm.py) that calls `trainer.vllm_generation`, whose weights TRL syncs before each step;
@@ -61,7 +67,9 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
 
     from datasets import Dataset
     from omrl.config import from_dict
+    from omrl.models.adapters import save_checkpoint
     from omrl.models.real import resolve_model
+    from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.tasks import load_tasks
     from omrl.train.data.rollout_func import AgentRollout
     from omrl.train.trainer_progress import reporter_callback
@@ -90,15 +98,18 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
     try:
         trainer = trainer_class(model=model, reward_funcs=_reward_funcs(), args=trl_config(recipe),
                                 train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
-                                callbacks=callbacks)
+                                callbacks=callbacks, peft_config=recipe.lora.peft_config())
         output = trainer.train()
     finally:
         rollout.close()
         if reporter is not None:
             reporter.finish()
     out = Path(recipe.output_dir)
-    trainer.save_model(str(out))
-    tokenizer.save_pretrained(str(out))
+    if recipe.lora.enabled:  # out/adapter, and the merged model at out when lora.merge
+        save_checkpoint(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out, merge=recipe.lora.merge)
+    else:
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
     rollouts = rollout.rollouts
     history = [entry for entry in trainer.state.log_history if "loss" in entry or "reward" in entry]
     record = {"recipe": asdict(recipe), "log": with_missing_counts(history, rollouts.reward_steps()),
@@ -107,6 +118,7 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
         record["reward_steps"] = rollouts.reward_steps()
         record["reward_summary"] = rollouts.online.summary()
     (out / "omrl_grpo.json").write_text(json.dumps(record, indent=1, default=str))
+    save_rollout_settings(out, recipe.rollout, trainer="grpo")  # what `omrl eval --policy hf:OUT` plays with
     details = {k: record[k] for k in ("reward_steps", "reward_summary") if k in record}
     return TrainResult("grpo", out, steps=int(trainer.state.global_step), wall_s=time.monotonic() - started,
                        history=record["log"], metrics=dict(output.metrics), rollouts=record["rollouts"],

@@ -24,6 +24,11 @@ Each step:
 The critic is a linear value head on the policy's last hidden state (`critic: head`, shares the trunk)
 or a separate model (`critic: separate`, from `critic_model`, default the starting checkpoint) with its
 own head. A token's value is read from the hidden state before it (the state it was sampled in).
+With `lora.enabled` the policy is wrapped in peft's LoRA: only its adapters (and the critic) train, the
+adapter is saved in output_dir/adapter and, with `lora.merge`, merged into output_dir's checkpoint
+(omrl.models.adapters); a separate critic's trunk still trains whole. Memory: `gradient_checkpointing`
+recomputes the policy's layers in the backward pass; `logprob_chunk` scores the completion tokens in chunks
+whose vocabulary logits are recomputed in the backward pass (ppo_update.chunked_logprobs).
 Saved: the policy (model + tokenizer) in output_dir, the critic in output_dir/critic, the per-step log
 in output_dir/omrl_ppo.json.
 
@@ -81,7 +86,9 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from omrl.models.adapters import save_checkpoint
     from omrl.models.real import resolve_model
+    from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.tasks import load_tasks
     from omrl.train.data.rollout_step import RolloutStep
 
@@ -108,9 +115,15 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
     tokenizer = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path)
+    if recipe.lora.enabled:  # only the adapters (and the critic) train
+        from peft import get_peft_model
+
+        policy = get_peft_model(policy, recipe.lora.peft_config())
     critic = ppo_update.make_critic(recipe, policy)
     # eval: no dropout, so the old and new logprobs of one batch agree before the first update
-    model = accelerator.prepare(ppo_update.actor_critic(policy, critic).eval())
+    model = accelerator.prepare(ppo_update.actor_critic(policy, critic, recipe.logprob_chunk).eval())
+    if recipe.gradient_checkpointing:
+        ppo_update.checkpoint_layers(policy)
     reference = None
     if recipe.beta > 0:
         reference = copy.deepcopy(policy).requires_grad_(False)
@@ -141,8 +154,8 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     processes = {"count": procs.count, "parameter_sha256": digests}
     if procs.main:
         out.mkdir(parents=True, exist_ok=True)
-        policy.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
+        # with LoRA: out/adapter, and the merged policy at out when lora.merge (merges `policy` in place)
+        save_checkpoint(policy, tokenizer, out, merge=recipe.lora.merge)
         critic_dir = out / "critic"
         critic_dir.mkdir(exist_ok=True)
         save_file({k: v.detach().contiguous() for k, v in critic.head.state_dict().items()},
@@ -152,6 +165,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
         (out / "omrl_ppo.json").write_text(json.dumps({
             "recipe": asdict(recipe), "log": log, "rollouts": summary, "processes": processes},
             indent=1, default=str))
+        save_rollout_settings(out, recipe.rollout, trainer="ppo")  # what `omrl eval --policy hf:OUT` plays with
     accelerator.wait_for_everyone()  # no process returns before the checkpoint is on disk
     last = log[-1] if log else {}
     return TrainResult("ppo", out, steps=len(log), wall_s=time.monotonic() - started, history=log,

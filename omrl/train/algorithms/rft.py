@@ -8,6 +8,8 @@ The attempts land in the store (round `round`, run `run_id`), the kept ones in a
 whose omrl.json records the selection (omrl.curate.filter_store), so the SFT set can be rebuilt.
 With `reward_recipe` the attempts are annotated first (omrl.annotate.runner.annotate_with_recipe: the
 recipe's metrics and judges, then its combined reward, every score stored; resumable) and ranked by it.
+The SFT stage is omrl.train.algorithms.sft with the recipe's `sft` section: `sft.lora` trains LoRA adapters
+(saved in output_dir/checkpoint/adapter, merged into the checkpoint with `sft.lora.merge`).
 The TrainResult is the SFT stage's (steps, history, metrics) with `rollouts`: attempts, kept, dropped,
 success_rate, mean_reward of the collection.
 """
@@ -63,6 +65,7 @@ def train_rft(recipe: RFTRecipe | dict[str, Any], *, store: Any = None,
     """Collect into `store` (default the recipe's, else output_dir/store), select the best of each group, SFT
     on them, the collection and the SFT steps shown by `reporter`; omrl.train.trainer's contract."""
     from omrl.config import from_dict, to_dict
+    from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.store.query import quote_literal
     from omrl.tasks import load_tasks
     from omrl.train.algorithms.sft import train_sft
@@ -99,6 +102,8 @@ def train_rft(recipe: RFTRecipe | dict[str, Any], *, store: Any = None,
     sft = recipe.sft.to_recipe(seed=recipe.seed, model=recipe.model, store=str(kept_path),
                                output_dir=str(out / "checkpoint"))
     trained = train_sft(sft, reporter=reporter)
+    # The attempts' settings, not the SFT rows' partial view of them: what `omrl eval --policy hf:CKPT` plays with.
+    save_rollout_settings(trained.checkpoint, recipe.rollout, trainer="rft")
     rollouts = {"attempts": collected.total, "kept": kept, "dropped": dict(selection.dropped),
                 "success_rate": collected.success_rate, "mean_reward": collected.mean_reward}
     (out / "omrl_rft.json").write_text(json.dumps({"recipe": to_dict(recipe), **rollouts,

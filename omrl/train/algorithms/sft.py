@@ -11,6 +11,9 @@ examples travel in big batches. The loss is a mean over the trained tokens of ea
 `num_items_in_batch`), so a batch's weight follows its token count, not its example count. `batching: trl`
 instead hands TRL the conversational dataset with `assistant_only_loss` and TRL's default random batches of
 `batch_size` (only when every assistant turn is trainable: TRL's masks cannot leave one out).
+With `lora.enabled` only LoRA adapters train; they are saved in output_dir/adapter, merged into output_dir's
+checkpoint with `lora.merge` (omrl.models.adapters). TRL scores the loss with its fused LM head, so the batch's
+full-vocabulary logits are never held.
 Runs unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed; see docs/training.md).
 The TrainResult's `details`: the bridge report (`bridge`), `train_tokens` (real, non-pad tokens fed on this
 process, all epochs), `padded_tokens` (fed including padding), `fed_padding_fraction`, `batches`, `world_size`.
@@ -50,6 +53,16 @@ def build_dataset(recipe: SFTRecipe, tokenizer, store: Any = None):
         raise UsageError(f"no trajectories to train on ({report.summary()})")
     report.examples = len(rows)
     return chat_dataset(rows).remove_columns(["id"]), report
+
+
+def trained_rollout(store: Any, where: str | None) -> dict[str, Any]:
+    """The rollout settings the trained rows show (omrl.rollout.checkpoint_settings.settings_shown_by)."""
+    from omrl.rollout.checkpoint_settings import settings_shown_by
+    from omrl.store import Store
+    from omrl.store.query import select_where
+
+    store = store if isinstance(store, Store) else Store(store)
+    return settings_shown_by(select_where(store, where or None, columns="env, metadata").to_pylist())
 
 
 class CountingCollator:
@@ -103,7 +116,9 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     from trl import SFTTrainer
 
     from omrl.config import from_dict, to_dict
+    from omrl.models.adapters import save_checkpoint
     from omrl.models.real import resolve_model
+    from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.train.trainer_progress import reporter_callback
 
     if isinstance(recipe, dict):
@@ -114,16 +129,8 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     dataset, report = build_dataset(recipe, tokenizer, store)
-    peft_config = None
-    if recipe.lora.enabled:
-        from peft import LoraConfig
-
-        targets = recipe.lora.target_modules
-        peft_config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-                                 target_modules=targets[0] if targets == ["all-linear"] else targets,
-                                 task_type="CAUSAL_LM")
     kwargs = dict(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
-                  peft_config=peft_config,
+                  peft_config=recipe.lora.peft_config(),
                   callbacks=[reporter_callback(reporter, "sft")] if reporter is not None else None)
     if recipe.batching == "bridge":
         from omrl.train.data.bridge import default_token_budget
@@ -143,13 +150,8 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
         if reporter is not None:
             reporter.finish()
     out = Path(recipe.output_dir)
-    trained = trainer.model
-    if recipe.lora.enabled and recipe.lora.merge:
-        trained = trained.merge_and_unload()
-    if trainer.is_world_process_zero():
-        out.mkdir(parents=True, exist_ok=True)
-        trained.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+    if trainer.is_world_process_zero():  # with LoRA: out/adapter, and the merged model at out when lora.merge
+        save_checkpoint(trainer.model, tokenizer, out, merge=recipe.lora.merge)
     history = [e for e in trainer.state.log_history if "loss" in e]
     losses = [e["loss"] for e in history]
     details = {"bridge": report.to_dict(), "train_tokens": counter.real, "padded_tokens": counter.padded,
@@ -166,6 +168,9 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
                   "duration_s": result.wall_s, "metrics": result.metrics,
                   "world_size": trainer.args.world_size}
         (out / "omrl_sft.json").write_text(json.dumps(record, indent=1, default=str))
+        # What the rows show of how they were played (env, max_turns); the rest is named missing in the file.
+        save_rollout_settings(out, trained_rollout(store if store is not None else recipe.store, recipe.where),
+                              trainer="sft")
     return result
 
 

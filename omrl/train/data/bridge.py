@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 
 from omrl.errors import UsageError
 from omrl.policies.tokens_check import seen_messages, seen_tools
-from omrl.schema import is_failed  # FAILED_STATUSES: env_error, policy_error, timeout
+from omrl.schema import TrajectoryRow, is_failed  # is_failed: env_error, policy_error, timeout
 from omrl.schema.messages import to_chat_template
 from omrl.train.data.masks import MaskError, incremental_mask, is_trainable, template_mask
 from omrl.train.data.token_bridge import check_token_source, drifting_turns, row_token_source, stored_examples
@@ -75,7 +75,7 @@ class BridgeReport:
 
 
 def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
-              report: BridgeReport | None = None) -> list[dict[str, Any]]:
+              report: BridgeReport | None = None) -> list[TrajectoryRow]:
     """Trajectory rows of `store` (a Store or path) matching the SQL `where`, ordered by id for determinism."""
     from omrl.store import Store
     from omrl.store.query import select_where
@@ -94,7 +94,7 @@ def load_rows(store, where: str | None = None, *, skip_broken: bool = True,
     return kept
 
 
-def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
+def chat_example(row: TrajectoryRow) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
     """(chat-template messages (omrl.schema.messages.to_chat_template), tools, trainable flag per message) of one row,
     as the model saw it (omrl.policies.tokens_check.seen_messages: tools sent as text are in the messages, not in tools)."""
     if not row.get("messages"):
@@ -103,7 +103,7 @@ def chat_example(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
     return to_chat_template(seen), seen_tools(row), [is_trainable(m) for m in seen]
 
 
-def chat_dataset(rows: Sequence[dict[str, Any]]):
+def chat_dataset(rows: Sequence[TrajectoryRow]):
     """A `datasets.Dataset` of conversational `messages` + `tools` (JSON text), TRL's SFT format.
 
     Tool-call arguments are stored as JSON values so rows with different argument shapes do not get each
@@ -152,7 +152,7 @@ def _segments(messages: list[dict[str, Any]]) -> tuple[int, list[tuple[int, int]
     return starts[0], [(bounds[k], bounds[k + 1]) for k in range(len(starts))]
 
 
-def sft_examples(rows: Sequence[dict[str, Any]], tokenizer, *, max_length: int | None = 2048,
+def sft_examples(rows: Sequence[TrajectoryRow], tokenizer, *, max_length: int | None = 2048,
                  overflow: str = "split", mask_source: str = "auto", token_source: str = "auto",
                  report: BridgeReport | None = None) -> tuple[list[dict[str, Any]], BridgeReport]:
     """Tokenized SFT examples {id, input_ids, assistant_masks} with loss only on trainable assistant tokens.
@@ -370,7 +370,7 @@ class RLRewards:
         return sum(v is None for v in self.values)
 
 
-def rl_rewards(store, rows: Sequence[dict[str, Any]], recipe=None) -> RLRewards:
+def rl_rewards(store, rows: Sequence[TrajectoryRow], recipe=None) -> RLRewards:
     """The combined reward of `recipe` (omrl.annotate.reward: a path, mapping or RewardRecipe) for each row,
     or the env reward when no recipe is configured.
 

@@ -35,6 +35,7 @@ from omrl.annotate.reward import ENV_REWARD, RewardRecipe, combine, load_reward_
 from omrl.annotate.runner import check_computable, recipe_judges, recipe_metrics
 from omrl.errors import UsageError
 from omrl.schema import is_failed
+from omrl.schema.rows import TrajectoryRow, UncheckedRow
 
 
 @dataclass
@@ -56,9 +57,9 @@ class StepRewards:
                 **({"first_error": self.first_error} if self.first_error else {})}
 
 
-def _with_meta(row: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    meta = row.get("metadata")
-    return {**row, "metadata": {**(meta if isinstance(meta, dict) else {}), **extra}}
+def _with_meta(annotation: UncheckedRow, extra: Mapping[str, Any]) -> dict[str, Any]:
+    meta = annotation.get("metadata")
+    return {**annotation, "metadata": {**(meta if isinstance(meta, dict) else {}), **extra}}
 
 
 class OnlineReward:
@@ -128,7 +129,7 @@ class StepScoring:
             del self.pending[task]
             self.running.append(asyncio.get_running_loop().create_task(self._score(group)))
 
-    async def _score(self, rows: list[dict[str, Any]]) -> None:
+    async def _score(self, rows: list[TrajectoryRow]) -> None:
         live = [r for r in rows if not is_failed(r["status"])]
         out = self.result
         for r in rows:

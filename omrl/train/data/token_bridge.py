@@ -41,6 +41,7 @@ from omrl.policies.tokens_check import (
     seen_tools,
 )
 from omrl.schema.messages import to_chat_template
+from omrl.schema.rows import TrajectoryRow
 from omrl.train.data.masks import MaskError, is_trainable
 
 TokenSource = Literal["auto", "stored", "render"]  # an SFT recipe's token_source
@@ -53,7 +54,7 @@ def check_token_source(token_source: str) -> None:
         raise UsageError(f"token_source must be one of {', '.join(TOKEN_SOURCES)}, not {token_source!r}")
 
 
-def _assistant_turns(row: dict[str, Any], messages: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+def _assistant_turns(row: TrajectoryRow, messages: list[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
     """(turn number, position in `messages`, turns[] entry) of each assistant message; the k-th assistant
     message is the k-th turn (the agent loop appends one of each per turn); a missing entry is {}."""
     turns = row.get("turns") or []
@@ -61,7 +62,7 @@ def _assistant_turns(row: dict[str, Any], messages: list[dict[str, Any]]) -> lis
     return [(k, at, turns[k] if k < len(turns) else {}) for k, at in enumerate(positions)]
 
 
-def row_token_source(row: dict[str, Any], token_source: str) -> str | None:
+def row_token_source(row: TrajectoryRow, token_source: str) -> str | None:
     """How `row` is trained under `token_source`: "stored" (turn by turn, from its sampled ids where it has
     them), "render" (whole), or None (token_source stored and a trainable turn lacks ids: the row is dropped)."""
     if token_source == "render":
@@ -75,7 +76,7 @@ def row_token_source(row: dict[str, Any], token_source: str) -> str | None:
     return "stored" if with_ids else "render"
 
 
-def turn_examples(row: dict[str, Any], tokenizer: Any) -> list[tuple[int, list[int], list[int], bool]]:
+def turn_examples(row: TrajectoryRow, tokenizer: Any) -> list[tuple[int, list[int], list[int], bool]]:
     """(turn index, input_ids, assistant_masks, from stored ids) of each trainable assistant turn of `row`, as
     the module docstring says; a turn without ids whose reply the template cannot locate raises MaskError."""
     messages = seen_messages(row)
@@ -98,7 +99,7 @@ def turn_examples(row: dict[str, Any], tokenizer: Any) -> list[tuple[int, list[i
     return out
 
 
-def stored_examples(row: dict[str, Any], tokenizer: Any, *, max_length: int | None, overflow: str,
+def stored_examples(row: TrajectoryRow, tokenizer: Any, *, max_length: int | None, overflow: str,
                     report: Any) -> list[tuple[str, list[int], list[int]]]:
     """(example id, input_ids, assistant_masks) of `row` trained turn by turn, counted in `report` (a
     BridgeReport): turns from stored ids or rendered, turns too long for `max_length` (overflow "split": the
@@ -121,7 +122,7 @@ def stored_examples(row: dict[str, Any], tokenizer: Any, *, max_length: int | No
     return out
 
 
-def drifting_turns(row: dict[str, Any], tokenizer: Any) -> int:
+def drifting_turns(row: TrajectoryRow, tokenizer: Any) -> int:
     """Trainable assistant turns of `row` whose stored ids the template's re-tokenisation does not reproduce
     (omrl.policies.tokens_check's completion and template drifts): what rendering the row would train wrongly."""
     if not any(turn.get("completion_ids") for turn in row.get("turns") or []):

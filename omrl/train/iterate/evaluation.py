@@ -142,9 +142,9 @@ def _fmt(column: str, value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def stage_summary(row: dict[str, Any]) -> str:
-    """One line: success (greedy), reward."""
-    greedy = row.get("greedy_success")
-    return (f"success {_fmt('success', row.get('success'))}"
+def stage_summary(results: dict[str, Any]) -> str:
+    """One line of a stage's results (evaluate_checkpoint's): success (greedy), reward."""
+    greedy = results.get("greedy_success")
+    return (f"success {_fmt('success', results.get('success'))}"
             + ("" if greedy is None else f" (greedy {greedy:.1%})")
-            + f", reward {_fmt('mean_reward', row.get('mean_reward'))}")
+            + f", reward {_fmt('mean_reward', results.get('mean_reward'))}")

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from omrl.errors import UsageError
+from omrl.schema.rows import TrajectoryRow
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, scale_std: bool = True,
@@ -43,7 +44,7 @@ def flat_groups(rewards: Sequence[float], group_ids: Sequence[str]) -> set[str]:
     return {group for group, values in seen.items() if len(values) == 1}
 
 
-def turn_rewards(row: dict, episode_reward: float | None = None) -> list[float] | None:
+def turn_rewards(row: TrajectoryRow, episode_reward: float | None = None) -> list[float] | None:
     """Per-turn rewards of a stored trajectory (turns[].reward, what the environment paid each step), for
     turn- or token-level advantages (omrl/train/rl/gae.py, the PPO path).
 

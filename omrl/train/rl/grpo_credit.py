@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.schema.rows import TrajectoryRow
 
 STEP_ADVANTAGES = "omrl_step_advantages"  # the rollout_func output key (one list per rollout)
 SUPPORTED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
@@ -60,7 +61,7 @@ def add_step_advantages(output: dict[str, Any], step_values: Sequence[Sequence[f
     return output
 
 
-def rollout_step_advantages(rows: Sequence[dict[str, Any]], env_masks: Sequence[Sequence[int]], settings: Any,
+def rollout_step_advantages(rows: Sequence[TrajectoryRow], env_masks: Sequence[Sequence[int]], settings: Any,
                             rewards: Sequence[float | None] | None = None) -> list[list[float]]:
     """For rollout_func, between playing a step and storing it: the step credit of the step's rows (whole
     GRPO groups; `rewards` the ones TRL is given, default each row's), written into each turn's

@@ -88,28 +88,57 @@ def inputs(batch: Batch, rows: Any) -> tuple[Any, ...]:
 
 
 def forward(policy: Any, critic: Any, ids: Any, att: Any, pos: Any, completion: Any, width: int,
-             temperature: float, with_values: bool = True):
-    """Logprobs and entropies of the completion tokens under `policy`, and the critic's values: [b, C] each."""
+            temperature: float, with_values: bool = True, chunk: int = 0):
+    """Logprobs and entropies of the completion tokens under `policy`, and the critic's values: [b, C] each.
+    With `chunk` > 0 the completion tokens are scored `chunk` at a time (chunked_logprobs): the same numbers
+    without the batch's full-vocabulary logits."""
     import torch
 
     shared = critic is not None and critic.trunk is None and with_values
-    out = policy(input_ids=ids, attention_mask=att, position_ids=pos, output_hidden_states=shared, use_cache=False)
-    start, length = width - 1, completion.shape[1]
-    logits = out.logits[:, start: start + length].float() / temperature  # position i predicts token i + 1
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    start, length = width - 1, completion.shape[1]  # position i predicts token i + 1
+    if chunk > 0:
+        causal_lm = policy.get_base_model() if hasattr(policy, "get_base_model") else policy  # peft: the LoRA'd model
+        hidden = causal_lm.base_model(input_ids=ids, attention_mask=att, position_ids=pos,
+                                      use_cache=False).last_hidden_state
+        logprobs, entropy = chunked_logprobs(hidden[:, start: start + length], causal_lm.get_output_embeddings(),
+                                             completion, temperature, chunk)
+    else:
+        out = policy(input_ids=ids, attention_mask=att, position_ids=pos, output_hidden_states=shared,
+                     use_cache=False)
+        logits = out.logits[:, start: start + length].float() / temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        hidden = out.hidden_states[-1] if shared else None
     values = None
     if with_values and critic is not None:
-        if shared:
-            hidden = out.hidden_states[-1]
-        else:
+        if not shared:
             hidden = critic.trunk(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).last_hidden_state
         values = critic.head(hidden[:, start: start + length].float()).squeeze(-1)
     return logprobs, entropy, values
 
 
-def actor_critic(policy: Any, critic: Any):
+def chunked_logprobs(hidden: Any, lm_head: Any, tokens: Any, temperature: float, chunk: int):
+    """Logprobs of `tokens` [b, C] and the entropies of their distributions from the hidden states before them
+    [b, C, H], `chunk` tokens at a time; each chunk's vocabulary logits are recomputed in the backward pass
+    (activation checkpointing), so at most `chunk` x vocabulary logits are held at once."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def score(h, t):
+        logp_all = torch.log_softmax(lm_head(h).float() / temperature, dim=-1)
+        return logp_all.gather(-1, t.unsqueeze(-1)).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+
+    flat, labels = hidden.reshape(-1, hidden.shape[-1]), tokens.reshape(-1)
+    parts = [checkpoint(score, flat[i: i + chunk], labels[i: i + chunk], use_reentrant=False)
+             if torch.is_grad_enabled() else score(flat[i: i + chunk], labels[i: i + chunk])
+             for i in range(0, flat.shape[0], chunk)]
+    logprobs = torch.cat([p[0] for p in parts]) if parts else flat.new_zeros(0)
+    entropy = torch.cat([p[1] for p in parts]) if parts else flat.new_zeros(0)
+    return logprobs.view(tokens.shape), entropy.view(tokens.shape)
+
+
+def actor_critic(policy: Any, critic: Any, chunk: int = 0):
     """The policy and its critic as one module: one DDP wrapper then averages the gradients of both."""
     import torch
 
@@ -119,9 +148,21 @@ def actor_critic(policy: Any, critic: Any):
             self.policy, self.critic = policy, critic
 
         def forward(self, ids, att, pos, completion, width, temperature):
-            return forward(self.policy, self.critic, ids, att, pos, completion, width, temperature)
+            return forward(self.policy, self.critic, ids, att, pos, completion, width, temperature, chunk=chunk)
 
     return ActorCritic()
+
+
+def checkpoint_layers(policy: Any) -> None:
+    """Recompute the policy's decoder layers' activations in the backward pass. transformers checkpoints a layer
+    only in training mode, and PPO trains in eval mode (no dropout: old and new logprobs of a batch agree), so
+    only the layers themselves are flagged as training; their dropout and attention modules stay in eval mode."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for module in policy.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True
 
 
 class Processes:
@@ -259,7 +300,8 @@ def update(recipe: Any, model: Any, reference: Any, optimizer: Any, batch: Batch
         rewards = batch.rewards.clone()
         kl_sum = torch.zeros(())
         if reference is not None:
-            ref_logp, _, _ = forward(reference, None, *inputs(batch, everything), temperature, with_values=False)
+            ref_logp, _, _ = forward(reference, None, *inputs(batch, everything), temperature, with_values=False,
+                                     chunk=recipe.logprob_chunk)
             kl = (old_logp - ref_logp) * mask
             rewards = rewards - recipe.beta * kl
             kl_sum = kl.sum()

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from omrl.errors import UsageError
+from omrl.schema.payloads import info_of
+from omrl.schema.rows import TrajectoryRow
 from omrl.train.rl.advantages import group_advantages
 
 RESET_STATE = "<reset>"
@@ -122,28 +124,20 @@ def step_credit(episodes: Sequence[EpisodeSteps], *, gamma: float = 0.95, weight
                       [e.reward is not None for e in episodes])
 
 
-def turn_states(row: dict[str, Any], reset_state: Hashable = RESET_STATE) -> list[Hashable | None]:
+def turn_states(row: TrajectoryRow, reset_state: Hashable = RESET_STATE) -> list[Hashable | None]:
     """The state each turn of a stored row acts from: the reset state, then each step's `info["state"]`
     (None where an environment did not report one, or a turn made several steps without one)."""
     states: list[Hashable | None] = []
     previous: Hashable | None = reset_state
     for turn in row.get("turns") or []:
         states.append(previous)
-        info = _info(turn)
+        info = info_of(turn)
         state = info.get("state")
         if state is None and info.get("steps"):
             last = info["steps"][-1]
             state = last.get("state") if isinstance(last, dict) else None
         previous = json.dumps(state, sort_keys=True) if isinstance(state, (list, dict)) else state
     return states
-
-
-def _info(turn: dict[str, Any]) -> dict[str, Any]:
-    try:
-        info = json.loads(turn.get("info") or "{}")
-    except (TypeError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
 
 
 def visited_states(states: Sequence[Hashable | None]) -> list[Hashable | None]:
@@ -160,7 +154,7 @@ def visited_states(states: Sequence[Hashable | None]) -> list[Hashable | None]:
     return out
 
 
-def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float | None] | None = None,
+def episodes_from_rows(rows: Sequence[TrajectoryRow], rewards: Sequence[float | None] | None = None,
                        anchor: str = "state") -> list[EpisodeSteps]:
     """One EpisodeSteps per stored row: its group_id, the anchors its turns act from (`anchor`:
     StepCreditSettings.anchor), its turn rewards.
@@ -182,7 +176,7 @@ def episodes_from_rows(rows: Sequence[dict[str, Any]], rewards: Sequence[float |
     return out
 
 
-def credit_rows(rows: Sequence[dict[str, Any]], settings: StepCreditSettings | None = None,
+def credit_rows(rows: Sequence[TrajectoryRow], settings: StepCreditSettings | None = None,
                 rewards: Sequence[float | None] | None = None) -> StepCredit:
     """Step credit of a batch of stored rows (one or more whole GRPO groups) as `settings` say."""
     settings = settings or StepCreditSettings()
@@ -190,7 +184,7 @@ def credit_rows(rows: Sequence[dict[str, Any]], settings: StepCreditSettings | N
                        scale_std=settings.scale_std)
 
 
-def store_in_turns(rows: Sequence[dict[str, Any]], credit: StepCredit) -> None:
+def store_in_turns(rows: Sequence[TrajectoryRow], credit: StepCredit) -> None:
     """Write each turn's credit into its info JSON (rows changed in place, before they are appended):
     `info["credit"]` = group (the step group key, null: alone), size, return, episode_advantage,
     step_advantage and advantage (combined)."""
@@ -201,7 +195,7 @@ def store_in_turns(rows: Sequence[dict[str, Any]], credit: StepCredit) -> None:
         if len(turns) != len(credit.step_groups[i]):
             raise UsageError(f"row {row.get('id')}: {len(turns)} turns, credit for {len(credit.step_groups[i])}")
         for k, turn in enumerate(turns):
-            info = _info(turn)
+            info = info_of(turn)
             info["credit"] = {"group": credit.step_groups[i][k], "size": credit.step_group_sizes[i][k],
                               "return": credit.step_returns[i][k], "episode_advantage": credit.episode_advantages[i],
                               "step_advantage": credit.step_advantages[i][k], "advantage": credit.advantages[i][k]}
