@@ -132,16 +132,17 @@ def grpo_step(variant: str, model_dir: Path, prompts: int, samples: int, complet
     (a rollout_func that returns the same completions every step); the seconds of each step."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
     from datasets import Dataset
+    from omrl.models.load import load_model
     from omrl.train.config.base import LoraSettings
     from omrl.train.config.grpo import GRPORecipe, trl_config
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)  # as train_grpo loads it
+    model = load_model(model_dir)  # as train_grpo loads it: float32 on a CPU
     with tempfile.TemporaryDirectory(prefix="omrl-grpo-step-") as out:
         recipe = GRPORecipe(model=str(model_dir), tasks="-", output_dir=out, max_steps=steps, tasks_per_step=prompts,
                             samples_per_task=samples, warmup_steps=0, learning_rate=1e-5, logging_steps=1,

@@ -228,6 +228,12 @@ def _shipped_values() -> dict[str, tuple]:
                                                         r.sft.learning_rate), (8, 8, 3, 5e-4)),
         "sft_tiny.yaml": (config(SFTRecipe), lambda r: (r.where, r.epochs, r.batch_size, r.lora.r, r.lora.enabled),
                           ("success", 10, 32, 16, False)),
+        "sft_real.yaml": (config(SFTRecipe), lambda r: (r.model, r.epochs, r.learning_rate, r.lora.enabled,
+                                                        r.lora.target_modules, r.lora.merge),
+                          ("hf:smollm2-135m-instruct", 3, 1e-3, True, ["all-linear"], True)),
+        "grpo_real.yaml": (config(GRPORecipe), lambda r: (r.model, r.rollout.env, r.max_steps, r.learning_rate,
+                                                          r.lora.enabled, r.lora.merge),
+                           ("real-sft", "grid", 10, 1e-4, True, True)),
         "reward.yaml": (load_reward_recipe, lambda r: (
             [(c.name, c.weight, c.scale) for c in r.components], r.missing, r.metrics, r.judges[0]["model"]),
             ([("env_reward", 1.0, None), ("exact_match", 0.5, None), ("judge:task_quality", 0.25, (1.0, 10.0))],
@@ -251,6 +257,10 @@ def _shipped_values() -> dict[str, tuple]:
                                                      s.budget.unit, s.primary.a, s.primary.condition),
                               ("grid", "shipped:grid_eval[100:]", ["sft", "more_sft", "rft", "grpo", "step_credit"],
                                5, "optimizer_steps", "best_rl_on_dev", "noisy")),
+        "studies/quick.yaml": (load_study, lambda s: (s.env, s.tasks.test, [m.kind for m in s.methods], s.seeds,
+                                                      s.budget.value, s.primary.a, s.primary.b),
+                               ("grid", "shipped:grid_eval[100:116]", ["sft", "more_sft", "grpo"], 2, 10,
+                                "best_rl_on_dev", "more_sft")),
     }
 
 

@@ -132,6 +132,82 @@ def test_a_prompt_past_the_served_context_ends_the_episode_as_truncated(server):
         asyncio.run(policy.act([{"role": "user", "content": "many words " * 2000}], [], context))
 
 
+def test_the_adaptive_limit_fills_vllm_s_batch_without_overrunning_its_queue(server):
+    """omrl.llm.endpoint against vLLM's real scheduler (max_num_seqs 8, `omrl serve vllm`'s default): from one
+    request in flight the limit grows to use the batch, vLLM's waiting count keeps it near what the server
+    schedules, and every reply comes back ok."""
+    import asyncio
+
+    from omrl.llm.client import LLMClient
+    from omrl.llm.endpoint import forget
+
+    forget()  # no limit learned by an earlier test of this endpoint: start from one request in flight
+    client = LLMClient(server.base_url, max_connections=64)
+
+    async def burst() -> list:
+        try:
+            return await asyncio.gather(*(client.chat(
+                model=SERVED, messages=[{"role": "user", "content": f"Count to {i % 7 + 3}."}], max_tokens=16,
+                temperature=1.0) for i in range(48)), return_exceptions=True)
+        finally:
+            await client.aclose()
+
+    replies = asyncio.run(burst())
+    failed = [r for r in replies if isinstance(r, BaseException)]
+    assert failed == [], failed[:3]
+    throttle = client.throttle
+    assert throttle.info.kind == "vllm"
+    assert throttle.peak >= 4, f"the limit stayed at {throttle.peak} in flight: vLLM's batch went unused"
+    assert throttle.cuts >= 1, "vLLM's waiting count never lowered the limit"
+    assert throttle.allowed <= 2 * 8, f"limit {throttle.allowed}: far past the 8 sequences vLLM schedules"
+    print(f"peak {throttle.peak}, cuts {throttle.cuts}, limit at the end {throttle.allowed}")
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# The short form of README's real-model path: its lines as written, with smaller sizes appended (a later flag
+# or key=value wins) and this module's server in place of the one the README starts on port 8011.
+SHORT_FORM = {"omrl collect --env grid --tasks shipped:grid_train": " --limit 16",
+              "omrl collect": " --limit 3 --max-turns 4", "omrl eval": " --limit 3 --max-turns 4",
+              "omrl train sft": " epochs=1",
+              "omrl train grpo": " max_steps=1 tasks_per_step=2 samples_per_task=2 rollout.max_turns=4"}
+
+
+def readme_real_model_path() -> list[str]:
+    """The command lines of README.md's "## With a real model" bash block, in order (comments left out)."""
+    import re
+
+    section = re.search(r"^## With a real model\n(.*?)(?=^## )", README.read_text(encoding="utf-8"), re.M | re.S)
+    assert section, "README.md has no '## With a real model' section"
+    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.M | re.S)
+    assert block, "README.md's real-model section has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_readme_real_model_path_runs_in_short_form(server, tmp_path):
+    """Each line of README's real-model block (collect through vLLM, expert demos, SFT and GRPO with LoRA, eval,
+    report) in an empty folder, with fewer tasks and steps: every step ends well and leaves what it says."""
+    lines = readme_real_model_path()
+    assert any("openai:smollm2-135m-instruct" in line for line in lines)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for line in lines:
+        line = line.replace("http://127.0.0.1:8011/v1", server.base_url).replace(
+            "openai:smollm2-135m-instruct", f"openai:{SERVED}")
+        line += next((extra for start, extra in SHORT_FORM.items() if line.startswith(start)), "")
+        run = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, f"{line}\n{run.stderr[-3000:]}"
+    for stage in ("real-sft", "real-grpo"):
+        assert (tmp_path / stage / "adapter" / "adapter_config.json").is_file(), f"{stage}: no adapter"
+        assert list((tmp_path / stage).glob("*.safetensors")), f"{stage}: no merged weights"
+    from omrl.store import Store
+
+    rows = Store(tmp_path / "real-store").read().to_pylist()
+    served = [row for row in rows if row["turns"] and row["turns"][0]["completion_ids"]]
+    assert served, "no episode of the base model kept the server's token ids"
+    assert {row["status"] for row in rows} <= {"ok", "truncated"}, [row["error"] for row in rows]
+    assert (tmp_path / "real-report" / "report.md").stat().st_size
+
+
 def test_a_server_with_a_tool_parser_takes_tools_natively(model_dir, tmp_path):
     parsed = Served(model_dir, "--tool-parser", "hermes")
     try:

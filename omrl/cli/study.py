@@ -1,4 +1,4 @@
-"""`omrl study check`: a study file (omrl.study.spec) checked before anything runs."""
+"""`omrl study check` and `omrl study run`: a study file (omrl.study.spec) checked before anything runs, and run."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def study() -> None:
 
     \b
     Example:  omrl study check shipped:studies/grid
+              omrl study run shipped:studies/quick --out runs/study-quick
     """
 
 
@@ -44,3 +45,47 @@ def check(study_file: str, overrides: tuple[str, ...]) -> None:
         click.echo(json.dumps({**report_head(spec), **(exc.report or {}), "refused": True}))
         raise
     click.echo(json.dumps(report))
+
+
+@study.command("run")
+@click.argument("study_file", metavar="STUDY")
+@click.argument("overrides", nargs=-1)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="the study's folder: its runs (resumed), test_ledger.jsonl and study.json")
+@click.option("--rescore", is_flag=True,
+              help="score the test set again under changed settings (the ledger counts a second scoring)")
+@click.option("--verbose", is_flag=True, help="TRL's own logs beside omrl's lines")
+@user_errors
+def run(study_file: str, overrides: tuple[str, ...], out: str, rescore: bool, verbose: bool) -> None:
+    """Run STUDY (a YAML file or shipped:NAME; KEY=VALUE overrides after it) into --out: per condition and seed
+    expert demos, SFT, then every method from that SFT checkpoint at the study's budget, each tuned on dev (seed
+    0) and scored once on test (recorded in the test ledger first). Prints the overlap report (one JSON line),
+    a table of test success per method and condition (mean +- t interval over seeds, per seed) and one JSON
+    line of headline figures; OUT/study.json holds them all. A killed run started again skips finished runs;
+    changed settings are refused once the test set was scored, unless --rescore.
+
+    \b
+    Example:  omrl study run shipped:studies/quick --out runs/study-quick
+              omrl study run my_study.yaml --out runs/my-study seeds=3 --rescore
+    """
+    from rich.console import Console
+
+    from omrl.study.check import report_head, study_folder_of
+    from omrl.study.figures import headline, study_table
+    from omrl.study.overlap import OverlapError
+    from omrl.study.run import run_study
+    from omrl.study.spec import load_study
+    from omrl.train.trainer_progress import quiet_libraries
+
+    spec = load_study(study_file, overrides)
+    errors = Console(stderr=True, soft_wrap=True)
+    try:
+        with quiet_libraries(not verbose):
+            result = run_study(spec, out, study_folder_of(study_file), rescore=rescore,
+                               on_report=lambda report: click.echo(json.dumps(report)),
+                               log=lambda line: errors.print(line, style="dim", markup=False, highlight=False))
+    except OverlapError as exc:
+        click.echo(json.dumps({**report_head(spec), **(exc.report or {}), "refused": True}))
+        raise
+    Console(soft_wrap=True).print(study_table(result))
+    click.echo(json.dumps(headline(result)))

@@ -63,11 +63,11 @@ def adapter_base(adapter_dir: str | Path) -> str:
 def load_adapter(adapter_dir: str | Path, base: str | None = None) -> Any:
     """The peft model of `adapter_dir` on its base checkpoint (`base`, default the one it names), in eval mode."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
+    from omrl.models.load import load_model
     from omrl.models.real import resolve_model
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(base or adapter_base(adapter_dir)))
+    model = load_model(resolve_model(base or adapter_base(adapter_dir)))
     return PeftModel.from_pretrained(model, str(adapter_dir)).eval()
 
 

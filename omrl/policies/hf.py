@@ -68,15 +68,16 @@ class HFPolicy:
                  temperature: float | None = None, device: str | None = None, batch_window: float = 0.01,
                  max_batch: int = 256, name: str | None = None) -> None:
         if isinstance(model, str):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoTokenizer
 
+            from omrl.models.load import load_model
             from omrl.models.real import resolve_model
 
             name = name or model
             path = resolve_model(model)  # a known name -> its cache folder (or "run: omrl models fetch NAME")
             try:
                 tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
-                model = AutoModelForCausalLM.from_pretrained(path)
+                model = load_model(path)
             except OSError as exc:
                 raise PolicyError(f"cannot load model {model!r}: {exc}") from None
         if tokenizer is None:

@@ -107,7 +107,9 @@ class VLLMServer:
         argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
-                "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager", "--disable-log-stats",
+                # Stats stay on: without them vLLM's /metrics never updates num_requests_waiting, the queue
+                # signal omrl.llm.endpoint's limit reads (their log lines go to the server's log file).
+                "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager",
                 # Whole prompts only: a chunked prefill discards the tokens it sampled for a partial prompt and
                 # rewinds that request's seeded generator, which the CPU build cannot do ("CPU Generator does
                 # not use offset": the engine dies, every later request fails). omrl sends a seed per episode.

@@ -62,12 +62,13 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
     from datasets import Dataset
     from omrl.config import from_dict
     from omrl.models.adapters import save_checkpoint
+    from omrl.models.load import load_model
     from omrl.models.real import resolve_model
     from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.tasks import load_tasks
@@ -85,7 +86,7 @@ def train_grpo(recipe: GRPORecipe | dict[str, Any], *, store: Any = None,
     torch.manual_seed(recipe.seed)
     path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = load_model(path)
     rollout = AgentRollout(recipe, tasks, tokenizer, store=store, reporter=reporter)
     # The prompt column carries the task id; the agent loop renders the real prompt from env.reset.
     dataset = Dataset.from_dict({"prompt": [t.id for t in tasks]})

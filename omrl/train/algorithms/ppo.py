@@ -84,9 +84,10 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
     import torch
     from accelerate import Accelerator
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from omrl.models.adapters import save_checkpoint
+    from omrl.models.load import load_model
     from omrl.models.real import resolve_model
     from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.tasks import load_tasks
@@ -114,7 +115,7 @@ def train_ppo(recipe: PPORecipe | dict[str, Any], *, store: Any = None,
                          f"{procs.count} processes: every process needs at least one")
     path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
     tokenizer = AutoTokenizer.from_pretrained(path)
-    policy = AutoModelForCausalLM.from_pretrained(path)
+    policy = load_model(path)
     if recipe.lora.enabled:  # only the adapters (and the critic) train
         from peft import get_peft_model
 

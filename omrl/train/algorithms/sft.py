@@ -112,11 +112,12 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     `reporter`; save model + tokenizer (+ omrl_sft.json) to output_dir (omrl.train.trainer's contract)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import SFTTrainer
 
     from omrl.config import from_dict, to_dict
     from omrl.models.adapters import save_checkpoint
+    from omrl.models.load import load_model
     from omrl.models.real import resolve_model
     from omrl.rollout.checkpoint_settings import save_rollout_settings
     from omrl.train.trainer_progress import reporter_callback
@@ -127,7 +128,7 @@ def train_sft(recipe: SFTRecipe | dict[str, Any], *, store: Any = None,
     torch.manual_seed(recipe.seed)
     path = resolve_model(recipe.model)  # a known name (hf:NAME) -> its folder in omrl's model cache
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = load_model(path)
     dataset, report = build_dataset(recipe, tokenizer, store)
     kwargs = dict(model=model, args=trl_config(recipe), train_dataset=dataset, processing_class=tokenizer,
                   peft_config=recipe.lora.peft_config(),

@@ -19,6 +19,7 @@ def make_critic(recipe: Any, policy: Any):
     import torch
     from transformers import AutoModel
 
+    from omrl.models.load import load_model
     from omrl.models.real import resolve_model
 
     class Critic(torch.nn.Module):
@@ -33,7 +34,7 @@ def make_critic(recipe: Any, policy: Any):
 
     if recipe.critic == "head":
         return Critic(policy.config.hidden_size)
-    trunk = AutoModel.from_pretrained(resolve_model(recipe.critic_model or recipe.model))
+    trunk = load_model(resolve_model(recipe.critic_model or recipe.model), AutoModel)
     return Critic(trunk.config.hidden_size, trunk)
 
 

@@ -1,0 +1,396 @@
+"""`omrl study run` as an API: every method of a study trained per condition and seed, tuned on dev, the test set
+scored once through the ledger, the seed-level figures (omrl.study.figures) written to OUT/study.json.
+
+    result = run_study(load_study("my_study.yaml"), "runs/my_study", base=Path("."))
+
+- Runs: recipes/quickstart.yaml (the demo's iterate recipe) with the study's env, env_options and task sets,
+  then the condition's overrides (any iterate key: rollout.env_options.noise, sft.epochs ...). Per condition and
+  seed, iterate round 0 (expert demos on train, the tiny model from its config, SFT: Comparison.prepare), then
+  each method from that SFT checkpoint: sft trains nothing, more_sft continues SFT on the demos, rft is omrl's
+  RFT trainer (collect.samples attempts on the first collect.tasks train tasks), grpo / step_credit / ppo_turn /
+  ppo_token are compare.train_method.
+- Budget: optimizer_steps gives RL methods max_steps (PPO: batches of ppo_epochs x minibatches updates, rounded
+  down, at least 1), more_sft max_steps (TRL stops there, whatever the epochs), rft sft.max_steps; a grid may
+  not tune the key the budget sets; other units are refused (UsageError). Every run records optimizer steps
+  (PPO: its updates), tokens trained (TRL's num_tokens; PPO counts none), environment steps (turns played) and
+  seconds; tuning runs are totalled apart, the shared SFT stage's seconds per seed too.
+- Tuning, on seed 0 only as compare.py does it (its tune() is the benchmark's learning-rate-then-coordinate
+  search; a study's grid is key -> values): per condition each grid point (their product, declared order) is
+  trained and scored on dev with the primary metric (greedy or sampled); the first best is trained on every
+  seed (seed 0's is its tuning run). best_rl_on_dev: the RL method with the best mean dev score over seeds.
+- Test: once every condition is tuned and scored on dev, each (condition, method, seed) is recorded in the
+  TestLedger under settings_hash(spec), then scored; under changed settings the run is refused before it
+  trains, and the ledger refuses the scoring, unless `rescore`.
+- Resume: a condition's runs live in OUT/conditions/NAME-DIGEST (its recipe and task sets), each recorded in
+  its benchmark_state.json as it finishes and skipped next time; a change that trains nothing new (the
+  primary contrast) reuses them. A failed run raises, never a score of 0 (no known outcome: StudyRunError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omrl.errors import UsageError
+from omrl.study.check import report_head
+from omrl.study.compare import (
+    RL_METHODS,
+    Comparison,
+    label,
+    optimizer_steps,
+    tokens_trained,
+    train_method,
+    tuned_settings,
+)
+from omrl.study.figures import study_result
+from omrl.study.ledger import RescoreRefused, TestLedger
+from omrl.study.overlap import Screened
+from omrl.study.spec import StudySpec, settings_hash
+from omrl.study.tasksets import env_options, screened_task_sets
+
+STUDY_FILE = "study.json"
+BASE_RECIPE = "shipped:quickstart"
+RL_METHOD_OF = {"grpo": "grpo", "step_credit": "grpo_step_credit", "ppo_turn": "ppo_turn",
+                "ppo_token": "ppo_token"}  # a study's kind -> compare.RL_METHODS
+RFT_KEYS = ("samples", "threshold", "keep_per_group")  # rft grid keys of the RFT recipe itself (the rest: sft.*)
+Log = Callable[[str], None]
+
+
+class StudyRunError(UsageError):
+    """A run that gave no figure (an evaluation with no known outcome): an error, never a score of 0."""
+
+
+# ---------------------------------------------------------------- settings
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: grid points and budgets as dotted recipe keys."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def unflatten(values: dict[str, Any]) -> dict[str, Any]:
+    """{"a.b": 1} -> {"a": {"b": 1}}: dotted recipe keys as the trainers' nested settings."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every point of a method's grid (the product of its lists, in declared order); [{}] for no grid."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def budget_keys(kind: str) -> tuple[str, ...]:
+    """The recipe keys the study's budget sets for a method of `kind` (a grid may not tune them)."""
+    return {"sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs")}.get(
+        kind, ("max_steps",))
+
+
+def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, Any]) -> dict[str, Any]:
+    """The dotted recipe keys that give a method of `kind` (at grid `point`) the study's budget."""
+    steps = int(spec.budget.value)
+    if kind == "sft":
+        return {}
+    if kind == "more_sft":
+        return {"max_steps": steps}
+    if kind == "rft":
+        return {"sft.max_steps": steps}
+    if kind.startswith("ppo_"):  # a PPO step is one rollout batch of ppo_epochs x minibatches optimizer steps
+        per_batch = point.get("ppo_epochs", recipe.ppo.ppo_epochs) * point.get("minibatches", recipe.ppo.minibatches)
+        return {"max_steps": max(1, steps // per_batch)}
+    return {"max_steps": steps}
+
+
+def check_runnable(spec: StudySpec) -> None:
+    """UsageError, before anything runs, for what the runner cannot do: a budget unit other than optimizer
+    steps, an `iterate` method, a grid on sft or on a key the budget sets, a greedy contrast without greedy
+    evaluations."""
+    if spec.budget.unit != "optimizer_steps":
+        raise UsageError(f"budget.unit {spec.budget.unit!r}: omrl study run matches optimizer_steps only so far "
+                         "(tokens, env_steps and seconds are recorded for every run)")
+    for method in spec.methods:
+        if method.kind == "iterate":
+            raise UsageError(f"method {method.name}: kind iterate is not run by omrl study run yet")
+        if method.kind == "sft" and method.grid:
+            raise UsageError(f"method {method.name}: sft trains nothing after the shared SFT; it has no grid")
+        clash = sorted(set(flatten(method.grid)) & set(budget_keys(method.kind)))
+        if clash:
+            raise UsageError(f"method {method.name}: grid.{clash[0]} is set by the budget "
+                             f"({spec.budget.value:g} {spec.budget.unit}): tune another key")
+    for condition in spec.conditions:
+        if spec.primary.metric == "greedy" and flatten(condition.overrides).get("eval.greedy") is False:
+            raise UsageError(f"condition {condition.name}: eval.greedy false, but the primary metric is greedy")
+
+
+# ---------------------------------------------------------------- the runs of one condition
+
+def digest(value: Any) -> str:
+    """12 hex digits of sha256 over `value` as canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def base_recipe(spec: StudySpec) -> dict[str, Any]:
+    """The iterate recipe (as a mapping) every run of the study starts from: BASE_RECIPE with the study's
+    environment and options; every dev task evaluated."""
+    from omrl.config import read_yaml
+
+    data = read_yaml(BASE_RECIPE)
+    data["rollout"] = {**data.get("rollout", {}), "env": spec.env, "env_options": env_options(spec)}
+    data["eval"] = {**data.get("eval", {}), "tasks": 0}
+    data["model"] = None
+    return data
+
+
+def condition_bench(spec: StudySpec, condition: Any, out: Path, screened: Screened) -> Comparison:
+    """The Comparison of one condition: its folder named by its recipe and task sets (a change of either is
+    a new folder, never a mix), the screened task sets written there."""
+    from omrl.tasks import write_tasks
+
+    recipe = base_recipe(spec)
+    overrides = [f"{key}={json.dumps(value)}" for key, value in flatten(condition.overrides).items()]
+    sets = {split: getattr(screened, split) for split in ("train", "dev", "test")}
+    rows = {split: [t.to_row() for t in tasks] for split, tasks in sets.items()}
+    folder = out / "conditions" / f"{condition.name}-{digest([recipe, overrides, rows])}"
+    files = {split: folder / "tasks" / f"{split}.parquet" for split in sets}
+    for split, tasks in sets.items():
+        if not files[split].exists():
+            write_tasks(tasks, files[split])
+    recipe = {**recipe, "train_tasks": str(files["train"]), "eval_tasks": str(files["dev"])}
+    return Comparison(folder, recipe, overrides, list(range(spec.seeds)), sets["test"])
+
+
+def run_name(method: Any, settings: dict[str, Any]) -> str:
+    """A run's name in the state file and its folder: the method's name and its settings (budget included)."""
+    text = label(settings)
+    return f"{method.name}-{text}" if text else method.name
+
+
+def env_steps(store: Any, run_id: str) -> int:
+    """Environment steps (turns) of the episodes stored under run `run_id` and its sub-runs."""
+    from omrl.store.query import quote_literal
+
+    rows = store.sql(f"SELECT COALESCE(SUM(num_turns), 0) AS n FROM trajectories WHERE run_id = "
+                     f"{quote_literal(run_id)} OR starts_with(run_id, {quote_literal(run_id + '/')})").to_pylist()
+    return int(rows[0]["n"]) if rows else 0
+
+
+def compute(updates: int, tokens: int | None, turns: int, seconds: float) -> dict[str, Any]:
+    """A run's compute in every budget unit: optimizer steps, tokens trained, environment steps, seconds."""
+    return {"optimizer_steps": updates, "tokens": tokens, "env_steps": turns, "seconds": round(seconds, 1)}
+
+
+def train_run(bench: Comparison, method: Any, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """The run of `method` on `seed` with dotted `settings` (grid point and budget), trained once from the seed's
+    SFT checkpoint (recorded, skipped when done): {run, checkpoint, settings, compute}."""
+    sft = bench.prepare(seed)
+    name = run_name(method, settings)
+    if method.kind == "sft":  # the shared SFT checkpoint itself: nothing more is trained
+        return {"run": name, "checkpoint": sft["checkpoint"], "settings": {}, "compute": compute(0, 0, 0, 0.0)}
+    record = bench._record(f"seed{seed}/train/{name}", lambda: _train(bench, method, seed, name, settings,
+                                                                      sft["checkpoint"]))
+    return {"run": name, "checkpoint": record["checkpoint"], "settings": settings, "compute": record["compute"]}
+
+
+def _train(bench: Comparison, method: Any, seed: int, name: str, settings: dict[str, Any],
+           sft: str) -> dict[str, Any]:
+    """Train one run (see train_run); its record for the state file."""
+    recipe, store = bench.recipes[seed], bench.stores[seed]
+    folder = Path(recipe.output_dir) / "study" / name
+    started = time.monotonic()
+    if method.kind == "more_sft":
+        from omrl.train.algorithms.sft import train_sft
+        from omrl.train.iterate.run import demo_where
+
+        more = recipe.sft.to_recipe(seed=recipe.seed, model=sft, store=str(store.path), where=demo_where(recipe),
+                                    output_dir=str(folder), **unflatten(settings))
+        trained = train_sft(more, store=store)
+        done = compute(optimizer_steps(trained), tokens_trained(trained), 0, time.monotonic() - started)
+        return {"checkpoint": str(trained.checkpoint), "compute": done}
+    if method.kind == "rft":
+        return _train_rft(recipe, store, name, settings, sft, folder, started)
+    trained = train_method(recipe, RL_METHOD_OF[method.kind], rl_settings(method.kind, settings), sft,
+                           store.path, folder, name)
+    done = compute(trained["optimizer_steps"], trained["tokens"], env_steps(store, trained["run_prefix"]),
+                   time.monotonic() - started)
+    return {"checkpoint": trained["checkpoint"], "run_prefix": trained["run_prefix"], "compute": done}
+
+
+def rl_settings(kind: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Dotted settings as train_method takes them: nested, step credit's tuned keys over the method's fixed ones."""
+    nested = unflatten(settings)
+    fixed = RL_METHODS[RL_METHOD_OF[kind]][1]
+    if "step_credit" in nested and "step_credit" in fixed:
+        nested["step_credit"] = {**fixed["step_credit"], **nested["step_credit"]}
+    return nested
+
+
+def _train_rft(recipe: Any, store: Any, name: str, settings: dict[str, Any], sft: str, folder: Path,
+               started: float) -> dict[str, Any]:
+    """RFT from the SFT checkpoint: the recipe's collect.samples attempts on its first collect.tasks training
+    tasks (seeded as round 1), the best successes kept, SFT on them with the recipe's sft section."""
+    from omrl.config import from_dict, to_dict
+    from omrl.tasks import load_tasks, write_tasks
+    from omrl.train.config.iterate import round_seed
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.trainer import TRAINERS
+
+    nested = unflatten(settings)
+    own = {key: nested.pop(key) for key in RFT_KEYS if key in nested}
+    tasks = load_tasks(recipe.train_tasks)[: recipe.collect.tasks or None]
+    tasks_file = write_tasks(tasks, folder / "tasks.parquet")
+    values = {"model": sft, "tasks": str(tasks_file), "output_dir": str(folder), "store": str(store.path),
+              "seed": recipe.seed + 1, "round": 1, "run_id": name, "samples": recipe.collect.samples,
+              "rollout": {**to_dict(recipe.rollout), "seed": round_seed(recipe.rollout.seed, 1)},
+              # the grid's other keys (learning_rate, sft.epochs ...) tune the SFT on the kept attempts
+              "sft": {**to_dict(recipe.sft), **nested.pop("sft", {}), **nested}, **own}
+    trained = TRAINERS.load("rft").train(from_dict(RFTRecipe, values, where=f"rft run {name}"), store=store)
+    done = compute(optimizer_steps(trained), tokens_trained(trained), env_steps(store, name),
+                   time.monotonic() - started)
+    return {"checkpoint": str(trained.checkpoint), "compute": done, "attempts": trained.rollouts}
+
+
+def evaluate(bench: Comparison, seed: int, split: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A run's success on dev or test, greedy and sampled where evaluated, with each task's success:
+    {greedy, sampled, per_task: {mode: {task: success}}}; StudyRunError when no outcome is known."""
+    record = bench.evaluate(seed, split, run["run"], run["checkpoint"])
+    results = record["results"]
+    figures = {"sampled": results.get("success"), "greedy": results.get("greedy_success")}
+    for mode in ("sampled", "greedy") if bench.recipes[seed].eval.greedy else ("sampled",):
+        if figures[mode] is None or not record["per_task"].get(mode):
+            raise StudyRunError(f"seed {seed}, run {run['run']}: no {mode} {split} episode has a known outcome "
+                                f"({results.get(f'{mode}_episodes' if mode == 'greedy' else 'episodes')} "
+                                "episodes): the run failed, it is not a score of 0")
+    return {**figures, "per_task": record["per_task"]}
+
+
+def dev_score(dev: dict[str, Any], metric: str) -> float:
+    """What tuning maximises: dev success on the primary contrast's metric (the headline's figure)."""
+    if dev.get(metric) is None:
+        raise StudyRunError(f"no {metric} dev success: the recipe evaluates greedily only with eval.greedy true")
+    return dev[metric]
+
+
+def tune(bench: Comparison, spec: StudySpec, method: Any, log: Log) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the chosen grid point, every point's record) of `method`: each point trained on seed 0 at the study's
+    budget and scored on dev by the primary metric; the first best wins."""
+    recipe, metric = bench.recipes[0], spec.primary.metric
+    chosen, best, rows = {}, None, []
+    for point in grid_points(method.grid):
+        run = train_run(bench, method, 0, {**point, **budget_settings(spec, method.kind, recipe, point)})
+        dev = evaluate(bench, 0, "dev", run)
+        score = dev_score(dev, metric)
+        rows.append({"settings": point, "run": run["run"], "dev_greedy": dev["greedy"], "dev_sampled": dev["sampled"],
+                     "dev_score": score, "compute": run["compute"]})
+        log(f"tune {run['run']} (seed 0): dev {metric} {score:.1%}")
+        if best is None or score > best:
+            chosen, best = point, score
+    return chosen, rows
+
+
+def run_condition(bench: Comparison, spec: StudySpec, log: Log) -> dict[str, Any]:
+    """Tuning on seed 0, then every method's chosen settings on every seed, scored on dev; per method {kind,
+    chosen, trained_with (an RL method's tuned knobs as its runs had them), tuning, runs: {seed: {run,
+    checkpoint, settings, compute, dev}}}."""
+    methods: dict[str, Any] = {}
+    for method in spec.methods:
+        chosen, tuning = tune(bench, spec, method, log)
+        knobs = (tuned_settings(bench.recipes[0], RL_METHOD_OF[method.kind], rl_settings(method.kind, chosen))
+                 if method.kind in RL_METHOD_OF else None)
+        methods[method.name] = {"kind": method.kind, "chosen": chosen, "trained_with": knobs, "tuning": tuning,
+                                "runs": {}}
+    for seed in range(spec.seeds):
+        for method in spec.methods:
+            entry = methods[method.name]
+            recipe = bench.recipes[seed]
+            settings = {**entry["chosen"], **budget_settings(spec, method.kind, recipe, entry["chosen"])}
+            run = train_run(bench, method, seed, settings)
+            entry["runs"][seed] = {**run, "dev": evaluate(bench, seed, "dev", run)}
+            log(f"seed {seed} {run['run']}: dev {spec.primary.metric} {run_dev(entry, seed, spec):.1%}")
+    return methods
+
+
+def run_dev(entry: dict[str, Any], seed: int, spec: StudySpec) -> float:
+    """A method's dev score on one seed (the primary metric)."""
+    return entry["runs"][seed]["dev"][spec.primary.metric]
+
+
+def score_tests(bench: Comparison, spec: StudySpec, condition: str, methods: dict[str, Any], ledger: TestLedger,
+                settings: str, rescore: bool, log: Log) -> None:
+    """Each (method, seed) of a condition scored on test, recorded in the ledger before it is scored."""
+    for name, entry in methods.items():
+        for seed, run in entry["runs"].items():
+            ledger.record(settings, {"condition": condition, "method": name, "seed": seed, "run": run["run"]},
+                          rescore=rescore)
+            run["test"] = evaluate(bench, seed, "test", run)
+            log(f"seed {seed} {run['run']}: test {spec.primary.metric} {run['test'][spec.primary.metric]:.1%}")
+
+
+# ---------------------------------------------------------------- the study
+
+def preflight(ledger: TestLedger, settings: str, rescore: bool) -> None:
+    """RescoreRefused before anything trains when the test set was scored under other settings (the ledger would
+    refuse the scoring at the end: the runs would be wasted)."""
+    hashes = list(dict.fromkeys(e["settings_hash"] for e in ledger.entries()))
+    if hashes and settings not in hashes and not rescore:
+        raise RescoreRefused(f"{ledger.path}: the test set was scored under settings {hashes[0]}; these settings "
+                             f"are {settings}: pass --rescore (rescore=True) to score it again (test_scorings "
+                             f"becomes {len(hashes) + 1})")
+
+
+def run_study(spec: StudySpec, out: str | Path, base: Path | None = None, rescore: bool = False, *,
+              on_report: Callable[[dict[str, Any]], None] | None = None, log: Log | None = None) -> dict[str, Any]:
+    """Run (or resume) `spec` into folder `out` (its relative task paths read from `base`) and return what
+    OUT/study.json holds (as JSON: seed keys are text). `on_report` gets the overlap report first (OverlapError
+    before it on a held-out task seen in train, unless drop_overlaps); `log` gets a line per tuning point and
+    run. RescoreRefused when the test set was scored under other settings, unless `rescore`."""
+    from omrl.rollout import shared_engines
+
+    say = log or (lambda message: None)
+    started = time.monotonic()
+    out = Path(out)
+    check_runnable(spec)
+    screened, fingerprints = screened_task_sets(spec, base)
+    report = {**report_head(spec), **screened.report}
+    if on_report is not None:
+        on_report(report)
+    settings = settings_hash(spec)
+    ledger = TestLedger(out)
+    preflight(ledger, settings, rescore)
+    benches, trained = {}, {}
+    with shared_engines():
+        for condition in spec.conditions:  # every choice frozen (tuned, dev-scored) before any test scoring
+            benches[condition.name] = condition_bench(spec, condition, out, screened)
+            say(f"condition {condition.name}: runs in {benches[condition.name].out}")
+            trained[condition.name] = run_condition(benches[condition.name], spec, say)
+        for name, methods in trained.items():
+            score_tests(benches[name], spec, name, methods, ledger, settings, rescore, say)
+    stages = {name: sft_stage(bench) for name, bench in benches.items()}
+    result = study_result(spec, report, trained, fingerprints, ledger, stages)
+    result["minutes"] = round((time.monotonic() - started) / 60, 2)
+    text = json.dumps(result, indent=1, default=str)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STUDY_FILE).write_text(text)
+    return json.loads(text)  # as the file holds it (seeds as text keys): the API and study.json agree
+
+
+def sft_stage(bench: Comparison) -> dict[int, dict[str, Any]]:
+    """Per seed the cost of the SFT every method starts from (shared, so in no method's budget)."""
+    return {seed: {"seconds": record.get("train_s"), "epochs": record.get("epochs")}
+            for seed, record in sorted(bench.prepared.items())}

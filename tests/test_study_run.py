@@ -1,0 +1,277 @@
+"""`omrl study run` (omrl.study.run): the quick study end to end (real trainers, tiny model), its resume, the test
+ledger's refusal of a second scoring under changed settings and --rescore; the refusals made before anything
+trains (a held-out task seen in train, a budget the runner cannot match, a grid on the budget's key)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from omrl.cli.main import cli
+from omrl.errors import UsageError
+from omrl.shipped import resolve_tasks
+from omrl.study.ledger import RescoreRefused, TestLedger
+from omrl.study.run import (
+    budget_settings,
+    check_runnable,
+    flatten,
+    grid_points,
+    preflight,
+    run_study,
+    unflatten,
+)
+from omrl.study.spec import load_study, settings_hash
+from omrl.train.config.iterate import IterateRecipe
+
+QUICK = "shipped:studies/quick"
+
+
+def _json_lines(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def _tiny_study(folder: Path, copied: bool, extra: str = "") -> Path:
+    rows = [json.loads(line) for line in Path(resolve_tasks("shipped:grid_train")).read_text().splitlines()][:12]
+    if copied:  # train's first task in test under a new id
+        rows.append({**rows[0], "id": "test-copy", "split": "eval"})
+    (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study = folder / "study.yaml"
+    study.write_text("name: tiny\nenv: grid\n"
+                     "tasks: {train: 'tasks.jsonl[:8]', dev: 'tasks.jsonl[8:10]', test: 'tasks.jsonl[10:]'}\n"
+                     "methods: {sft: sft, more_sft: more_sft, grpo: {kind: grpo, grid: {learning_rate: [1e-4]}}}\n"
+                     "budget: {unit: optimizer_steps, value: 2}\nseeds: 2\n"
+                     "primary: {a: best_rl_on_dev, b: more_sft, metric: greedy}\n" + extra)
+    return study
+
+
+def test_a_study_whose_test_set_copies_a_train_task_is_refused_before_anything_runs(tmp_path):
+    study = _tiny_study(tmp_path, copied=True)
+    out = tmp_path / "out"
+    refused = CliRunner().invoke(cli, ["study", "run", str(study), "--out", str(out)])
+    assert refused.exit_code == 1, refused.output
+    report = _json_lines(refused.output)[0]
+    assert report["refused"] is True and report["test_train_overlap"] == 1
+    assert "test task 'test-copy'" in refused.output
+    assert not (out / "conditions").exists() and not (out / "test_ledger.jsonl").exists()
+
+
+def test_what_the_runner_cannot_do_is_refused_up_front(tmp_path):
+    study = _tiny_study(tmp_path, copied=False)
+    with pytest.raises(UsageError, match="budget.unit 'env_steps': omrl study run matches optimizer_steps only"):
+        check_runnable(load_study(study, ["budget.unit=env_steps"]))
+    with pytest.raises(UsageError, match=r"method more_sft: grid.epochs is set by the budget \(2 optimizer_steps\)"):
+        check_runnable(load_study(study, ["methods.more_sft={kind: more_sft, grid: {epochs: [1, 2]}}"]))
+    with pytest.raises(UsageError, match="method sft: sft trains nothing"):
+        check_runnable(load_study(study, ["methods.sft={kind: sft, grid: {learning_rate: [1e-3]}}"]))
+    with pytest.raises(UsageError, match="condition default: eval.greedy false, but the primary metric is greedy"):
+        check_runnable(load_study(study, ["conditions={default: {overrides: {eval.greedy: false}}}"]))
+    check_runnable(load_study(study))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["study", "run", str(study), "--out", str(out), "budget.unit=tokens"])
+    assert result.exit_code == 1 and "matches optimizer_steps only" in result.output
+    assert not (out / "conditions").exists()
+
+
+def test_grids_and_budgets_map_onto_recipe_keys(tmp_path):
+    assert grid_points({}) == [{}]
+    assert grid_points({"learning_rate": [1, 2], "step_credit.weight": [0, 3]}) == [
+        {"learning_rate": 1, "step_credit.weight": 0}, {"learning_rate": 1, "step_credit.weight": 3},
+        {"learning_rate": 2, "step_credit.weight": 0}, {"learning_rate": 2, "step_credit.weight": 3}]
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+    assert unflatten({"a.b": 1, "a.c.d": 2, "e": 3}) == {"a": {"b": 1, "c": {"d": 2}}, "e": 3}
+    spec = load_study(_tiny_study(tmp_path, copied=False), ["budget.value=20"])
+    recipe = IterateRecipe(output_dir="o", train_tasks="t", eval_tasks="e")  # PPO: 4 epochs x 2 minibatches per batch
+    assert budget_settings(spec, "grpo", recipe, {}) == {"max_steps": 20}
+    assert budget_settings(spec, "more_sft", recipe, {}) == {"max_steps": 20}
+    assert budget_settings(spec, "rft", recipe, {}) == {"sft.max_steps": 20}
+    assert budget_settings(spec, "sft", recipe, {}) == {}
+    assert budget_settings(spec, "ppo_turn", recipe, {}) == {"max_steps": 2}  # 20 // 8
+    assert budget_settings(spec, "ppo_token", recipe, {"ppo_epochs": 1, "minibatches": 2}) == {"max_steps": 10}
+    assert budget_settings(spec, "ppo_token", recipe, {"ppo_epochs": 30}) == {"max_steps": 1}
+
+
+def test_a_test_set_scored_under_other_settings_refuses_a_run_before_it_trains(tmp_path):
+    ledger = TestLedger(tmp_path)
+    preflight(ledger, "aaaa", rescore=False)  # nothing scored yet
+    ledger.record("aaaa", {"method": "sft", "seed": 0})
+    preflight(ledger, "aaaa", rescore=False)  # the same settings: a resumed run
+    with pytest.raises(RescoreRefused, match="scored under settings aaaa; these settings are bbbb: pass --rescore"):
+        preflight(ledger, "bbbb", rescore=False)
+    preflight(ledger, "bbbb", rescore=True)
+
+
+def _state_files(out: Path) -> dict[Path, str]:
+    """Every resumable run's record: the condition's benchmark_state.json and each seed's iterate state.json."""
+    paths = sorted(out.glob("conditions/*/benchmark_state.json")) + sorted(out.glob("conditions/*/seed-*/state.json"))
+    return {path: path.read_text() for path in paths}
+
+
+@pytest.mark.slow
+def test_the_quick_study_runs_resumes_and_scores_its_test_set_once(tmp_path):
+    out = tmp_path / "quick"
+    first = CliRunner().invoke(cli, ["study", "run", QUICK, "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    report, head = _json_lines(first.output)[0], _json_lines(first.output)[-1]
+    assert (report["distinct_test_tasks"], report["dev_tasks"], report["test_train_overlap"]) == (16, 10, 0)
+    study = json.loads((out / "study.json").read_text())
+    assert head == {key: study[key] for key in head}
+    spec = load_study(QUICK)
+    assert study["settings_hash"] == settings_hash(spec) and study["spec"]["name"] == "quick"
+    assert (study["seeds"], study["distinct_test_tasks"], study["test_train_overlap"], study["dev_test_overlap"],
+            study["test_scorings"]) == (2, 16, 0, 0, 1)
+    assert study["overlap"]["dropped_test_tasks"] == 0
+    methods = study["conditions"]["default"]["methods"]
+    assert list(methods) == ["sft", "more_sft", "grpo"] and study["best_rl_on_dev"] == "grpo"
+    for figures in methods.values():
+        for split in ("dev", "test"):
+            for mode in ("greedy", "sampled"):
+                figure = figures[split][mode]
+                per_seed = list(figure["per_seed"].values())
+                assert len(per_seed) == 2 and figure["seeds"] == 2 and figure["half_width"] is not None
+                assert figure["mean"] == pytest.approx(sum(per_seed) / 2)
+                assert per_seed == pytest.approx([figures["runs"][seed][f"{split}_{mode}"] for seed in ("0", "1")],
+                                                 abs=1e-4)  # per task (stats) = per episode (eval): same samples
+        assert set(figures["runs"]) == {"0", "1"}
+    steps = {name: [figures["runs"][s]["compute"]["optimizer_steps"] for s in ("0", "1")]
+             for name, figures in methods.items()}
+    assert steps == {"sft": [0, 0], "more_sft": [10, 10], "grpo": [10, 10]}  # the budget, matched
+    for seed in ("0", "1"):
+        grpo = methods["grpo"]["runs"][seed]["compute"]
+        assert grpo["env_steps"] > 0 and grpo["tokens"] > 0 and grpo["seconds"] > 0
+        assert methods["more_sft"]["runs"][seed]["compute"]["tokens"] > 0
+    assert methods["grpo"]["tuning"][0]["settings"] == {"learning_rate": 0.0002}
+    assert study["tuning_compute"]["default"]["grpo"]["optimizer_steps"] == 10  # one grid point, on seed 0
+    sft_stage = study["conditions"]["default"]["sft_stage"]
+    assert set(sft_stage) == {"0", "1"} and all(s["seconds"] > 0 and s["epochs"] == 12 for s in sft_stage.values())
+    for name in ("more_sft", "grpo"):
+        assert methods[name]["vs_sft"]["method"] == "sft" and len(methods[name]["vs_sft"]["ci"]) == 2
+    won = methods["grpo"]["seeds_won_vs_more_sft"]
+    assert won["wins"] + won["ties"] + won["losses"] == 2 and "vs_more_sft" not in methods["more_sft"]
+    # the primary contrast: grpo minus more SFT, greedy, on test, in points (every task common: the mean difference)
+    gap = methods["grpo"]["test"]["greedy"]["mean"] - methods["more_sft"]["test"]["greedy"]["mean"]
+    assert study["primary_contrast_points"] == pytest.approx(100 * gap, abs=0.01)
+    low, high = study["primary_contrast_ci95"]
+    assert low <= study["primary_contrast_points"] <= high
+    ledger = TestLedger(out)
+    assert ledger.test_scorings == 1 and len(ledger.entries()) == 6  # 3 methods x 2 seeds, each before its scoring
+    assert {(e["what"]["method"], e["what"]["seed"]) for e in ledger.entries()} == {
+        (m, s) for m in methods for s in (0, 1)}
+
+    # started again: every run is found recorded, nothing is trained or evaluated again
+    before = _state_files(out)
+    assert len(before) == 3
+    lines: list[str] = []
+    again = run_study(spec, out, log=lines.append)
+    assert _state_files(out) == before
+    assert {k: again[k] for k in head if k != "minutes"} == {k: head[k] for k in head if k != "minutes"}
+    assert ledger.test_scorings == 1 and len(ledger.entries()) == 12  # the same scoring, recorded again
+
+    # a changed setting: refused before anything runs, then accepted with --rescore (a second scoring)
+    refused = CliRunner().invoke(cli, ["study", "run", QUICK, "--out", str(out), "primary.metric=sampled"])
+    assert refused.exit_code == 1 and "pass --rescore" in refused.output
+    assert ledger.test_scorings == 1 and len(ledger.entries()) == 12
+    rescored = CliRunner().invoke(cli, ["study", "run", QUICK, "--out", str(out), "primary.metric=sampled",
+                                        "--rescore"])
+    assert rescored.exit_code == 0, rescored.output
+    head = _json_lines(rescored.output)[-1]
+    assert head["test_scorings"] == 2 and head["primary"]["metric"] == "sampled"
+    assert head["settings_hash"] == settings_hash(load_study(QUICK, ["primary.metric=sampled"]))
+    assert json.loads((out / "study.json").read_text())["test_scorings"] == 2
+    assert _state_files(out) == before  # the runs did not change: only the reading of them did
+
+
+KINDS_STUDY = """
+name: kinds
+env: grid
+env_options: {noise: 0.3, seed: 0}
+tasks: {train: "shipped:grid_train[:100]", dev: "shipped:grid_eval[:4]", test: "shipped:grid_eval[100:104]"}
+methods:
+  sft: sft
+  more_sft: {kind: more_sft, grid: {learning_rate: [0.001]}}
+  rft: {kind: rft, grid: {learning_rate: [0.001], samples: [4], threshold: [0.0]}}
+  step_credit: {kind: step_credit, grid: {learning_rate: [0.0002], step_credit.weight: [2.0]}}
+  ppo_turn: {kind: ppo_turn, grid: {learning_rate: [0.0001]}}
+  ppo_token: {kind: ppo_token, grid: {learning_rate: [0.0001], ppo_epochs: [1]}}
+budget: {unit: optimizer_steps, value: 4}
+seeds: 2
+conditions:
+  noisy: {overrides: &tiny {tiny.hidden: 32, tiny.corpus: demos, sft.epochs: 3, sft.batch_size: 16,
+                            grpo.tasks_per_step: 2, grpo.samples_per_task: 4, grpo.warmup_steps: 0,
+                            ppo.minibatches: 1, eval.samples: 1, rollout.concurrency: 16, collect.tasks: 16}}
+  gold: {overrides: {<<: *tiny, rollout.env_options.noise: 0.0}}
+primary: {a: best_rl_on_dev, b: more_sft, metric: sampled, condition: gold}
+"""
+
+
+@pytest.mark.slow
+def test_every_method_kind_trains_at_the_matched_budget_under_each_condition(tmp_path):
+    (tmp_path / "kinds.yaml").write_text(KINDS_STUDY)
+    study = run_study(load_study(tmp_path / "kinds.yaml"), tmp_path / "out", base=tmp_path)
+    assert list(study["conditions"]) == ["noisy", "gold"] and study["test_scorings"] == 1
+    folders = sorted(p.name.split("-")[0] for p in (tmp_path / "out" / "conditions").iterdir())
+    assert folders == ["gold", "noisy"]  # each condition's own runs
+    for condition in study["conditions"].values():
+        methods = condition["methods"]
+        for name in ("more_sft", "rft", "step_credit", "ppo_turn", "ppo_token"):
+            for run in methods[name]["runs"].values():  # PPO: 1 batch x 4 epochs, 4 batches x 1 epoch
+                assert run["compute"]["optimizer_steps"] == 4, (name, run)
+                assert run["compute"]["seconds"] > 0
+        for name in ("rft", "step_credit", "ppo_turn", "ppo_token"):  # they play episodes; SFT does not
+            assert all(run["compute"]["env_steps"] > 0 for run in methods[name]["runs"].values()), name
+        assert all(run["compute"]["env_steps"] == 0 for run in methods["more_sft"]["runs"].values())
+        assert methods["ppo_turn"]["runs"]["0"]["run"] == "ppo_turn-lr0.0001-max_steps1"
+        assert methods["step_credit"]["chosen"] == {"learning_rate": 0.0002, "step_credit.weight": 2.0}
+        assert condition["best_rl_on_dev"] in ("step_credit", "ppo_turn", "ppo_token")  # rft is a baseline
+    assert study["primary"]["a_resolved"] == study["conditions"]["gold"]["best_rl_on_dev"]
+    recipes = {p.parent.parent.name.split("-")[0]: json.loads(p.read_text())["rollout"]["env_options"]["noise"]
+               for p in (tmp_path / "out" / "conditions").glob("*/seed-0/recipe.json")}
+    assert recipes == {"noisy": 0.3, "gold": 0.0}  # the condition's override reached the runs
+
+
+TINY_RECIPE = ("conditions: {default: {overrides: {tiny.hidden: 16, tiny.corpus: demos, sft.epochs: 2, "
+               "grpo.tasks_per_step: 2, grpo.samples_per_task: 2, grpo.warmup_steps: 0, eval.samples: 1}}}\n")
+
+
+def _stages(out: Path) -> list[dict]:
+    [state] = out.glob("conditions/*/benchmark_state.json")
+    return json.loads(state.read_text())["stages"]
+
+
+@pytest.mark.slow
+def test_a_study_killed_midway_resumes_without_redoing_its_finished_runs(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    study = _tiny_study(tmp_path, copied=False, extra=TINY_RECIPE)
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "omrl", "study", "run", str(study), "--out", str(out)], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            states = list(out.glob("conditions/*/benchmark_state.json"))
+            if states and any("/train/" in s["stage"] for s in _stages(out)):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)  # no cleanup, as a crash or an OOM kill
+    finally:
+        proc.wait(timeout=60)
+    before = _stages(out)
+    assert any("/train/" in s["stage"] for s in before) and not (out / "study.json").exists()
+    assert TestLedger(out).test_scorings == 0  # killed before the test set was scored
+    lines: list[str] = []
+    result = run_study(load_study(study), out, base=tmp_path, log=lines.append)
+    after = _stages(out)
+    assert after[: len(before)] == before  # every finished run kept as it was
+    names = [s["stage"] for s in after]
+    assert len(names) == len(set(names))  # and none made twice
+    assert result["test_scorings"] == 1 and (out / "study.json").exists()
+    assert set(result["conditions"]["default"]["methods"]) == {"sft", "more_sft", "grpo"}
