@@ -15,9 +15,11 @@ from omrl.errors import UsageError
 from omrl.shipped import resolve_tasks
 from omrl.study.ledger import RescoreRefused, TestLedger
 from omrl.study.run import (
+    base_recipe,
     budget_settings,
     check_runnable,
     flatten,
+    frozen_hash,
     grid_points,
     preflight,
     run_study,
@@ -45,6 +47,35 @@ def _tiny_study(folder: Path, copied: bool, extra: str = "") -> Path:
                      "budget: {unit: optimizer_steps, value: 2}\nseeds: 2\n"
                      "primary: {a: best_rl_on_dev, b: more_sft, metric: greedy}\n" + extra)
     return study
+
+
+def test_the_study_s_recipe_is_its_runs_starting_point_read_beside_the_study_file(tmp_path):
+    (tmp_path / "mine.yaml").write_text("rounds: 3\nrollout: {env: math, max_turns: 7}\n")
+    spec = load_study(_tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
+    recipe = base_recipe(spec, tmp_path)
+    assert recipe["rounds"] == 3 and recipe["rollout"]["max_turns"] == 7
+    assert recipe["rollout"]["env"] == "grid"  # the study's environment replaces the recipe's
+    assert base_recipe(load_study(_tiny_study(tmp_path, copied=False)), tmp_path)["rounds"] == 2  # shipped:quickstart
+    with pytest.raises(Exception, match="missing.yaml"):
+        base_recipe(load_study(_tiny_study(tmp_path, copied=False, extra="recipe: missing.yaml\n")), tmp_path)
+
+
+def test_editing_a_file_the_study_names_changes_what_the_ledger_keys_scorings_by(tmp_path):
+    from omrl.study.tasksets import screened_task_sets
+
+    (tmp_path / "mine.yaml").write_text("rounds: 1\n")
+    spec = load_study(_tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
+    before = frozen_hash(spec, tmp_path, screened_task_sets(spec, tmp_path)[0])
+    assert before.startswith(settings_hash(spec)) and before == frozen_hash(spec, tmp_path,
+                                                                            screened_task_sets(spec, tmp_path)[0])
+    (tmp_path / "mine.yaml").write_text("rounds: 2\n")  # the recipe edited after the test set was scored
+    after_recipe = frozen_hash(spec, tmp_path, screened_task_sets(spec, tmp_path)[0])
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    rows[0]["instruction"] += " (edited)"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    after_tasks = frozen_hash(spec, tmp_path, screened_task_sets(spec, tmp_path)[0])
+    assert len({before, after_recipe, after_tasks}) == 3 and settings_hash(spec) == before.split("-")[0]
 
 
 def test_a_study_whose_test_set_copies_a_train_task_is_refused_before_anything_runs(tmp_path):

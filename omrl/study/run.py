@@ -3,8 +3,8 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
 
     result = run_study(load_study("my_study.yaml"), "runs/my_study", base=Path("."))
 
-- Runs: recipes/quickstart.yaml (the demo's iterate recipe) with the study's env, env_options and task sets,
-  then the condition's overrides (any iterate key: rollout.env_options.noise, sft.epochs ...). Per condition and
+- Runs: the study's `recipe` (an iterate recipe, default shipped:quickstart) with the study's env, env_options
+  and task sets, then the condition's overrides (any iterate key: rollout.env_options.noise, sft.epochs ...). Per condition and
   seed, iterate round 0 (expert demos on train, the tiny model from its config, SFT: Comparison.prepare), then
   each method from that SFT checkpoint: sft trains nothing, more_sft continues SFT on the demos, rft is omrl's
   RFT trainer (collect.samples attempts on the first collect.tasks train tasks), grpo / step_credit / ppo_turn /
@@ -54,7 +54,6 @@ from omrl.study.spec import StudySpec, settings_hash
 from omrl.study.tasksets import env_options, screened_task_sets
 
 STUDY_FILE = "study.json"
-BASE_RECIPE = "shipped:quickstart"
 RL_METHOD_OF = {"grpo": "grpo", "step_credit": "grpo_step_credit", "ppo_turn": "ppo_turn",
                 "ppo_token": "ppo_token"}  # a study's kind -> compare.RL_METHODS
 RFT_KEYS = ("samples", "threshold", "keep_per_group")  # rft grid keys of the RFT recipe itself (the rest: sft.*)
@@ -146,24 +145,28 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def base_recipe(spec: StudySpec) -> dict[str, Any]:
-    """The iterate recipe (as a mapping) every run of the study starts from: BASE_RECIPE with the study's
-    environment and options; every dev task evaluated."""
+def base_recipe(spec: StudySpec, base: Path | None = None) -> dict[str, Any]:
+    """The iterate recipe (as a mapping) every run of the study starts from: the study's `recipe` (a path
+    relative to `base`, the study file's folder, or shipped:NAME) with the study's environment and options;
+    every dev task evaluated."""
     from omrl.config import read_yaml
+    from omrl.study.spec import task_source
 
-    data = read_yaml(BASE_RECIPE)
+    source, _ = task_source(spec.recipe, base)  # the same path rule as the task sets, without a row slice
+    data = read_yaml(source)
     data["rollout"] = {**data.get("rollout", {}), "env": spec.env, "env_options": env_options(spec)}
     data["eval"] = {**data.get("eval", {}), "tasks": 0}
     data["model"] = None
     return data
 
 
-def condition_bench(spec: StudySpec, condition: Any, out: Path, screened: Screened) -> Comparison:
+def condition_bench(spec: StudySpec, condition: Any, out: Path, screened: Screened,
+                    base: Path | None = None) -> Comparison:
     """The Comparison of one condition: its folder named by its recipe and task sets (a change of either is
     a new folder, never a mix), the screened task sets written there."""
     from omrl.tasks import write_tasks
 
-    recipe = base_recipe(spec)
+    recipe = base_recipe(spec, base)
     overrides = [f"{key}={json.dumps(value)}" for key, value in flatten(condition.overrides).items()]
     sets = {split: getattr(screened, split) for split in ("train", "dev", "test")}
     rows = {split: [t.to_row() for t in tasks] for split, tasks in sets.items()}
@@ -354,6 +357,14 @@ def preflight(ledger: TestLedger, settings: str, rescore: bool) -> None:
                              f"becomes {len(hashes) + 1})")
 
 
+def frozen_hash(spec: StudySpec, base: Path | None, screened: Screened) -> str:
+    """What the test ledger keys scorings by: the study file's settings_hash and the contents of the files it
+    names (its recipe, its task sets as screened), so editing a named file after the test set was scored is a
+    change of settings too, not a redo."""
+    rows = {split: [t.to_row() for t in getattr(screened, split)] for split in ("train", "dev", "test")}
+    return f"{settings_hash(spec)}-{digest([base_recipe(spec, base), rows])}"
+
+
 def run_study(spec: StudySpec, out: str | Path, base: Path | None = None, rescore: bool = False, *,
               on_report: Callable[[dict[str, Any]], None] | None = None, log: Log | None = None) -> dict[str, Any]:
     """Run (or resume) `spec` into folder `out` (its relative task paths read from `base`) and return what
@@ -370,19 +381,20 @@ def run_study(spec: StudySpec, out: str | Path, base: Path | None = None, rescor
     report = {**report_head(spec), **screened.report}
     if on_report is not None:
         on_report(report)
-    settings = settings_hash(spec)
+    settings = frozen_hash(spec, base, screened)
     ledger = TestLedger(out)
     preflight(ledger, settings, rescore)
     benches, trained = {}, {}
     with shared_engines():
         for condition in spec.conditions:  # every choice frozen (tuned, dev-scored) before any test scoring
-            benches[condition.name] = condition_bench(spec, condition, out, screened)
+            benches[condition.name] = condition_bench(spec, condition, out, screened, base)
             say(f"condition {condition.name}: runs in {benches[condition.name].out}")
             trained[condition.name] = run_condition(benches[condition.name], spec, say)
         for name, methods in trained.items():
             score_tests(benches[name], spec, name, methods, ledger, settings, rescore, say)
     stages = {name: sft_stage(bench) for name, bench in benches.items()}
     result = study_result(spec, report, trained, fingerprints, ledger, stages)
+    result["ledger_hash"] = settings  # settings_hash plus the named files' contents (frozen_hash)
     result["minutes"] = round((time.monotonic() - started) / 60, 2)
     text = json.dumps(result, indent=1, default=str)
     out.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,9 @@ class StudySpec:
     budget: Budget = field(metadata={"help": "the budget every method gets"})
     primary: Contrast = field(metadata={"help": "the primary contrast, declared up front"})
     name: str = field(default="study", metadata={"help": "the study's name"})
+    recipe: str = field(default="shipped:quickstart", metadata={
+        "help": "the iterate recipe every run starts from (a path relative to the study file, or shipped:NAME); "
+                "the study's env, env_options and task sets replace its own, each condition's overrides apply"})
     env_options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "the environment's constructor options (its options_class checks them)"})
     seeds: int = field(default=5, metadata={"help": "how many seeds each method runs (0 .. seeds-1), at least 2"})
