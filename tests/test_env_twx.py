@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -270,3 +271,28 @@ def test_kill_9_of_collect_mid_run_leaves_no_java(tasks, tmp_path):
         ["collect", "--env", "twx", "--tasks", str(tmp_path / "tasks.jsonl"), "--policy", "scripted",
          "--store", str(tmp_path / "store"), "--max-turns", "120", "-c", "2", "--no-progress"], ROOT, "java")
     assert engines and left == []
+
+
+def test_the_study_fingerprint_sees_the_map_and_the_coin_not_only_the_first_room():
+    """Coin games with 6 rooms start in few distinct rooms, so their first observations repeat; the structure
+    hook (TwxEnv.fingerprint: every room's contents and exits) tells the games apart, and the same game under
+    another id and seed-free payload keys is still the same task."""
+    from omrl.study.fingerprint import fingerprint_parts, fingerprint_tasks
+
+    require_env("twx")
+    coins = generate_tasks("twx", 24, seed=0, split="train", game="coin", step_limit=16,
+                           params="numLocations=6,includeDoors=0,numDistractorItems=0")
+    renamed = dataclasses.replace(coins[0], id="another-id", split="test")
+    prints = fingerprint_tasks("twx", [*coins, renamed], {"action_format": "text", "observation": "brief"})
+    env = make_env("twx", action_format="text", observation="brief")
+    try:
+        starts = set()
+        for task in coins[:8]:
+            parts = fingerprint_parts(env, task)  # resets env to task
+            assert "start: " in parts["structure"] and "coin" in parts["structure"]
+            starts.add(json.dumps(parts["start"], sort_keys=True))
+    finally:
+        env.close()
+    assert prints[renamed.id] == prints[coins[0].id]
+    assert len({prints[t.id] for t in coins}) > len(starts)  # more games told apart than first rooms seen
+    assert len({prints[t.id] for t in coins}) >= 20

@@ -72,6 +72,21 @@ class TwxEngine:
                 return list(found._2)
         return []  # what the package answers when no attempt succeeds
 
+    def structure(self, game: str, params: str, seed: int, fold: str) -> str | None:
+        """The game as built, for study fingerprints (omrl.study.fingerprint): the agent's start room and every
+        room's name and full description (its contents, where the coin lies, its exits), as one text; None
+        for a game without rooms. Two seeds that build the same game give the same text."""
+        from py4j.protocol import Py4JError
+
+        self._load(game, params)
+        built = self.env.server.gameGenerator().mkGame(seed, fold)
+        try:
+            rooms = sorted(f"{room.name()}: {room.getDescription()}" for room in built.locations())
+            start = built.agentLocation().name()
+        except Py4JError:  # this game has no locations or no agent location
+            return None
+        return "\n".join([f"start: {start}", *rooms])
+
     def step(self, command: str) -> dict[str, Any]:
         observation, reward, done, infos = self.env.step(command)
         return {"observation": observation, "reward": reward, "done": done, "actions": list(infos["validActions"]),

@@ -136,6 +136,12 @@ class TwxEnv(textgame.CommandGame):
                      tools=textgame.tools_for(self.action_format),
                      system_prompt=textgame.system_prompt(self.action_format))
 
+    def fingerprint(self, task: Task) -> str | None:
+        """The study fingerprint's structure part (omrl.study.fingerprint), right after reset(task): the map,
+        the room names and where the objects lie, as the engine built the game (TwxEngine.structure)."""
+        game, params, seed, fold, _ = self.game_args
+        return self.engine.call("structure", game, params, seed, fold)
+
     def play(self, command: str) -> StepResult:
         if self.show_tried:
             tried_here = self.tried.setdefault(self.state, [])
