@@ -296,3 +296,48 @@ def test_the_study_fingerprint_sees_the_map_and_the_coin_not_only_the_first_room
     assert prints[renamed.id] == prints[coins[0].id]
     assert len({prints[t.id] for t in coins}) > len(starts)  # more games told apart than first rooms seen
     assert len({prints[t.id] for t in coins}) >= 20
+
+
+def test_expert_detours_take_random_moves_walk_them_back_and_still_reach_the_coin():
+    """expert_detours (demonstrations of lesser quality): the scripted expert sometimes steps aside and walks
+    back, so its commands are the gold path with (move, back) pairs inserted, the same for the same task."""
+    require_env("twx")
+    coins = generate_tasks("twx", 3, seed=1, split="train", game="coin", step_limit=80,
+                           params="numLocations=6,includeDoors=0,numDistractorItems=0")
+    back = {"move north": "move south", "move south": "move north", "move east": "move west",
+            "move west": "move east"}
+
+    def expert_commands(env, task):
+        env.reset(task)
+        sent = []
+        while not env.done and len(sent) < 80:
+            action = env.expert_action()
+            sent.append(action.text)
+            result = env.step(action)
+        return sent, bool(result.info.get("success"))
+
+    gold_env, noisy_env = make_env("twx", action_format="text"), make_env("twx", action_format="text",
+                                                                           expert_detours=0.5)
+    try:
+        detours = 0
+        for task in coins:
+            gold, won = expert_commands(gold_env, task)
+            noisy, noisy_won = expert_commands(noisy_env, task)
+            assert won and noisy_won, (gold, noisy)
+            assert noisy == expert_commands(noisy_env, task)[0]  # seeded by the task: the same demo again
+            # Read the noisy commands against the gold path: each is the path's next command, or a move
+            # followed at once by its way back (where a move is both, the path's next one decides).
+            played, i = 0, 0
+            while i < len(noisy):
+                if noisy[i:i + 2] == [noisy[i], back.get(noisy[i])] and noisy[i:i + 2] != gold[played:played + 2]:
+                    detours, i = detours + 1, i + 2
+                else:
+                    assert noisy[i] == gold[played], (gold, noisy)
+                    played, i = played + 1, i + 1
+            assert played == len(gold), (gold, noisy)
+        assert detours >= 2
+    finally:
+        gold_env.close()
+        noisy_env.close()
+    with pytest.raises(UsageError, match="expert_detours"):
+        make_env("twx", expert_detours=1.5)

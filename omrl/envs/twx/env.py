@@ -35,14 +35,16 @@ valid action each turn.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import random
 import re
 import shutil
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from omrl.envs import textgame
-from omrl.envs.base import InvalidTask, Reset, StepResult, Task
+from omrl.envs.base import Action, InvalidTask, Reset, StepResult, Task
 from omrl.envs.twx.engine import DEFAULT_STEP_LIMIT, JVM_HEAP_MB, start_engine
 from omrl.envs.twx.tasks import FOLD_SEEDS, GAMES, canonical_params, twx_tasks
 from omrl.errors import UsageError
@@ -62,6 +64,11 @@ class TwxOptions:
     call_timeout: float = 120.0
     jvm_heap_mb: int = JVM_HEAP_MB
     memory_mb: int | None = None
+    expert_detours: float = 0.0
+
+
+# A move and the move that walks it back (games without doors: every move can be walked back).
+_BACK = {"move north": "move south", "move south": "move north", "move east": "move west", "move west": "move east"}
 
 
 class TwxEnv(textgame.CommandGame):
@@ -96,8 +103,16 @@ class TwxEnv(textgame.CommandGame):
 
     def __init__(self, action_format: str = "tool", show_actions: bool = True, observation: str = "full",
                  show_tried: bool = False, call_timeout: float = 120.0, jvm_heap_mb: int = JVM_HEAP_MB,
-                 memory_mb: int | None = None) -> None:
+                 memory_mb: int | None = None, expert_detours: float = 0.0) -> None:
         super().__init__()
+        if not 0.0 <= float(expert_detours) <= 1.0:
+            raise UsageError(f"twx expert_detours must be between 0 and 1, got {expert_detours!r}")
+        # Demonstrations of lesser quality: at each step of its path the scripted expert first takes a random
+        # move with this probability, then walks it back (expert_action).
+        self.expert_detours = float(expert_detours)
+        self.walk_back: list[str] = []
+        self.expert_played = 0
+        self.expert_rng = random.Random(0)
         self.action_format = textgame.check_action_format(action_format)
         self.show_actions = bool(show_actions)
         if not isinstance(show_tried, bool):  # "false" as text would read as true
@@ -128,6 +143,8 @@ class TwxEnv(textgame.CommandGame):
         self.engine.ensure()  # a JVM that died between episodes is replaced here
         first = self.engine.call("reset", *args)
         self.game_args, self.sent, self.gold = args, [], None
+        self.walk_back, self.expert_played = [], 0
+        self.expert_rng = random.Random(int(hashlib.sha256(f"twx-detours|{task.id}".encode()).hexdigest()[:16], 16))
         self.commands = sorted(first["actions"])
         self.done = False
         self.tried, self.state = {}, first["state"]
@@ -168,6 +185,23 @@ class TwxEnv(textgame.CommandGame):
             return text
         match = _FIRST_SENTENCE.match(text.strip())
         return match.group(0).strip() if match else text.strip()
+
+    def expert_action(self) -> Action:
+        """The gold path's next command; with expert_detours, sometimes first a random move and its way back.
+        Asking advances the expert (the scripted policy sends every action it asks for)."""
+        if not self.expert_detours:
+            return super().expert_action()
+        if self.walk_back:
+            return textgame.as_action(self.walk_back.pop(), self.action_format)
+        moves = sorted(c for c in self.commands if c in _BACK)
+        if moves and self.expert_rng.random() < self.expert_detours:
+            move = self.expert_rng.choice(moves)
+            self.walk_back.append(_BACK[move])
+            return textgame.as_action(move, self.action_format)
+        path = self.expert_path()
+        command = path[self.expert_played] if self.expert_played < len(path) else self.fallback
+        self.expert_played += 1
+        return textgame.as_action(command, self.action_format)
 
     def expert_path(self) -> list[str]:
         """TextWorldExpress's gold path, asked for the first time the expert plays."""
