@@ -29,7 +29,6 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from omrl.study.compare import (
 from omrl.study.figures import study_result
 from omrl.study.ledger import RescoreRefused, TestLedger
 from omrl.study.overlap import Screened
+from omrl.study.plan import budget_settings, check_runnable, flatten, grid_points, unflatten
 from omrl.study.spec import StudySpec, settings_hash
 from omrl.study.tasksets import env_options, screened_task_sets
 
@@ -62,79 +62,6 @@ Log = Callable[[str], None]
 
 class StudyRunError(UsageError):
     """A run that gave no figure (an evaluation with no known outcome): an error, never a score of 0."""
-
-
-# ---------------------------------------------------------------- settings
-
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}: grid points and budgets as dotted recipe keys."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def unflatten(values: dict[str, Any]) -> dict[str, Any]:
-    """{"a.b": 1} -> {"a": {"b": 1}}: dotted recipe keys as the trainers' nested settings."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
-def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every point of a method's grid (the product of its lists, in declared order); [{}] for no grid."""
-    keys = list(grid)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
-
-
-def budget_keys(kind: str) -> tuple[str, ...]:
-    """The recipe keys the study's budget sets for a method of `kind` (a grid may not tune them)."""
-    return {"sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs")}.get(
-        kind, ("max_steps",))
-
-
-def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, Any]) -> dict[str, Any]:
-    """The dotted recipe keys that give a method of `kind` (at grid `point`) the study's budget."""
-    steps = int(spec.budget.value)
-    if kind == "sft":
-        return {}
-    if kind == "more_sft":
-        return {"max_steps": steps}
-    if kind == "rft":
-        return {"sft.max_steps": steps}
-    if kind.startswith("ppo_"):  # a PPO step is one rollout batch of ppo_epochs x minibatches optimizer steps
-        per_batch = point.get("ppo_epochs", recipe.ppo.ppo_epochs) * point.get("minibatches", recipe.ppo.minibatches)
-        return {"max_steps": max(1, steps // per_batch)}
-    return {"max_steps": steps}
-
-
-def check_runnable(spec: StudySpec) -> None:
-    """UsageError, before anything runs, for what the runner cannot do: a budget unit other than optimizer
-    steps, an `iterate` method, a grid on sft or on a key the budget sets, a greedy contrast without greedy
-    evaluations."""
-    if spec.budget.unit != "optimizer_steps":
-        raise UsageError(f"budget.unit {spec.budget.unit!r}: omrl study run matches optimizer_steps only so far "
-                         "(tokens, env_steps and seconds are recorded for every run)")
-    for method in spec.methods:
-        if method.kind == "iterate":
-            raise UsageError(f"method {method.name}: kind iterate is not run by omrl study run yet")
-        if method.kind == "sft" and method.grid:
-            raise UsageError(f"method {method.name}: sft trains nothing after the shared SFT; it has no grid")
-        clash = sorted(set(flatten(method.grid)) & set(budget_keys(method.kind)))
-        if clash:
-            raise UsageError(f"method {method.name}: grid.{clash[0]} is set by the budget "
-                             f"({spec.budget.value:g} {spec.budget.unit}): tune another key")
-    for condition in spec.conditions:
-        if spec.primary.metric == "greedy" and flatten(condition.overrides).get("eval.greedy") is False:
-            raise UsageError(f"condition {condition.name}: eval.greedy false, but the primary metric is greedy")
 
 
 # ---------------------------------------------------------------- the runs of one condition
