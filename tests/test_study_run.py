@@ -95,6 +95,11 @@ def test_what_the_runner_cannot_do_is_refused_up_front(tmp_path):
         check_runnable(load_study(study, ["budget.unit=env_steps"]))
     with pytest.raises(UsageError, match=r"method more_sft: grid.epochs is set by the budget \(2 optimizer_steps\)"):
         check_runnable(load_study(study, ["methods.more_sft={kind: more_sft, grid: {epochs: [1, 2]}}"]))
+    with pytest.raises(UsageError, match="method more_sft: grid.sft.learning_rate is not a setting of a more_sft run"):
+        check_runnable(load_study(study, ["methods.more_sft={kind: more_sft, grid: {sft.learning_rate: [1e-3]}}"]))
+    with pytest.raises(UsageError, match="method grpo: grid.learnin_rate is not a setting of a grpo run"):
+        check_runnable(load_study(study, ["methods.grpo={kind: grpo, grid: {learnin_rate: [1e-4]}}"]))
+    check_runnable(load_study(study, ["methods.rft={kind: rft, grid: {sft.learning_rate: [1e-3], samples: [4]}}"]))
     with pytest.raises(UsageError, match="method sft: sft trains nothing"):
         check_runnable(load_study(study, ["methods.sft={kind: sft, grid: {learning_rate: [1e-3]}}"]))
     with pytest.raises(UsageError, match="condition default: eval.greedy false, but the primary metric is greedy"):

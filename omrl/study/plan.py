@@ -63,10 +63,34 @@ def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, An
     return {"max_steps": steps}
 
 
+def recipe_class(kind: str) -> Any:
+    """The recipe class whose keys a method of `kind` tunes (its grid keys; RFT's `sft.*` and bare SFT keys
+    tune the SFT on its kept attempts); None for sft, which trains nothing."""
+    from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.ppo import PPORecipe
+    from omrl.train.config.rft import RFTRecipe
+    from omrl.train.config.sft import SFTRecipe
+
+    return {"more_sft": SFTRecipe, "rft": RFTRecipe, "grpo": GRPORecipe, "step_credit": GRPORecipe,
+            "ppo_turn": PPORecipe, "ppo_token": PPORecipe}.get(kind)
+
+
+def unknown_grid_key(kind: str, key: str) -> bool:
+    """Whether grid key `key` (dotted) names no setting of a `kind` method's recipe (checked by its first part)."""
+    import dataclasses
+
+    from omrl.train.config.sft import SFTRecipe
+
+    known = {f.name for f in dataclasses.fields(recipe_class(kind))}
+    if kind == "rft":  # the rest of an RFT grid tunes its SFT section (omrl.study.run._train_rft)
+        known |= {f.name for f in dataclasses.fields(SFTRecipe)}
+    return key.split(".")[0] not in known
+
+
 def check_runnable(spec: StudySpec) -> None:
     """UsageError, before anything runs, for what the runner cannot do: a budget unit other than optimizer
-    steps, an `iterate` method, a grid on sft or on a key the budget sets, a greedy contrast without greedy
-    evaluations."""
+    steps, an `iterate` method, a grid on sft, on a key its recipe does not have or on a key the budget sets, a
+    greedy contrast without greedy evaluations."""
     if spec.budget.unit != "optimizer_steps":
         raise UsageError(f"budget.unit {spec.budget.unit!r}: omrl study run matches optimizer_steps only so far "
                          "(tokens, env_steps and seconds are recorded for every run)")
@@ -75,6 +99,10 @@ def check_runnable(spec: StudySpec) -> None:
             raise UsageError(f"method {method.name}: kind iterate is not run by omrl study run yet")
         if method.kind == "sft" and method.grid:
             raise UsageError(f"method {method.name}: sft trains nothing after the shared SFT; it has no grid")
+        unknown = sorted(key for key in method.grid if unknown_grid_key(method.kind, key))
+        if unknown:
+            raise UsageError(f"method {method.name}: grid.{unknown[0]} is not a setting of a {method.kind} run "
+                             f"({recipe_class(method.kind).__name__}'s keys)")
         clash = sorted(set(flatten(method.grid)) & set(budget_keys(method.kind)))
         if clash:
             raise UsageError(f"method {method.name}: grid.{clash[0]} is set by the budget "
