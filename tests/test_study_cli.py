@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from omrl.cli.main import cli
-from omrl.shipped import resolve_tasks
-
-
-def _tiny_study(folder, copied: bool):
-    rows = [json.loads(line) for line in Path(resolve_tasks("shipped:grid_train")).read_text().splitlines()][:12]
-    if copied:  # train's first task in test under a new id
-        rows.append({**rows[0], "id": "test-copy", "split": "eval"})
-    (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    study = folder / "study.yaml"
-    study.write_text("name: tiny\nenv: grid\n"
-                     "tasks: {train: 'tasks.jsonl[:8]', dev: 'tasks.jsonl[8:10]', test: 'tasks.jsonl[10:]'}\n"
-                     "methods: {sft: sft, more_sft: more_sft, grpo: {kind: grpo, grid: {learning_rate: [1e-4]}}}\n"
-                     "budget: {unit: env_steps, value: 100}\nseeds: 2\n"
-                     "primary: {a: best_rl_on_dev, b: more_sft, metric: greedy}\n")
-    return study
+from tests.study_helpers import tiny_study
 
 
 def test_study_check_prints_the_overlap_report_and_the_settings_hash(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path.parent)  # task paths are read beside the study file, not in the working folder
-    study = _tiny_study(tmp_path, copied=False)
+    study = tiny_study(tmp_path, copied=False)
     result = CliRunner().invoke(cli, ["study", "check", str(study)])
     assert result.exit_code == 0, result.output
     [line] = result.output.splitlines()
@@ -40,7 +25,7 @@ def test_study_check_prints_the_overlap_report_and_the_settings_hash(tmp_path, m
 
 
 def test_study_check_refuses_a_duplicated_test_task_unless_dropping(tmp_path):
-    study = _tiny_study(tmp_path, copied=True)
+    study = tiny_study(tmp_path, copied=True)
     refused = CliRunner().invoke(cli, ["study", "check", str(study)])
     assert refused.exit_code == 1
     report = json.loads(refused.output.splitlines()[0])
@@ -62,7 +47,7 @@ def test_the_shipped_example_study_checks_clean():
 
 
 def test_study_check_checks_the_environment_options(tmp_path):
-    study = _tiny_study(tmp_path, copied=False)
+    study = tiny_study(tmp_path, copied=False)
     result = CliRunner().invoke(cli, ["study", "check", str(study), "env_options.noise=lots"])
     assert result.exit_code == 1
     assert "study env_options (environment 'grid'): noise must be float" in result.output

@@ -12,7 +12,6 @@ from click.testing import CliRunner
 
 from omrl.cli.main import cli
 from omrl.errors import UsageError
-from omrl.shipped import resolve_tasks
 from omrl.study.ledger import RescoreRefused, TestLedger
 from omrl.study.run import (
     base_recipe,
@@ -27,6 +26,7 @@ from omrl.study.run import (
 )
 from omrl.study.spec import load_study, settings_hash
 from omrl.train.config.iterate import IterateRecipe
+from tests.study_helpers import tiny_study
 
 QUICK = "shipped:studies/quick"
 
@@ -35,36 +35,22 @@ def _json_lines(output: str) -> list[dict]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
-def _tiny_study(folder: Path, copied: bool, extra: str = "") -> Path:
-    rows = [json.loads(line) for line in Path(resolve_tasks("shipped:grid_train")).read_text().splitlines()][:12]
-    if copied:  # train's first task in test under a new id
-        rows.append({**rows[0], "id": "test-copy", "split": "eval"})
-    (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    study = folder / "study.yaml"
-    study.write_text("name: tiny\nenv: grid\n"
-                     "tasks: {train: 'tasks.jsonl[:8]', dev: 'tasks.jsonl[8:10]', test: 'tasks.jsonl[10:]'}\n"
-                     "methods: {sft: sft, more_sft: more_sft, grpo: {kind: grpo, grid: {learning_rate: [1e-4]}}}\n"
-                     "budget: {unit: optimizer_steps, value: 2}\nseeds: 2\n"
-                     "primary: {a: best_rl_on_dev, b: more_sft, metric: greedy}\n" + extra)
-    return study
-
-
 def test_the_study_s_recipe_is_its_runs_starting_point_read_beside_the_study_file(tmp_path):
     (tmp_path / "mine.yaml").write_text("rounds: 3\nrollout: {env: math, max_turns: 7}\n")
-    spec = load_study(_tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
+    spec = load_study(tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
     recipe = base_recipe(spec, tmp_path)
     assert recipe["rounds"] == 3 and recipe["rollout"]["max_turns"] == 7
     assert recipe["rollout"]["env"] == "grid"  # the study's environment replaces the recipe's
-    assert base_recipe(load_study(_tiny_study(tmp_path, copied=False)), tmp_path)["rounds"] == 2  # shipped:quickstart
+    assert base_recipe(load_study(tiny_study(tmp_path, copied=False)), tmp_path)["rounds"] == 2  # shipped:quickstart
     with pytest.raises(Exception, match="missing.yaml"):
-        base_recipe(load_study(_tiny_study(tmp_path, copied=False, extra="recipe: missing.yaml\n")), tmp_path)
+        base_recipe(load_study(tiny_study(tmp_path, copied=False, extra="recipe: missing.yaml\n")), tmp_path)
 
 
 def test_editing_a_file_the_study_names_changes_what_the_ledger_keys_scorings_by(tmp_path):
     from omrl.study.tasksets import screened_task_sets
 
     (tmp_path / "mine.yaml").write_text("rounds: 1\n")
-    spec = load_study(_tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
+    spec = load_study(tiny_study(tmp_path, copied=False, extra="recipe: mine.yaml\n"))
     before = frozen_hash(spec, tmp_path, screened_task_sets(spec, tmp_path)[0])
     assert before.startswith(settings_hash(spec)) and before == frozen_hash(spec, tmp_path,
                                                                             screened_task_sets(spec, tmp_path)[0])
@@ -79,7 +65,7 @@ def test_editing_a_file_the_study_names_changes_what_the_ledger_keys_scorings_by
 
 
 def test_a_study_whose_test_set_copies_a_train_task_is_refused_before_anything_runs(tmp_path):
-    study = _tiny_study(tmp_path, copied=True)
+    study = tiny_study(tmp_path, copied=True)
     out = tmp_path / "out"
     refused = CliRunner().invoke(cli, ["study", "run", str(study), "--out", str(out)])
     assert refused.exit_code == 1, refused.output
@@ -90,7 +76,7 @@ def test_a_study_whose_test_set_copies_a_train_task_is_refused_before_anything_r
 
 
 def test_what_the_runner_cannot_do_is_refused_up_front(tmp_path):
-    study = _tiny_study(tmp_path, copied=False)
+    study = tiny_study(tmp_path, copied=False)
     with pytest.raises(UsageError, match="budget.unit 'env_steps': omrl study run matches optimizer_steps only"):
         check_runnable(load_study(study, ["budget.unit=env_steps"]))
     with pytest.raises(UsageError, match=r"method more_sft: grid.epochs is set by the budget \(2 optimizer_steps\)"):
@@ -118,7 +104,7 @@ def test_grids_and_budgets_map_onto_recipe_keys(tmp_path):
         {"learning_rate": 2, "step_credit.weight": 0}, {"learning_rate": 2, "step_credit.weight": 3}]
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
     assert unflatten({"a.b": 1, "a.c.d": 2, "e": 3}) == {"a": {"b": 1, "c": {"d": 2}}, "e": 3}
-    spec = load_study(_tiny_study(tmp_path, copied=False), ["budget.value=20"])
+    spec = load_study(tiny_study(tmp_path, copied=False), ["budget.value=20"])
     recipe = IterateRecipe(output_dir="o", train_tasks="t", eval_tasks="e")  # PPO: 4 epochs x 2 minibatches per batch
     assert budget_settings(spec, "grpo", recipe, {}) == {"max_steps": 20}
     assert budget_settings(spec, "more_sft", recipe, {}) == {"max_steps": 20}
@@ -284,7 +270,7 @@ def test_a_study_killed_midway_resumes_without_redoing_its_finished_runs(tmp_pat
     import sys
     import time
 
-    study = _tiny_study(tmp_path, copied=False, extra=TINY_RECIPE)
+    study = tiny_study(tmp_path, copied=False, extra=TINY_RECIPE)
     out = tmp_path / "out"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen([sys.executable, "-m", "omrl", "study", "run", str(study), "--out", str(out)], cwd=root,
