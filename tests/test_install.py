@@ -7,7 +7,6 @@ test_import_cycles.py).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from omrl.shipped import resolve_tasks, shipped_datasets_dir, shipped_task_sets
+from tests.readme_helpers import readme_bash_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "omrl"
@@ -99,12 +99,7 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
 
 def readme_quickstart() -> list[str]:
     """The command lines of README.md's "## Quickstart" bash block, in order (blank lines left out)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, re.M | re.S)
-    assert section, "README.md has no '## Quickstart' section"
-    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.M | re.S)
-    assert block, "README.md's Quickstart has no ```bash block"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    return readme_bash_lines("Quickstart")
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import pytest
 
 from omrl.serve.vllm import venv_dir
 from tests.engine_helpers import gone_within, running
+from tests.readme_helpers import readme_bash_lines
 
 MODEL = "smollm2-135m-instruct"
 SERVED = "smollm2"
@@ -163,7 +164,6 @@ def test_the_adaptive_limit_fills_vllm_s_batch_without_overrunning_its_queue(ser
     print(f"peak {throttle.peak}, cuts {throttle.cuts}, limit at the end {throttle.allowed}")
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 # The short form of README's real-model path: its lines as written, with smaller sizes appended (a later flag
 # or key=value wins) and this module's server in place of the one the README starts on port 8011.
 SHORT_FORM = {"omrl collect --env grid --tasks shipped:grid_train": " --limit 16",
@@ -174,13 +174,7 @@ SHORT_FORM = {"omrl collect --env grid --tasks shipped:grid_train": " --limit 16
 
 def readme_real_model_path() -> list[str]:
     """The command lines of README.md's "## With a real model" bash block, in order (comments left out)."""
-    import re
-
-    section = re.search(r"^## With a real model\n(.*?)(?=^## )", README.read_text(encoding="utf-8"), re.M | re.S)
-    assert section, "README.md has no '## With a real model' section"
-    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.M | re.S)
-    assert block, "README.md's real-model section has no ```bash block"
-    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    return [line for line in readme_bash_lines("With a real model") if not line.startswith("#")]
 
 
 def test_the_readme_real_model_path_runs_in_short_form(server, tmp_path):
