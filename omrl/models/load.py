@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX); /proc/cpuinfo's flags, False elsewhere.
+    omrl.serve.vllm serves in bf16 only where it does; training stays float32 on any CPU (fast_dtype)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
 def fast_dtype() -> Any:
     """float32 without a CUDA device; "auto" (the checkpoint's dtype) with one."""
     import torch

