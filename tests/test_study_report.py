@@ -178,3 +178,15 @@ def test_store_options_are_refused_for_a_study_folder(tmp_path):
     result = _report(tmp_path / "study", tmp_path / "out", "--runs", str(tmp_path / "study"))
     assert result.exit_code == 2 and "--runs" in result.output and "study folder" in result.output
     assert "omrl report runs/study-quick --out" in CliRunner().invoke(cli, ["report", "--help"]).output
+
+
+def test_a_study_cut_short_reports_its_finished_conditions_and_names_the_pending_ones(tmp_path):
+    study = make_study(tmp_path / "study")
+    study.update(primary_contrast_points=None, primary_contrast_ci95=None, pending_conditions=["gold", "few"])
+    (tmp_path / "study" / "study.json").write_text(json.dumps(study))
+    result = _report(tmp_path / "study", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "out" / "study.md").read_text()
+    assert "condition default: - points, 95% interval [-, -] points" in md  # no contrast yet, not a 0
+    assert "Not run yet (the study stopped before them; resume it to add them): gold, few" in md
+    assert "## Condition: default" in md and "## Condition: gold" not in md

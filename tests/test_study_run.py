@@ -231,8 +231,25 @@ primary: {a: best_rl_on_dev, b: more_sft, metric: sampled, condition: gold}
 @pytest.mark.slow
 def test_every_method_kind_trains_at_the_matched_budget_under_each_condition(tmp_path):
     (tmp_path / "kinds.yaml").write_text(KINDS_STUDY)
-    study = run_study(load_study(tmp_path / "kinds.yaml"), tmp_path / "out", base=tmp_path)
+    lines: list[str] = []
+    snapshots: list[dict] = []  # study.json as it stood when the second condition started
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("condition gold:"):
+            snapshots.append(json.loads((tmp_path / "out" / "study.json").read_text()))
+
+    study = run_study(load_study(tmp_path / "kinds.yaml"), tmp_path / "out", base=tmp_path, log=log)
     assert list(study["conditions"]) == ["noisy", "gold"] and study["test_scorings"] == 1
+    assert study["pending_conditions"] == [] and study["primary_contrast_points"] is not None
+    # the first condition's test set was scored before the second started, and study.json said so
+    gold_starts = lines.index(next(line for line in lines if line.startswith("condition gold:")))
+    assert any(": test sampled " in line for line in lines[:gold_starts])
+    assert not any(": test sampled " in line for line in lines[gold_starts:gold_starts + 3])
+    [partial] = snapshots
+    assert list(partial["conditions"]) == ["noisy"] and partial["pending_conditions"] == ["gold"]
+    assert partial["primary_contrast_points"] is None and partial["best_rl_on_dev"] is None  # the primary's is gold
+    assert partial["test_scorings"] == 1
     folders = sorted(p.name.split("-")[0] for p in (tmp_path / "out" / "conditions").iterdir())
     assert folders == ["gold", "noisy"]  # each condition's own runs
     for condition in study["conditions"].values():

@@ -252,6 +252,9 @@ def study_markdown(study: dict[str, Any], curves_plotted: bool, curve_note: str,
           f"Test {metric} success per condition and method: the seed-level mean and its 95% Student t interval "
           "over seeds, each seed's score, the paired two-level bootstrap difference (points, 95% interval) to sft "
           "and to more_sft, the seeds won against more_sft, and each seed's run's compute.", ""]
+    if study.get("pending_conditions"):
+        md += [f"Not run yet (the study stopped before them; resume it to add them): "
+               f"{', '.join(study['pending_conditions'])}", ""]
     for name, condition in study["conditions"].items():
         md += [f"## Condition: {name}", ""]
         if condition.get("best_rl_on_dev"):

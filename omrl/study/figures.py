@@ -101,35 +101,39 @@ def study_table(result: dict[str, Any]) -> Any:
 
 
 HEADLINE = ("study", "settings_hash", "primary", "best_rl_on_dev", "primary_contrast_points", "primary_contrast_ci95",
-            "seeds", "distinct_test_tasks", "test_train_overlap", "dev_test_overlap", "test_scorings", "minutes")
+            "seeds", "distinct_test_tasks", "test_train_overlap", "dev_test_overlap", "test_scorings",
+            "pending_conditions", "minutes")
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:
     """The fields of a study's one-line summary."""
-    return {key: result[key] for key in HEADLINE}
+    return {key: result.get(key) for key in HEADLINE}
 
 
 def study_result(spec: StudySpec, report: dict[str, Any], trained: dict[str, dict[str, Any]],
                  fingerprints: dict[str, dict[str, str]], ledger: TestLedger,
                  sft_stages: dict[str, dict[int, Any]]) -> dict[str, Any]:
-    """What study.json holds: the spec, its hash, the overlap report, per condition the shared SFT stage's cost
-    per seed, best_rl_on_dev and per method its figures (method_figures), the primary contrast and the ledger's
-    count of test scorings."""
+    """What study.json holds: the spec, its hash, the overlap report, per condition done the shared SFT stage's
+    cost per seed, best_rl_on_dev and per method its figures (method_figures), the primary contrast (None until
+    its condition is done), the conditions still pending and the ledger's count of test scorings."""
     metric = spec.primary.metric
     conditions = {name: {"best_rl_on_dev": best_rl_on_dev(methods, metric), "sft_stage": sft_stages[name],
                          "methods": {m: method_figures(methods, m, fingerprints, metric) for m in methods}}
                   for name, methods in trained.items()}
-    contrast = primary_contrast(spec, trained, fingerprints)
+    # a study cut short: the primary's condition may not be done yet (no contrast to report, not a 0)
+    contrast = (primary_contrast(spec, trained, fingerprints) if spec.primary.condition in trained
+                else {"a": None, "b": None, "points": None, "ci95": None})
     tuning = {name: {m: _total([row["compute"] for row in entry["tuning"]]) for m, entry in methods.items()}
               for name, methods in trained.items()}
     return {"study": spec.name, "settings_hash": settings_hash(spec), "spec": dataclasses.asdict(spec),
             "overlap": report, "primary": {**dataclasses.asdict(spec.primary), "a_resolved": contrast["a"],
                                            "b_resolved": contrast["b"]},
-            "best_rl_on_dev": conditions[spec.primary.condition]["best_rl_on_dev"],
+            "best_rl_on_dev": conditions.get(spec.primary.condition, {}).get("best_rl_on_dev"),
             "primary_contrast_points": contrast["points"], "primary_contrast_ci95": contrast["ci95"],
             "seeds": spec.seeds, "distinct_test_tasks": report["distinct_test_tasks"],
             "test_train_overlap": report["test_train_overlap"], "dev_test_overlap": report["dev_test_overlap"],
-            "test_scorings": ledger.test_scorings, "conditions": conditions, "tuning_compute": tuning,
+            "test_scorings": ledger.test_scorings, "conditions": conditions,
+            "pending_conditions": [c.name for c in spec.conditions if c.name not in trained], "tuning_compute": tuning,
             "tuning_note": "grid points trained on seed 0 only; seed 0's final run is its chosen tuning run"}
 
 

@@ -18,9 +18,10 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
   search; a study's grid is key -> values): per condition each grid point (their product, declared order) is
   trained and scored on dev with the primary metric (greedy or sampled); the first best is trained on every
   seed (seed 0's is its tuning run). best_rl_on_dev: the RL method with the best mean dev score over seeds.
-- Test: once every condition is tuned and scored on dev, each (condition, method, seed) is recorded in the
-  TestLedger under settings_hash(spec), then scored; under changed settings the run is refused before it
-  trains, and the ledger refuses the scoring, unless `rescore`.
+- Test: once a condition is tuned and every seed scored on dev, each of its (method, seed) runs is recorded in the
+  TestLedger under frozen_hash, then scored, and OUT/study.json is written with the conditions done so far
+  (`pending_conditions` names the rest); under changed settings the run is refused before it trains, and the
+  ledger refuses the scoring, unless `rescore`.
 - Resume: a condition's runs live in OUT/conditions/NAME-DIGEST (its recipe and task sets), each recorded in
   its benchmark_state.json as it finishes and skipped next time; a change that trains nothing new (the
   primary contrast) reuses them. A failed run raises, never a score of 0 (no known outcome: StudyRunError).
@@ -312,21 +313,34 @@ def run_study(spec: StudySpec, out: str | Path, base: Path | None = None, rescor
     ledger = TestLedger(out)
     preflight(ledger, settings, rescore)
     benches, trained = {}, {}
+    result: dict[str, Any] = {}
     with shared_engines():
-        for condition in spec.conditions:  # every choice frozen (tuned, dev-scored) before any test scoring
-            benches[condition.name] = condition_bench(spec, condition, out, screened, base)
-            say(f"condition {condition.name}: runs in {benches[condition.name].out}")
-            trained[condition.name] = run_condition(benches[condition.name], spec, say)
-        for name, methods in trained.items():
-            score_tests(benches[name], spec, name, methods, ledger, settings, rescore, say)
-    stages = {name: sft_stage(bench) for name, bench in benches.items()}
-    result = study_result(spec, report, trained, fingerprints, ledger, stages)
-    result["ledger_hash"] = settings  # settings_hash plus the named files' contents (frozen_hash)
-    result["minutes"] = round((time.monotonic() - started) / 60, 2)
+        for condition in spec.conditions:  # in declared order: the primary's condition is best declared first
+            name = condition.name
+            benches[name] = condition_bench(spec, condition, out, screened, base)
+            say(f"condition {name}: runs in {benches[name].out}")
+            trained[name] = run_condition(benches[name], spec, say)
+            # every choice of this condition is frozen now (tuned, dev-scored on every seed), and nothing a later
+            # condition chooses reads test: its test set is scored here, so a study cut short by its budget
+            # still has finished conditions to report (study.json says which are pending)
+            score_tests(benches[name], spec, name, trained[name], ledger, settings, rescore, say)
+            stages = {done: sft_stage(bench) for done, bench in benches.items()}
+            result = study_result(spec, report, trained, fingerprints, ledger, stages)
+            result["ledger_hash"] = settings  # settings_hash plus the named files' contents (frozen_hash)
+            result["minutes"] = round((time.monotonic() - started) / 60, 2)
+            result = write_result(out, result)
+    return result
+
+
+def write_result(out: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """OUT/study.json written whole (a crash mid-write leaves the previous file), returned as the file holds it
+    (seeds as text keys): the API and study.json agree."""
     text = json.dumps(result, indent=1, default=str)
     out.mkdir(parents=True, exist_ok=True)
-    (out / STUDY_FILE).write_text(text)
-    return json.loads(text)  # as the file holds it (seeds as text keys): the API and study.json agree
+    partial = out / f"{STUDY_FILE}.tmp"
+    partial.write_text(text)
+    partial.replace(out / STUDY_FILE)
+    return json.loads(text)
 
 
 def sft_stage(bench: Comparison) -> dict[int, dict[str, Any]]:
