@@ -7,7 +7,7 @@
 
 1. `omrl train iterate` on recipes/hard_grid.yaml: the expert's held-out success, the tiny base model,
    SFT on the expert's demos, one GRPO round (stages expert, base, sft, grpo-1).
-2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds (benchmarks.lib.compare.train_method):
+2. From the same SFT checkpoint, with the same GRPO settings and rollout seeds (omrl.study.compare.train_method):
    GRPO with step credit (omrl/train/rl/grpo_credit.py; GiGPO weight and gamma from --weight/--gamma), and PPO
    (the recipe's `ppo` section, turn-level GAE) with max_steps x tasks_per_step x samples_per_task rollouts, as
    GRPO.
@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ppo-lr", type=float, default=None, help="PPO learning rate (default: the recipe's ppo section)")
     args = parser.parse_args(argv)
 
-    from benchmarks.lib.compare import train_method
     from omrl.config import load_recipe
     from omrl.rollout import shared_engines
     from omrl.store import Store
+    from omrl.study.compare import train_method
     from omrl.tasks import load_tasks
     from omrl.train.config.iterate import IterateRecipe
     from omrl.train.iterate.evaluation import evaluate_checkpoint

@@ -1,4 +1,4 @@
-"""benchmarks.lib.compare.Comparison shared by several processes (benchmarks/textworld_learning.py --helper): a run
+"""omrl.study.compare.Comparison shared by several processes (a study resumed beside a running one): a run
 claimed by a live process is waited for, not run twice; a dead process's claim is taken over; every process's
 records are kept in the one state file."""
 
@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from benchmarks.lib.compare import Comparison
+from omrl.study.compare import Comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "textworld_coin.yaml"
@@ -26,11 +26,11 @@ def _state(out: Path) -> dict:
 
 def test_two_comparisons_on_one_folder_keep_each_others_records(tmp_path):
     first, second = _bench(tmp_path), _bench(tmp_path)  # as two processes: each read the state when it started
-    first._record("seed0/train/a", lambda: {"value": 1})
-    second._record("seed0/train/b", lambda: {"value": 2})
+    first.record("seed0/train/a", lambda: {"value": 1})
+    second.record("seed0/train/b", lambda: {"value": 2})
     assert {k: v["value"] for k, v in _state(tmp_path).items()} == {"seed0/train/a": 1, "seed0/train/b": 2}
     # a record another process made is found, not made again
-    assert first._record("seed0/train/b", lambda: {"value": 3})["value"] == 2
+    assert first.record("seed0/train/b", lambda: {"value": 3})["value"] == 2
 
 
 def test_a_run_claimed_by_a_live_process_is_awaited_and_a_dead_ones_claim_taken_over(tmp_path):
@@ -55,13 +55,13 @@ def test_a_run_claimed_by_a_live_process_is_awaited_and_a_dead_ones_claim_taken_
         def ours():
             raise AssertionError("the run was claimed by another process: it must not run here too")
 
-        assert bench._record("seed0/train/x", ours)["value"] == "theirs"
+        assert bench.record("seed0/train/x", ours)["value"] == "theirs"
     finally:
         proc.wait(timeout=60)
     # a claim whose process is gone: this process runs it
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "claims" / "seed0__train__y.pid").write_text(dead.stdout.strip())
-    assert bench._record("seed0/train/y", lambda: {"value": "ours"})["value"] == "ours"
+    assert bench.record("seed0/train/y", lambda: {"value": "ours"})["value"] == "ours"
     assert not (tmp_path / "claims" / "seed0__train__y.pid").exists()
 
 
@@ -70,7 +70,7 @@ def test_a_folder_recorded_with_another_recipe_is_refused_naming_the_change(tmp_
 
     from omrl.errors import UsageError
 
-    _bench(tmp_path)._record("seed0/train/a", lambda: {"value": 1})
+    _bench(tmp_path).record("seed0/train/a", lambda: {"value": 1})
     # the same recipe, or one that differs only in how fast or loud a run is, resumes
     Comparison(tmp_path, RECIPE, ["rollout.concurrency=4", "grpo.quiet=false", "threads=2"], [0], [])
     with pytest.raises(UsageError, match=r"grpo\.learning_rate: 0\.0005 -> 0\.001.*new output folder"):

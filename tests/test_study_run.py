@@ -314,3 +314,41 @@ def test_a_study_killed_midway_resumes_without_redoing_its_finished_runs(tmp_pat
     assert len(names) == len(set(names))  # and none made twice
     assert result["test_scorings"] == 1 and (out / "study.json").exists()
     assert set(result["conditions"]["default"]["methods"]) == {"sft", "more_sft", "grpo"}
+
+
+FROM_BASE_STUDY = """
+name: from_base
+env: grid
+env_options: {noise: 0.3, seed: 0}
+tasks: {train: "shipped:grid_train[:60]", dev: "shipped:grid_eval[:3]", test: "shipped:grid_eval[100:103]"}
+methods:
+  base: base
+  sft: sft
+  grpo: {kind: grpo, grid: {learning_rate: [0.0002]}}
+  grpo_base: {kind: grpo, start: base, grid: {learning_rate: [0.0002]}}
+budget: {unit: optimizer_steps, value: 2}
+seeds: 2
+""" + TINY_RECIPE + "primary: {a: grpo_base, b: base, metric: greedy}\n"
+
+
+def test_the_base_model_is_a_method_and_rl_may_start_from_it(tmp_path):
+    (tmp_path / "study.yaml").write_text(FROM_BASE_STUDY)
+    spec = load_study(tmp_path / "study.yaml")
+    study = run_study(spec, tmp_path / "out", base=tmp_path)
+    methods = study["conditions"]["default"]["methods"]
+    assert study["primary"]["a_resolved"] == "grpo_base" and study["test_scorings"] == 1
+    [folder] = (tmp_path / "out" / "conditions").iterdir()
+    for seed in ("0", "1"):
+        base = json.loads((folder / f"seed-{seed}" / "state.json").read_text())
+        starts = {s["stage"]: s["checkpoint"] for s in base["stages"] if s["stage"] in ("base", "sft")}
+        assert methods["base"]["runs"][seed]["run"] == "base"
+        assert methods["base"]["runs"][seed]["compute"]["optimizer_steps"] == 0  # evaluated, not trained
+        # each GRPO run trained from its own start: grpo from SFT, grpo_base from the untrained model
+        for name, start in (("grpo", starts["sft"]), ("grpo_base", starts["base"])):
+            run = methods[name]["runs"][seed]
+            assert run["compute"]["optimizer_steps"] == 2
+            saved = json.loads((folder / f"seed-{seed}" / "study" / run["run"] / "omrl_grpo.json").read_text())
+            assert saved["recipe"]["model"] == start, name
+    with pytest.raises(UsageError, match="method base: base trains nothing"):
+        check_runnable(load_study(tmp_path / "study.yaml", ["methods.base.kind=base",
+                                                             "methods.base.grid.learning_rate=[0.1]"]))

@@ -45,7 +45,10 @@ def test_a_study_file_loads_with_its_defaults(tmp_path):
      "primary.metric must be one of greedy, sampled"),
     ({"methods": {"sft": "sft", "more_sft": "more_sft"}}, "best_rl_on_dev but no method is RL"),
     ({"seeds": 1}, "seeds must be at least 2"),
-    ({"methods": {"sft": "sft", "x": "dpo"}}, "must be one of sft, more_sft, rft"),
+    ({"methods": {"sft": "sft", "x": "dpo"}}, "must be one of base, sft, more_sft, rft"),
+    ({"methods": {"sft": "sft", "more_sft": {"kind": "more_sft", "start": "base"}, "g": "grpo"}},
+     "method more_sft: start 'base' is for rft and the RL kinds"),
+    ({"methods": {"sft": "sft", "g": {"kind": "grpo", "start": "scratch"}}}, "start must be one of sft, base"),
     ({"methods": {"sft": "sft", "more_sft": {"kind": "more_sft", "grid": {"epochs": []}}, "g": "grpo"}},
      "grid.epochs must be a non-empty list"),
     ({"budget": {"unit": "flops", "value": 1}}, "budget.unit must be one of optimizer_steps, tokens, env_steps"),
@@ -64,9 +67,17 @@ def test_the_settings_hash_changes_with_every_choice():
     changes = ["env=math", "env_options.noise=0.1", "tasks.test=other.jsonl", "methods.grpo.grid.learning_rate=[1e-4]",
                "methods.grpo.kind=ppo_turn", "budget.unit=tokens", "budget.value=65", "seeds=4", "axis=noise",
                "conditions.gold.overrides.x=1", "primary.metric=sampled", "primary.condition=gold",
-               "primary.b=sft", "drop_overlaps=true", "name=other"]
+               "primary.b=sft", "drop_overlaps=true", "name=other", "methods.grpo.start=base"]
     hashes = {settings_hash(load_study(STUDY, [change])) for change in changes}
     assert base not in hashes and len(hashes) == len(changes)
+
+
+def test_a_setting_added_later_keeps_the_hash_of_a_study_that_leaves_it_at_its_default():
+    # a test ledger is keyed by this hash: an omrl upgrade must not turn an unchanged study into a changed one.
+    # The Coin study's hash as it was when its run started, before methods had a `start`:
+    assert settings_hash(load_study("shipped:studies/coin")) == "c5b62010d6648399"
+    spec = load_study(STUDY, ["methods.grpo.start=sft"])  # the default written out: the same choice
+    assert settings_hash(spec) == settings_hash(load_study(STUDY))
 
 
 def test_a_task_set_may_name_a_row_slice(tmp_path):

@@ -18,7 +18,7 @@ from omrl.cli.common import EXISTING_STORE, console, user_errors
                    "(per-step reward, success, loss, entropy; PPO: value loss, explained variance, clip "
                    "fraction, approx KL). Repeatable; an iterate run's out folder finds every round.")
 @click.option("--benchmark", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A learning benchmark's benchmark.json (benchmarks/textworld_learning.py): its table of methods "
+              help="A learning benchmark's benchmark.json (benchmarks/hard_task.py): its table of methods "
                    "and its training success per step, per method and seed.")
 @user_errors
 def report(store: str, out_dir: str, results: str | None, runs: tuple[str, ...], benchmark: str | None) -> None:
@@ -32,8 +32,7 @@ def report(store: str, out_dir: str, results: str | None, runs: tuple[str, ...],
     \b
     Example:  omrl report runs/quickstart/store --out runs/quickstart/report \\
                 --results runs/quickstart/results.json --runs runs/quickstart
-              omrl report runs/textworld_learning/seed-0/store --out report \\
-                --benchmark runs/textworld_learning/benchmark.json
+              omrl report runs/hard_task/store --out report --benchmark runs/hard_task/benchmark.json
 
     \b
     Example:  omrl study run shipped:studies/quick --out runs/study-quick

@@ -13,7 +13,7 @@ BENCHMARK_COLUMNS = ("method", "sampled", "greedy", "greedy per seed", "training
 
 
 def read_benchmark(path: str | Path) -> dict[str, Any]:
-    """A learning benchmark's result (benchmarks/textworld_learning.py's benchmark.json: `methods`, each with
+    """A learning benchmark's result (benchmarks/hard_task.py's benchmark.json: `methods`, each with
     sampled and greedy success and their intervals, and optionally `curves`)."""
     path = Path(path)
     try:

@@ -1,30 +1,26 @@
-"""Comparing learning methods fairly, from one SFT checkpoint per seed (moved here from benchmarks/lib/compare.py,
-which re-exports it, so omrl study run and the benchmarks share one implementation): every RL method plays the
-same rollouts, is tuned on a dev split from a small stated grid, and is evaluated once on held-out test tasks.
+"""Comparing learning methods fairly, from one SFT checkpoint per seed (omrl.study.run's runs): every RL method
+plays the same rollouts, each run is recorded once and evaluated on the dev or test tasks.
 
     compare = Comparison(out, recipe_path, overrides, seeds=[0, 1], test=load_tasks("test.jsonl"))
     sft = compare.prepare(0)                                   # expert, base, SFT (omrl train iterate, rounds 0)
-    chosen, grid = tune(compare, 0, "grpo", [1e-4, 3e-4], [], [])
-    run = compare.train(1, "grpo", chosen)                     # {"checkpoint", "train_s", "run_prefix", ...}
-    test = compare.evaluate(1, "test", compare.run_name("grpo", chosen), run["checkpoint"])
+    record = compare.record("seed0/train/grpo-lr0.0001", lambda: train_method(...))
+    test = compare.evaluate(0, "test", "grpo-lr0.0001", record["checkpoint"])
 
 A seed's runs share its iterate folder (OUT/seed-S) and store; every trained or evaluated run is recorded in
 OUT/benchmark_state.json as it finishes and skipped when asked again (a run cut off midway is redone).
 `train_method` is the one way an RL method is trained from a checkpoint with an iterate recipe's sections:
 GRPO (with step credit) from the `grpo` section, PPO from the `ppo` section with GRPO's rollouts per step.
-benchmarks/textworld_learning.py and omrl.study.run drive it; benchmarks/hard_task.py trains its extra methods
-with train_method.
+omrl.study.run drives it; benchmarks/hard_task.py trains its extra methods with train_method.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,21 +124,16 @@ def tokens_trained(trained: Any) -> int | None:
 class Comparison:
     """The runs of one comparison folder: recorded in benchmark_state.json as they finish, skipped when done.
 
-    Several processes may share a folder (benchmarks/textworld_learning.py --seed-worker): a run is claimed
+    Several processes may share a folder (a study resumed while another process runs it): a run is claimed
     by one process (claims/KEY holds its pid; the others wait for its record) and the state file is re-read
     under a lock before each record is added, so no process's records are lost."""
 
     def __init__(self, out: Path, recipe: str | Path, overrides: list[str], seeds: list[int], test: list[Any]) -> None:
-        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks. Set `final`
-        to settings over every method's chosen ones in the final runs (e.g. {"max_steps": 128}: tuned on the
-        recipe's budget, trained longer); those runs then have their own names (run_name, final_name). Set `tuning_budget` to
-        settings every tuning run trains with (e.g. `final`: tuned at the final budget; tune's `budget`)."""
+        """`recipe`: an iterate recipe (its eval_tasks are the dev split); `test`: the held-out tasks."""
         from omrl.tasks import load_tasks
         from omrl.train.iterate.state import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
-        self.final: dict[str, Any] = {}
-        self.tuning_budget: dict[str, Any] = {}
         self.state = IterateState(self.out / "benchmark_state.json")
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
         self._check_recipes()
@@ -171,24 +162,6 @@ class Comparison:
             for seed, recipe in self.recipes.items():
                 state.check_recipe(recipe, key=f"recipe-seed{seed}")
 
-    @property
-    def rollouts(self) -> int:
-        """Rollouts of one tuning run (the recipe's GRPO budget, or tuning_budget's steps)."""
-        grpo = self.recipes[self.seeds[0]].grpo
-        return self.tuning_budget.get("max_steps", grpo.max_steps) * grpo.tasks_per_step * grpo.samples_per_task
-
-    @staticmethod
-    def run_name(method: str, settings: dict[str, Any]) -> str:
-        """The name of an RL run's records (its training, its dev and test evaluations): method and settings, so
-        a record is reused only for the checkpoint it was made from."""
-        return f"{method}-{label(settings)}"
-
-    def final_name(self, name: str) -> str:
-        """The name of more SFT's records (its training and test): `name`, tagged with the `final` settings when
-        there are any, so runs of another final budget are not reused. SFT and the expert train nothing in the
-        final runs: their names stay. (An RL method's final records are named by run_name.)"""
-        return f"{name}-{label(self.final)}" if self.final and name not in ("sft", "expert") else name
-
     # ------------------------------------------------------------ stages
 
     def prepare(self, seed: int) -> dict[str, Any]:
@@ -207,6 +180,14 @@ class Comparison:
         self.stores[seed] = Store(Path(recipe.output_dir) / "store")
         self.prepared[seed] = IterateState(state).done("sft")
         return self.prepared[seed]
+
+    def base(self, seed: int) -> str:
+        """The checkpoint seed `seed`'s runs started from (the iterate run's base stage: the recipe's model, or the
+        tiny model built from its config), once prepare(seed) has run."""
+        from omrl.train.iterate.state import IterateState
+
+        self.prepare(seed)
+        return IterateState(Path(self.recipes[seed].output_dir) / "state.json").done("base")["checkpoint"]
 
     def _fresh(self):
         """The state file as it is now (other processes may have added records)."""
@@ -245,7 +226,9 @@ class Comparison:
             return
         yield
 
-    def _record(self, key: str, work) -> dict[str, Any]:
+    def record(self, key: str, work) -> dict[str, Any]:
+        """Run `key`'s record: the one in the state file when done, else work()'s, recorded (with its seconds and
+        the machine's mean load) as it finishes; a run another live process holds is waited for."""
         with self._claim(key, lambda: self._fresh().done(key)):
             done = self._fresh().done(key)
             if done is not None:
@@ -258,22 +241,10 @@ class Comparison:
                 self._fresh().finish(key, **record, seconds=round(time.monotonic() - started, 1), load=load.mean)
             return self.state.done(key)
 
-    def train(self, seed: int, method: str, settings: dict[str, Any]) -> dict[str, Any]:
-        """One RL run from the seed's SFT checkpoint with `settings` (over the method's own and the recipe's)."""
-        name = self.run_name(method, settings)
-        return self._record(f"seed{seed}/train/{name}", lambda: self._train(seed, method, name, settings))
-
-    def _train(self, seed: int, method: str, name: str, settings: dict[str, Any]) -> dict[str, Any]:
-        from omrl.train.iterate.state import IterateState
-
-        recipe = self.recipes[seed]
-        sft = IterateState(Path(recipe.output_dir) / "state.json").done("sft")["checkpoint"]
-        return train_method(recipe, method, settings, sft, self.stores[seed].path, Path(recipe.output_dir) / name, name)
-
     def evaluate(self, seed: int, split: str, name: str, checkpoint: str | None) -> dict[str, Any]:
         """Held-out success of a checkpoint (None: the scripted expert) on the dev or test games, sampled and
         greedy, with each game's success (for intervals paired per game)."""
-        return self._record(f"seed{seed}/{split}/{name}", lambda: self._evaluate(seed, split, name, checkpoint))
+        return self.record(f"seed{seed}/{split}/{name}", lambda: self._evaluate(seed, split, name, checkpoint))
 
     def _evaluate(self, seed: int, split: str, name: str, checkpoint: str | None) -> dict[str, Any]:
         from omrl.train.iterate.evaluation import (
@@ -295,84 +266,7 @@ class Comparison:
                     if checkpoint is not None or mode == "sampled"}
         return {"results": results, "per_task": per_task}
 
-    def more_sft(self, seed: int, epochs: int, rl_seconds: float) -> dict[str, Any]:
-        """SFT continued from the seed's SFT checkpoint for `epochs` more epochs (the compute-matched baseline)."""
-        name = self.final_name("sft_more")
-        return self._record(f"seed{seed}/train/{name}", lambda: self._more_sft(seed, epochs, rl_seconds, name))
-
-    def _more_sft(self, seed: int, epochs: int, rl_seconds: float, name: str) -> dict[str, Any]:
-        from omrl.train.algorithms.sft import train_sft
-        from omrl.train.iterate.run import demo_where
-        from omrl.train.iterate.state import IterateState
-
-        recipe = self.recipes[seed]
-        sft = IterateState(Path(recipe.output_dir) / "state.json").done("sft")["checkpoint"]
-        started = time.monotonic()
-        more = recipe.sft.to_recipe(seed=recipe.seed, model=sft, store=str(self.stores[seed].path),
-                                    where=demo_where(recipe), output_dir=str(Path(recipe.output_dir) / name.replace("_", "-")),
-                                    epochs=epochs)
-        checkpoint = str(train_sft(more).checkpoint)
-        return {"checkpoint": checkpoint, "train_s": round(time.monotonic() - started, 1), "epochs": epochs,
-                "rl_train_s": round(rl_seconds, 1), "rollouts": 0}
-
-
-# ---------------------------------------------------------------- tuning and figures
-
-def dev_score(record: dict[str, Any]) -> float:
-    """What tuning maximises: the mean of sampled and greedy success on the dev games."""
-    results = record["results"]
-    return ((results.get("success") or 0.0) + (results.get("greedy_success") or 0.0)) / 2
-
-
-def tune(bench: Comparison, seed: int, method: str, lr_grid: list[float], ppo_grid: list[tuple[str, Any]],
-         credit_weights: list[float], credit_anchors: Sequence[str] = (),
-         budget: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The method's chosen settings and its grid (every point with its dev success and training time).
-
-    Each point is a run from the seed's SFT checkpoint scored on the dev split (dev_score). First every learning
-    rate of `lr_grid`; then, for PPO, each (key, value) of `ppo_grid` added to the best so far, one at a time,
-    kept when it scores better (a coordinate search: 1 + len(ppo_grid) more runs, not a product); then, for step
-    credit, each weight of `credit_weights` at the best so far, then each anchor of `credit_anchors` (step_credit.anchor)
-    at the best so far. The first best in this order wins a tie. `budget`: settings every point trains with and
-    that are not tuned (e.g. {"max_steps": 128}, tuning at a final budget); the chosen settings leave them out."""
-    grid: list[dict[str, Any]] = []
-
-    def point(settings: dict[str, Any], stage: str) -> float:
-        run = {**settings, **(budget or {})}  # the budget last: a final run of the chosen settings has this name
-        trained = bench.train(seed, method, run)
-        evaluated = bench.evaluate(seed, "dev", bench.run_name(method, run), trained["checkpoint"])
-        score = dev_score(evaluated)
-        grid.append({"stage": stage, "settings": settings, "dev_sampled": evaluated["results"]["success"],
-                     "dev_greedy": evaluated["results"]["greedy_success"], "dev_score": round(score, 4),
-                     "train_s": trained["train_s"]})
-        return score
-
-    best, best_score = None, -math.inf
-    for lr in lr_grid:
-        settings = {"learning_rate": lr}
-        score = point(settings, "learning_rate")
-        if score > best_score:
-            best, best_score = settings, score
-    if RL_METHODS[method][0] == "ppo":
-        for key, value in ppo_grid:
-            settings = {**best, key: value}
-            score = point(settings, key)
-            if score > best_score:
-                best, best_score = settings, score
-    if method == "grpo_step_credit":
-        fixed = RL_METHODS[method][1]["step_credit"]
-        for weight in credit_weights:
-            settings = {**best, "step_credit": {**fixed, "weight": weight}}
-            score = point(settings, "step_credit.weight")
-            if score > best_score:
-                best, best_score = settings, score
-        for anchor in credit_anchors:
-            settings = {**best, "step_credit": {**fixed, **best.get("step_credit", {}), "anchor": anchor}}
-            score = point(settings, "step_credit.anchor")
-            if score > best_score:
-                best, best_score = settings, score
-    return best, grid
-
+# ---------------------------------------------------------------- the knobs a method is tuned on
 
 TUNABLE = {"grpo": ("learning_rate", "step_credit"),
            "ppo": ("level", "learning_rate", "ppo_epochs", "minibatches", "whiten_advantages", "critic_warmup_steps",
@@ -387,11 +281,3 @@ def tuned_settings(recipe: Any, method: str, chosen: dict[str, Any]) -> dict[str
     section = to_dict(recipe.grpo if trainer == "grpo" else recipe.ppo)
     merged = {**section, **fixed, **chosen}
     return {k: merged[k] for k in TUNABLE[trainer] if merged.get(k) is not None}
-
-
-def training_curve(store, prefix: str) -> list[list[float]]:
-    """[step, success] of one training run's stored rollouts (its run prefix), step by step."""
-    from omrl.report import stored_step_stats
-
-    rows = [r for r in stored_step_stats(store) if r["run"] == prefix and r["success_rate"] is not None]
-    return [[r["step"], round(r["success_rate"], 4)] for r in rows]

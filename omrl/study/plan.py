@@ -10,7 +10,7 @@ import itertools
 from typing import Any
 
 from omrl.errors import UsageError
-from omrl.study.spec import StudySpec
+from omrl.study.spec import TRAINS_NOTHING, StudySpec
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -44,14 +44,14 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 def budget_keys(kind: str) -> tuple[str, ...]:
     """The recipe keys the study's budget sets for a method of `kind` (a grid may not tune them)."""
-    return {"sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs")}.get(
+    return {"base": (), "sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs")}.get(
         kind, ("max_steps",))
 
 
 def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, Any]) -> dict[str, Any]:
     """The dotted recipe keys that give a method of `kind` (at grid `point`) the study's budget."""
     steps = int(spec.budget.value)
-    if kind == "sft":
+    if kind in TRAINS_NOTHING:
         return {}
     if kind == "more_sft":
         return {"max_steps": steps}
@@ -65,7 +65,7 @@ def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, An
 
 def recipe_class(kind: str) -> Any:
     """The recipe class whose keys a method of `kind` tunes (its grid keys; RFT's `sft.*` and bare SFT keys
-    tune the SFT on its kept attempts); None for sft, which trains nothing."""
+    tune the SFT on its kept attempts); None for base and sft, which train nothing."""
     from omrl.train.config.grpo import GRPORecipe
     from omrl.train.config.ppo import PPORecipe
     from omrl.train.config.rft import RFTRecipe
@@ -89,7 +89,7 @@ def unknown_grid_key(kind: str, key: str) -> bool:
 
 def check_runnable(spec: StudySpec) -> None:
     """UsageError, before anything runs, for what the runner cannot do: a budget unit other than optimizer
-    steps, an `iterate` method, a grid on sft, on a key its recipe does not have or on a key the budget sets, a
+    steps, an `iterate` method, a grid on base or sft, on a key its recipe does not have or on a key the budget sets, a
     greedy contrast without greedy evaluations."""
     if spec.budget.unit != "optimizer_steps":
         raise UsageError(f"budget.unit {spec.budget.unit!r}: omrl study run matches optimizer_steps only so far "
@@ -97,8 +97,9 @@ def check_runnable(spec: StudySpec) -> None:
     for method in spec.methods:
         if method.kind == "iterate":
             raise UsageError(f"method {method.name}: kind iterate is not run by omrl study run yet")
-        if method.kind == "sft" and method.grid:
-            raise UsageError(f"method {method.name}: sft trains nothing after the shared SFT; it has no grid")
+        if method.kind in TRAINS_NOTHING and method.grid:
+            raise UsageError(f"method {method.name}: {method.kind} trains nothing (a checkpoint of the shared "
+                             "stages); it has no grid")
         unknown = sorted(key for key in method.grid if unknown_grid_key(method.kind, key))
         if unknown:
             raise UsageError(f"method {method.name}: grid.{unknown[0]} is not a setting of a {method.kind} run "

@@ -5,8 +5,9 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
 
 - Runs: the study's `recipe` (an iterate recipe, default shipped:quickstart) with the study's env, env_options
   and task sets, then the condition's overrides (any iterate key: rollout.env_options.noise, sft.epochs ...). Per condition and
-  seed, iterate round 0 (expert demos on train, the tiny model from its config, SFT: Comparison.prepare), then
-  each method from that SFT checkpoint: sft trains nothing, more_sft continues SFT on the demos, rft is omrl's
+  seed, iterate round 0 (expert demos on train, the recipe's model or the tiny model from its config, SFT:
+  Comparison.prepare), then each method from that SFT checkpoint (RL and rft with `start: base`: from the
+  starting model): base and sft train nothing, more_sft continues SFT on the demos, rft is omrl's
   RFT trainer (collect.samples attempts on the first collect.tasks train tasks), grpo / step_credit / ppo_turn /
   ppo_token are compare.train_method.
 - Budget: optimizer_steps gives RL methods max_steps (PPO: batches of ppo_epochs x minibatches updates, rounded
@@ -14,8 +15,7 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
   not tune the key the budget sets; other units are refused (UsageError). Every run records optimizer steps
   (PPO: its updates), tokens trained (TRL's num_tokens; PPO counts none), environment steps (turns played) and
   seconds; tuning runs are totalled apart, the shared SFT stage's seconds per seed too.
-- Tuning, on seed 0 only as compare.py does it (its tune() is the benchmark's learning-rate-then-coordinate
-  search; a study's grid is key -> values): per condition each grid point (their product, declared order) is
+- Tuning, on seed 0 only (a study's grid is key -> values): per condition each grid point (their product, declared order) is
   trained and scored on dev with the primary metric (greedy or sampled); the first best is trained on every
   seed (seed 0's is its tuning run). best_rl_on_dev: the RL method with the best mean dev score over seeds.
 - Test: once a condition is tuned and every seed scored on dev, each of its (method, seed) runs is recorded in the
@@ -51,7 +51,7 @@ from omrl.study.figures import study_result
 from omrl.study.ledger import RescoreRefused, TestLedger
 from omrl.study.overlap import Screened
 from omrl.study.plan import budget_settings, check_runnable, flatten, grid_points, unflatten
-from omrl.study.spec import StudySpec, settings_hash
+from omrl.study.spec import TRAINS_NOTHING, StudySpec, settings_hash
 from omrl.study.tasksets import env_options, screened_task_sets
 
 STUDY_FILE = "study.json"
@@ -75,8 +75,8 @@ def digest(value: Any) -> str:
 
 def base_recipe(spec: StudySpec, base: Path | None = None) -> dict[str, Any]:
     """The iterate recipe (as a mapping) every run of the study starts from: the study's `recipe` (a path
-    relative to `base`, the study file's folder, or shipped:NAME) with the study's environment and options;
-    every dev task evaluated."""
+    relative to `base`, the study file's folder, or shipped:NAME; its `model`, or the tiny model when it names
+    none) with the study's environment and options; every dev task evaluated."""
     from omrl.config import read_yaml
     from omrl.study.spec import task_source
 
@@ -84,7 +84,6 @@ def base_recipe(spec: StudySpec, base: Path | None = None) -> dict[str, Any]:
     data = read_yaml(source)
     data["rollout"] = {**data.get("rollout", {}), "env": spec.env, "env_options": env_options(spec)}
     data["eval"] = {**data.get("eval", {}), "tasks": 0}
-    data["model"] = None
     return data
 
 
@@ -129,19 +128,21 @@ def compute(updates: int, tokens: int | None, turns: int, seconds: float) -> dic
 
 def train_run(bench: Comparison, method: Any, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     """The run of `method` on `seed` with dotted `settings` (grid point and budget), trained once from the seed's
-    SFT checkpoint (recorded, skipped when done): {run, checkpoint, settings, compute}."""
+    SFT checkpoint, or its starting model with `start: base` (recorded, skipped when done): {run, checkpoint,
+    settings, compute}."""
     sft = bench.prepare(seed)
     name = run_name(method, settings)
-    if method.kind == "sft":  # the shared SFT checkpoint itself: nothing more is trained
-        return {"run": name, "checkpoint": sft["checkpoint"], "settings": {}, "compute": compute(0, 0, 0, 0.0)}
-    record = bench._record(f"seed{seed}/train/{name}", lambda: _train(bench, method, seed, name, settings,
-                                                                      sft["checkpoint"]))
+    if method.kind in TRAINS_NOTHING:  # a checkpoint of the shared stages itself: nothing more is trained
+        checkpoint = sft["checkpoint"] if method.kind == "sft" else bench.base(seed)
+        return {"run": name, "checkpoint": checkpoint, "settings": {}, "compute": compute(0, 0, 0, 0.0)}
+    start = sft["checkpoint"] if method.start == "sft" else bench.base(seed)
+    record = bench.record(f"seed{seed}/train/{name}", lambda: _train(bench, method, seed, name, settings, start))
     return {"run": name, "checkpoint": record["checkpoint"], "settings": settings, "compute": record["compute"]}
 
 
 def _train(bench: Comparison, method: Any, seed: int, name: str, settings: dict[str, Any],
-           sft: str) -> dict[str, Any]:
-    """Train one run (see train_run); its record for the state file."""
+           start: str) -> dict[str, Any]:
+    """Train one run from checkpoint `start` (see train_run); its record for the state file."""
     recipe, store = bench.recipes[seed], bench.stores[seed]
     folder = Path(recipe.output_dir) / "study" / name
     started = time.monotonic()
@@ -149,14 +150,14 @@ def _train(bench: Comparison, method: Any, seed: int, name: str, settings: dict[
         from omrl.train.algorithms.sft import train_sft
         from omrl.train.iterate.run import demo_where
 
-        more = recipe.sft.to_recipe(seed=recipe.seed, model=sft, store=str(store.path), where=demo_where(recipe),
+        more = recipe.sft.to_recipe(seed=recipe.seed, model=start, store=str(store.path), where=demo_where(recipe),
                                     output_dir=str(folder), **unflatten(settings))
         trained = train_sft(more, store=store)
         done = compute(optimizer_steps(trained), tokens_trained(trained), 0, time.monotonic() - started)
         return {"checkpoint": str(trained.checkpoint), "compute": done}
     if method.kind == "rft":
-        return _train_rft(recipe, store, name, settings, sft, folder, started)
-    trained = train_method(recipe, RL_METHOD_OF[method.kind], rl_settings(method.kind, settings), sft,
+        return _train_rft(recipe, store, name, settings, start, folder, started)
+    trained = train_method(recipe, RL_METHOD_OF[method.kind], rl_settings(method.kind, settings), start,
                            store.path, folder, name)
     done = compute(trained["optimizer_steps"], trained["tokens"], env_steps(store, trained["run_prefix"]),
                    time.monotonic() - started)
@@ -172,9 +173,9 @@ def rl_settings(kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _train_rft(recipe: Any, store: Any, name: str, settings: dict[str, Any], sft: str, folder: Path,
+def _train_rft(recipe: Any, store: Any, name: str, settings: dict[str, Any], start: str, folder: Path,
                started: float) -> dict[str, Any]:
-    """RFT from the SFT checkpoint: the recipe's collect.samples attempts on its first collect.tasks training
+    """RFT from checkpoint `start`: the recipe's collect.samples attempts on its first collect.tasks training
     tasks (seeded as round 1), the best successes kept, SFT on them with the recipe's sft section."""
     from omrl.config import from_dict, to_dict
     from omrl.tasks import load_tasks, write_tasks
@@ -186,7 +187,7 @@ def _train_rft(recipe: Any, store: Any, name: str, settings: dict[str, Any], sft
     own = {key: nested.pop(key) for key in RFT_KEYS if key in nested}
     tasks = load_tasks(recipe.train_tasks)[: recipe.collect.tasks or None]
     tasks_file = write_tasks(tasks, folder / "tasks.parquet")
-    values = {"model": sft, "tasks": str(tasks_file), "output_dir": str(folder), "store": str(store.path),
+    values = {"model": start, "tasks": str(tasks_file), "output_dir": str(folder), "store": str(store.path),
               "seed": recipe.seed + 1, "round": 1, "run_id": name, "samples": recipe.collect.samples,
               "rollout": {**to_dict(recipe.rollout), "seed": round_seed(recipe.rollout.seed, 1)},
               # the grid's other keys (learning_rate, sft.epochs ...) tune the SFT on the kept attempts

@@ -31,7 +31,9 @@ from typing import Any, Literal
 
 from omrl.config import load_recipe
 
-METHOD_KINDS = ("sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate")
+METHOD_KINDS = ("base", "sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate")
+STARTS = ("sft", "base")  # the checkpoint a method trains from: the shared SFT stage's, or the model it started from
+TRAINS_NOTHING = ("base", "sft")  # kinds that are a checkpoint of the shared stages, evaluated as they are
 # The kinds that learn from the policy's own reward signal: the candidates of `best_rl_on_dev`. RFT (SFT on the
 # policy's own successes) is the standard baseline the RL methods are measured against, so it is not one.
 RL_KINDS = ("grpo", "step_credit", "ppo_turn", "ppo_token", "iterate")
@@ -55,12 +57,20 @@ class Method:
     """One method of the study: its name, its kind and its small tuning grid (key -> the values tried)."""
 
     name: str = field(metadata={"help": "the method's name in the study's tables"})
-    kind: Literal["sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate"] = field(
-        metadata={"help": "the training method: " + ", ".join(METHOD_KINDS)})
+    kind: Literal["base", "sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate"] = field(
+        metadata={"help": "the training method: " + ", ".join(METHOD_KINDS) + " (base and sft train nothing: "
+                          "the starting model and the shared SFT checkpoint, evaluated)"})
     grid: dict[str, list[Any]] = field(default_factory=dict, metadata={
         "help": "the tuning grid: a recipe key -> the values tried on dev (each list non-empty)"})
 
+    start: Literal["sft", "base"] = field(default="sft", metadata={
+        "help": "the checkpoint it trains from: sft (the shared SFT stage's) or base (the starting model: RL "
+                "from the base model); rft and the RL kinds only"})
+
     def __post_init__(self) -> None:
+        if self.start != "sft" and self.kind in (*TRAINS_NOTHING, "more_sft"):
+            raise ValueError(f"method {self.name}: start {self.start!r} is for rft and the RL kinds; a {self.kind} "
+                             "method's checkpoint is fixed")
         for key, values in self.grid.items():
             if not isinstance(values, list) or not values:
                 raise ValueError(f"method {self.name}: grid.{key} must be a non-empty list of values, not {values!r}")
@@ -166,8 +176,11 @@ def load_study(source: str | Path | dict[str, Any], overrides: list[str] | tuple
 def settings_hash(spec: StudySpec) -> str:
     """16 hex digits of sha256 over the spec as canonical JSON (keys sorted, lists in declared order): the same
     choices give the same hash in any process, any change of any choice a different one."""
-    canonical = json.dumps(dataclasses.asdict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                           default=repr)
+    data = dataclasses.asdict(spec)
+    for method in data["methods"]:  # a method's start at its default is left out: studies written before it existed
+        if method["start"] == "sft":  # keep their hash, so their test ledgers stay valid
+            del method["start"]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:16]
 
 

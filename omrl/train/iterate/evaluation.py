@@ -1,4 +1,4 @@
-"""Held-out evaluation of an iterate stage (omrl.train.iterate.run, benchmarks.lib.compare): sampled and greedy success
+"""Held-out evaluation of an iterate stage (omrl.train.iterate.run, omrl.study.compare): sampled and greedy success
 and reward of a checkpoint or the scripted expert, the 95% interval over tasks, and the results table.
 
     row = evaluate_checkpoint(recipe, "runs/sft", eval_tasks, store, "sft", round=0)
