@@ -189,12 +189,12 @@ def test_the_quick_study_runs_resumes_and_scores_its_test_set_once(tmp_path):
     again = run_study(spec, out, log=lines.append)
     assert _state_files(out) == before
     assert {k: again[k] for k in head if k != "minutes"} == {k: head[k] for k in head if k != "minutes"}
-    assert ledger.test_scorings == 1 and len(ledger.entries()) == 12  # the same scoring, recorded again
+    assert ledger.test_scorings == 1 and len(ledger.entries()) == 6  # the same scorings, not recorded twice
 
     # a changed setting: refused before anything runs, then accepted with --rescore (a second scoring)
     refused = CliRunner().invoke(cli, ["study", "run", QUICK, "--out", str(out), "primary.metric=sampled"])
     assert refused.exit_code == 1 and "pass --rescore" in refused.output
-    assert ledger.test_scorings == 1 and len(ledger.entries()) == 12
+    assert ledger.test_scorings == 1 and len(ledger.entries()) == 6
     rescored = CliRunner().invoke(cli, ["study", "run", QUICK, "--out", str(out), "primary.metric=sampled",
                                         "--rescore"])
     assert rescored.exit_code == 0, rescored.output
@@ -202,6 +202,7 @@ def test_the_quick_study_runs_resumes_and_scores_its_test_set_once(tmp_path):
     assert head["test_scorings"] == 2 and head["primary"]["metric"] == "sampled"
     assert head["settings_hash"] == settings_hash(load_study(QUICK, ["primary.metric=sampled"]))
     assert json.loads((out / "study.json").read_text())["test_scorings"] == 2
+    assert len(ledger.entries()) == 12  # each run scored again under the new settings, recorded as such
     assert _state_files(out) == before  # the runs did not change: only the reading of them did
 
 

@@ -77,10 +77,15 @@ class TestLedger:
 
     def record(self, settings_hash: str, what: dict[str, Any], *, rescore: bool = False) -> dict[str, Any]:
         """Record a scoring of the test set under `settings_hash` (`what`: what was scored), durably, and return
-        the entry; RescoreRefused when the test set was scored under other settings and not `rescore`."""
+        the entry; RescoreRefused when the test set was scored under other settings and not `rescore`. The same
+        scoring under the same settings (a resumed study asking again) returns its first entry, recorded once."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked():
             entries, _ = self._read()
+            for entry in entries:
+                if entry["settings_hash"] == settings_hash and entry["what"] == json.loads(json.dumps(what,
+                                                                                                      default=str)):
+                    return entry
             earlier = [h for h in _hashes(entries) if h != settings_hash]
             changed = bool(earlier) and settings_hash not in _hashes(entries)  # a new scoring, not a redo
             if changed and not rescore:
