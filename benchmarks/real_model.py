@@ -5,6 +5,7 @@ gives against omrl's in-process HF policy. Prints one JSON line.
     python benchmarks/real_model.py --part zero_shot,serving          # about 20 minutes on 2 idle cores
     python benchmarks/real_model.py --part serving --n 16
     python benchmarks/real_model.py --part training                    # about 5 minutes on 2 idle cores
+    nice -n 19 python benchmarks/real_model.py --part learning --study-out ~/omrl-studies/real_grid   # hours
 
 zero_shot: per environment, --n tasks of its test split (a few), the model through vLLM started as a user
 would (no tool parser: omrl's openai: policy falls back to tools as text), each episode at most
@@ -22,6 +23,11 @@ do not mix: `lora_grpo_step_s`, `full_grpo_step_s` (the last of --grpo-steps ste
 `lora_grpo_peak_gb`, `full_grpo_peak_gb` (the child's peak RSS, from os.wait4's rusage), `lora_vs_full_step`
 (the LoRA step's time over the full one's) and `loadavg_1m` (/proc/loadavg before the part: the machine is
 shared). vLLM is started only for zero_shot and serving.
+learning: the study shipped:studies/real_grid (omrl study run: the base model, SFT on expert demos, GRPO with
+LoRA from SFT and from the base model, 3 seeds, held-out tasks screened by fingerprint and scored once through
+the study's ledger), run or resumed in --study-out: per method each seed's held-out greedy and sampled success,
+`grpo_vs_base_points` and `grpo_vs_sft_points` (paired two-level bootstrap over seeds and tasks, 95% interval),
+the seed-level t interval of each method, `test_scorings`; `omrl report STUDY_OUT` draws it.
 """
 
 from __future__ import annotations
@@ -207,6 +213,33 @@ def training(model_dir: Path, args: argparse.Namespace) -> dict:
     return out
 
 
+def learning(args: argparse.Namespace) -> dict:
+    """The real-model study run (or resumed) in --study-out, its figures for the line."""
+    from omrl.study.check import study_folder_of
+    from omrl.study.run import run_study
+    from omrl.study.spec import load_study
+
+    study = run_study(load_study(args.study), Path(args.study_out).expanduser(), study_folder_of(args.study),
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    methods = study["conditions"][study["primary"]["condition"]]["methods"]
+    out: dict = {"study": study["study"], "study_settings_hash": study["settings_hash"],
+                 "test_scorings": study["test_scorings"], "distinct_test_tasks": study["distinct_test_tasks"],
+                 "test_train_overlap": study["test_train_overlap"], "dev_test_overlap": study["dev_test_overlap"]}
+    for name, entry in methods.items():
+        for mode, figure in entry["test"].items():
+            out[f"{name}_{mode}_per_seed"] = {seed: round(v, 4) for seed, v in figure["per_seed"].items()}
+            out[f"{name}_{mode}_mean"] = round(figure["mean"], 4)
+            out[f"{name}_{mode}_t_half_width"] = (None if figure["half_width"] is None
+                                                  else round(figure["half_width"], 4))
+    for name, reference in (("grpo", "base"), ("grpo", "sft"), ("grpo_base", "base")):
+        diff = methods.get(name, {}).get(f"vs_{reference}")  # paired over seeds and tasks (omrl.study.figures)
+        out[f"{name}_vs_{reference}_points"] = None if not diff else {
+            "points": round(100 * diff["difference"], 2), "ci95": [round(100 * x, 2) for x in diff["ci"]]}
+    out["primary_contrast_points"] = study["primary_contrast_points"]  # grpo minus base, greedy (declared)
+    out["primary_contrast_ci95"] = study["primary_contrast_ci95"]
+    return out
+
+
 def _default_turns(env: str) -> int:
     """The environment's own turn budget (a text game's step limit, ...), as collect uses it by default."""
     from omrl.envs import env_class
@@ -221,7 +254,7 @@ def _drop_rows(run: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="zero_shot,serving",
-                        help="comma-separated: zero_shot, serving, training")
+                        help="comma-separated: zero_shot, serving, training, learning")
     parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
     parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
     parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
@@ -232,6 +265,8 @@ def main() -> None:
     parser.add_argument("--grpo-samples", type=int, default=4, help="completions per prompt (training)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="tokens per completion (training)")
     parser.add_argument("--grpo-steps", type=int, default=2, help="steps per variant, the last reported (training)")
+    parser.add_argument("--study", default="shipped:studies/real_grid", help="the learning part's study file")
+    parser.add_argument("--study-out", default="runs/real_grid", help="the learning study's folder (resumes)")
     parser.add_argument("--grpo-step", choices=("lora", "full"), help=argparse.SUPPRESS)  # a training child
     args = parser.parse_args()
     if args.grpo_step:
@@ -244,6 +279,8 @@ def main() -> None:
     out: dict = {"model": MODEL, "load_before": round(load_before, 1)}
     if "training" in parts:
         out.update(training(model_dir, args))
+    if "learning" in parts:
+        out.update(learning(args))
     if parts & {"zero_shot", "serving"}:
         serve(out, parts, model_dir, args)
     out.update({"seconds": round(time.monotonic() - started, 1), "load_after": round(os.getloadavg()[0], 1)})

@@ -40,7 +40,8 @@ def best_rl_on_dev(methods: dict[str, Any], metric: str) -> str | None:
 def method_figures(methods: dict[str, Any], name: str, groups: dict[str, dict[str, str]],
                    metric: str) -> dict[str, Any]:
     """A method's figures: per seed dev and test success, the seed-level mean and t interval per split and mode,
-    the paired bootstrap differences to sft and more_sft (the contrast's metric) and the seeds won vs more_sft."""
+    the paired bootstrap differences to base, sft and more_sft where the study has them (the contrast's metric)
+    and the seeds won vs more_sft."""
     entry = methods[name]
     figures: dict[str, Any] = {key: entry[key] for key in ("kind", "chosen", "trained_with", "tuning")}
     for split in ("dev", "test"):
@@ -50,7 +51,7 @@ def method_figures(methods: dict[str, Any], name: str, groups: dict[str, dict[st
                               **{f"{split}_{mode}": run[split][mode] for split in ("dev", "test") for mode in MODES}}
                        for seed, run in entry["runs"].items()}
     test = results_of(entry, "test", metric)
-    for kind in ("sft", "more_sft"):
+    for kind in ("base", "sft", "more_sft"):
         other = next((n for n, e in methods.items() if e["kind"] == kind), None)
         if other is not None and other != name:
             figures[f"vs_{kind}"] = {"method": other, **bootstrap_difference(test, results_of(methods[other], "test",
