@@ -32,7 +32,6 @@ from typing import Any, Literal
 from omrl.config import load_recipe
 
 METHOD_KINDS = ("base", "sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate")
-STARTS = ("sft", "base")  # the checkpoint a method trains from: the shared SFT stage's, or the model it started from
 TRAINS_NOTHING = ("base", "sft")  # kinds that are a checkpoint of the shared stages, evaluated as they are
 # The kinds that learn from the policy's own reward signal: the candidates of `best_rl_on_dev`. RFT (SFT on the
 # policy's own successes) is the standard baseline the RL methods are measured against, so it is not one.
@@ -54,7 +53,8 @@ class TaskSets:
 
 @dataclass(frozen=True)
 class Method:
-    """One method of the study: its name, its kind and its small tuning grid (key -> the values tried)."""
+    """One method of the study: its name, its kind, its small tuning grid (key -> the values tried) and the
+    checkpoint it trains from."""
 
     name: str = field(metadata={"help": "the method's name in the study's tables"})
     kind: Literal["base", "sft", "more_sft", "rft", "grpo", "step_credit", "ppo_turn", "ppo_token", "iterate"] = field(
@@ -62,7 +62,6 @@ class Method:
                           "the starting model and the shared SFT checkpoint, evaluated)"})
     grid: dict[str, list[Any]] = field(default_factory=dict, metadata={
         "help": "the tuning grid: a recipe key -> the values tried on dev (each list non-empty)"})
-
     start: Literal["sft", "base"] = field(default="sft", metadata={
         "help": "the checkpoint it trains from: sft (the shared SFT stage's) or base (the starting model: RL "
                 "from the base model); rft and the RL kinds only"})
