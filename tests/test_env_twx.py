@@ -9,7 +9,7 @@ import json
 import pytest
 
 from omrl.envs import EnvSpecError, generate_tasks, make_env
-from omrl.envs.base import Action
+from omrl.envs.base import Action, InvalidTask
 from omrl.envs.twx import TwxEnv
 from omrl.envs.twx.tasks import FOLD_SEEDS, canonical_params, draw_seeds
 from omrl.errors import UsageError
@@ -341,3 +341,33 @@ def test_expert_detours_take_random_moves_walk_them_back_and_still_reach_the_coi
         noisy_env.close()
     with pytest.raises(UsageError, match="expert_detours"):
         make_env("twx", expert_detours=1.5)
+
+
+def test_the_search_expert_finds_the_coin_by_visiting_each_room_once():
+    """expert=search: a depth-first search of the rooms (the ceiling of a policy that sees one room at a time)
+    wins Coin within the step limit, never enters a room by a new move twice, and is refused on other games."""
+    require_env("twx")
+    coins = generate_tasks("twx", 6, seed=3, split="test", game="coin", step_limit=16,
+                           params="numLocations=6,includeDoors=0,numDistractorItems=0")
+    env = make_env("twx", action_format="text", expert="search")
+    try:
+        for task in coins:
+            env.reset(task)
+            rooms, sent = [env.state], []
+            while not env.done and len(sent) < 16:
+                action = env.expert_action()
+                sent.append(action.text)
+                result = env.step(action)
+                rooms.append(env.state)
+            assert result.info.get("success") and sent[-1] == "take coin", sent
+            # a depth-first search takes no move twice from the same room (a walk that loops does)
+            moves = list(zip(rooms[:-2], sent[:-1], strict=True))
+            assert len(set(moves)) == len(moves), moves
+            assert len(set(rooms[:-1])) <= 6  # six rooms (the last state: the coin taken)
+        cooking = generate_tasks("twx", 1, seed=0, split="test")
+        with pytest.raises(InvalidTask, match="expert=search plays Coin only"):
+            env.reset(cooking[0])
+    finally:
+        env.close()
+    with pytest.raises(UsageError, match="twx expert must be gold or search"):
+        make_env("twx", expert="greedy")

@@ -29,8 +29,9 @@ room description and inventory: equal keys, the same situation; GRPO's step cred
 keyed by that state, after the game's text: the notes an agent would keep, so that a policy need not recall
 the whole history to avoid repeating itself (a partially observed search such as Coin otherwise loops).
 `--policy scripted` plays the game's gold path, the same for the same task in every process (Coin's and TWC's
-gold agents walk at random, seeded here from the task: see engine.py); `--policy random` a random
-valid action each turn.
+gold agents walk at random, seeded here from the task: see engine.py); with `expert=search` (Coin only) it
+searches the rooms depth first instead and takes the coin when offered, the best a player seeing one room at a
+time can do (a study's ceiling); `--policy random` a random valid action each turn.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class TwxOptions:
     jvm_heap_mb: int = JVM_HEAP_MB
     memory_mb: int | None = None
     expert_detours: float = 0.0
+    expert: Literal["gold", "search"] = "gold"
 
 
 # A move and the move that walks it back (games without doors: every move can be walked back).
@@ -103,13 +105,19 @@ class TwxEnv(textgame.CommandGame):
 
     def __init__(self, action_format: str = "tool", show_actions: bool = True, observation: str = "full",
                  show_tried: bool = False, call_timeout: float = 120.0, jvm_heap_mb: int = JVM_HEAP_MB,
-                 memory_mb: int | None = None, expert_detours: float = 0.0) -> None:
+                 memory_mb: int | None = None, expert_detours: float = 0.0, expert: str = "gold") -> None:
         super().__init__()
         if not 0.0 <= float(expert_detours) <= 1.0:
             raise UsageError(f"twx expert_detours must be between 0 and 1, got {expert_detours!r}")
         # Demonstrations of lesser quality: at each step of its path the scripted expert first takes a random
         # move with this probability, then walks it back (expert_action).
         self.expert_detours = float(expert_detours)
+        if expert not in ("gold", "search"):
+            raise UsageError(f"twx expert must be gold or search, got {expert!r}")
+        # search: the scripted player a policy that sees one room at a time could at best be on Coin (a
+        # depth-first search of the rooms, taking the coin when it is offered): the study's ceiling
+        self.expert = expert
+        self.search = _Search()
         self.walk_back: list[str] = []
         self.expert_played = 0
         self.expert_rng = random.Random(0)
@@ -143,7 +151,9 @@ class TwxEnv(textgame.CommandGame):
         self.engine.ensure()  # a JVM that died between episodes is replaced here
         first = self.engine.call("reset", *args)
         self.game_args, self.sent, self.gold = args, [], None
-        self.walk_back, self.expert_played = [], 0
+        self.walk_back, self.expert_played, self.search = [], 0, _Search()
+        if self.expert == "search" and game != "coin":
+            raise InvalidTask(f"twx task {task.id}: expert=search plays Coin only, not {game}")
         self.expert_rng = random.Random(int(hashlib.sha256(f"twx-detours|{task.id}".encode()).hexdigest()[:16], 16))
         self.commands = sorted(first["actions"])
         self.done = False
@@ -188,7 +198,10 @@ class TwxEnv(textgame.CommandGame):
 
     def expert_action(self) -> Action:
         """The gold path's next command; with expert_detours, sometimes first a random move and its way back.
-        Asking advances the expert (the scripted policy sends every action it asks for)."""
+        Asking advances the expert (the scripted policy sends every action it asks for). With expert=search,
+        the depth-first searcher's next command instead."""
+        if self.expert == "search":
+            return textgame.as_action(self.search.next(self.state, self.commands), self.action_format)
         if not self.expert_detours:
             return super().expert_action()
         if self.walk_back:
@@ -208,3 +221,32 @@ class TwxEnv(textgame.CommandGame):
         if self.gold is None:
             self.gold = self.engine.call("gold_path", *self.game_args, self.sent)
         return self.gold
+
+
+class _Search:
+    """A depth-first search of Coin's rooms, one command at a time: take the coin when it is offered; else a
+    move not yet tried from this room; a move into a room already seen is walked back at once; a room with
+    nothing left to try is left the way the search came in. Rooms are told apart by the game's state key."""
+
+    def __init__(self) -> None:
+        self.path: list[str] = []  # the moves from the start room to this one (each into a new room)
+        self.tried: dict[str, set[str]] = {}  # room -> moves tried from it (the way in counts as tried)
+        self.last: tuple[str, str] | None = None  # (room left, move) of an exploring move, until its room is seen
+
+    def next(self, room: str, commands: list[str]) -> str:
+        if "take coin" in commands:
+            return "take coin"
+        if self.last is not None:
+            left, move = self.last
+            self.last = None
+            if room != left:  # (a move that went nowhere changes nothing)
+                if room in self.tried:  # a room seen before: not a new branch
+                    return _BACK[move]
+                self.tried[room] = {_BACK[move]}  # the way in leads back: nothing new there
+                self.path.append(move)
+        tried = self.tried.setdefault(room, set())
+        for move in sorted(c for c in commands if c in _BACK and c not in tried):
+            tried.add(move)
+            self.last = (room, move)
+            return move
+        return _BACK[self.path.pop()] if self.path else "look around"  # searched from here: back one room
