@@ -24,7 +24,7 @@ from omrl.store import Store  # noqa: E402
 from omrl.testing.synthetic import synthetic_trajectories  # noqa: E402
 from omrl.view.app import make_app  # noqa: E402
 from omrl.view.export import export_site  # noqa: E402
-from omrl.view.pages import file_key  # noqa: E402
+from omrl.view.pages import file_key, fmt  # noqa: E402
 
 XSS_SCRIPT = "<script>window.__omrl_xss = 1; alert(1)</script>"
 XSS_IMG = "<img src=x onerror=\"window.__omrl_xss = 2\">"
@@ -691,3 +691,46 @@ def test_the_viewer_suite_finds_no_escape(tmp_path):
     assert report.cases >= 20 and report.escapes == 0, report.details
     assert report.details == [], report.details
     assert report.figures["big_message_page_kb"] < 1024
+
+
+def test_runs_page_groups_a_study_seed_store_by_method(tmp_path):
+    """A study's seed store (omrl study run's run names): a row per method and run with its training and dev/test
+    success, each run's link filtering the list to its episodes; a store without study runs has no such table."""
+    from urllib.parse import parse_qs, urlparse
+
+    rows = list(synthetic_trajectories(48, seed=5))
+    names = ["grpo-lr0.0001-max_steps2/round-1/step-00000", "grpo-lr0.0001-max_steps2/round-1/step-00001",
+             "eval-dev-grpo-lr0.0001-max_steps2-greedy_t0", "eval-test-grpo-lr0.0001-max_steps2-sampled_t1",
+             "eval-test-sft-greedy_t0", "eval-base-greedy_t0", "demos", "more_sft-lr0.003-max_steps2"]
+    for i, row in enumerate(rows):
+        row.update(run_id=names[i % len(names)], status="ok", success=bool(i % 3), round=0)
+    folder = tmp_path / "study" / "conditions" / "gold-0123456789ab" / "seed-2" / "store"
+    store = Store.create(folder)
+    store.append(rows)
+
+    def rate(run_id):
+        picked = [r["success"] for r in rows if r["run_id"] == run_id]
+        return sum(picked) / len(picked)
+
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        page = html.unescape(c.get("/runs").text)
+        table = re.search(r'<table class="list" id="study-runs">.*?</table>', page, re.S).group(0)
+        assert "per method (seed 2)" in page
+        cells = {m.group(1): re.findall(r"<td[^>]*>(.*?)</td>", m.group(0))
+                 for m in re.finditer(r"<tr><td>(\w+)</td>.*?</tr>", table)}
+        assert set(cells) == {"grpo", "sft", "more_sft"}  # the expert's demos and iterate's own evals left out
+        train = (sum(r["success"] for r in rows if r["run_id"].startswith("grpo-lr0.0001-max_steps2/"))
+                 / sum(r["run_id"].startswith("grpo-lr0.0001-max_steps2/") for r in rows))
+        grpo = cells["grpo"]
+        assert grpo[2] == "12" and grpo[3] == fmt(train)  # 2 steps x 6 episodes
+        assert grpo[5] == fmt(rate('eval-dev-grpo-lr0.0001-max_steps2-greedy_t0')) and grpo[4] == fmt(None)
+        assert grpo[6] == fmt(rate('eval-test-grpo-lr0.0001-max_steps2-sampled_t1'))
+        assert cells["sft"][7] == fmt(rate('eval-test-sft-greedy_t0'))
+        link = re.search(r'href="([^"]+)">grpo-lr0.0001-max_steps2<', page).group(1)
+        where = parse_qs(urlparse(link).query)["where"][0]
+        listed = c.get("/", params={"where": where, "per_page": 100}).text
+        assert listed.count("eval-test-grpo-lr0.0001") >= 1 and "eval-test-sft-greedy_t0" not in listed
+    plain = Store.create(tmp_path / "plain")
+    plain.append(list(synthetic_trajectories(6, seed=1)))
+    with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:
+        assert 'id="study-runs"' not in c.get("/runs").text

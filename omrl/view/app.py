@@ -141,7 +141,7 @@ def make_app(store: Store, allowed_hosts: list[str] | None = None, timeout: floa
         return html(pages.diff_html(left, right, links, name))
 
     def runs(request: Request) -> Response:
-        return html(pages.runs_html(reader.runs(), links, name))
+        return html(pages.runs_html(reader.runs(), links, name, store.path))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return html(pages.error_html("no such page", links, name), 404)

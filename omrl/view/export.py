@@ -100,7 +100,7 @@ def export_site(store: Store, out: str | os.PathLike[str], where: str | None = N
                 listing = ListPage(chunk, len(rows), number, count, "created", True, selection, search=text,
                                    matched=matched)
                 _write(folder / Path(top.home(page=number)).name, pages.list_html(listing, top, name))
-            _write(folder / "runs.html", pages.runs_html(reader.runs(), top, name))
+            _write(folder / "runs.html", pages.runs_html(reader.runs(), top, name, store.path))
             notes = reader.annotations(ids)
             for tid in reader.storage_order(ids):
                 row = reader.trajectory(tid, annotations=notes[tid])

@@ -15,6 +15,7 @@ import jinja2
 
 from omrl.report import AGREEMENT_LOW, AGREEMENT_RULE, STEP_TABLE_ROWS
 from omrl.view.data import SORTS, Group, ListPage, ShownTrajectory, search_available
+from omrl.view.study_runs import study_runs
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
 TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
@@ -352,7 +353,8 @@ def _agreement_chart(agreements: list[dict[str, Any]]) -> dict[str, Any] | None:
     return _lines(series, -1.0, 1.0, guide=AGREEMENT_LOW) if series else None
 
 
-def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
+def runs_html(runs: dict[str, Any], links: Links, store_name: str, store_path: Any = None) -> str:
+    """The runs page; a study's seed store (omrl study run) gets its runs grouped by method too."""
     charts = {key: _bars(rows, "name", "n") for key, rows in runs["counts"].items()}
     by_round = (runs.get("expert") or []) + runs["by_round"]  # the expert's bar first, apart from round 0
     success = _bars(by_round, "round", "success_rate", maximum=1.0)
@@ -360,7 +362,7 @@ def runs_html(runs: dict[str, Any], links: Links, store_name: str) -> str:
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
                   steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name,
                   step_agreement=_agreement_chart(runs.get("step_agreement") or []),
-                  step_table_rows=STEP_TABLE_ROWS)
+                  step_table_rows=STEP_TABLE_ROWS, study=study_runs(runs["rounds"], store_path))
 
 
 def full_text_html(row: ShownTrajectory, field: str, at: int | None, call: int | None, links: Links,

@@ -1,0 +1,77 @@
+"""A study's runs in one of its seed stores, grouped by method for the runs page.
+
+    rows = study_runs(reader.runs()["rounds"], store_path)   # [] for a store with no study runs
+
+`omrl study run` names every run after its method (omrl.study.run.run_name: METHOD-SETTINGS) and stores, per
+seed, the training rollouts under that name (GRPO/PPO: NAME/round-1/step-N; RFT: NAME) and each evaluation as
+eval-SPLIT-NAME-MODE_tT (omrl.train.iterate.evaluation); SFT and the base model are evaluated as iterate stages
+(eval-dev-sft-..., eval-test-base-...). A row per (method, run): training episodes and success, dev and test
+success sampled and greedy. The seed is the store's (its folder is OUT/conditions/NAME-DIGEST/seed-N/store);
+all seeds side by side, with intervals: `omrl report OUT`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from omrl.store.query import quote_literal
+
+_EVAL = re.compile(r"^eval-(?P<split>dev|test)-(?P<run>.+)-(?P<mode>greedy|sampled)_t[\d.]+$")
+_SEED = re.compile(r"^seed-(\d+)$")
+
+
+def study_runs(rounds: list[dict[str, Any]], store_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows of the runs page's per-run-and-round table grouped by the study run they belong to: {method, run,
+    seed, train_episodes, train_success, dev_sampled, dev_greedy, test_sampled, test_greedy, where (a filter of
+    the trajectory list on the run's episodes)}; [] when the store holds no study evaluation (eval-dev-...)."""
+    runs: dict[str, dict[str, Any]] = {}
+    evals: dict[str, list[str]] = {}  # run -> the run ids of its evaluations
+    totals: dict[tuple[str, str], list[float]] = {}  # (run, column) -> [solved, known]
+    for row in rounds:
+        run_id = str(row.get("run_id") or "")
+        match = _EVAL.match(run_id)
+        if match:
+            run, column = match["run"], f"{match['split']}_{match['mode']}"
+            evals.setdefault(run, []).append(run_id)
+        elif run_id.startswith("eval-") or run_id == "demos" or row.get("expert"):
+            continue  # an iterate stage's own evaluation (the expert's, round 0's) or the demos
+        else:
+            run, column = run_id.split("/")[0], "train"
+        entry = runs.setdefault(run, {"method": run.split("-")[0], "run": run, "train_episodes": 0})
+        if column == "train":
+            entry["train_episodes"] += int(row.get("n") or 0)
+        known = int(row.get("n") or 0) - int(row.get("failed") or 0) - int(row.get("unknown_success") or 0)
+        if row.get("success_rate") is not None and known > 0:
+            solved_known = totals.setdefault((run, column), [0.0, 0.0])
+            solved_known[0] += float(row["success_rate"]) * known
+            solved_known[1] += known
+    if not any(_EVAL.match(str(row.get("run_id") or "")) for row in rounds):
+        return []
+    seed = store_seed(store_path)
+    out = []
+    for run, entry in runs.items():
+        rates = {column: (solved / known if known else None) for (name, column), (solved, known) in totals.items()
+                 if name == run}
+        out.append({**entry, "seed": seed, "train_success": rates.get("train"), "where": _where(run, evals.get(run, [])),
+                    **{f"{split}_{mode}": rates.get(f"{split}_{mode}") for split in ("dev", "test")
+                       for mode in ("sampled", "greedy")}})
+    return sorted(out, key=lambda r: (r["method"], r["run"]))
+
+
+def store_seed(store_path: str | Path | None) -> int | None:
+    """The seed of a study's seed store (OUT/conditions/NAME-DIGEST/seed-N/store); None for any other store."""
+    if store_path is None:
+        return None
+    match = _SEED.match(Path(store_path).resolve().parent.name)
+    return int(match.group(1)) if match else None
+
+
+def _where(run: str, evals: list[str]) -> str:
+    """The trajectory list's filter for one study run: its training rollouts and its evaluations."""
+    name = quote_literal(run)
+    parts = [f"run_id = {name}", f"starts_with(run_id, {quote_literal(run + '/')})"]
+    if evals:
+        parts.append(f"run_id IN ({', '.join(quote_literal(e) for e in sorted(evals))})")
+    return " OR ".join(parts)
