@@ -216,3 +216,44 @@ def test_killing_omrl_serve_with_sigkill_leaves_no_server_process(server):
     """Last in the module: it ends the shared server the way a killed test run would."""
     assert server.pids and any(running(pid) for pid in server.pids)  # it was serving
     assert server.kill_owner() == []
+
+
+def test_an_evaluation_plays_its_checkpoint_through_vllm_and_stops_the_server(model_dir, tmp_path):
+    """eval.engine vllm: the checkpoint (a known model's name, as an iterate recipe names it) served for the
+    evaluation, played by the openai: policy with the server's token ids stored, and no server left after."""
+    from omrl.config import from_dict
+    from omrl.envs import generate_tasks
+    from omrl.store import Store
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate import evaluation
+
+    recipe = from_dict(IterateRecipe, {
+        "output_dir": str(tmp_path / "run"), "train_tasks": "shipped:grid_train", "eval_tasks": "shipped:grid_eval",
+        "model": f"hf:{MODEL}", "rollout": {"env": "grid", "max_turns": 3, "max_new_tokens": 8},
+        "eval": {"samples": 1, "greedy": True, "concurrency": 4, "engine": "vllm", "max_model_len": 2048}})
+    store = Store.create(tmp_path / "store")
+    tasks = generate_tasks("grid", 3, seed=7, split="eval")
+    before = set(running_vllm_pids())  # the module's own server may be up
+    row = evaluation.evaluate_checkpoint(recipe, f"hf:{MODEL}", tasks, store, "base", round=0)
+    assert row["tasks"] == 3 and row["success"] is not None and row["greedy_success"] is not None
+    episodes = store.read().to_pylist()
+    assert len(episodes) == 6 and {e["status"] for e in episodes} <= {"ok", "truncated"}
+    assert {e["model"] for e in episodes} == {MODEL}  # the served name: played through vLLM, not in process
+    turns = store.sql("SELECT count(*) AS n, count(*) FILTER (WHERE len(completion_ids) > 0) AS with_ids "
+                      "FROM turns").to_pylist()[0]
+    assert turns["n"] > 0 and turns["with_ids"] == turns["n"]  # the server's sampled ids, stored
+    left = set(running_vllm_pids()) - before
+    assert gone_within(sorted(left), 30.0), left  # the evaluation's server stopped with it
+
+
+def running_vllm_pids() -> list[int]:
+    """The processes whose command line runs vLLM's OpenAI server."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"vllm.entrypoints.openai.api_server" in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found

@@ -7,7 +7,11 @@ and reward of a checkpoint or the scripted expert, the 95% interval over tasks, 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from omrl.train.config.iterate import IterateRecipe
@@ -15,13 +19,33 @@ from omrl.train.config.iterate import IterateRecipe
 
 def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, store, stage: str,
                         round: int, samples: int | None = None) -> dict[str, Any]:
-    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks."""
-    from omrl.train.algorithms.rft import (
-        checkpoint_policy,  # the collect stage's too (rft.collect_with_model)
-    )
+    """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks; played in
+    this process, or served by vLLM for the evaluation (eval.engine)."""
+    with checkpoint_player(recipe, checkpoint) as policy:
+        return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
 
-    policy = checkpoint_policy(checkpoint, recipe.rollout)
-    return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
+
+@contextlib.contextmanager
+def checkpoint_player(recipe: IterateRecipe, checkpoint: str) -> Iterator[Any]:
+    """The policy that plays `checkpoint` in an evaluation: HFPolicy in this process (eval.engine hf, the collect
+    stage's too: rft.checkpoint_policy), or an `openai:` policy against vLLM serving the checkpoint on 127.0.0.1,
+    started here and stopped (its whole process group) when the evaluation ends (eval.engine vllm)."""
+    from omrl.train.algorithms.rft import checkpoint_policy
+
+    if recipe.eval.engine == "hf":
+        yield checkpoint_policy(checkpoint, recipe.rollout)
+        return
+    from omrl.models.real import resolve_model
+    from omrl.policies import make_policy
+    from omrl.serve.vllm import VLLMServer
+
+    folder = resolve_model(checkpoint)
+    served = Path(folder).name  # the trajectories' model: the checkpoint's folder name
+    with VLLMServer(folder, served, max_model_len=recipe.eval.max_model_len,
+                    max_num_seqs=recipe.eval.concurrency) as server:
+        server.start(progress=lambda line: print(line, file=sys.stderr, flush=True))
+        yield make_policy(f"openai:{served}", base_url=server.base_url, api_key="EMPTY",
+                          max_tokens=recipe.rollout.max_new_tokens)
 
 
 def evaluate_expert(recipe: IterateRecipe, tasks: list, store, stage: str = "expert") -> dict[str, Any]:
