@@ -23,6 +23,9 @@ do not mix: `lora_grpo_step_s`, `full_grpo_step_s` (the last of --grpo-steps ste
 `lora_grpo_peak_gb`, `full_grpo_peak_gb` (the child's peak RSS, from os.wait4's rusage), `lora_vs_full_step`
 (the LoRA step's time over the full one's) and `loadavg_1m` (/proc/loadavg before the part: the machine is
 shared). vLLM is started only for zero_shot and serving.
+eval_engine: one iterate evaluation of the model (--eval-tasks grid tasks, one sampled and one greedy episode each, the
+grid's 14-turn budget) played in this process (eval.engine hf) and served by vLLM for it (eval.engine vllm,
+its start included): `eval_vllm_s`, `eval_hf_s` and `eval_hf_vs_vllm` (the in-process time over vLLM's).
 learning: the study shipped:studies/real_grid (omrl study run: the base model, SFT on expert demos, GRPO with
 LoRA from SFT and from the base model, 3 seeds, held-out tasks screened by fingerprint and scored once through
 the study's ledger), run or resumed in --study-out: per method each seed's held-out greedy and sampled success,
@@ -213,6 +216,28 @@ def training(model_dir: Path, args: argparse.Namespace) -> dict:
     return out
 
 
+def eval_engine(n: int) -> dict:
+    """The same evaluation played by each engine of iterate's eval.engine, timed."""
+    from omrl.config import from_dict
+    from omrl.store import Store
+    from omrl.tasks import load_tasks
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.evaluation import evaluate_checkpoint
+
+    tasks, out = load_tasks("shipped:grid_eval")[100:100 + n], {}
+    with tempfile.TemporaryDirectory(prefix="omrl-eval-engine-") as work:
+        for engine in ("vllm", "hf"):
+            recipe = from_dict(IterateRecipe, {
+                "output_dir": f"{work}/{engine}", "train_tasks": "shipped:grid_train", "eval_tasks": "shipped:grid_eval",
+                "model": f"hf:{MODEL}", "rollout": {"env": "grid", "max_turns": 14, "max_new_tokens": 8},
+                "eval": {"samples": 1, "greedy": True, "concurrency": 16, "engine": engine}})
+            started = time.monotonic()
+            evaluate_checkpoint(recipe, f"hf:{MODEL}", tasks, Store.create(f"{work}/{engine}-store"), "x", round=0)
+            out[f"eval_{engine}_s"] = round(time.monotonic() - started, 1)
+    out["eval_hf_vs_vllm"] = round(out["eval_hf_s"] / out["eval_vllm_s"], 2)
+    return out
+
+
 def learning(args: argparse.Namespace) -> dict:
     """The real-model study run (or resumed) in --study-out, its figures for the line."""
     from omrl.study.check import study_folder_of
@@ -254,7 +279,7 @@ def _drop_rows(run: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="zero_shot,serving",
-                        help="comma-separated: zero_shot, serving, training, learning")
+                        help="comma-separated: zero_shot, serving, training, eval_engine, learning")
     parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
     parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
     parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
@@ -265,6 +290,7 @@ def main() -> None:
     parser.add_argument("--grpo-samples", type=int, default=4, help="completions per prompt (training)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="tokens per completion (training)")
     parser.add_argument("--grpo-steps", type=int, default=2, help="steps per variant, the last reported (training)")
+    parser.add_argument("--eval-tasks", type=int, default=16, help="grid tasks of the eval_engine part")
     parser.add_argument("--study", default="shipped:studies/real_grid", help="the learning part's study file")
     parser.add_argument("--study-out", default="runs/real_grid", help="the learning study's folder (resumes)")
     parser.add_argument("--grpo-step", choices=("lora", "full"), help=argparse.SUPPRESS)  # a training child
@@ -279,6 +305,8 @@ def main() -> None:
     out: dict = {"model": MODEL, "load_before": round(load_before, 1)}
     if "training" in parts:
         out.update(training(model_dir, args))
+    if "eval_engine" in parts:
+        out.update(eval_engine(args.eval_tasks))
     if "learning" in parts:
         out.update(learning(args))
     if parts & {"zero_shot", "serving"}:
