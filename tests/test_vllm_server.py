@@ -160,8 +160,8 @@ def test_the_adaptive_limit_fills_vllm_s_batch_without_overrunning_its_queue(ser
     assert throttle.info.kind == "vllm"
     assert throttle.peak >= 4, f"the limit stayed at {throttle.peak} in flight: vLLM's batch went unused"
     assert throttle.cuts >= 1, "vLLM's waiting count never lowered the limit"
-    # the limit at the end is one sample of a value the waiting count keeps pulling back: 11 to 15 on an idle
-    # machine, 18 once on one running two studies beside the test; the ceiling it must stay well under is 64
+    # the limit at the end is one sample of a value the waiting count keeps pulling back: 11 in one run, 15 and
+    # 18 on a machine running two studies beside the test; the ceiling it must stay well under is 64
     assert throttle.allowed <= 3 * 8, f"limit {throttle.allowed}: far past the 8 sequences vLLM schedules"
     print(f"peak {throttle.peak}, cuts {throttle.cuts}, limit at the end {throttle.allowed}")
 
