@@ -260,3 +260,30 @@ def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp
     with pytest.raises(UsageError, match="tiny.corpus must be one of default, demos, not 'wiki'"):
         load_recipe({"output_dir": "x", "train_tasks": "a", "eval_tasks": "b", "tiny": {"corpus": "wiki"}},
                      IterateRecipe)
+
+
+def test_a_setting_added_since_a_run_was_recorded_does_not_block_its_resume(tmp_path):
+    """check_recipe: a setting the recorded recipe lacks counts as unchanged at its default (an omrl upgrade
+    mid-run), not once it differs; a recorded setting omrl no longer has is a change."""
+    import json
+
+    from omrl.errors import UsageError
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.state import IterateState
+
+    config = load_recipe({"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}, IterateRecipe)
+    path = tmp_path / "state.json"
+    IterateState(path).check_recipe(config)
+    data = json.loads(path.read_text())
+    del data["recipe"]["eval"]["engine"]  # recorded before the setting existed
+    path.write_text(json.dumps(data))
+    IterateState(path).check_recipe(config)  # resumes: the new setting is at its default
+    vllm = load_recipe({"output_dir": "x", "train_tasks": "a", "eval_tasks": "b", "eval": {"engine": "vllm"}},
+                       IterateRecipe)
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"eval\.engine: hf -> vllm"):
+        IterateState(path).check_recipe(vllm)
+    data["recipe"]["eval"]["old_knob"] = 3  # a setting omrl has since dropped
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"eval\.old_knob: 3 -> \(not set\)"):
+        IterateState(path).check_recipe(config)

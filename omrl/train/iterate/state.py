@@ -30,6 +30,17 @@ def recipe_changes(before: Any, now: Any, prefix: str = "") -> list[str]:
     return changes
 
 
+def _with_defaults(recorded: Any, kind: type) -> Any:
+    """A recorded recipe with the settings it lacks at `kind`'s defaults (a setting added to omrl after the
+    record was written); as recorded when it no longer loads as `kind` (a setting since removed: a change)."""
+    from omrl.config import RecipeError, from_dict, to_dict
+
+    try:
+        return json.loads(json.dumps(to_dict(from_dict(kind, recorded, where="state")), default=str))
+    except (RecipeError, TypeError, ValueError):  # it does not load as `kind` now: compare it as recorded
+        return recorded
+
+
 class IterateState:
     """state.json: finished stages in order, each with its checkpoint and results, and the recipe they were made
     with (check_recipe); written atomically."""
@@ -48,12 +59,13 @@ class IterateState:
     def check_recipe(self, config: Any, key: str = "recipe") -> None:
         """Record recipe `config` (a settings dataclass) under `key` as the one this state's stages are made with;
         refuse (UsageError) to resume stages made with another, naming what changed: skipping them would mix two
-        setups in one result. A state recorded before recipes were kept is taken as made with this one."""
+        setups in one result. A state recorded before recipes were kept is taken as made with this one; a setting
+        omrl added since the state was recorded counts as unchanged while it keeps its default."""
         from omrl.config import to_dict
 
         recipe = json.loads(json.dumps(to_dict(config), default=str))  # as the state file holds it
         before = self.data.get(key)
-        changes = recipe_changes(before, recipe) if before is not None else []
+        changes = recipe_changes(_with_defaults(before, type(config)), recipe) if before is not None else []
         if changes:
             shown = "; ".join(changes[:8]) + (f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
             raise UsageError(f"{self.path} records stages made with another recipe ({shown}): use a new output "
