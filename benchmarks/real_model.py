@@ -29,7 +29,8 @@ its start included): `eval_vllm_s`, `eval_hf_s` and `eval_hf_vs_vllm` (the in-pr
 learning: the study shipped:studies/real_grid (omrl study run: the base model, SFT on expert demos, GRPO with
 LoRA from SFT and from the base model, 3 seeds, held-out tasks screened by fingerprint and scored once through
 the study's ledger), run or resumed in --study-out: per method each seed's held-out greedy and sampled success,
-`grpo_vs_base_points` and `grpo_vs_sft_points` (paired two-level bootstrap over seeds and tasks, 95% interval),
+`grpo_vs_base_points`, `grpo_vs_sft_points` and `grpo_base_vs_base_points` (greedy, the study's primary metric:
+paired two-level bootstrap over seeds and tasks, 95% interval),
 the seed-level t interval of each method, `test_scorings`; `omrl report STUDY_OUT` draws it.
 """
 
