@@ -242,6 +242,7 @@ def eval_engine(n: int) -> dict:
 def learning(args: argparse.Namespace) -> dict:
     """The real-model study run (or resumed) in --study-out, its figures for the line."""
     from omrl.study.check import study_folder_of
+    from omrl.study.figures import in_points
     from omrl.study.run import run_study
     from omrl.study.spec import load_study
 
@@ -259,8 +260,7 @@ def learning(args: argparse.Namespace) -> dict:
                                                   else round(figure["half_width"], 4))
     for name, reference in (("grpo", "base"), ("grpo", "sft"), ("grpo_base", "base")):
         diff = methods.get(name, {}).get(f"vs_{reference}")  # paired over seeds and tasks (omrl.study.figures)
-        out[f"{name}_vs_{reference}_points"] = None if not diff else {
-            "points": round(100 * diff["difference"], 2), "ci95": [round(100 * x, 2) for x in diff["ci"]]}
+        out[f"{name}_vs_{reference}_points"] = in_points(diff) if diff else None
     out["primary_contrast_points"] = study["primary_contrast_points"]  # grpo minus base, greedy (declared)
     out["primary_contrast_ci95"] = study["primary_contrast_ci95"]
     return out

@@ -38,10 +38,9 @@ STUDY_KEYS = ("study", "settings_hash", "primary", "best_rl_on_dev", "primary_co
 
 def _points(figure: dict[str, Any] | None) -> dict[str, Any] | None:
     """A bootstrap difference (fractions) in points: {vs, points, ci95}."""
-    if not figure:
-        return None
-    return {"vs": figure["method"], "points": round(100 * figure["difference"], 2),
-            "ci95": [round(100 * x, 2) for x in figure["ci"]]}
+    from omrl.study.figures import in_points
+
+    return {"vs": figure["method"], **in_points(figure)} if figure else None
 
 
 def _interval(figure: dict[str, Any]) -> list[float] | None:

@@ -71,8 +71,12 @@ def primary_contrast(spec: StudySpec, conditions: dict[str, dict[str, Any]],
                     else getattr(spec.primary, side)) for side in ("a", "b")}
     diff = bootstrap_difference(results_of(methods[names["a"]], "test", metric),
                                 results_of(methods[names["b"]], "test", metric), groups["test"])
-    return {"a": names["a"], "b": names["b"], "points": round(100 * diff["difference"], 2),
-            "ci95": [round(100 * x, 2) for x in diff["ci"]]}
+    return {"a": names["a"], "b": names["b"], **in_points(diff)}
+
+
+def in_points(diff: dict[str, Any]) -> dict[str, Any]:
+    """A bootstrap difference (fractions, omrl.study.stats) in points: {points, ci95}, 2 decimals."""
+    return {"points": round(100 * diff["difference"], 2), "ci95": [round(100 * x, 2) for x in diff["ci"]]}
 
 
 def study_table(result: dict[str, Any]) -> Any:
