@@ -4,7 +4,7 @@
 
 `omrl study run` names every run after its method (omrl.study.run.run_name: METHOD-SETTINGS) and stores, per
 seed, the training rollouts under that name (GRPO/PPO: NAME/round-1/step-N; RFT: NAME) and each evaluation as
-eval-SPLIT-NAME-MODE_tT (omrl.train.iterate.evaluation); SFT and the base model are evaluated as iterate stages
+stage SPLIT-NAME (omrl.train.iterate.evaluation.eval_run_id: eval-SPLIT-NAME-MODE_tT); SFT and the base model are evaluated as iterate stages
 (eval-dev-sft-..., eval-test-base-...). A row per (method, run): training episodes and success, dev and test
 success sampled and greedy. The seed is the store's (its folder is OUT/conditions/NAME-DIGEST/seed-N/store);
 all seeds side by side, with intervals: `omrl report OUT`.
@@ -16,9 +16,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from omrl.schema.outcomes import SuccessCounts
 from omrl.store.query import quote_literal
+from omrl.train.iterate.evaluation import parse_eval_run_id
 
-_EVAL = re.compile(r"^eval-(?P<split>dev|test)-(?P<run>.+)-(?P<mode>greedy|sampled)_t[\d.]+$")
+_SPLITS = ("dev", "test")
 _SEED = re.compile(r"^seed-(\d+)$")
 
 
@@ -28,36 +30,45 @@ def study_runs(rounds: list[dict[str, Any]], store_path: str | Path | None = Non
     the trajectory list on the run's episodes)}; [] when the store holds no study evaluation (eval-dev-...)."""
     runs: dict[str, dict[str, Any]] = {}
     evals: dict[str, list[str]] = {}  # run -> the run ids of its evaluations
-    totals: dict[tuple[str, str], list[float]] = {}  # (run, column) -> [solved, known]
+    counts: dict[tuple[str, str], list[int]] = {}  # (run, column) -> [episodes, solved, known, failed, unknown]
     for row in rounds:
         run_id = str(row.get("run_id") or "")
-        match = _EVAL.match(run_id)
-        if match:
-            run, column = match["run"], f"{match['split']}_{match['mode']}"
+        split, run, column = _study_eval(run_id)
+        if split is not None:
             evals.setdefault(run, []).append(run_id)
         elif run_id.startswith("eval-") or run_id == "demos" or row.get("expert"):
             continue  # an iterate stage's own evaluation (the expert's, round 0's) or the demos
         else:
             run, column = run_id.split("/")[0], "train"
         entry = runs.setdefault(run, {"method": run.split("-")[0], "run": run, "train_episodes": 0})
+        n, failed, unknown = int(row.get("n") or 0), int(row.get("failed") or 0), int(row.get("unknown_success") or 0)
         if column == "train":
-            entry["train_episodes"] += int(row.get("n") or 0)
-        known = int(row.get("n") or 0) - int(row.get("failed") or 0) - int(row.get("unknown_success") or 0)
-        if row.get("success_rate") is not None and known > 0:
-            solved_known = totals.setdefault((run, column), [0.0, 0.0])
-            solved_known[0] += float(row["success_rate"]) * known
-            solved_known[1] += known
-    if not any(_EVAL.match(str(row.get("run_id") or "")) for row in rounds):
+            entry["train_episodes"] += n
+        known = n - failed - unknown
+        # the row's rate is over its known episodes (omrl.schema.outcomes), rounded for display: its solved count
+        solved = round(float(row["success_rate"]) * known) if row.get("success_rate") is not None else 0
+        for i, value in enumerate((n, solved, known, failed, unknown)):
+            counts.setdefault((run, column), [0] * 5)[i] += value
+    if not evals:
         return []
     seed = store_seed(store_path)
     out = []
     for run, entry in runs.items():
-        rates = {column: (solved / known if known else None) for (name, column), (solved, known) in totals.items()
-                 if name == run}
+        rates = {column: SuccessCounts(*totals).rate for (name, column), totals in counts.items() if name == run}
         out.append({**entry, "seed": seed, "train_success": rates.get("train"), "where": _where(run, evals.get(run, [])),
-                    **{f"{split}_{mode}": rates.get(f"{split}_{mode}") for split in ("dev", "test")
+                    **{f"{split}_{mode}": rates.get(f"{split}_{mode}") for split in _SPLITS
                        for mode in ("sampled", "greedy")}})
     return sorted(out, key=lambda r: (r["method"], r["run"]))
+
+
+def _study_eval(run_id: str) -> tuple[str | None, str, str]:
+    """(split, run, column) of a study's dev or test evaluation run id; (None, "", "") for any other."""
+    parsed = parse_eval_run_id(run_id)
+    if parsed is None:
+        return None, "", ""
+    stage, mode = parsed
+    split, _, run = stage.partition("-")
+    return (split, run, f"{split}_{mode}") if split in _SPLITS and run else (None, "", "")
 
 
 def store_seed(store_path: str | Path | None) -> int | None:

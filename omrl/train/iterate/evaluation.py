@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +93,15 @@ def _evaluate(recipe: IterateRecipe, policy: Any, tasks: list, store, stage: str
 def eval_run_id(stage: str, mode: str, temperature: float) -> str:
     """The run id of a stage's held-out evaluation in `mode` (sampled or greedy) at `temperature`."""
     return f"eval-{stage}-{mode}_t{temperature:g}"
+
+
+def parse_eval_run_id(run_id: str) -> tuple[str, str] | None:
+    """(stage, mode) of a run id eval_run_id made; None for any other run id."""
+    match = _EVAL_RUN.match(run_id)
+    return (match["stage"], match["mode"]) if match else None
+
+
+_EVAL_RUN = re.compile(r"^eval-(?P<stage>.+)-(?P<mode>greedy|sampled)_t[\d.e+-]+$")
 
 
 def eval_run_ids(recipe: IterateRecipe, stage: str) -> dict[str, str]:
