@@ -148,6 +148,61 @@ def test_a_freed_slot_lets_in_one_waiting_request_the_oldest():
     assert asyncio.run(go()) == [0, 1, 3, 4]
 
 
+def test_between_two_polls_of_vllm_s_queue_the_limit_at_most_doubles_and_after_a_queue_it_holds(monkeypatch):
+    """Replies come back faster than vLLM's queue is polled: growing on each reply alone ran the limit far past
+    what vLLM schedules before a poll could see the queue (32 on a server of 8 in one run)."""
+    clock = Clock()
+    monkeypatch.setattr(endpoint.time, "monotonic", clock)
+    waiting, seen_in_flight = [0], []
+
+    async def queue() -> int:
+        seen_in_flight.append(len(throttle.in_flight))
+        return waiting[0]
+
+    throttle = Throttle(ceiling=64, info=ServerInfo(kind="vllm"), on_busy_check=queue)
+
+    async def replies(count: int) -> None:
+        """`count` replies, each with the whole limit in use (a burst of requests behind them)."""
+        held: list = []
+
+        async def fill() -> None:
+            while len(throttle.in_flight) < throttle.allowed:
+                slot = throttle.slot()
+                held.append((slot, await slot.__aenter__()))
+
+        for _ in range(count):
+            await fill()
+            slot, ticket = held.pop(0)
+            ticket.done("ok", 10)
+            await slot.__aexit__(None, None, None)
+            await fill()  # as in the client: a freed slot goes to the next request at once
+            for _ in range(3):
+                await asyncio.sleep(0)  # a poll started by this reply runs
+        for slot, _ in held:
+            await slot.__aexit__(None, None, None)
+
+    async def go() -> None:
+        periods = 0
+        while throttle.allowed < 64 and periods < 10:  # the queue stays empty: it grows poll by poll
+            clock.now += endpoint.POLL_S
+            await replies(20)
+            assert throttle.allowed <= max(2, 2 * seen_in_flight[-1]), (throttle.allowed, seen_in_flight)
+            periods += 1
+        assert periods <= 8 and throttle.cuts == 0
+        waiting[0] = 5
+        clock.now += endpoint.COOL_S + endpoint.POLL_S
+        await replies(20)  # the first reply's poll finds a queue: the limit is cut, and then holds
+        assert throttle.cuts == 1 and throttle.allowed == 48
+        clock.now += endpoint.POLL_S / 2
+        await replies(20)  # before the next poll: no growth
+        assert throttle.cuts == 1 and throttle.allowed == 48
+        clock.now += max(endpoint.POLL_S, endpoint.COOL_S)
+        await replies(20)  # a queue still: cut again, never grown in between
+        assert throttle.cuts == 2 and throttle.allowed == 36
+
+    asyncio.run(go())
+
+
 def test_the_probe_asks_its_three_questions_at_once():
     """A server slow to answer paths it does not serve delayed the first request by all three answers."""
     met = threading.Barrier(3, timeout=5)

@@ -27,7 +27,11 @@ The limit (`Throttle.limit`) starts at the stated slots, else at START, and move
 - a reply within GROW_BELOW times its service time that had work left ahead of it and did not wait for
   it (or a reply alone in flight, or any good reply where the server says what it has), when the whole
   limit was in use, raises it by its square root (fast while far below the ceiling), never above
-  `ceiling` (the caller's max_connections) nor the stated slots.
+  `ceiling` (the caller's max_connections) nor the stated slots;
+- where vLLM's queue is polled, the limit grows between two polls to at most twice the requests in
+  flight at the last poll that found the queue empty, and not at all after one that found it waiting:
+  replies come back faster than any poll, and growing on each of them alone ran the limit to 4 times
+  what vLLM schedules between two polls.
 Requests waiting for a slot here are not on the wire: their time does not count towards the timeout.
 A freed slot goes to the request that has waited longest.
 
@@ -59,7 +63,7 @@ QUEUED = 2.0  # a reply that took more than this many times its service time (pl
 GROW_BELOW = 1.2  # ... and one that took at most this many times shows room for more (between: hold)
 QUEUE_SLACK_S = 0.05  # latency noise (HTTP, scheduling) allowed before a reply counts as queued
 BUSY = 2.0  # a reply this many times slower than its own and the earlier requests' work explains is no signal
-POLL_S = 2.0  # vLLM's /metrics at most this often
+POLL_S = 1.0  # vLLM's /metrics at most this often
 WINDOW = 64  # replies the service envelope is drawn over
 MEMORY_S = 60.0  # a new client of an endpoint goes on from what one active this recently learned
 
@@ -188,6 +192,8 @@ class Throttle:
         self._on_busy_check = on_busy_check  # async () -> waiting count (vLLM), polled every POLL_S
         self._last_poll = 0.0
         self._poll_task: asyncio.Task | None = None
+        # With vLLM's queue polled: the most the limit may grow to before the next poll (None: no poll).
+        self._polled_cap: float | None = max(2.0, 2 * self.limit) if on_busy_check is not None else None
 
     def resume(self, earlier: Throttle) -> None:
         """Go on from what `earlier` learned (the same client's limit in a finished event loop, or a recent
@@ -200,6 +206,8 @@ class Throttle:
             # concurrency 1) passes on what the endpoint sustains, not its own ceiling.
             self.limit = max(self.limit, earlier.limit)
             self.last_cut = earlier.last_cut
+            if self._polled_cap is not None:
+                self._polled_cap = max(self._polled_cap, 2.0 * self.limit)
 
     def set_info(self, info: ServerInfo) -> None:
         """What the server said (probed after the throttle was made): its slots cap the limit."""
@@ -291,9 +299,17 @@ class Throttle:
             self._hull = None
             if guess and not self._shows_room(ticket, hull, latency):
                 return
-        if len(self.in_flight) >= self.allowed and self.limit < self._cap():  # the whole limit in use: it may grow
-            self.limit = min(float(self._cap()), self.limit + math.sqrt(self.limit))
+        if len(self.in_flight) >= self.allowed and self.limit < self._growth_cap():  # the whole limit in use
+            self.limit = min(self._growth_cap(), self.limit + math.sqrt(self.limit))
         self._maybe_poll(now)
+
+    def _growth_cap(self) -> float:
+        """The most the limit may grow to now: the ceiling and stated slots, and with vLLM's queue polled,
+        what the last poll allowed."""
+        cap = float(self._cap())
+        if self._polled_cap is not None and self.info.kind == "vllm":
+            cap = min(cap, self._polled_cap)
+        return cap
 
     def _shows_room(self, ticket: Ticket, hull: list[tuple[float, float]] | None, latency: float) -> bool:
         """Whether a reply that overlapped others lets the limit grow; one that waited in the server's queue
@@ -340,7 +356,15 @@ class Throttle:
 
         async def poll() -> None:
             waiting = await self._on_busy_check()
-            if waiting and time.monotonic() - self.last_cut >= COOL_S:
-                self._cut(0.75, time.monotonic())  # vLLM's own queue: more in flight would only wait there
+            if waiting is None:
+                self._polled_cap = None  # unreadable: the limit grows on replies alone until a poll reads it
+                return
+            if waiting:
+                self._polled_cap = self._effective()  # hold until a poll finds the queue empty
+                if time.monotonic() - self.last_cut >= COOL_S:
+                    self._cut(0.75, time.monotonic())  # vLLM's own queue: more in flight would only wait there
+                    self._polled_cap = self.limit
+            else:
+                self._polled_cap = max(2.0, 2.0 * len(self.in_flight))  # all it held ran: room for as many more
 
         self._poll_task = asyncio.get_running_loop().create_task(poll())
