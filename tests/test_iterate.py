@@ -262,6 +262,18 @@ def test_a_tokenizer_trained_on_the_demos_reads_their_words_as_single_tokens(tmp
                      IterateRecipe)
 
 
+def test_a_checkpoint_served_on_localhost_is_refused_with_a_ray_cluster():
+    """collect.engine / eval.engine vllm serve on 127.0.0.1: a cluster's other machines could not reach it."""
+    from omrl.errors import UsageError
+    from omrl.train.config.iterate import IterateRecipe
+
+    base = {"output_dir": "x", "train_tasks": "a", "eval_tasks": "b"}
+    for section in ("collect", "eval"):
+        with pytest.raises(UsageError, match=rf"{section}\.engine vllm serves the checkpoint on 127\.0\.0\.1"):
+            load_recipe({**base, section: {"engine": "vllm"}, "ray": "10.0.0.5:6379"}, IterateRecipe)
+    assert load_recipe({**base, "collect": {"engine": "vllm"}}, IterateRecipe).collect.engine == "vllm"
+
+
 def test_a_setting_added_since_a_run_was_recorded_does_not_block_its_resume(tmp_path):
     """check_recipe: a setting the recorded recipe lacks counts as unchanged at its default (an omrl upgrade
     mid-run), not once it differs; a recorded setting omrl no longer has is a change."""

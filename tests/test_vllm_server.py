@@ -249,6 +249,31 @@ def test_an_evaluation_plays_its_checkpoint_through_vllm_and_stops_the_server(mo
     assert gone_within(sorted(left), 30.0), left  # the evaluation's server stopped with it
 
 
+def test_a_round_s_collection_plays_its_checkpoint_through_vllm_and_stores_the_server_s_ids(model_dir, tmp_path):
+    """collect.engine vllm: an iterate round's attempts played by the checkpoint served by vLLM, each turn with the
+    ids the server sampled (what SFT on the best attempts trains from), and no server left after."""
+    from omrl.config import from_dict
+    from omrl.envs import generate_tasks
+    from omrl.store import Store
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import collect_round
+
+    recipe = from_dict(IterateRecipe, {
+        "output_dir": str(tmp_path / "run"), "train_tasks": "shipped:grid_train", "eval_tasks": "shipped:grid_eval",
+        "model": f"hf:{MODEL}", "rollout": {"env": "grid", "max_turns": 3, "max_new_tokens": 8, "concurrency": 4},
+        "collect": {"tasks": 2, "samples": 2, "engine": "vllm"}, "eval": {"max_model_len": 2048}})
+    store = Store.create(tmp_path / "store")
+    before = set(running_vllm_pids())
+    result = collect_round(recipe, f"hf:{MODEL}", generate_tasks("grid", 2, seed=3, split="train"), store, 1)
+    assert result.total == 4
+    episodes = store.sql("SELECT run_id, round, model FROM trajectories").to_pylist()
+    assert len(episodes) == 4 and all(e == {"run_id": "round-1", "round": 1, "model": MODEL} for e in episodes)
+    turns = store.sql("SELECT count(*) AS n, count(*) FILTER (WHERE len(completion_ids) > 0) AS with_ids "
+                      "FROM turns").to_pylist()[0]
+    assert turns["n"] > 0 and turns["with_ids"] == turns["n"]
+    assert gone_within(sorted(set(running_vllm_pids()) - before), 30.0)
+
+
 def running_vllm_pids() -> list[int]:
     """The processes whose command line runs vLLM's OpenAI server."""
     found = []

@@ -44,6 +44,10 @@ class CollectSettings:
         "help": "collect and filter before each GRPO round; false: GRPO on the whole training file"})
     tasks: int = field(default=64, metadata={"help": "training tasks attempted per round (0 = all)"})
     samples: int = field(default=8, metadata={"help": "attempts per task: the group size"})
+    engine: Literal["hf", "vllm"] = field(default="hf", metadata={
+        "help": "what plays the round's checkpoint: hf (in this process, batched) or vllm (the checkpoint served "
+                "by vLLM on 127.0.0.1 for the collection, then stopped, as eval.engine; its sampled token ids "
+                "are stored, and SFT on the best attempts trains from them)"})
 
 
 @dataclass
@@ -68,7 +72,8 @@ class EvalSettings:
     engine: Literal["hf", "vllm"] = field(default="hf", metadata={
         "help": "what plays a checkpoint in an evaluation: hf (in this process, batched) or vllm (the checkpoint "
                 "served by vLLM on 127.0.0.1 for the evaluation, then stopped: `omrl serve vllm --install-only` "
-                "first; about 4x faster for a real model on a CPU, plus a minute to start)"})
+                "first; for a real model on a CPU, collection ran 4x faster and a whole evaluation 1.2x here, plus "
+                "a minute to start: docs/results/real_model.md)"})
     max_model_len: int = field(default=4096, metadata={
         "help": "with engine vllm: the served context length (an episode past it ends as truncated)"})
 
@@ -137,6 +142,10 @@ class IterateRecipe:
             # PPO trains on the environment's reward; judged rewards reach GRPO and RFT only (for now).
             raise UsageError("algorithm: ppo trains on the environment reward; remove reward / grpo.reward, "
                              "or use algorithm: grpo")
+        served = [f"{section}.engine" for section in ("collect", "eval") if getattr(self, section).engine == "vllm"]
+        if served and self.ray not in (None, "local"):
+            raise UsageError(f"{served[0]} vllm serves the checkpoint on 127.0.0.1, which a Ray cluster's other "
+                             f"machines cannot reach: use ray: local, or engine hf with ray: {self.ray}")
         if self.ray is not None:  # without Ray installed: say so at load time, not after SFT
             from omrl.rollout.ray_executor import require_ray
 

@@ -22,18 +22,19 @@ def evaluate_checkpoint(recipe: IterateRecipe, checkpoint: str, tasks: list, sto
                         round: int, samples: int | None = None) -> dict[str, Any]:
     """Held-out success and mean reward of `checkpoint`: sampled, and greedy when the recipe asks; played in
     this process, or served by vLLM for the evaluation (eval.engine)."""
-    with checkpoint_player(recipe, checkpoint) as policy:
+    with checkpoint_player(recipe, checkpoint, recipe.eval.engine, recipe.eval.concurrency) as policy:
         return _evaluate(recipe, policy, tasks, store, stage, round, samples, greedy=recipe.eval.greedy)
 
 
 @contextlib.contextmanager
-def checkpoint_player(recipe: IterateRecipe, checkpoint: str) -> Iterator[Any]:
-    """The policy that plays `checkpoint` in an evaluation: HFPolicy in this process (eval.engine hf, the collect
-    stage's too: rft.checkpoint_policy), or an `openai:` policy against vLLM serving the checkpoint on 127.0.0.1,
-    started here and stopped (its whole process group) when the evaluation ends (eval.engine vllm)."""
+def checkpoint_player(recipe: IterateRecipe, checkpoint: str, engine: str, concurrency: int) -> Iterator[Any]:
+    """The policy that plays `checkpoint` in a stage (an evaluation: eval.engine; a round's collection:
+    collect.engine): HFPolicy in this process (engine hf: rft.checkpoint_policy), or an `openai:` policy against
+    vLLM serving the checkpoint on 127.0.0.1 with `concurrency` sequences at once, started here and stopped (its
+    whole process group) when the stage ends (engine vllm)."""
     from omrl.train.algorithms.rft import checkpoint_policy
 
-    if recipe.eval.engine == "hf":
+    if engine == "hf":
         yield checkpoint_policy(checkpoint, recipe.rollout)
         return
     from omrl.models.real import resolve_model
@@ -42,8 +43,7 @@ def checkpoint_player(recipe: IterateRecipe, checkpoint: str) -> Iterator[Any]:
 
     folder = resolve_model(checkpoint)
     served = Path(folder).name  # the trajectories' model: the checkpoint's folder name
-    with VLLMServer(folder, served, max_model_len=recipe.eval.max_model_len,
-                    max_num_seqs=recipe.eval.concurrency) as server:
+    with VLLMServer(folder, served, max_model_len=recipe.eval.max_model_len, max_num_seqs=concurrency) as server:
         server.start(progress=lambda line: print(line, file=sys.stderr, flush=True))
         yield make_policy(f"openai:{served}", base_url=server.base_url, api_key="EMPTY",
                           max_tokens=recipe.rollout.max_new_tokens)

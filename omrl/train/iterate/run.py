@@ -58,15 +58,19 @@ def _subset(tasks: list, n: int) -> list:
 
 def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int):
     """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run round-r,
-    seeded for the round), in this process or on Ray (`recipe.ray`); resumes like omrl collect."""
+    seeded for the round), played in this process or served by vLLM (`collect.engine`), on Ray where the recipe
+    says (`recipe.ray`); resumes like omrl collect."""
+    import asyncio
     from dataclasses import replace
 
+    from omrl.rollout import collect
     from omrl.rollout.executor import executor_for
-    from omrl.train.algorithms.rft import collect_with_model
+    from omrl.train.iterate.evaluation import checkpoint_player
 
     settings = replace(recipe.rollout, seed=round_seed(recipe.rollout.seed, r))
-    return collect_with_model(checkpoint, tasks, store, settings, samples=recipe.collect.samples, round=r,
-                              run_id=f"round-{r}", executor=executor_for(recipe.ray))
+    with checkpoint_player(recipe, checkpoint, recipe.collect.engine, settings.concurrency) as policy:
+        return asyncio.run(collect(None, tasks, policy, store, settings, samples=recipe.collect.samples, round=r,
+                                   run_id=f"round-{r}", executor=executor_for(recipe.ray)))
 
 
 def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
