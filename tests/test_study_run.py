@@ -86,6 +86,9 @@ def test_what_the_runner_cannot_do_is_refused_up_front(tmp_path):
     with pytest.raises(UsageError, match="method grpo: grid.learnin_rate is not a setting of a grpo run"):
         check_runnable(load_study(study, ["methods.grpo={kind: grpo, grid: {learnin_rate: [1e-4]}}"]))
     check_runnable(load_study(study, ["methods.rft={kind: rft, grid: {sft.learning_rate: [1e-3], samples: [4]}}"]))
+    with pytest.raises(UsageError, match=r"method it: grid.grpo.max_steps is set by the budget"):
+        check_runnable(load_study(study, ["methods.it={kind: iterate, grid: {grpo.max_steps: [4]}}"]))
+    check_runnable(load_study(study, ["methods.it={kind: iterate, grid: {rounds: [2], collect.samples: [4]}}"]))
     with pytest.raises(UsageError, match="method sft: sft trains nothing"):
         check_runnable(load_study(study, ["methods.sft={kind: sft, grid: {learning_rate: [1e-3]}}"]))
     with pytest.raises(UsageError, match="condition default: eval.greedy false, but the primary metric is greedy"):
@@ -113,6 +116,7 @@ def test_grids_and_budgets_map_onto_recipe_keys(tmp_path):
     assert budget_settings(spec, "ppo_turn", recipe, {}) == {"max_steps": 2}  # 20 // 8
     assert budget_settings(spec, "ppo_token", recipe, {"ppo_epochs": 1, "minibatches": 2}) == {"max_steps": 10}
     assert budget_settings(spec, "ppo_token", recipe, {"ppo_epochs": 30}) == {"max_steps": 1}
+    assert budget_settings(spec, "iterate", recipe, {"rounds": 3}) == {"grpo.max_steps": 6}  # 20 // 3 a round
 
 
 def test_a_test_set_scored_under_other_settings_refuses_a_run_before_it_trains(tmp_path):
@@ -218,6 +222,7 @@ methods:
   step_credit: {kind: step_credit, grid: {learning_rate: [0.0002], step_credit.weight: [2.0]}}
   ppo_turn: {kind: ppo_turn, grid: {learning_rate: [0.0001]}}
   ppo_token: {kind: ppo_token, grid: {learning_rate: [0.0001], ppo_epochs: [1]}}
+  iterate: {kind: iterate, grid: {rounds: [2], grpo.learning_rate: [0.0002]}}
 budget: {unit: optimizer_steps, value: 4}
 seeds: 2
 conditions:
@@ -255,16 +260,17 @@ def test_every_method_kind_trains_at_the_matched_budget_under_each_condition(tmp
     assert folders == ["gold", "noisy"]  # each condition's own runs
     for condition in study["conditions"].values():
         methods = condition["methods"]
-        for name in ("more_sft", "rft", "step_credit", "ppo_turn", "ppo_token"):
-            for run in methods[name]["runs"].values():  # PPO: 1 batch x 4 epochs, 4 batches x 1 epoch
-                assert run["compute"]["optimizer_steps"] == 4, (name, run)
+        for name in ("more_sft", "rft", "step_credit", "ppo_turn", "ppo_token", "iterate"):
+            for run in methods[name]["runs"].values():  # PPO: 1 batch x 4 epochs, 4 batches x 1 epoch; iterate:
+                assert run["compute"]["optimizer_steps"] == 4, (name, run)  # 2 rounds of 2 GRPO steps
                 assert run["compute"]["seconds"] > 0
-        for name in ("rft", "step_credit", "ppo_turn", "ppo_token"):  # they play episodes; SFT does not
+        for name in ("rft", "step_credit", "ppo_turn", "ppo_token", "iterate"):  # they play episodes; SFT does not
             assert all(run["compute"]["env_steps"] > 0 for run in methods[name]["runs"].values()), name
         assert all(run["compute"]["env_steps"] == 0 for run in methods["more_sft"]["runs"].values())
         assert methods["ppo_turn"]["runs"]["0"]["run"] == "ppo_turn-lr0.0001-max_steps1"
         assert methods["step_credit"]["chosen"] == {"learning_rate": 0.0002, "step_credit.weight": 2.0}
-        assert condition["best_rl_on_dev"] in ("step_credit", "ppo_turn", "ppo_token")  # rft is a baseline
+        assert condition["best_rl_on_dev"] in ("step_credit", "ppo_turn", "ppo_token", "iterate")  # rft: a baseline
+        assert methods["iterate"]["runs"]["1"]["run"].startswith("iterate-rounds2-")
     assert study["primary"]["a_resolved"] == study["conditions"]["gold"]["best_rl_on_dev"]
     recipes = {p.parent.parent.name.split("-")[0]: json.loads(p.read_text())["rollout"]["env_options"]["noise"]
                for p in (tmp_path / "out" / "conditions").glob("*/seed-0/recipe.json")}

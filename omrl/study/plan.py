@@ -44,8 +44,8 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 def budget_keys(kind: str) -> tuple[str, ...]:
     """The recipe keys the study's budget sets for a method of `kind` (a grid may not tune them)."""
-    return {"base": (), "sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs")}.get(
-        kind, ("max_steps",))
+    return {"base": (), "sft": (), "more_sft": ("max_steps", "epochs"), "rft": ("sft.max_steps", "sft.epochs"),
+            "iterate": ("grpo.max_steps",)}.get(kind, ("max_steps",))
 
 
 def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +57,8 @@ def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, An
         return {"max_steps": steps}
     if kind == "rft":
         return {"sft.max_steps": steps}
+    if kind == "iterate":  # the budget spread over its rounds, each a GRPO run of grpo.max_steps
+        return {"grpo.max_steps": max(1, steps // int(point.get("rounds", recipe.rounds)))}
     if kind.startswith("ppo_"):  # a PPO step is one rollout batch of ppo_epochs x minibatches optimizer steps
         per_batch = point.get("ppo_epochs", recipe.ppo.ppo_epochs) * point.get("minibatches", recipe.ppo.minibatches)
         return {"max_steps": max(1, steps // per_batch)}
@@ -65,14 +67,16 @@ def budget_settings(spec: StudySpec, kind: str, recipe: Any, point: dict[str, An
 
 def recipe_class(kind: str) -> Any:
     """The recipe class whose keys a method of `kind` tunes (its grid keys; RFT's `sft.*` and bare SFT keys
-    tune the SFT on its kept attempts); None for base and sft, which train nothing."""
+    tune the SFT on its kept attempts; iterate's are iterate keys: rounds, grpo.*, collect.*, filter.*); None for
+    base and sft, which train nothing."""
     from omrl.train.config.grpo import GRPORecipe
+    from omrl.train.config.iterate import IterateRecipe
     from omrl.train.config.ppo import PPORecipe
     from omrl.train.config.rft import RFTRecipe
     from omrl.train.config.sft import SFTRecipe
 
     return {"more_sft": SFTRecipe, "rft": RFTRecipe, "grpo": GRPORecipe, "step_credit": GRPORecipe,
-            "ppo_turn": PPORecipe, "ppo_token": PPORecipe}.get(kind)
+            "ppo_turn": PPORecipe, "ppo_token": PPORecipe, "iterate": IterateRecipe}.get(kind)
 
 
 def unknown_grid_key(kind: str, key: str) -> bool:
@@ -89,14 +93,12 @@ def unknown_grid_key(kind: str, key: str) -> bool:
 
 def check_runnable(spec: StudySpec) -> None:
     """UsageError, before anything runs, for what the runner cannot do: a budget unit other than optimizer
-    steps, an `iterate` method, a grid on base or sft, on a key its recipe does not have or on a key the budget sets, a
-    greedy contrast without greedy evaluations."""
+    steps, a grid on base or sft, on a key its recipe does not have or on a key the budget sets, a greedy contrast
+    without greedy evaluations."""
     if spec.budget.unit != "optimizer_steps":
         raise UsageError(f"budget.unit {spec.budget.unit!r}: omrl study run matches optimizer_steps only so far "
                          "(tokens, env_steps and seconds are recorded for every run)")
     for method in spec.methods:
-        if method.kind == "iterate":
-            raise UsageError(f"method {method.name}: kind iterate is not run by omrl study run yet")
         if method.kind in TRAINS_NOTHING and method.grid:
             raise UsageError(f"method {method.name}: {method.kind} trains nothing (a checkpoint of the shared "
                              "stages); it has no grid")

@@ -9,9 +9,10 @@ scored once through the ledger, the seed-level figures (omrl.study.figures) writ
   Comparison.prepare), then each method from that SFT checkpoint (RL and rft with `start: base`: from the
   starting model): base and sft train nothing, more_sft continues SFT on the demos, rft is omrl's
   RFT trainer (collect.samples attempts on the first collect.tasks train tasks), grpo / step_credit / ppo_turn /
-  ppo_token are compare.train_method.
+  ppo_token are compare.train_method, iterate is `rounds` rounds of iterate's collect -> select -> GRPO.
 - Budget: optimizer_steps gives RL methods max_steps (PPO: batches of ppo_epochs x minibatches updates, rounded
-  down, at least 1), more_sft max_steps (TRL stops there, whatever the epochs), rft sft.max_steps; a grid may
+  down, at least 1; iterate: grpo.max_steps per round, the budget over its rounds, rounded down, at least 1),
+  more_sft max_steps (TRL stops there, whatever the epochs), rft sft.max_steps; a grid may
   not tune the key the budget sets; other units are refused (UsageError). Every run records optimizer steps
   (PPO: its updates), tokens trained (TRL's num_tokens; PPO counts none), environment steps (turns played) and
   seconds; tuning runs are totalled apart, the shared SFT stage's seconds per seed too.
@@ -157,6 +158,8 @@ def _train(bench: Comparison, method: Any, seed: int, name: str, settings: dict[
         return {"checkpoint": str(trained.checkpoint), "compute": done}
     if method.kind == "rft":
         return _train_rft(recipe, store, name, settings, start, folder, started)
+    if method.kind == "iterate":
+        return _train_iterate(recipe, store, name, settings, start, folder, started)
     trained = train_method(recipe, RL_METHOD_OF[method.kind], rl_settings(method.kind, settings), start,
                            store.path, folder, name)
     done = compute(trained["optimizer_steps"], trained["tokens"], env_steps(store, trained["run_prefix"]),
@@ -196,6 +199,33 @@ def _train_rft(recipe: Any, store: Any, name: str, settings: dict[str, Any], sta
     done = compute(optimizer_steps(trained), tokens_trained(trained), env_steps(store, name),
                    time.monotonic() - started)
     return {"checkpoint": str(trained.checkpoint), "compute": done, "attempts": trained.rollouts}
+
+
+def _train_iterate(recipe: Any, store: Any, name: str, settings: dict[str, Any], start: str, folder: Path,
+                   started: float) -> dict[str, Any]:
+    """Iterate from checkpoint `start`: `rounds` rounds, each iterate's collect -> select (the tasks whose group
+    is not flat) -> GRPO for grpo.max_steps on them, from the last round's checkpoint; every rollout stored under
+    run `name`/round-N."""
+    from omrl.config import from_dict, merge, to_dict
+    from omrl.tasks import load_tasks
+    from omrl.train.config.iterate import IterateRecipe
+    from omrl.train.iterate.run import collect_and_select
+
+    values = merge(merge(to_dict(recipe), unflatten(settings)),  # the grid point and the budget over the recipe
+                   {"algorithm": "grpo", "collect": {"enabled": True}, "output_dir": str(folder)})
+    run = from_dict(IterateRecipe, values, where=f"iterate run {name}")
+    train_tasks = load_tasks(run.train_tasks)
+    checkpoint, steps, tokens = start, 0, 0
+    for r in range(1, run.rounds + 1):
+        round_dir = folder / f"round-{r}"
+        tasks_file, _ = collect_and_select(run, checkpoint, train_tasks, store, r, round_dir, f"{name}/round-{r}")
+        trained = train_method(run, "grpo", {"tasks": tasks_file}, checkpoint, store.path, round_dir / "grpo",
+                               f"{name}/round-{r}/grpo", round_=r)
+        checkpoint = trained["checkpoint"]
+        steps += trained["optimizer_steps"]
+        tokens = tokens + trained["tokens"] if tokens is not None and trained["tokens"] is not None else None
+    done = compute(steps, tokens, env_steps(store, name), time.monotonic() - started)
+    return {"checkpoint": checkpoint, "compute": done}
 
 
 def evaluate(bench: Comparison, seed: int, split: str, run: dict[str, Any]) -> dict[str, Any]:

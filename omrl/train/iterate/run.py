@@ -56,10 +56,10 @@ def _subset(tasks: list, n: int) -> list:
     return tasks if n <= 0 else tasks[:n]
 
 
-def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int):
-    """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run round-r,
-    seeded for the round), played in this process or served by vLLM (`collect.engine`), on Ray where the recipe
-    says (`recipe.ray`); resumes like omrl collect."""
+def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r: int, run_id: str | None = None):
+    """The collect stage of round `r`: `collect.samples` attempts per task with `checkpoint` (run `run_id`,
+    default round-r, seeded for the round), played in this process or served by vLLM (`collect.engine`), on Ray
+    where the recipe says (`recipe.ray`); resumes like omrl collect."""
     import asyncio
     from dataclasses import replace
 
@@ -70,7 +70,7 @@ def collect_round(recipe: IterateRecipe, checkpoint: str, tasks: list, store, r:
     settings = replace(recipe.rollout, seed=round_seed(recipe.rollout.seed, r))
     with checkpoint_player(recipe, checkpoint, recipe.collect.engine, settings.concurrency) as policy:
         return asyncio.run(collect(None, tasks, policy, store, settings, samples=recipe.collect.samples, round=r,
-                                   run_id=f"round-{r}", executor=executor_for(recipe.ray)))
+                                   run_id=run_id or f"round-{r}", executor=executor_for(recipe.ray)))
 
 
 def run_iterate(recipe: IterateRecipe | dict[str, Any], *,
@@ -263,7 +263,6 @@ def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_ta
     import time
 
     from omrl.store.query import quote_literal
-    from omrl.tasks import write_tasks
     from omrl.train.algorithms.sft import train_sft
     from omrl.train.trainer import TRAINERS
 
@@ -272,23 +271,7 @@ def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_ta
     where = f"run_id = {quote_literal(run_id)} AND round = {r}"
     extra: dict[str, Any] = {}
     if recipe.collect.enabled:
-        tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
-        collected = collect_round(recipe, checkpoint, tasks, store, r)
-        if recipe.filter_reward is not None:
-            from omrl.rollout.executor import executor_for
-
-            extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r,
-                                               executor=executor_for(recipe.ray))
-        informative, flat = informative_tasks(store, round_dir / "informative", where=where,
-                                              drop_flat=recipe.filter.drop_flat,
-                                              reward_recipe=recipe.filter_reward)
-        grpo_tasks = [t for t in tasks if t.id in informative]
-        per_step = getattr(recipe, recipe.algorithm).tasks_per_step
-        if len(grpo_tasks) < per_step:  # too few informative groups: an update step needs full steps
-            grpo_tasks = tasks
-        tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
-        extra.update(grpo_tasks=len(grpo_tasks), train_success=rounded(collected.success_rate),
-                     train_mean_reward=rounded(collected.mean_reward), flat_groups=flat)
+        tasks_file, extra = collect_and_select(recipe, checkpoint, train_tasks, store, r, round_dir, run_id)
     else:
         tasks_file = recipe.train_tasks
     started = time.monotonic()
@@ -316,6 +299,35 @@ def _rl_round(recipe: IterateRecipe, checkpoint: str, train_tasks: list, eval_ta
     results = evaluate_checkpoint(recipe, checkpoint, eval_tasks, store, f"{recipe.algorithm}-{r}", round=r)
     results.update(extra, train_s=train_s)
     return checkpoint, results
+
+
+def collect_and_select(recipe: IterateRecipe, checkpoint: str, train_tasks: list, store, r: int, round_dir: Path,
+                       run_id: str) -> tuple[str, dict[str, Any]]:
+    """Round `r`'s collection (run `run_id`) on the next `collect.tasks` training tasks, annotated where the
+    recipe has a reward recipe, and the tasks the update step trains on: those whose group is not flat (all of
+    them when fewer than one update step's worth are). Returns (their tasks file, the round's figures)."""
+    from omrl.store.query import quote_literal
+    from omrl.tasks import write_tasks
+
+    where = f"run_id = {quote_literal(run_id)} AND round = {r}"
+    extra: dict[str, Any] = {}
+    tasks = _subset(_rotate(train_tasks, (r - 1) * max(recipe.collect.tasks, 0)), recipe.collect.tasks)
+    collected = collect_round(recipe, checkpoint, tasks, store, r, run_id=run_id)
+    if recipe.filter_reward is not None:
+        from omrl.rollout.executor import executor_for
+
+        extra["annotate"] = annotate_round(store, recipe.filter_reward, where=where, round=r,
+                                           executor=executor_for(recipe.ray))
+    informative, flat = informative_tasks(store, round_dir / "informative", where=where,
+                                          drop_flat=recipe.filter.drop_flat, reward_recipe=recipe.filter_reward)
+    grpo_tasks = [t for t in tasks if t.id in informative]
+    per_step = getattr(recipe, recipe.algorithm).tasks_per_step
+    if len(grpo_tasks) < per_step:  # too few informative groups: an update step needs full steps
+        grpo_tasks = tasks
+    tasks_file = str(write_tasks(grpo_tasks, round_dir / "grpo_tasks.jsonl"))
+    extra.update(grpo_tasks=len(grpo_tasks), train_success=rounded(collected.success_rate),
+                 train_mean_reward=rounded(collected.mean_reward), flat_groups=flat)
+    return tasks_file, extra
 
 
 def annotate_round(store, reward: str | dict[str, Any], *, where: str, round: int,
