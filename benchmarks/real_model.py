@@ -26,6 +26,12 @@ shared). vLLM is started only for zero_shot and serving.
 eval_engine: one iterate evaluation of the model (--eval-tasks grid tasks, one sampled and one greedy episode each, the
 grid's 14-turn budget) played in this process (eval.engine hf) and served by vLLM for it (eval.engine vllm,
 its start included): `eval_vllm_s`, `eval_hf_s` and `eval_hf_vs_vllm` (the in-process time over vLLM's).
+lora_serving: a LoRA adapter of the model (r 16 on every linear layer, as shipped:iterate_real trains, randomly
+initialised: its weights change no timing) brought into vLLM for the next round's collection both ways, then
+the same --eval-tasks grid episodes played through it: merged (`omrl models merge`, then vLLM on the merged
+folder) and as an adapter (vLLM on the base model with --enable-lora, the adapter by name): per way its merge,
+start and play seconds, `lora_merged_s` and `lora_adapter_s` (their totals) and `lora_adapter_vs_merged` (the
+adapter's total over the merged one's: above 1, merging is faster).
 learning: the study shipped:studies/real_grid (omrl study run: the base model, SFT on expert demos, GRPO with
 LoRA from SFT and from the base model, 3 seeds, held-out tasks screened by fingerprint and scored once through
 the study's ledger), run or resumed in --study-out: per method each seed's held-out greedy and sampled success,
@@ -239,6 +245,44 @@ def eval_engine(n: int) -> dict:
     return out
 
 
+def lora_serving(model_dir: Path, n: int) -> dict:
+    """The two ways a LoRA adapter reaches vLLM (merged into a copy, or loaded as an adapter), each timed from the
+    adapter on disk to the last of the same n grid episodes played through it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from omrl.models.adapters import merge_adapter
+    from omrl.models.load import load_model
+    from omrl.tasks import load_tasks
+
+    tasks, out = load_tasks("shipped:grid_eval")[100:100 + n], {}
+    with tempfile.TemporaryDirectory(prefix="omrl-lora-serving-") as work:
+        torch.manual_seed(0)
+        config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", init_lora_weights=False)
+        adapter = Path(work) / "adapter"
+        get_peft_model(load_model(model_dir), config).save_pretrained(adapter)
+        for way in ("merged", "adapter"):
+            started = time.monotonic()
+            if way == "merged":
+                served = merge_adapter(adapter, Path(work) / "merged", base=str(model_dir))
+                out["lora_merge_s"] = round(time.monotonic() - started, 1)
+                server = VLLMServer(served, "merged", max_model_len=2048, max_num_seqs=16)
+            else:
+                server = VLLMServer(model_dir, "base", max_model_len=2048, max_num_seqs=16, extra_args=(
+                    "--enable-lora", "--max-lora-rank", "16", "--lora-modules", f"adapter={adapter}"))
+            with server:
+                begun = time.monotonic()
+                server.start(progress=lambda line: print(line, file=sys.stderr))
+                out[f"lora_{way}_start_s"] = round(time.monotonic() - begun, 1)
+                run = play("grid", tasks, make_policy(f"openai:{'merged' if way == 'merged' else 'adapter'}",
+                                                      base_url=server.base_url), 14, 16, max_new_tokens=8)
+            out[f"lora_{way}_play_s"] = run["wall_s"]
+            out[f"lora_{way}_statuses"] = run["statuses"]
+            out[f"lora_{way}_s"] = round(time.monotonic() - started, 1)
+    out["lora_adapter_vs_merged"] = round(out["lora_adapter_s"] / out["lora_merged_s"], 2)
+    return out
+
+
 def learning(args: argparse.Namespace) -> dict:
     """The real-model study run (or resumed) in --study-out, its figures for the line."""
     from omrl.study.check import study_folder_of
@@ -280,7 +324,7 @@ def _drop_rows(run: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="zero_shot,serving",
-                        help="comma-separated: zero_shot, serving, training, eval_engine, learning")
+                        help="comma-separated: zero_shot, serving, training, eval_engine, lora_serving, learning")
     parser.add_argument("--envs", default="math,bfcl,twx,textworld,scienceworld,miniwob,swe,os")
     parser.add_argument("--n", type=int, default=4, help="tasks per environment (zero_shot); math tasks (serving)")
     parser.add_argument("--samples", type=int, default=4, help="samples per math task (serving)")
@@ -291,7 +335,7 @@ def main() -> None:
     parser.add_argument("--grpo-samples", type=int, default=4, help="completions per prompt (training)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="tokens per completion (training)")
     parser.add_argument("--grpo-steps", type=int, default=2, help="steps per variant, the last reported (training)")
-    parser.add_argument("--eval-tasks", type=int, default=16, help="grid tasks of the eval_engine part")
+    parser.add_argument("--eval-tasks", type=int, default=16, help="grid tasks of the eval_engine and lora_serving parts")
     parser.add_argument("--study", default="shipped:studies/real_grid", help="the learning part's study file")
     parser.add_argument("--study-out", default="runs/real_grid", help="the learning study's folder (resumes)")
     parser.add_argument("--grpo-step", choices=("lora", "full"), help=argparse.SUPPRESS)  # a training child
@@ -308,6 +352,8 @@ def main() -> None:
         out.update(training(model_dir, args))
     if "eval_engine" in parts:
         out.update(eval_engine(args.eval_tasks))
+    if "lora_serving" in parts:
+        out.update(lora_serving(model_dir, args.eval_tasks))
     if "learning" in parts:
         out.update(learning(args))
     if parts & {"zero_shot", "serving"}:

@@ -730,7 +730,26 @@ def test_runs_page_groups_a_study_seed_store_by_method(tmp_path):
         where = parse_qs(urlparse(link).query)["where"][0]
         listed = c.get("/", params={"where": where, "per_page": 100}).text
         assert listed.count("eval-test-grpo-lr0.0001") >= 1 and "eval-test-sft-greedy_t0" not in listed
+        assert 'id="study-seeds"' not in page  # the condition's test set is not scored yet: no study.json
+    # once it is, every seed of the condition side by side, from the study's study.json
+    figure = {"per_seed": {"0": 0.5, "1": 0.25, "2": 0.75}, "mean": 0.5, "half_width": 0.62}
+    study = {"study": "coin", "primary": {"metric": "greedy"}, "seeds": 3, "conditions": {"gold": {"methods": {
+        "grpo": {"kind": "grpo", "test": {"greedy": figure}, "dev": {"greedy": {"mean": 0.4}}},
+        "sft": {"kind": "sft", "test": {}, "dev": {}}}}}}
+    (tmp_path / "study" / "study.json").write_text(json.dumps(study))
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        page = html.unescape(c.get("/runs").text)
+    assert "every seed (coin, condition gold, test greedy)" in page
+    seeds = re.search(r'<table class="list" id="study-seeds">.*?</table>', page, re.S).group(0)
+    cells = {m.group(1): re.findall(r'<td class="num">(.*?)</td>', m.group(0))
+             for m in re.finditer(r"<tr><td>(\w+)</td>.*?</tr>", seeds)}
+    assert cells["grpo"] == [fmt(0.5), fmt(0.25), fmt(0.75), fmt(0.5), fmt(0.62), fmt(0.4)]
+    assert cells["sft"] == [fmt(None)] * 6  # no figure is shown as none, not as 0
+    (tmp_path / "study" / "study.json").write_text("{not json")
+    with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
+        assert "study.json: JSONDecodeError" in c.get("/runs").text  # said, not hidden
     plain = Store.create(tmp_path / "plain")
     plain.append(list(synthetic_trajectories(6, seed=1)))
     with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:
-        assert 'id="study-runs"' not in c.get("/runs").text
+        plain_page = c.get("/runs").text
+        assert 'id="study-runs"' not in plain_page and 'id="study-seeds"' not in plain_page

@@ -15,7 +15,7 @@ import jinja2
 
 from omrl.report import AGREEMENT_LOW, AGREEMENT_RULE, STEP_TABLE_ROWS
 from omrl.view.data import SORTS, Group, ListPage, ShownTrajectory, search_available
-from omrl.view.study_runs import study_runs
+from omrl.view.study_runs import study_runs, study_seeds
 
 FOLD_CHARS = 1200  # messages longer than this are folded (<details>)
 TOOL_FOLD_CHARS = 400  # observations fold sooner: they are what makes a thread long
@@ -362,7 +362,8 @@ def runs_html(runs: dict[str, Any], links: Links, store_name: str, store_path: A
     return render("runs.html", links, runs=runs, charts=charts, success=success, reward=reward,
                   steps=_step_charts(runs.get("steps") or []), agreement_rule=AGREEMENT_RULE, store_name=store_name,
                   step_agreement=_agreement_chart(runs.get("step_agreement") or []),
-                  step_table_rows=STEP_TABLE_ROWS, study=study_runs(runs["rounds"], store_path))
+                  step_table_rows=STEP_TABLE_ROWS, study=study_runs(runs["rounds"], store_path),
+                  study_seeds=study_seeds(store_path))
 
 
 def full_text_html(row: ShownTrajectory, field: str, at: int | None, call: int | None, links: Links,

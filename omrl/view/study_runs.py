@@ -6,12 +6,18 @@
 seed, the training rollouts under that name (GRPO/PPO: NAME/round-1/step-N; RFT: NAME) and each evaluation as
 stage SPLIT-NAME (omrl.train.iterate.evaluation.eval_run_id: eval-SPLIT-NAME-MODE_tT); SFT and the base model are evaluated as iterate stages
 (eval-dev-sft-..., eval-test-base-...). A row per (method, run): training episodes and success, dev and test
-success sampled and greedy. The seed is the store's (its folder is OUT/conditions/NAME-DIGEST/seed-N/store);
-all seeds side by side, with intervals: `omrl report OUT`.
+success sampled and greedy. The seed is the store's (its folder is OUT/conditions/NAME-DIGEST/seed-N/store).
+
+    seeds = study_seeds(store_path)   # every seed of this store's condition, once OUT/study.json has it
+
+Every seed side by side (each method's test success on the primary metric per seed, its mean and t interval, and
+its dev mean) comes from OUT/study.json, written once the condition's test set is scored; `omrl report OUT`
+draws the whole study.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -59,6 +65,38 @@ def study_runs(rounds: list[dict[str, Any]], store_path: str | Path | None = Non
                     **{f"{split}_{mode}": rates.get(f"{split}_{mode}") for split in _SPLITS
                        for mode in ("sampled", "greedy")}})
     return sorted(out, key=lambda r: (r["method"], r["run"]))
+
+
+def study_seeds(store_path: str | Path | None) -> dict[str, Any] | None:
+    """Every seed of the study condition this seed store belongs to, from OUT/study.json: {study, condition, metric,
+    seeds, rows: [{method, kind, per_seed: [test success or None, seed by seed], mean, half_width, dev_mean}]};
+    None for a store that is not a study's seed store or whose condition is not done yet; {error} for a study.json
+    that cannot be read."""
+    if store_seed(store_path) is None:
+        return None
+    condition_folder = Path(str(store_path)).resolve().parent.parent
+    out = condition_folder.parent.parent
+    path = out / "study.json"
+    if condition_folder.parent.name != "conditions" or not path.is_file():
+        return None
+    try:
+        study = json.loads(path.read_text(encoding="utf-8"))
+        metric = study["primary"]["metric"]
+        condition = condition_folder.name.rpartition("-")[0]
+        methods = (study["conditions"].get(condition) or {}).get("methods")
+        if not methods:
+            return None  # the condition's test set is not scored yet
+        seeds = int(study["seeds"])
+        rows = []
+        for name, entry in methods.items():
+            test, dev = entry["test"].get(metric) or {}, entry["dev"].get(metric) or {}
+            per_seed = test.get("per_seed", {})
+            rows.append({"method": name, "kind": entry["kind"], "mean": test.get("mean"),
+                         "half_width": test.get("half_width"), "dev_mean": dev.get("mean"),
+                         "per_seed": [per_seed.get(str(seed), per_seed.get(seed)) for seed in range(seeds)]})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"error": f"{path}: {type(exc).__name__}: {exc}"}
+    return {"study": study.get("study"), "condition": condition, "metric": metric, "seeds": seeds, "rows": rows}
 
 
 def _study_eval(run_id: str) -> tuple[str | None, str, str]:
