@@ -75,6 +75,14 @@ def _wait(driver, by, what):
     return WebDriverWait(driver, 10).until(EC.presence_of_element_located((by, what)))
 
 
+def _submit(driver, field):
+    """Submit `field`'s form and wait until the next page has replaced this one: a lookup before that finds the
+    old page's elements, gone by the time they are read (a stale element)."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    field.submit()
+    WebDriverWait(driver, 10).until(EC.staleness_of(page))
+
+
 def test_list_filter_and_error(driver, server, tmp_path):
     driver.get(server + "/")
     rows = driver.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
@@ -88,7 +96,7 @@ def test_list_filter_and_error(driver, server, tmp_path):
     box = driver.find_element(By.ID, "where")
     box.clear()
     box.send_keys("env = 'math' AND num_turns > 3")
-    box.submit()
+    _submit(driver, box)
     _wait(driver, By.ID, "count")
     shown = driver.find_elements(By.CSS_SELECTOR, "#trajectories tbody tr")
     assert shown and all(r.find_elements(By.TAG_NAME, "td")[1].text == "math" for r in shown)
@@ -97,7 +105,7 @@ def test_list_filter_and_error(driver, server, tmp_path):
     box = driver.find_element(By.ID, "where")
     box.clear()
     box.send_keys("reward >")
-    box.submit()
+    _submit(driver, box)
     error = _wait(driver, By.ID, "where-error")
     assert "does not parse" in error.text
     driver.save_screenshot(str(tmp_path / "where-error.png"))
@@ -109,7 +117,7 @@ def test_text_search_box(driver, server, tmp_path):
     driver.get(server + "/")
     box = driver.find_element(By.ID, "search")
     box.send_keys("evil")
-    box.submit()
+    _submit(driver, box)
     _wait(driver, By.ID, "count")
     assert "2 trajectories" in driver.find_element(By.ID, "count").text
     assert {a.get_attribute("href").rsplit("/", 1)[-1] for a in driver.find_elements(By.CSS_SELECTOR, "a.tlink")
@@ -119,7 +127,7 @@ def test_text_search_box(driver, server, tmp_path):
     box = driver.find_element(By.ID, "search")
     box.clear()
     box.send_keys('"unclosed')
-    box.submit()
+    _submit(driver, box)
     assert "unclosed quote" in _wait(driver, By.ID, "search-error").text
 
 
@@ -246,7 +254,7 @@ def test_exported_search_is_the_live_list_from_disk(driver, server, store, tmp_p
     driver.find_element(By.ID, "search").send_keys("function")
     where = driver.find_element(By.ID, "where")
     where.send_keys("reward >= 0.3")
-    where.submit()
+    _submit(driver, where)
     _wait(driver, By.ID, "count")
     live = [unquote(h.rsplit("/t/", 1)[1]) for h in _walk_list(driver, driver.current_url)]
     assert len(live) > 8 and len(set(live)) == len(live)  # the export (4 rows a file) spans several files

@@ -145,11 +145,11 @@ def test_the_adaptive_limit_fills_vllm_s_batch_without_overrunning_its_queue(ser
     forget()  # no limit learned by an earlier test of this endpoint: start from one request in flight
     client = LLMClient(server.base_url, max_connections=64)
 
-    async def burst() -> list:
-        try:
+    async def burst() -> list:  # 96: the limit at most doubles a poll (1 s), so it passes vLLM's 8 well before
+        try:  # the burst ends, on a fast idle machine too
             return await asyncio.gather(*(client.chat(
                 model=SERVED, messages=[{"role": "user", "content": f"Count to {i % 7 + 3}."}], max_tokens=16,
-                temperature=1.0) for i in range(48)), return_exceptions=True)
+                temperature=1.0) for i in range(96)), return_exceptions=True)
         finally:
             await client.aclose()
 
