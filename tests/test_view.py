@@ -748,6 +748,8 @@ def test_runs_page_groups_a_study_seed_store_by_method(tmp_path):
     (tmp_path / "study" / "study.json").write_text("{not json")
     with TestClient(make_app(store), base_url="http://127.0.0.1") as c:
         assert "study.json: JSONDecodeError" in c.get("/runs").text  # said, not hidden
+        (tmp_path / "study" / "study.json").write_text(json.dumps({**study, "seeds": 10**9}))
+        assert "seeds 1000000000 is not between 1 and 1000" in c.get("/runs").text
     plain = Store.create(tmp_path / "plain")
     plain.append(list(synthetic_trajectories(6, seed=1)))
     with TestClient(make_app(plain), base_url="http://127.0.0.1") as c:

@@ -28,6 +28,7 @@ from omrl.train.iterate.evaluation import parse_eval_run_id
 
 _SPLITS = ("dev", "test")
 _SEED = re.compile(r"^seed-(\d+)$")
+MAX_SEEDS = 1000  # columns of the every-seed table
 
 
 def study_runs(rounds: list[dict[str, Any]], store_path: str | Path | None = None) -> list[dict[str, Any]]:
@@ -87,6 +88,8 @@ def study_seeds(store_path: str | Path | None) -> dict[str, Any] | None:
         if not methods:
             return None  # the condition's test set is not scored yet
         seeds = int(study["seeds"])
+        if not 0 < seeds <= MAX_SEEDS:  # a crafted file does not make a page of a million columns
+            raise ValueError(f"seeds {seeds} is not between 1 and {MAX_SEEDS}")
         rows = []
         for name, entry in methods.items():
             test, dev = entry["test"].get(metric) or {}, entry["dev"].get(metric) or {}
