@@ -5,6 +5,9 @@ trains (a held-out task seen in train, a budget the runner cannot match, a grid 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,6 +188,28 @@ def test_the_quick_study_runs_resumes_and_scores_its_test_set_once(tmp_path):
     assert ledger.test_scorings == 1 and len(ledger.entries()) == 6  # 3 methods x 2 seeds, each before its scoring
     assert {(e["what"]["method"], e["what"]["seed"]) for e in ledger.entries()} == {
         (m, s) for m in methods for s in (0, 1)}
+
+    # omrl study status: what finished (grpo and more_sft trained on 2 seeds; sft, more_sft and grpo on dev and
+    # test each), nothing running; a claim left by a process that is gone is shown stale, a live one as running
+    [folder] = (out / "conditions").iterdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / "claims").mkdir(exist_ok=True)
+    (folder / "claims" / "seed1__train__grpo-x.pid").write_text(gone.stdout.strip())
+    (folder / "claims" / "seed1__test__grpo-x.pid").write_text(str(os.getpid()))
+    shown = CliRunner().invoke(cli, ["study", "status", str(out), "--json"])
+    assert shown.exit_code == 0, shown.output
+    status = json.loads(shown.output)
+    condition = status["conditions"][folder.name]
+    assert (condition["trained"], condition["dev_evaluations"], condition["test_evaluations"]) == (4, 6, 6)
+    assert condition["hours"] > 0 and condition["last_finished"].startswith("seed1/test/")
+    assert [c["key"] for c in condition["running"]] == ["seed1/test/grpo-x"]
+    assert [c["key"] for c in condition["stale_claims"]] == ["seed1/train/grpo-x"]
+    assert status["test_scorings"] == 1 and status["pending_conditions"] == []
+    lines = CliRunner().invoke(cli, ["study", "status", str(out)])
+    assert lines.exit_code == 0 and "stale claim: seed1/train/grpo-x" in lines.output
+    assert f"{folder.name}: 4 trained, 6 dev and 6 test evaluations" in lines.output
+    for claim in (folder / "claims").glob("*-x.pid"):
+        claim.unlink()
 
     # started again: every run is found recorded, nothing is trained or evaluated again
     before = _state_files(out)

@@ -17,6 +17,7 @@ def study() -> None:
     \b
     Example:  omrl study check shipped:studies/grid
               omrl study run shipped:studies/quick --out runs/study-quick
+              omrl study status runs/study-quick
     """
 
 
@@ -89,3 +90,37 @@ def run(study_file: str, overrides: tuple[str, ...], out: str, rescore: bool, ve
         raise
     Console(soft_wrap=True).print(study_table(result))
     click.echo(json.dumps(headline(result)))
+
+
+@study.command("status")
+@click.argument("out", metavar="OUT", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="one JSON line instead of the lines")
+@user_errors
+def status(out: str, as_json: bool) -> None:
+    """Where the study in folder OUT stands (`omrl study run ... --out OUT`, running or stopped): per condition
+    the trainings and dev and test evaluations finished and their hours, the last one finished, the runs in
+    progress (the process working on each, minutes since it started) and claims left by a process that is gone
+    (the next `omrl study run` takes them over); the test scorings and, once study.json is written, the
+    conditions still pending. Reads only.
+
+    \b
+    Example:  omrl study status runs/study-quick
+              omrl study status runs/study-quick --json
+    """
+    from omrl.study.status import study_status
+
+    result = study_status(out)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    pending = result["pending_conditions"]
+    click.echo(f"{out}: test set scored under {result['test_scorings']} setting(s); pending conditions: "
+               f"{'unknown until study.json is written' if pending is None else ', '.join(pending) or 'none'}")
+    for name, condition in result["conditions"].items():
+        click.echo(f"{name}: {condition['trained']} trained, {condition['dev_evaluations']} dev and "
+                   f"{condition['test_evaluations']} test evaluations, {condition['hours']:.2f} h; last finished: "
+                   f"{condition['last_finished'] or '-'}")
+        for run in condition["running"]:
+            click.echo(f"  running: {run['key']} (pid {run['pid']}, {run['minutes']:g} min)")
+        for run in condition["stale_claims"]:
+            click.echo(f"  stale claim: {run['key']} (pid {run['pid']} is gone; the next omrl study run takes it over)")
