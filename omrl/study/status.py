@@ -55,9 +55,11 @@ def condition_status(folder: Path) -> dict[str, Any]:
         try:
             pid, claimed = int(claim.read_text() or 0), claim.stat().st_mtime
         except (OSError, ValueError):
-            continue  # released while it was read: the run just finished or was taken over
+            continue  # released while it was read (the run just finished or was taken over), or not a pid
+        if not pid:
+            continue  # made but its pid not written yet: a run starting this instant
         entry = {"key": key, "pid": pid, "minutes": round((now - claimed) / 60, 1)}
-        (running if pid and pid_alive(pid) else stale).append(entry)
+        (running if pid_alive(pid) else stale).append(entry)
     return {"trained": counts["train"], "dev_evaluations": counts["dev"], "test_evaluations": counts["test"],
             "hours": round(sum(float(s.get("seconds") or 0.0) for s in stages) / 3600, 2),
             "last_finished": stages[-1]["stage"] if stages else None, "running": running, "stale_claims": stale}
