@@ -121,6 +121,28 @@ def tokens_trained(trained: Any) -> int | None:
     return int(max(counts)) if counts else None
 
 
+STATE_FILE = "benchmark_state.json"  # a comparison folder's finished runs (IterateState)
+CLAIMS = "claims"  # a comparison folder's runs in progress: CLAIMS/KEY.pid holds the working process' pid
+
+
+def claim_file(folder: Path, key: str) -> Path:
+    """The claim file of run `key` in comparison folder `folder` (claim_key reads the key back)."""
+    return folder / CLAIMS / (key.replace("/", "__") + ".pid")
+
+
+def claim_key(claim: Path) -> str:
+    """The run key a claim file stands for (claim_file's inverse)."""
+    return claim.name[: -len(".pid")].replace("__", "/")
+
+
+def claim_holder(claim: Path) -> int:
+    """The pid in a claim file; 0 when it is gone, unreadable, or made but its pid not written yet."""
+    try:
+        return int(claim.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 class Comparison:
     """The runs of one comparison folder: recorded in benchmark_state.json as they finish, skipped when done.
 
@@ -134,7 +156,7 @@ class Comparison:
         from omrl.train.iterate.state import IterateState
 
         self.out, self.recipe_path, self.overrides, self.seeds = Path(out), recipe, overrides, seeds
-        self.state = IterateState(self.out / "benchmark_state.json")
+        self.state = IterateState(self.out / STATE_FILE)
         self.recipes = {seed: self._recipe(seed) for seed in seeds}
         self._check_recipes()
         first = self.recipes[seeds[0]]
@@ -193,23 +215,20 @@ class Comparison:
         """The state file as it is now (other processes may have added records)."""
         from omrl.train.iterate.state import IterateState
 
-        self.state = IterateState(self.out / "benchmark_state.json")
+        self.state = IterateState(self.out / STATE_FILE)
         return self.state
 
     @contextlib.contextmanager
     def _claim(self, key: str, finished) -> Iterator[None]:
         """Hold run `key` for this process; while another live process holds it, wait until `finished()`
         says it is done (then the body runs and finds it done) or the holder is gone."""
-        claim = self.out / "claims" / (key.replace("/", "__") + ".pid")
+        claim = claim_file(self.out, key)
         claim.parent.mkdir(parents=True, exist_ok=True)
         while True:
             try:
                 fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
-                try:
-                    holder = int(claim.read_text() or 0)
-                except (OSError, ValueError):
-                    holder = 0
+                holder = claim_holder(claim)
                 if holder and holder != os.getpid() and pid_alive(holder) and finished() is None:
                     time.sleep(5)
                     continue

@@ -17,10 +17,9 @@ from typing import Any
 
 from omrl.errors import UsageError
 from omrl.store.durable import pid_alive
+from omrl.study.compare import CLAIMS, STATE_FILE, claim_holder, claim_key
 from omrl.study.ledger import TestLedger
 from omrl.train.iterate.state import IterateState
-
-STATE_FILE = "benchmark_state.json"
 
 
 def study_status(out: str | Path) -> dict[str, Any]:
@@ -29,7 +28,7 @@ def study_status(out: str | Path) -> dict[str, Any]:
     the ledger's test scorings; study.json's pending conditions (None before it is written). UsageError when
     `out` holds no study run."""
     out = Path(out)
-    folders = sorted(p for p in (out / "conditions").glob("*") if (p / STATE_FILE).is_file() or (p / "claims").is_dir())
+    folders = sorted(p for p in (out / "conditions").glob("*") if (p / STATE_FILE).is_file() or (p / CLAIMS).is_dir())
     if not folders:
         raise UsageError(f"{out}: no study run here (no conditions/*/{STATE_FILE}); start one with omrl study run")
     conditions = {folder.name: condition_status(folder) for folder in folders}
@@ -50,15 +49,15 @@ def condition_status(folder: Path) -> dict[str, Any]:
             counts[kind] += 1
     running, stale = [], []
     now = time.time()
-    for claim in sorted((folder / "claims").glob("*.pid")):
-        key = claim.name[: -len(".pid")].replace("__", "/")
+    for claim in sorted((folder / CLAIMS).glob("*.pid")):
+        pid = claim_holder(claim)
         try:
-            pid, claimed = int(claim.read_text() or 0), claim.stat().st_mtime
-        except (OSError, ValueError):
-            continue  # released while it was read (the run just finished or was taken over), or not a pid
+            claimed = claim.stat().st_mtime
+        except OSError:
+            continue  # released while it was read: the run just finished or was taken over
         if not pid:
-            continue  # made but its pid not written yet: a run starting this instant
-        entry = {"key": key, "pid": pid, "minutes": round((now - claimed) / 60, 1)}
+            continue  # its pid not written yet (a run starting this instant), or not a pid
+        entry = {"key": claim_key(claim), "pid": pid, "minutes": round((now - claimed) / 60, 1)}
         (running if pid_alive(pid) else stale).append(entry)
     return {"trained": counts["train"], "dev_evaluations": counts["dev"], "test_evaluations": counts["test"],
             "hours": round(sum(float(s.get("seconds") or 0.0) for s in stages) / 3600, 2),
