@@ -23,8 +23,8 @@ from omrl.report.plots import _plt, _save
 from omrl.report.sections import _table_md
 from omrl.report.steps import stored_step_stats
 from omrl.report.writer import _html
+from omrl.store.study_folder import STATE_FILE, STUDY_FILE, condition_folders, seed_folder, seed_store
 
-STUDY_FILE = "study.json"  # omrl.study.run.STUDY_FILE
 REQUIRED = ("study", "settings_hash", "primary", "primary_contrast_points", "primary_contrast_ci95", "seeds",
             "conditions")
 COMPUTE = ("optimizer_steps", "tokens", "env_steps", "seconds")
@@ -168,8 +168,8 @@ def plot_study_seeds(study: dict[str, Any], path: Path) -> Path:
 def condition_folder(folder: Path, name: str, seeds: list[str]) -> Path | None:
     """The condition's run folder under FOLDER/conditions (NAME-DIGEST); the newest when a changed recipe left
     several; None when there is none."""
-    found = [p for p in (folder / "conditions").glob(f"{name}-*")
-             if p.is_dir() and p.name[len(name) + 1:].isalnum() and any((p / f"seed-{s}").is_dir() for s in seeds)]
+    found = [p for p in condition_folders(folder, name)
+             if p.name[len(name) + 1:].isalnum() and any(seed_folder(p, s).is_dir() for s in seeds)]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
@@ -189,7 +189,7 @@ def study_curves(folder: str | Path, study: dict[str, Any]) -> dict[str, dict[st
             continue
         prefixes = _run_prefixes(where)
         for seed in seeds:
-            store_path = where / f"seed-{seed}" / "store"
+            store_path = seed_store(where, seed)
             if not (store_path / "omrl.json").is_file():
                 continue
             steps = stored_step_stats(Store(store_path))
@@ -207,9 +207,9 @@ def study_curves(folder: str | Path, study: dict[str, Any]) -> dict[str, dict[st
 
 def _run_prefixes(where: Path) -> dict[str, str]:
     """Each training record's run prefix (the run id its stored rollouts carry, e.g. NAME/round-1) by its key
-    (seedS/train/NAME) in the condition's benchmark_state.json; {} when it is missing or unreadable."""
+    (seedS/train/NAME) in the condition's STATE_FILE; {} when it is missing or unreadable."""
     try:
-        stages = json.loads((where / "benchmark_state.json").read_text()).get("stages")
+        stages = json.loads((where / STATE_FILE).read_text()).get("stages")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return {}
     return {r["stage"]: r["run_prefix"] for r in stages or [] if isinstance(r, dict)

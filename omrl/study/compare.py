@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.store.durable import pid_alive
+from omrl.store.study_folder import STATE_FILE, seed_folder
 
 RL_METHODS = {  # method: (trainer, settings every run of it has)
     "grpo": ("grpo", {}),
@@ -121,7 +122,6 @@ def tokens_trained(trained: Any) -> int | None:
     return int(max(counts)) if counts else None
 
 
-STATE_FILE = "benchmark_state.json"  # a comparison folder's finished runs (IterateState)
 CLAIMS = "claims"  # a comparison folder's runs in progress: CLAIMS/KEY.pid holds the working process' pid
 
 
@@ -170,7 +170,7 @@ class Comparison:
         from omrl.config import load_recipe
         from omrl.train.config.iterate import IterateRecipe
 
-        values = [f"output_dir={self.out / f'seed-{seed}'}", "rounds=0", f"seed={seed}", f"tiny.seed={seed}",
+        values = [f"output_dir={seed_folder(self.out, seed)}", "rounds=0", f"seed={seed}", f"tiny.seed={seed}",
                   f"rollout.seed={seed}", f"baseline.expert={str(seed == self.seeds[0]).lower()}",
                   "baseline.more_sft=false", "report=false"]
         return load_recipe(self.recipe_path, IterateRecipe, self.overrides + values)

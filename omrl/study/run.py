@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.errors import UsageError
+from omrl.store.study_folder import STUDY_FILE, condition_folder
 from omrl.study.check import report_head
 from omrl.study.compare import (
     RL_METHODS,
@@ -55,7 +56,6 @@ from omrl.study.plan import budget_settings, check_runnable, flatten, grid_point
 from omrl.study.spec import TRAINS_NOTHING, StudySpec, settings_hash
 from omrl.study.tasksets import env_options, screened_task_sets
 
-STUDY_FILE = "study.json"
 RL_METHOD_OF = {"grpo": "grpo", "step_credit": "grpo_step_credit", "ppo_turn": "ppo_turn",
                 "ppo_token": "ppo_token"}  # a study's kind -> compare.RL_METHODS
 RFT_KEYS = ("samples", "threshold", "keep_per_group")  # rft grid keys of the RFT recipe itself (the rest: sft.*)
@@ -98,7 +98,7 @@ def condition_bench(spec: StudySpec, condition: Any, out: Path, screened: Screen
     overrides = [f"{key}={json.dumps(value)}" for key, value in flatten(condition.overrides).items()]
     sets = {split: getattr(screened, split) for split in ("train", "dev", "test")}
     rows = {split: [t.to_row() for t in tasks] for split, tasks in sets.items()}
-    folder = out / "conditions" / f"{condition.name}-{digest([recipe, overrides, rows])}"
+    folder = condition_folder(out, condition.name, digest([recipe, overrides, rows]))
     files = {split: folder / "tasks" / f"{split}.parquet" for split in sets}
     for split, tasks in sets.items():
         if not files[split].exists():

@@ -17,7 +17,8 @@ from typing import Any
 
 from omrl.errors import UsageError
 from omrl.store.durable import pid_alive
-from omrl.study.compare import CLAIMS, STATE_FILE, claim_holder, claim_key
+from omrl.store.study_folder import STATE_FILE, STUDY_FILE, condition_folders
+from omrl.study.compare import CLAIMS, claim_holder, claim_key
 from omrl.study.ledger import TestLedger
 from omrl.train.iterate.state import IterateState
 
@@ -28,11 +29,11 @@ def study_status(out: str | Path) -> dict[str, Any]:
     the ledger's test scorings; study.json's pending conditions (None before it is written). UsageError when
     `out` holds no study run."""
     out = Path(out)
-    folders = sorted(p for p in (out / "conditions").glob("*") if (p / STATE_FILE).is_file() or (p / CLAIMS).is_dir())
+    folders = [p for p in condition_folders(out) if (p / STATE_FILE).is_file() or (p / CLAIMS).is_dir()]
     if not folders:
         raise UsageError(f"{out}: no study run here (no conditions/*/{STATE_FILE}); start one with omrl study run")
     conditions = {folder.name: condition_status(folder) for folder in folders}
-    study_file = out / "study.json"
+    study_file = out / STUDY_FILE
     pending = json.loads(study_file.read_text(encoding="utf-8")).get("pending_conditions") \
         if study_file.is_file() else None
     return {"out": str(out), "conditions": conditions, "test_scorings": TestLedger(out).test_scorings,

@@ -18,16 +18,15 @@ draws the whole study.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from omrl.schema.outcomes import SuccessCounts
 from omrl.store.query import quote_literal
+from omrl.store.study_folder import STUDY_FILE, condition_name, condition_of_store, store_seed, study_out
 from omrl.train.iterate.evaluation import parse_eval_run_id
 
 _SPLITS = ("dev", "test")
-_SEED = re.compile(r"^seed-(\d+)$")
 MAX_SEEDS = 1000  # columns of the every-seed table
 
 
@@ -73,17 +72,16 @@ def study_seeds(store_path: str | Path | None) -> dict[str, Any] | None:
     seeds, rows: [{method, kind, per_seed: [test success or None, seed by seed], mean, half_width, dev_mean}]};
     None for a store that is not a study's seed store or whose condition is not done yet; {error} for a study.json
     that cannot be read."""
-    if store_seed(store_path) is None:
+    condition_folder = condition_of_store(store_path)
+    if condition_folder is None:
         return None
-    condition_folder = Path(str(store_path)).resolve().parent.parent
-    out = condition_folder.parent.parent
-    path = out / "study.json"
-    if condition_folder.parent.name != "conditions" or not path.is_file():
+    path = study_out(condition_folder) / STUDY_FILE
+    if not path.is_file():
         return None
     try:
         study = json.loads(path.read_text(encoding="utf-8"))
         metric = study["primary"]["metric"]
-        condition = condition_folder.name.rpartition("-")[0]
+        condition = condition_name(condition_folder)
         methods = (study["conditions"].get(condition) or {}).get("methods")
         if not methods:
             return None  # the condition's test set is not scored yet
@@ -110,14 +108,6 @@ def _study_eval(run_id: str) -> tuple[str | None, str, str]:
     stage, mode = parsed
     split, _, run = stage.partition("-")
     return (split, run, f"{split}_{mode}") if split in _SPLITS and run else (None, "", "")
-
-
-def store_seed(store_path: str | Path | None) -> int | None:
-    """The seed of a study's seed store (OUT/conditions/NAME-DIGEST/seed-N/store); None for any other store."""
-    if store_path is None:
-        return None
-    match = _SEED.match(Path(store_path).resolve().parent.name)
-    return int(match.group(1)) if match else None
 
 
 def _where(run: str, evals: list[str]) -> str:
