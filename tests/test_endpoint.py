@@ -264,3 +264,23 @@ def test_a_client_in_a_new_event_loop_starts_where_it_got_to():
         endpoint.forget()  # what the client itself keeps, not what the process remembers of the endpoint
         _calls(client, 1)
     assert client.throttle is not before and client.throttle.limit >= 12.0
+
+
+def test_a_new_client_s_first_requests_do_not_each_work_out_the_platform(monkeypatch):
+    """openai works out the machine's platform on a client's first request, in a thread, once per request
+    started before the first thread returns: a new loop's client with many calls at once held its first
+    request back 0.2 s. omrl.llm.client works it out once per process and hands it to every client."""
+    import openai._base_client as base
+    import omrl.llm.client as client_module
+
+    asked = []
+    real = base.get_platform
+    monkeypatch.setattr(base, "get_platform", lambda: asked.append(1) or real())
+    client_module._platform.cache_clear()
+    try:
+        with FakeOpenAIServer(default={"content": "ok"}) as server:
+            _calls(LLMClient(server.base_url, max_connections=16), 40)
+            _calls(LLMClient(server.base_url, max_connections=16), 40)  # a second client, as in a new loop
+    finally:
+        client_module._platform.cache_clear()  # the next test's clients ask the real function again
+    assert len(asked) == 1
