@@ -271,6 +271,7 @@ def test_a_new_client_s_first_requests_do_not_each_work_out_the_platform(monkeyp
     started before the first thread returns: a new loop's client with many calls at once held its first
     request back 0.2 s. omrl.llm.client works it out once per process and hands it to every client."""
     import openai._base_client as base
+
     import omrl.llm.client as client_module
 
     asked = []
@@ -284,3 +285,29 @@ def test_a_new_client_s_first_requests_do_not_each_work_out_the_platform(monkeyp
     finally:
         client_module._platform.cache_clear()  # the next test's clients ask the real function again
     assert len(asked) == 1
+
+
+def test_calls_started_at_once_wait_before_openai_builds_their_requests(monkeypatch):
+    """At most PREPARED x max_connections calls are inside openai at once: 160 judge calls started together had
+    all their requests built (3 ms of CPU each) while the first replies waited to be read."""
+    from openai.resources.chat.completions import AsyncCompletions
+
+    import omrl.llm.client as client_module
+
+    inside, peak = [0], [0]
+    real = AsyncCompletions.create
+
+    async def counted(self, *args, **kwargs):
+        inside[0] += 1
+        peak[0] = max(peak[0], inside[0])
+        try:
+            return await real(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(AsyncCompletions, "create", counted)
+    with FakeOpenAIServer(default={"content": "ok", "delay": 0.05}) as server:
+        client = LLMClient(server.base_url, max_connections=4)
+        _calls(client, 40)
+    assert client.stats["calls"] == 40 and client.stats["requests"] == 40
+    assert 4 <= peak[0] <= client_module.PREPARED * 4
