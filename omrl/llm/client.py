@@ -141,8 +141,9 @@ def _with_platform(client: Any) -> Any:
     """`client` with openai's platform already worked out. openai does it on a client's first request, in a
     thread, once per request started before the first thread returns: a new event loop's client with 160 judge
     calls started at once ran 160 threads and held its first request back 0.2 s."""
-    if getattr(client, "_platform", False) is None and _platform() is not None:
-        client._platform = _platform()
+    platform = _platform()
+    if getattr(client, "_platform", False) is None and platform is not None:
+        client._platform = platform
     return client
 
 

@@ -165,7 +165,7 @@ def plot_study_seeds(study: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def condition_folder(folder: Path, name: str, seeds: list[str]) -> Path | None:
+def newest_condition_folder(folder: Path, name: str, seeds: list[str]) -> Path | None:
     """The condition's run folder under FOLDER/conditions (NAME-DIGEST); the newest when a changed recipe left
     several; None when there is none."""
     found = [p for p in condition_folders(folder, name)
@@ -184,7 +184,7 @@ def study_curves(folder: str | Path, study: dict[str, Any]) -> dict[str, dict[st
     for name, condition in study["conditions"].items():
         methods = condition["methods"]
         seeds = sorted({str(s) for m in methods.values() for s in (m.get("runs") or {})}, key=_seed_key)
-        where = condition_folder(folder, name, seeds)
+        where = newest_condition_folder(folder, name, seeds)
         if where is None:
             continue
         prefixes = _run_prefixes(where)

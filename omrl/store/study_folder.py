@@ -4,6 +4,7 @@ the report and the viewer that read them (the report layer sits below omrl.study
     OUT/study.json                                  the figures (omrl.study.figures), once a test set is scored
     OUT/conditions/NAME-DIGEST/                     a condition (its recipe and task sets hashed into DIGEST)
     OUT/conditions/NAME-DIGEST/benchmark_state.json its finished runs (omrl.study.compare.Comparison)
+    OUT/conditions/NAME-DIGEST/claims/KEY.pid       its runs in progress, each file holding its process' pid
     OUT/conditions/NAME-DIGEST/seed-N/              one seed's iterate run (its recipe's output_dir)
     OUT/conditions/NAME-DIGEST/seed-N/store         that seed's store
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 STUDY_FILE = "study.json"
 CONDITIONS = "conditions"
 STATE_FILE = "benchmark_state.json"  # a condition folder's finished runs (IterateState)
+STATE_LOCK = "benchmark_state.lock"  # held while a process adds to STATE_FILE
 STORE = "store"
 _SEED = re.compile(r"^seed-(\d+)$")
 
@@ -44,6 +46,27 @@ def seed_folder(condition: Path, seed: int | str) -> Path:
 def seed_store(condition: Path, seed: int | str) -> Path:
     """CONDITION/seed-N/store."""
     return seed_folder(condition, seed) / STORE
+
+
+CLAIMS = "claims"  # a comparison folder's runs in progress: CLAIMS/KEY.pid holds the working process' pid
+
+
+def claim_file(folder: Path, key: str) -> Path:
+    """The claim file of run `key` in comparison folder `folder` (claim_key reads the key back)."""
+    return folder / CLAIMS / (key.replace("/", "__") + ".pid")
+
+
+def claim_key(claim: Path) -> str:
+    """The run key a claim file stands for (claim_file's inverse)."""
+    return claim.name[: -len(".pid")].replace("__", "/")
+
+
+def claim_holder(claim: Path) -> int:
+    """The pid in a claim file; 0 when it is gone, unreadable, or made but its pid not written yet."""
+    try:
+        return int(claim.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def store_seed(store_path: str | Path | None) -> int | None:

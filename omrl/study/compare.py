@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.store.durable import pid_alive
-from omrl.store.study_folder import STATE_FILE, seed_folder
+from omrl.store.study_folder import STATE_FILE, STATE_LOCK, claim_file, claim_holder, seed_folder
 
 RL_METHODS = {  # method: (trainer, settings every run of it has)
     "grpo": ("grpo", {}),
@@ -122,27 +122,6 @@ def tokens_trained(trained: Any) -> int | None:
     return int(max(counts)) if counts else None
 
 
-CLAIMS = "claims"  # a comparison folder's runs in progress: CLAIMS/KEY.pid holds the working process' pid
-
-
-def claim_file(folder: Path, key: str) -> Path:
-    """The claim file of run `key` in comparison folder `folder` (claim_key reads the key back)."""
-    return folder / CLAIMS / (key.replace("/", "__") + ".pid")
-
-
-def claim_key(claim: Path) -> str:
-    """The run key a claim file stands for (claim_file's inverse)."""
-    return claim.name[: -len(".pid")].replace("__", "/")
-
-
-def claim_holder(claim: Path) -> int:
-    """The pid in a claim file; 0 when it is gone, unreadable, or made but its pid not written yet."""
-    try:
-        return int(claim.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
 class Comparison:
     """The runs of one comparison folder: recorded in benchmark_state.json as they finish, skipped when done.
 
@@ -178,7 +157,7 @@ class Comparison:
     def _check_recipes(self) -> None:
         """Refuse to resume runs recorded with another recipe for a seed (IterateState.check_recipe); record this one."""
         self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / "benchmark_state.lock", "w") as lock:
+        with open(self.out / STATE_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be adding a record
             state = self._fresh()
             for seed, recipe in self.recipes.items():
@@ -255,7 +234,7 @@ class Comparison:
             started = time.monotonic()
             with LoadMeter() as load:
                 record = work()
-            with open(self.out / "benchmark_state.lock", "w") as lock:
+            with open(self.out / STATE_LOCK, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # re-read and write as one step
                 self._fresh().finish(key, **record, seconds=round(time.monotonic() - started, 1), load=load.mean)
             return self.state.done(key)

@@ -17,8 +17,7 @@ from typing import Any
 
 from omrl.errors import UsageError
 from omrl.store.durable import pid_alive
-from omrl.store.study_folder import STATE_FILE, STUDY_FILE, condition_folders
-from omrl.study.compare import CLAIMS, claim_holder, claim_key
+from omrl.store.study_folder import CLAIMS, STATE_FILE, STUDY_FILE, claim_holder, claim_key, condition_folders
 from omrl.study.ledger import TestLedger
 from omrl.train.iterate.state import IterateState
 
