@@ -290,12 +290,12 @@ def test_a_new_client_s_first_requests_do_not_each_work_out_the_platform(monkeyp
 def test_calls_started_at_once_wait_before_openai_builds_their_requests(monkeypatch):
     """At most PREPARED x max_connections calls are inside openai at once: 160 judge calls started together had
     all their requests built (3 ms of CPU each) while the first replies waited to be read."""
-    from openai.resources.chat.completions import AsyncCompletions
+    import openai
 
     import omrl.llm.client as client_module
 
     inside, peak = [0], [0]
-    real = AsyncCompletions.create
+    real = openai.AsyncOpenAI.post
 
     async def counted(self, *args, **kwargs):
         inside[0] += 1
@@ -305,9 +305,31 @@ def test_calls_started_at_once_wait_before_openai_builds_their_requests(monkeypa
         finally:
             inside[0] -= 1
 
-    monkeypatch.setattr(AsyncCompletions, "create", counted)
+    monkeypatch.setattr(openai.AsyncOpenAI, "post", counted)
     with FakeOpenAIServer(default={"content": "ok", "delay": 0.05}) as server:
         client = LLMClient(server.base_url, max_connections=4)
         _calls(client, 40)
     assert client.stats["calls"] == 40 and client.stats["requests"] == 40
     assert 4 <= peak[0] <= client_module.PREPARED * 4
+
+
+def test_a_call_sends_its_request_as_the_body_with_extra_body_merged_and_no_create_transform(monkeypatch):
+    """Calls skip chat.completions.create (its type transform walks every message of every request): the body
+    the server reads is the request itself, extra_body merged in, and the reply is still a ChatCompletion."""
+    from openai.resources.chat.completions import AsyncCompletions
+    from openai.types.chat import ChatCompletion
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("chat.completions.create was called")
+
+    monkeypatch.setattr(AsyncCompletions, "create", refuse)
+    tools = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object", "properties": {}}}}]
+    with FakeOpenAIServer(default={"content": "ok"}) as server:
+        client = LLMClient(server.base_url, max_connections=2)
+        reply = client.chat_sync(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools,
+                                 temperature=0.5, extra_body={"return_token_ids": True, "temperature": 0.25})
+    assert isinstance(reply, ChatCompletion) and reply.choices[0].message.content == "ok"
+    sent = server.requests[-1]
+    assert sent["messages"] == [{"role": "user", "content": "hi"}] and sent["tools"] == tools
+    assert sent["return_token_ids"] is True and sent["temperature"] == 0.25  # extra_body wins, as in create
+    assert "extra_body" not in sent and "extra_headers" not in sent

@@ -121,15 +121,13 @@ class OpenAIPolicy:
 
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  context: EpisodeContext, max_tokens: int | None = None) -> dict[str, Any]:
-        # Messages and tools travel in extra_body: the client's per-request type transform walks every
-        # message of the growing conversation (milliseconds of CPU per call at long contexts) and has
-        # nothing to change in plain chat dicts. The JSON sent is the same.
         if tools and self.text_tools:
             messages = text_tool_messages(messages, tools)
-        body: dict[str, Any] = {"messages": to_openai(messages)}
-        request: dict[str, Any] = {"model": self.model, "messages": [], "temperature": context.temperature}
+        request: dict[str, Any] = {"model": self.model, "messages": to_openai(messages),
+                                   "temperature": context.temperature}
+        extra: dict[str, Any] = dict(self.extra_body or {})
         if tools and not self.text_tools:
-            body["tools"] = tools
+            request["tools"] = tools
         if max_tokens:
             request["max_tokens"] = max_tokens
         if context.seed is not None:
@@ -139,8 +137,8 @@ class OpenAIPolicy:
         if self.tokens != "off":
             request["top_logprobs"] = 1
             if self.tokens == "auto" and not _is_openai_com(self.base_url):
-                body.update(TOKEN_ID_FIELDS)
-        request["extra_body"] = {**(self.extra_body or {}), **body}
+                extra.update(TOKEN_ID_FIELDS)
+        request["extra_body"] = extra
         return request
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
