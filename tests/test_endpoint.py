@@ -327,9 +327,11 @@ def test_a_call_sends_its_request_as_the_body_with_extra_body_merged_and_no_crea
     with FakeOpenAIServer(default={"content": "ok"}) as server:
         client = LLMClient(server.base_url, max_connections=2)
         reply = client.chat_sync(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools,
-                                 temperature=0.5, extra_body={"return_token_ids": True, "temperature": 0.25})
+                                 temperature=0.5, extra_body={"return_token_ids": True, "temperature": 0.25},
+                                 extra_headers={"X-Omrl-Test": "1"}, extra_query={"trace": "on"})
     assert isinstance(reply, ChatCompletion) and reply.choices[0].message.content == "ok"
     sent = server.requests[-1]
     assert sent["messages"] == [{"role": "user", "content": "hi"}] and sent["tools"] == tools
     assert sent["return_token_ids"] is True and sent["temperature"] == 0.25  # extra_body wins, as in create
-    assert "extra_body" not in sent and "extra_headers" not in sent
+    assert not {"extra_body", "extra_headers", "extra_query"} & set(sent)
+    assert server.headers[-1].get("x-omrl-test") == "1" and server.paths[-1].endswith("/chat/completions?trace=on")

@@ -303,7 +303,8 @@ class LLMClient:
             try:
                 response = await clients[shard].post(
                     "/chat/completions", cast_to=_chat_completion(), body=_body(request),
-                    options={"timeout": timeout or self.timeout, "headers": request.get("extra_headers") or {}})
+                    options={"timeout": timeout or self.timeout, "headers": request.get("extra_headers") or {},
+                             "params": request.get("extra_query") or {}})
                 if not getattr(response, "choices", None):  # e.g. JSON served as text/plain: openai hands back a str
                     raise LLMMalformed(f"the reply is not a chat completion: {str(response)[:200]!r}",
                                        _tries(attempts))
@@ -342,8 +343,8 @@ class LLMClient:
 
 def _body(request: dict[str, Any]) -> dict[str, Any]:
     """The JSON body of a chat completion for `request` (chat.completions.create's arguments): its fields, with
-    `extra_body` merged in, and its `extra_headers` left for the request options."""
-    body = {key: value for key, value in request.items() if key not in ("extra_body", "extra_headers")}
+    `extra_body` merged in; `extra_headers` and `extra_query` go to the request options."""
+    body = {key: value for key, value in request.items() if key not in ("extra_body", "extra_headers", "extra_query")}
     body.update(request.get("extra_body") or {})
     return body
 

@@ -60,6 +60,8 @@ class FakeOpenAIServer:
         self.model = model
         self.queue: collections.deque[Reply] = collections.deque()
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each chat request's HTTP headers (names in lower case), in order
+        self.paths: list[str] = []  # ... and its path, query included
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -189,9 +191,12 @@ class FakeOpenAIServer:
                 except json.JSONDecodeError:
                     self._send(400, b'{"error": {"message": "request is not JSON"}}')
                     return
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if not self.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
                     self._send(404, b'{"error": {"message": "only /v1/chat/completions is served"}}')
                     return
+                with server._lock:
+                    server.headers.append({name.lower(): value for name, value in self.headers.items()})
+                    server.paths.append(self.path)
                 reply = server._next_reply(request)
                 if reply.get("hang"):
                     time.sleep(float(reply["hang"]))
