@@ -38,10 +38,12 @@ cannot cross event loops, so the clients are made per running loop, on first use
 Calls: at most PREPARED x `max_connections` calls are inside openai at once (building their request, on
 the wire, backing off); the rest wait in `chat` before openai builds theirs (about 3 ms of CPU each). 160
 judge calls started at once otherwise had all 160 built while the first replies waited to be read, and
-those replies, read late, looked queued to the adaptive limit. A call goes out through the client's `post`
-with the request as its JSON body, not through `chat.completions.create`: create runs a type transform over
-every field and message of every request (a quarter of the judge's CPU per call), with nothing to change in
-plain chat dicts. The JSON sent is the same, retries and timeouts are the client's own.
+those replies, read late, looked queued to the adaptive limit.
+
+A call goes out through the openai client's `post` with the request as its JSON body, not through
+`chat.completions.create`: create runs a type transform over every field and message of every request (a
+quarter of the judge's CPU per call in a profile) with nothing to change in plain chat dicts. The JSON sent
+is the same; retries and timeouts are the client's own.
 """
 
 from __future__ import annotations
