@@ -14,7 +14,9 @@ statuses (an error is never a failure: it is counted apart).
 serving: the same math tasks x samples collected through vLLM and through `hf:` in-process generation of the
 same model: `vllm_vs_hf_collect` (episodes/s ratio); `tool_episodes_policy_error_share` (episodes of the tool
 environments that ended as policy_error on vLLM's defaults: 0 expected); `token_drift_turns` (turns whose
-stored completion ids are not what re-tokenising their text gives, `omrl store check --tokens`'s check).
+stored completion ids are not what re-tokenising their text gives, `omrl store check --tokens`'s check);
+`token_drift_trained_turns` (of those, the turns the SFT bridge trains from anything but what the server saw:
+0 expected, since a turn with stored ids is trained from them).
 training: one GRPO optimizer step of the model on the CPU, with LoRA and with full fine-tuning, on the same
 batch (--grpo-prompts prompts x --grpo-samples completions of --completion-tokens tokens, fixed by a
 rollout_func, so no generation is timed), with omrl's GRPO settings (omrl.train.config.grpo.trl_config:
@@ -134,7 +136,34 @@ def serving(server: VLLMServer, model_dir: Path, n: int, samples: int) -> dict:
             "vllm_statuses": through_vllm["statuses"], "hf_statuses": in_process["statuses"],
             "token_checked_turns": report.turns,
             "token_drift_turns": len({(d.trajectory_id, d.turn) for d in report.drifts}),
-            "token_drift_kinds": dict(Counter(d.kind for d in report.drifts))}
+            "token_drift_kinds": dict(Counter(d.kind for d in report.drifts)),
+            "token_drift_trained_turns": drift_trained_otherwise(through_vllm["rows"], report.drifts, model_dir)}
+
+
+def drift_trained_otherwise(rows: list, drifts: list, model_dir: Path) -> int:
+    """Drifting turns that the SFT bridge (omrl.train.data.bridge.sft_examples at its defaults, as `omrl train sft`
+    reads a store) trains from anything but what the server saw: a turn whose trained completion is not its
+    stored ids, a rendered row's drifting turn, or a trained prompt whose length is not the server's count."""
+    from omrl.policies.tokens_check import load_tokenizer, sampled_completion
+    from omrl.train.data.bridge import sft_examples
+
+    tokenizer = load_tokenizer(str(model_dir))
+    examples, bridge = sft_examples(rows, tokenizer)
+    trained = {example["id"]: example for example in examples}
+    turns = {(row["id"], turn.get("index", k)): turn for row in rows for k, turn in enumerate(row.get("turns") or [])}
+    otherwise = bridge.drifting_turns_trained_from_render
+    for key in sorted({(d.trajectory_id, d.turn) for d in drifts}):
+        example = trained.get(f"{key[0]}#turn{key[1]}")
+        if example is None:
+            continue  # not trained turn by turn: a rendered row is counted by the bridge, a dropped one is not trained
+        mask = example["assistant_masks"]
+        completion = [token for token, on in zip(example["input_ids"], mask, strict=True) if on]
+        prompt_length = mask.index(1)
+        turn = turns[key]
+        if completion != sampled_completion(turn, tokenizer.eos_token_id) or \
+                turn.get("prompt_tokens") not in (None, prompt_length):
+            otherwise += 1
+    return otherwise
 
 
 GRPO_PROMPTS = ("What is 17 + 25? Answer with the number.", "Go north, take the coin, then say done.",

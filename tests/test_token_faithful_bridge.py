@@ -262,3 +262,23 @@ def test_the_agent_records_text_tools_and_seen_messages_rebuild_what_was_sent():
     assert '"name": "move"' in sent[2]["content"]  # the earlier call, named as the model wrote it
     native = OpenAIPolicy("m", base_url="http://127.0.0.1:9/v1", tool_format="native")
     assert native.prompt_format == "native" and OpenAIPolicy("m", tool_format="text").prompt_format == "text_tools"
+
+
+def test_the_real_model_benchmark_counts_drifting_turns_trained_from_anything_but_what_the_server_saw(tokenizer):
+    """benchmarks/real_model.py's token_drift_trained_turns: 0 for a drifting turn trained from its stored ids;
+    1 when the trained prompt is not as long as the one the server counted."""
+    import importlib.util
+
+    from omrl.models.tiny import cached_tiny_model
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_model.py"
+    spec = importlib.util.spec_from_file_location("real_model_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    eos = tokenizer.eos_token_id
+    row = text_row(tokenizer, byte_ids(tokenizer, "left") + [eos], encode(tokenizer, "goal") + [eos])
+    drifts = check_tokens([row], "tiny", tokenizer).drifts
+    assert len(drifts) == 1
+    assert bench.drift_trained_otherwise([row], drifts, cached_tiny_model()) == 0
+    row["turns"][0]["prompt_tokens"] = 3  # the server saw another prompt than the one the bridge trains
+    assert bench.drift_trained_otherwise([row], drifts, cached_tiny_model()) == 1
