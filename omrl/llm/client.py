@@ -289,6 +289,7 @@ class LLMClient:
         """One chat completion (`request`: the arguments of `chat.completions.create`, `extra_body` merged into
         the body; no streaming); raises LLMError."""
         import openai
+        from openai.types.chat import ChatCompletion
 
         if self.adaptive and self._server is None:
             info = await self.server_info()
@@ -304,7 +305,7 @@ class LLMClient:
             self.stats["calls"] += 1
             try:
                 response = await clients[shard].post(
-                    "/chat/completions", cast_to=_chat_completion(), body=_body(request),
+                    "/chat/completions", cast_to=ChatCompletion, body=_body(request),
                     options={"timeout": timeout or self.timeout, "headers": request.get("extra_headers") or {},
                              "params": request.get("extra_query") or {}})
                 if not getattr(response, "choices", None):  # e.g. JSON served as text/plain: openai hands back a str
@@ -349,13 +350,6 @@ def _body(request: dict[str, Any]) -> dict[str, Any]:
     body = {key: value for key, value in request.items() if key not in ("extra_body", "extra_headers", "extra_query")}
     body.update(request.get("extra_body") or {})
     return body
-
-
-@functools.cache
-def _chat_completion() -> Any:
-    from openai.types.chat import ChatCompletion
-
-    return ChatCompletion
 
 
 def _tries(attempts: Counter) -> int:
